@@ -1,0 +1,39 @@
+# Two commands do all set-up on a fresh machine (Python 3.11+, Java 17+, Maven):
+#   make demo   - the whole pipeline on a simulated fleet, with live progress and a summary
+#   make test   - unit and integration tests (starts its own Kafka broker)
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+JARS   := docker/kafka/libs/.fetched
+
+.PHONY: setup demo test test-unit bench clean
+
+setup: $(BIN)/.installed $(JARS)
+
+$(BIN)/.installed: pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gpufleet needs Python >= 3.11, found " + sys.version.split()[0])'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $@
+
+$(JARS): docker/kafka/pom.xml
+	@command -v mvn >/dev/null || { echo "Maven (mvn) is needed to fetch the Kafka jars"; exit 1; }
+	rm -rf docker/kafka/libs
+	mvn -q -B -f docker/kafka/pom.xml package
+	@touch $@
+
+demo: setup
+	$(BIN)/gpufleet demo
+
+test: setup
+	$(BIN)/pytest
+
+test-unit: setup
+	$(BIN)/pytest tests/unit
+
+bench: setup
+	$(BIN)/python benchmarks/bench_window_utilization.py
+
+clean:
+	rm -rf $(VENV) docker/kafka/libs data .pytest_cache
