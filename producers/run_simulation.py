@@ -1,0 +1,58 @@
+"""Drives a simulated fleet in (scaled) real time and publishes its samples to Kafka."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from producers.publish_kafka import Publisher
+from producers.simulate_fleet import Fleet
+from schemas.topics import GPU_SAMPLES
+
+
+@dataclass(frozen=True)
+class SimulationPlan:
+    start_ms: int
+    ticks: int
+    interval_ms: int = 1000
+    speed: float = 60.0  # simulated seconds per wall second; 0 = as fast as possible
+
+
+@dataclass
+class SimulationProgress:
+    ticks_done: int = 0
+    samples: int = 0
+
+
+def run_simulation(
+    fleet: Fleet,
+    plan: SimulationPlan,
+    publisher: Publisher,
+    topic: str = GPU_SAMPLES.name,
+    stop: threading.Event | None = None,
+    progress: SimulationProgress | None = None,
+    on_tick: Callable[[SimulationProgress], None] | None = None,
+) -> SimulationProgress:
+    """Publish ``plan.ticks`` ticks of samples, paced at ``plan.speed``, then flush."""
+    progress = progress or SimulationProgress()
+    wall_start = time.monotonic()
+    for tick in range(plan.ticks):
+        if stop is not None and stop.is_set():
+            break
+        progress.samples += publisher.publish(
+            GPU_SAMPLES, fleet.samples_at(tick, plan.start_ms, plan.interval_ms), topic=topic
+        )
+        progress.ticks_done = tick + 1
+        if on_tick is not None:
+            on_tick(progress)
+        if plan.speed > 0:
+            due = wall_start + (tick + 1) * plan.interval_ms / 1000.0 / plan.speed
+            delay = due - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+    remaining = publisher.flush()
+    if remaining:
+        raise RuntimeError(f"{remaining} samples were still undelivered after the final flush")
+    return progress

@@ -1,0 +1,147 @@
+"""Simulated GPU fleet: hosts x GPUs running workflows with owners; emits ``GpuSample`` dicts.
+
+Everything is deterministic from the seed: the fleet's layout, which workflows waste
+their GPUs, and every sample value (each tick has its own random stream, so the samples
+of a tick do not depend on how fast or in which order ticks are generated).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+GIB = 1024**3
+
+GPU_MODELS = (
+    # name, memory bytes, max power W, max SM clock MHz
+    ("NVIDIA A100-SXM4-80GB", 80 * GIB, 400.0, 1410),
+    ("NVIDIA H100 80GB HBM3", 80 * GIB, 700.0, 1980),
+    ("Tesla V100-SXM2-32GB", 32 * GIB, 300.0, 1530),
+)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How a workflow uses its GPUs: utilisation = mean +/- spread (uniform), clipped to 0..100."""
+
+    name: str
+    utilization_mean: float
+    utilization_spread: float
+    memory_fraction: float
+
+
+HEALTHY = Profile("healthy", 85.0, 10.0, 0.70)
+MODERATE = Profile("moderate", 55.0, 15.0, 0.45)
+UNDERUTILIZED = Profile("underutilized", 12.0, 8.0, 0.30)
+IDLE = Profile("idle", 0.0, 0.0, 0.25)  # holds memory, runs nothing: a zombie allocation
+
+
+@dataclass(frozen=True)
+class Gpu:
+    host: str
+    index: int
+    uuid: str
+    model: str
+    memory_total: int
+    max_power: float
+    max_sm_clock: int
+
+
+@dataclass(frozen=True)
+class Workflow:
+    workflow_id: str
+    owner: str
+    team: str
+    profile: Profile
+    gpus: tuple[Gpu, ...]
+
+
+@dataclass(frozen=True)
+class Fleet:
+    seed: int
+    workflows: tuple[Workflow, ...]
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(len(w.gpus) for w in self.workflows)
+
+    def workflow(self, workflow_id: str) -> Workflow:
+        for w in self.workflows:
+            if w.workflow_id == workflow_id:
+                return w
+        raise KeyError(workflow_id)
+
+    def samples_at(self, tick: int, start_ms: int, interval_ms: int) -> Iterator[dict]:
+        """All GPU samples of tick ``tick`` (event time ``start_ms + tick * interval_ms``)."""
+        rng = random.Random(self.seed * 1_000_003 + tick)
+        event_time = start_ms + tick * interval_ms
+        for w in self.workflows:
+            p = w.profile
+            for gpu in w.gpus:
+                util = p.utilization_mean + rng.uniform(-p.utilization_spread, p.utilization_spread)
+                util = min(100.0, max(0.0, util))
+                busy = util / 100.0
+                mem_used = int(gpu.memory_total * min(1.0, p.memory_fraction * rng.uniform(0.95, 1.05)))
+                yield {
+                    "event_time": event_time,
+                    "interval_ms": interval_ms,
+                    "host": gpu.host,
+                    "gpu_index": gpu.index,
+                    "gpu_uuid": gpu.uuid,
+                    "gpu_model": gpu.model,
+                    "workflow_id": w.workflow_id,
+                    "owner": w.owner,
+                    "team": w.team,
+                    "utilization_pct": round(util, 2),
+                    "memory_utilization_pct": round(util * 0.6, 2),
+                    "memory_used_bytes": mem_used,
+                    "memory_total_bytes": gpu.memory_total,
+                    "power_watts": round(gpu.max_power * (0.15 + 0.8 * busy), 1),
+                    "temperature_c": round(35.0 + 40.0 * busy + rng.uniform(-1, 1), 1),
+                    "sm_clock_mhz": gpu.max_sm_clock if busy > 0 else 210,
+                }
+
+
+TEAMS = ("vision", "ranking", "speech", "llm")
+
+
+def build_fleet(seed: int = 7, hosts: int = 4, gpus_per_host: int = 8, workflows: int = 8) -> Fleet:
+    """Lay ``workflows`` out over ``hosts`` x ``gpus_per_host`` GPUs.
+
+    Workflow 0 holds its GPUs at 0 % (idle); about a quarter of the rest are underutilised;
+    the others are healthy or moderate. Every GPU belongs to exactly one workflow.
+    """
+    if workflows < 1 or hosts < 1 or gpus_per_host < 1:
+        raise ValueError("hosts, gpus_per_host and workflows must be >= 1")
+    total = hosts * gpus_per_host
+    if workflows > total:
+        raise ValueError(f"{workflows} workflows need at least as many GPUs; the fleet has {total}")
+    rng = random.Random(seed)
+    gpus: list[Gpu] = []
+    for h in range(hosts):
+        model, mem, power, clock = GPU_MODELS[rng.randrange(len(GPU_MODELS))]
+        host = f"gpu-host-{h:03d}"
+        for i in range(gpus_per_host):
+            uuid = f"GPU-{seed:04x}{h:04x}-{i:04x}-{rng.getrandbits(32):08x}"
+            gpus.append(Gpu(host, i, uuid, model, mem, power, clock))
+    # Split the GPUs into contiguous runs, one per workflow, at least one GPU each.
+    cuts = sorted(rng.sample(range(1, total), workflows - 1))
+    bounds = [0, *cuts, total]
+    under = max(1, workflows // 4) if workflows > 1 else 0
+    fleet = []
+    for n in range(workflows):
+        if n == 0:
+            profile = IDLE
+        elif n <= under:
+            profile = UNDERUTILIZED
+        else:
+            profile = HEALTHY if rng.random() < 0.6 else MODERATE
+        fleet.append(Workflow(
+            workflow_id=f"wf-{seed}-{n:04d}",
+            owner=f"user{rng.randrange(100):02d}@example.com",
+            team=TEAMS[n % len(TEAMS)],
+            profile=profile,
+            gpus=tuple(gpus[bounds[n]:bounds[n + 1]]),
+        ))
+    return Fleet(seed, tuple(fleet))
