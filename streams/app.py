@@ -1,0 +1,57 @@
+"""Creates the Faust app of the gpufleet worker from explicit settings (no module-level app)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import faust
+
+from schemas.topics import GPU_SAMPLES
+from streams.detect_low_utilization import LowUtilizationConfig
+from streams.window_utilization import WindowConfig
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    """Everything the worker needs; parsed once at the entry point and passed down.
+
+    Environment variables (read by the CLI): GPUFLEET_BOOTSTRAP, GPUFLEET_TOPIC_PREFIX.
+    """
+
+    bootstrap: str
+    app_id: str = "gpufleet-worker"
+    topic_prefix: str = ""
+    data_dir: str = "data/worker"
+    window: WindowConfig = field(default_factory=WindowConfig)
+    low_utilization: LowUtilizationConfig = field(default_factory=LowUtilizationConfig)
+    batch_size: int = 5000
+    batch_within_s: float = 0.5
+    commit_interval_s: float = 1.0
+
+    def topic(self, name: str) -> str:
+        return self.topic_prefix + name
+
+
+def create_app(settings: StreamSettings) -> faust.App:
+    """A Faust app with at-least-once processing, in-memory table store (restored from
+    its changelog topic on start), and no web server."""
+    app = faust.App(
+        settings.app_id,
+        broker=f"kafka://{settings.bootstrap}",
+        store="memory://",
+        datadir=settings.data_dir,
+        processing_guarantee="at_least_once",
+        topic_partitions=GPU_SAMPLES.partitions,
+        topic_replication_factor=1,
+        table_standby_replicas=0,
+        consumer_auto_offset_reset="earliest",
+        broker_commit_interval=settings.commit_interval_s,
+        web_enabled=False,
+        key_serializer="raw",
+        value_serializer="raw",
+        autodiscover=False,
+    )
+    from streams.topology import register  # the topology needs the app; import here avoids a cycle
+
+    register(app, settings)
+    return app

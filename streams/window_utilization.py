@@ -1,0 +1,222 @@
+"""Per-workflow event-time tumbling windows over ``GpuSample`` records -> ``WorkflowWindow`` dicts.
+
+Plain logic, no Faust: the worker (``streams.topology``) feeds it batches per partition
+and persists what it reports as changed. Design:
+
+* A window ``[start, start + size)`` of a workflow closes when its partition's
+  **watermark** (the highest event time applied on that partition minus the allowed
+  lateness) reaches ``start + size``. Only event time moves it; wall clock never does.
+* A record whose window has already closed when it arrives is **late**: it is returned
+  for the dead-letter topic, never dropped silently.
+* State is one JSON-able dict per workflow in a caller-provided mapping (the Faust table).
+  Each holds the offset it was updated through, so a batch replayed after a crash (at-least-once
+  delivery) is not applied twice; the partition's watermark is derived from these states,
+  so it can never run ahead of what the state contains.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, MutableMapping
+from dataclasses import dataclass, field
+
+Record = dict
+
+
+@dataclass(frozen=True)
+class WindowConfig:
+    size_ms: int = 60_000
+    allowed_lateness_ms: int = 10_000
+    # Workflows with no open window whose newest sample is this far behind the partition's
+    # newest are forgotten (their offsets are too old to be replayed).
+    retention_ms: int = 3_600_000
+
+    def __post_init__(self) -> None:
+        if self.size_ms <= 0 or self.allowed_lateness_ms < 0 or self.retention_ms <= self.allowed_lateness_ms:
+            raise ValueError(f"invalid window config {self}")
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """One decoded sample with where it came from."""
+
+    offset: int
+    record: Record
+
+
+@dataclass
+class BatchResult:
+    closed: list[Record] = field(default_factory=list)
+    late: list[tuple[Incoming, str]] = field(default_factory=list)
+    replayed: int = 0
+    changed: set[str] = field(default_factory=set)  # workflow ids whose state must be persisted
+    removed: set[str] = field(default_factory=set)  # workflow ids whose state must be deleted
+
+
+def window_start(event_time_ms: int, size_ms: int) -> int:
+    return event_time_ms - event_time_ms % size_ms
+
+
+def _new_acc() -> dict:
+    return {
+        "n": 0, "gpus": {}, "interval_ms": 0, "util_weighted": 0.0,
+        "util_min": None, "util_max": None, "mem_sum": 0.0, "mem_n": 0,
+        "energy_j": 0.0, "energy_n": 0,
+    }
+
+
+def _add(acc: dict, r: Record) -> None:
+    interval = r["interval_ms"]
+    util = r["utilization_pct"]
+    acc["n"] += 1
+    acc["gpus"][r["gpu_uuid"]] = 1
+    acc["interval_ms"] += interval
+    acc["util_weighted"] += util * interval
+    acc["util_min"] = util if acc["util_min"] is None else min(acc["util_min"], util)
+    acc["util_max"] = util if acc["util_max"] is None else max(acc["util_max"], util)
+    if r.get("memory_used_bytes") is not None:
+        acc["mem_sum"] += r["memory_used_bytes"]
+        acc["mem_n"] += 1
+    if r.get("power_watts") is not None:
+        acc["energy_j"] += r["power_watts"] * interval / 1000.0
+        acc["energy_n"] += 1
+
+
+def to_window(workflow_id: str, state: dict, start: int, acc: dict, size_ms: int, closed_at: int) -> Record:
+    """The ``WorkflowWindow`` record of one accumulator."""
+    interval = acc["interval_ms"]
+    return {
+        "workflow_id": workflow_id,
+        "owner": state.get("owner"),
+        "team": state.get("team"),
+        "window_start": start,
+        "window_end": start + size_ms,
+        "sample_count": acc["n"],
+        "gpu_count": len(acc["gpus"]),
+        "gpu_seconds": interval / 1000.0,
+        "utilization_mean_pct": acc["util_weighted"] / interval if interval else 0.0,
+        "utilization_min_pct": float(acc["util_min"]),
+        "utilization_max_pct": float(acc["util_max"]),
+        "memory_used_mean_bytes": acc["mem_sum"] / acc["mem_n"] if acc["mem_n"] else None,
+        "energy_joules": acc["energy_j"] if acc["energy_n"] else None,
+        "closed_at": closed_at,
+    }
+
+
+class WindowAggregator:
+    """Applies batches of one partition's samples to per-workflow window state."""
+
+    def __init__(self, config: WindowConfig, store: MutableMapping[str, dict]) -> None:
+        self.config = config
+        self.store = store
+        self._max_event_time: dict[int, int] = {}
+        # partition -> window end -> workflow ids with an open window ending there
+        self._open: dict[int, dict[int, set[str]]] = {}
+        # partition -> workflow ids with no open window (candidates for forgetting)
+        self._idle: dict[int, set[str]] = {}
+
+    # -- partition bookkeeping, derived from the store ---------------------------------
+    def forget_partitions(self) -> None:
+        """Drop derived per-partition indexes (after a rebalance); they are rebuilt from the store."""
+        self._max_event_time.clear()
+        self._open.clear()
+        self._idle.clear()
+
+    def _load_partition(self, partition: int) -> None:
+        if partition in self._max_event_time:
+            return
+        newest = -1
+        index: dict[int, set[str]] = {}
+        idle: set[str] = set()
+        for wf, state in self.store.items():
+            if not isinstance(state, dict) or state.get("partition") != partition:
+                continue
+            newest = max(newest, state["max_event_time"])
+            for start in state["windows"]:
+                index.setdefault(int(start) + self.config.size_ms, set()).add(wf)
+            if not state["windows"]:
+                idle.add(wf)
+        self._max_event_time[partition] = newest
+        self._open[partition] = index
+        self._idle[partition] = idle
+
+    def watermark(self, partition: int) -> int | None:
+        self._load_partition(partition)
+        newest = self._max_event_time[partition]
+        return None if newest < 0 else newest - self.config.allowed_lateness_ms
+
+    def open_windows(self, partition: int) -> int:
+        self._load_partition(partition)
+        return sum(len(v) for v in self._open[partition].values())
+
+    # -- the batch ---------------------------------------------------------------------
+    def process(self, partition: int, batch: Iterable[Incoming], closed_at: int) -> BatchResult:
+        """Apply ``batch`` (in offset order) and close every window the watermark has passed."""
+        self._load_partition(partition)
+        cfg = self.config
+        size = cfg.size_ms
+        lateness = cfg.allowed_lateness_ms
+        newest = self._max_event_time[partition]
+        index = self._open[partition]
+        idle = self._idle[partition]
+        result = BatchResult()
+        for item in batch:
+            r = item.record
+            wf = r["workflow_id"]
+            state = self.store.get(wf)
+            if state is None:
+                state = {"partition": partition, "owner": r.get("owner"), "team": r.get("team"),
+                         "last_offset": -1, "max_event_time": -1, "windows": {}}
+                idle.add(wf)
+            elif item.offset <= state["last_offset"]:
+                result.replayed += 1  # applied before a restart; at-least-once replay
+                continue
+            state["last_offset"] = item.offset
+            self.store[wf] = state
+            result.changed.add(wf)
+            t = r["event_time"]
+            start = window_start(t, size)
+            watermark = newest - lateness if newest >= 0 else None
+            if watermark is not None and start + size <= watermark:
+                result.late.append((item, (
+                    f"late sample: event time {t} falls in window [{start}, {start + size}) of "
+                    f"workflow {wf}, already closed by the watermark {watermark} of partition "
+                    f"{partition} (allowed lateness {lateness} ms)"
+                )))
+                continue
+            key = str(start)
+            acc = state["windows"].get(key)
+            if acc is None:
+                acc = state["windows"][key] = _new_acc()
+                index.setdefault(start + size, set()).add(wf)
+                idle.discard(wf)
+            _add(acc, r)
+            if r.get("owner"):
+                state["owner"], state["team"] = r["owner"], r.get("team")
+            if t > state["max_event_time"]:
+                state["max_event_time"] = t
+            if t > newest:
+                newest = t
+        self._max_event_time[partition] = newest
+        if newest >= 0:
+            self._close(partition, newest - lateness, closed_at, result)
+        return result
+
+    def _close(self, partition: int, watermark: int, closed_at: int, result: BatchResult) -> None:
+        size = self.config.size_ms
+        index = self._open[partition]
+        idle = self._idle[partition]
+        for end in sorted(e for e in index if e <= watermark):
+            for wf in sorted(index.pop(end)):
+                state = self.store[wf]
+                start = end - size
+                acc = state["windows"].pop(str(start))
+                result.closed.append(to_window(wf, state, start, acc, size, closed_at))
+                result.changed.add(wf)
+                if not state["windows"]:
+                    idle.add(wf)
+        horizon = self._max_event_time[partition] - self.config.retention_ms
+        for wf in [wf for wf in idle if self.store[wf]["max_event_time"] < horizon]:
+            idle.discard(wf)
+            del self.store[wf]
+            result.changed.discard(wf)
+            result.removed.add(wf)
