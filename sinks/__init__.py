@@ -1,0 +1,1 @@
+"""Where gpufleet's records end up: ClickHouse (and, later, notifiers for alerts)."""

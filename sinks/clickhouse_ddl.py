@@ -1,0 +1,146 @@
+"""ClickHouse tables of gpufleet: one per topic the sink writes, with the columns it fills.
+
+The same DDL runs on the embedded engine (``chdb://``) and on a server (``http(s)://``).
+Every table keeps the Kafka partition and offset of each row: the sink resumes from them
+after a crash, so a replayed batch is never inserted twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from schemas.topics import ALERTS, DEAD_LETTERS, GPU_SAMPLES, WORKFLOW_WINDOWS, TopicSpec
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    topic: TopicSpec
+    columns: tuple[str, ...]  # filled from the record's fields of the same name, in this order
+    ddl: str  # {db} and {name} are filled in
+
+
+KAFKA_COLUMNS = ("kafka_partition", "kafka_offset")
+
+GPU_SAMPLES_TABLE = Table(
+    "gpu_samples", GPU_SAMPLES,
+    ("event_time", "interval_ms", "host", "gpu_index", "gpu_uuid", "gpu_model", "workflow_id",
+     "owner", "team", "utilization_pct", "memory_utilization_pct", "memory_used_bytes",
+     "memory_total_bytes", "power_watts", "temperature_c", "sm_clock_mhz"),
+    """
+    CREATE TABLE IF NOT EXISTS {db}.{name} (
+        event_time DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD),
+        interval_ms UInt32 CODEC(T64, ZSTD),
+        host LowCardinality(String),
+        gpu_index UInt16,
+        gpu_uuid LowCardinality(String),
+        gpu_model LowCardinality(String),
+        workflow_id LowCardinality(String),
+        owner LowCardinality(Nullable(String)),
+        team LowCardinality(Nullable(String)),
+        utilization_pct Float32 CODEC(ZSTD),
+        memory_utilization_pct Nullable(Float32) CODEC(ZSTD),
+        memory_used_bytes Nullable(UInt64) CODEC(ZSTD),
+        memory_total_bytes Nullable(UInt64) CODEC(ZSTD),
+        power_watts Nullable(Float32) CODEC(ZSTD),
+        temperature_c Nullable(Float32) CODEC(ZSTD),
+        sm_clock_mhz Nullable(UInt32) CODEC(ZSTD),
+        kafka_partition UInt32,
+        kafka_offset UInt64 CODEC(Delta, ZSTD),
+        ingested_at DateTime DEFAULT now()
+    )
+    ENGINE = MergeTree
+    PARTITION BY toDate(event_time)
+    ORDER BY (workflow_id, host, gpu_index, event_time)
+    -- TTL on ingest time, not event time: an event-time TTL silently drops backfilled rows.
+    TTL ingested_at + INTERVAL 90 DAY
+    """,
+)
+
+WORKFLOW_WINDOWS_TABLE = Table(
+    "workflow_windows", WORKFLOW_WINDOWS,
+    ("workflow_id", "owner", "team", "window_start", "window_end", "sample_count", "gpu_count",
+     "gpu_seconds", "utilization_mean_pct", "utilization_min_pct", "utilization_max_pct",
+     "memory_used_mean_bytes", "energy_joules", "closed_at"),
+    """
+    CREATE TABLE IF NOT EXISTS {db}.{name} (
+        workflow_id LowCardinality(String),
+        owner LowCardinality(Nullable(String)),
+        team LowCardinality(Nullable(String)),
+        window_start DateTime64(3, 'UTC'),
+        window_end DateTime64(3, 'UTC'),
+        sample_count UInt64,
+        gpu_count UInt32,
+        gpu_seconds Float64,
+        utilization_mean_pct Float64,
+        utilization_min_pct Float64,
+        utilization_max_pct Float64,
+        memory_used_mean_bytes Nullable(Float64),
+        energy_joules Nullable(Float64),
+        closed_at DateTime64(3, 'UTC'),
+        kafka_partition UInt32,
+        kafka_offset UInt64
+    )
+    -- A window the worker emits twice (at-least-once, after a crash) collapses to one row.
+    ENGINE = ReplacingMergeTree
+    PARTITION BY toYYYYMM(window_start)
+    ORDER BY (workflow_id, window_start)
+    """,
+)
+
+ALERTS_TABLE = Table(
+    "alerts", ALERTS,
+    ("alert_id", "detector", "severity", "workflow_id", "owner", "team", "window_start",
+     "window_end", "observed", "threshold", "message", "advice", "fired_at"),
+    """
+    CREATE TABLE IF NOT EXISTS {db}.{name} (
+        alert_id String,
+        detector LowCardinality(String),
+        severity LowCardinality(String),
+        workflow_id LowCardinality(String),
+        owner LowCardinality(Nullable(String)),
+        team LowCardinality(Nullable(String)),
+        window_start DateTime64(3, 'UTC'),
+        window_end DateTime64(3, 'UTC'),
+        observed Float64,
+        threshold Float64,
+        message String,
+        advice String,
+        fired_at DateTime64(3, 'UTC'),
+        kafka_partition UInt32,
+        kafka_offset UInt64
+    )
+    ENGINE = ReplacingMergeTree
+    ORDER BY alert_id
+    """,
+)
+
+DEAD_LETTERS_TABLE = Table(
+    "dead_letters", DEAD_LETTERS,
+    ("stage", "reason", "source_topic", "source_partition", "source_offset", "key", "value",
+     "failed_at"),
+    """
+    CREATE TABLE IF NOT EXISTS {db}.{name} (
+        stage LowCardinality(String),
+        reason String,
+        source_topic LowCardinality(String),
+        source_partition UInt32,
+        source_offset UInt64,
+        key Nullable(String),
+        value Nullable(String),
+        failed_at DateTime64(3, 'UTC'),
+        kafka_partition UInt32,
+        kafka_offset UInt64
+    )
+    ENGINE = ReplacingMergeTree
+    ORDER BY (kafka_partition, kafka_offset)
+    """,
+)
+
+TABLES: tuple[Table, ...] = (GPU_SAMPLES_TABLE, WORKFLOW_WINDOWS_TABLE, ALERTS_TABLE, DEAD_LETTERS_TABLE)
+
+
+def create_statements(database: str) -> list[str]:
+    return [f"CREATE DATABASE IF NOT EXISTS {database}"] + [
+        t.ddl.format(db=database, name=t.name).strip() for t in TABLES
+    ]

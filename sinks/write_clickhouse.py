@@ -1,0 +1,138 @@
+"""Writes batches of decoded records into ClickHouse (embedded ``chdb://`` or a server).
+
+Column-oriented inserts, one per table and batch; transient server errors are retried with
+bounded backoff; rows that ClickHouse rejects as bad data are isolated by bisection and
+returned with the error code, so the rest of the batch still lands.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import clickhouse_connect
+from clickhouse_connect.driver.client import Client
+from clickhouse_connect.driver.exceptions import ClickHouseError, DatabaseError, OperationalError
+
+from sinks.clickhouse_ddl import KAFKA_COLUMNS, TABLES, Table, create_statements
+
+log = logging.getLogger(__name__)
+
+# Server error codes worth retrying: timeouts, network, memory pressure, too many parts/queries.
+TRANSIENT_CODES = frozenset({159, 160, 202, 203, 209, 210, 236, 241, 242, 252, 285, 319, 425, 999})
+
+
+def default_dsn(data_dir: Path) -> str:
+    return f"chdb://{(data_dir / 'clickhouse').resolve()}"
+
+
+def connect(dsn: str) -> Client:
+    """A clickhouse-connect client for ``chdb:///path`` (embedded) or ``http(s)://…`` (server)."""
+    if dsn.startswith("chdb://"):
+        path = dsn[len("chdb://"):]
+        if path.startswith("/"):
+            Path(path).mkdir(parents=True, exist_ok=True)
+    return clickhouse_connect.get_client(dsn=dsn)
+
+
+def error_code(exc: BaseException) -> int | None:
+    code = getattr(exc, "code", None)
+    if isinstance(code, int):
+        return code
+    text = str(exc)
+    marker = "Code: "
+    if marker in text:
+        digits = text.split(marker, 1)[1].split(".", 1)[0].strip()
+        if digits.isdigit():
+            return int(digits)
+    return None
+
+
+def is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, OperationalError):  # connection refused, reset, timed out
+        return True
+    return error_code(exc) in TRANSIENT_CODES
+
+
+@dataclass(frozen=True)
+class Row:
+    """A record with the Kafka position it came from."""
+
+    partition: int
+    offset: int
+    record: dict
+
+
+@dataclass(frozen=True)
+class Rejected:
+    row: Row
+    code: int | None
+    reason: str
+
+
+class ClickHouseWriter:
+    def __init__(self, client: Client, database: str = "gpufleet",
+                 retries: int = 5, backoff_s: float = 0.2) -> None:
+        if not database.replace("_", "").isalnum():
+            raise ValueError(f"database name {database!r} must be letters, digits and _")
+        self.client = client
+        self.database = database
+        self.retries = retries
+        self.backoff_s = backoff_s
+
+    def ensure_tables(self) -> None:
+        """Create the database and tables if they do not exist (idempotent)."""
+        for statement in create_statements(self.database):
+            self.client.command(statement)
+
+    def resume_offsets(self, table: Table) -> dict[int, int]:
+        """Next Kafka offset per partition after the rows already stored in ``table``."""
+        result = self.client.query(
+            f"SELECT kafka_partition, max(kafka_offset) FROM {self.database}.{table.name} "
+            "GROUP BY kafka_partition"
+        )
+        return {int(p): int(o) + 1 for p, o in result.result_rows}
+
+    def insert(self, table: Table, rows: Sequence[Row]) -> list[Rejected]:
+        """Insert ``rows``; return those ClickHouse refused as bad data (others raise)."""
+        if not rows:
+            return []
+        try:
+            self._insert_with_retry(table, rows)
+            return []
+        except DatabaseError as exc:
+            if is_transient(exc):
+                raise
+            if len(rows) == 1:
+                return [Rejected(rows[0], error_code(exc), str(exc).splitlines()[0][:500])]
+            log.warning("insert into %s refused (%s); isolating the bad rows", table.name, error_code(exc))
+            mid = len(rows) // 2
+            return self.insert(table, rows[:mid]) + self.insert(table, rows[mid:])
+
+    def _insert_with_retry(self, table: Table, rows: Sequence[Row]) -> None:
+        columns: list[list[Any]] = [[r.record.get(c) for r in rows] for c in table.columns]
+        columns.append([r.partition for r in rows])
+        columns.append([r.offset for r in rows])
+        names = [*table.columns, *KAFKA_COLUMNS]
+        for attempt in range(self.retries + 1):
+            try:
+                self.client.insert(table.name, columns, column_names=names,
+                                   column_oriented=True, database=self.database)
+                return
+            except ClickHouseError as exc:
+                if attempt == self.retries or not is_transient(exc):
+                    raise
+                delay = self.backoff_s * 2**attempt
+                log.warning("insert into %s failed (%s), retry %d in %.1fs", table.name, exc, attempt + 1, delay)
+                time.sleep(delay)
+
+
+def table_for_topic(topic: str, prefix: str = "") -> Table:
+    for table in TABLES:
+        if prefix + table.topic.name == topic:
+            return table
+    raise KeyError(f"no table for topic {topic!r}")
