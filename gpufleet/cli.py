@@ -1,0 +1,243 @@
+"""The ``gpufleet`` command: one entry point for the broker, the pipeline's stages, the demo and SQL."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+DEFAULT_DATA_DIR = Path(os.environ.get("GPUFLEET_DATA_DIR", "data"))
+
+
+def _bootstrap_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bootstrap", default=os.environ.get("GPUFLEET_BOOTSTRAP"),
+                   help="Kafka bootstrap servers (env GPUFLEET_BOOTSTRAP; default: the local broker "
+                        "started by `gpufleet kafka start`)")
+    p.add_argument("--topic-prefix", default=os.environ.get("GPUFLEET_TOPIC_PREFIX", ""),
+                   help="prefix for every topic name (env GPUFLEET_TOPIC_PREFIX)")
+
+
+def _clickhouse_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--clickhouse-dsn", default=os.environ.get("GPUFLEET_CLICKHOUSE_DSN"),
+                   help="chdb:///path (embedded, the default under the data dir) or http(s)://user:pw@host:port "
+                        "(env GPUFLEET_CLICKHOUSE_DSN)")
+    p.add_argument("--database", default=os.environ.get("GPUFLEET_DATABASE", "gpufleet"))
+
+
+def _resolve_bootstrap(args: argparse.Namespace) -> str:
+    if args.bootstrap:
+        return args.bootstrap
+    from gpufleet import local_kafka
+
+    info = local_kafka.status(args.data_dir / "kafka")
+    if info is None:
+        sys.exit("no --bootstrap given and no local broker running: start one with `gpufleet kafka start`")
+    return info.bootstrap
+
+
+def _dsn(args: argparse.Namespace) -> str:
+    from sinks.write_clickhouse import default_dsn
+
+    return args.clickhouse_dsn or default_dsn(args.data_dir)
+
+
+def cmd_kafka(args: argparse.Namespace) -> int:
+    from gpufleet import local_kafka
+
+    kafka_dir = args.data_dir / "kafka"
+    if args.action == "start":
+        info = local_kafka.start(kafka_dir, port=args.port)
+        print(f"Kafka is running: bootstrap {info.bootstrap}, pid {info.pid}, log {info.log_file}")
+    elif args.action == "stop":
+        print("stopped" if local_kafka.stop(kafka_dir) else "no broker was running")
+    else:
+        info = local_kafka.status(kafka_dir)
+        if info is None:
+            print("not running")
+            return 1
+        answering = local_kafka.answers_metadata(info.bootstrap)
+        print(f"running: bootstrap {info.bootstrap}, pid {info.pid}, "
+              f"{'answering' if answering else 'NOT answering'}, log {info.log_file}")
+        return 0 if answering else 1
+    return 0
+
+
+def cmd_topics(args: argparse.Namespace) -> int:
+    from schemas.admin import ensure_topics
+
+    created = ensure_topics(_resolve_bootstrap(args), prefix=args.topic_prefix)
+    print("created: " + (", ".join(created) if created else "nothing (all exist)"))
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    import faust
+
+    from schemas.admin import ensure_topics
+    from streams.app import StreamSettings, create_app
+    from streams.detect_low_utilization import LowUtilizationConfig
+    from streams.window_utilization import WindowConfig
+
+    bootstrap = _resolve_bootstrap(args)
+    ensure_topics(bootstrap, prefix=args.topic_prefix)
+    settings = StreamSettings(
+        bootstrap=bootstrap,
+        app_id=args.app_id,
+        topic_prefix=args.topic_prefix,
+        data_dir=str(args.data_dir / "worker"),
+        window=WindowConfig(size_ms=int(args.window_s * 1000), allowed_lateness_ms=int(args.lateness_s * 1000)),
+        low_utilization=LowUtilizationConfig(threshold_pct=args.low_utilization_pct),
+    )
+    app = create_app(settings)
+    worker = faust.Worker(app, loglevel=args.log_level, quiet=True)
+    worker.execute_from_commandline()
+    return 0
+
+
+def cmd_sink(args: argparse.Namespace) -> int:
+    from schemas.admin import ensure_topics
+    from sinks.consume_to_clickhouse import ClickHouseSink
+    from sinks.write_clickhouse import ClickHouseWriter, connect
+
+    bootstrap = _resolve_bootstrap(args)
+    ensure_topics(bootstrap, prefix=args.topic_prefix)
+    writer = ClickHouseWriter(connect(_dsn(args)), args.database)
+    sink = ClickHouseSink(bootstrap, writer, group_id=args.group_id, topic_prefix=args.topic_prefix)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stats = sink.run(stop)
+    print(f"sink stopped: {dict(stats.rows)} rows, {stats.dead_letters} dead letters")
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    import time
+
+    from producers.publish_kafka import Publisher
+    from producers.run_simulation import SimulationPlan, run_simulation
+    from producers.simulate_fleet import build_fleet
+    from schemas.admin import ensure_topics
+    from schemas.codec import Codec
+    from schemas.topics import GPU_SAMPLES
+
+    bootstrap = _resolve_bootstrap(args)
+    ensure_topics(bootstrap, prefix=args.topic_prefix)
+    fleet = build_fleet(args.seed, args.hosts, args.gpus_per_host, args.workflows)
+    start_ms = args.start_ms if args.start_ms is not None else (int(time.time()) // 60 * 60 - int(args.duration_s)) * 1000
+    plan = SimulationPlan(start_ms, int(args.duration_s / args.interval_s), int(args.interval_s * 1000), args.speed)
+    progress = run_simulation(fleet, plan, Publisher(bootstrap, Codec()), topic=args.topic_prefix + GPU_SAMPLES.name)
+    print(f"published {progress.samples} samples over {progress.ticks_done} ticks from {fleet.gpu_count} GPUs")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from gpufleet.demo import DemoOptions, run_demo
+
+    return run_demo(DemoOptions(
+        data_dir=args.data_dir, seed=args.seed, hosts=args.hosts, gpus_per_host=args.gpus_per_host,
+        workflows=args.workflows, sim_minutes=args.sim_minutes, speed=args.speed,
+        max_wall_s=args.max_wall_s, keep_kafka=args.keep_kafka,
+    ))
+
+
+def cmd_sql(args: argparse.Namespace) -> int:
+    from gpufleet.sql import FORMATS, run_query
+    from sinks.write_clickhouse import connect
+
+    dsn = _dsn(args)
+    try:
+        client = connect(dsn)
+    except Exception as exc:  # noqa: BLE001 - turned into a message for the user
+        if not dsn.startswith("chdb://"):
+            raise
+        sys.exit(f"cannot open the embedded ClickHouse at {dsn}: {exc}\n"
+                 "The embedded engine allows one process per data directory: if a gpufleet demo or "
+                 "sink is running on it, wait for it to finish, or point --clickhouse-dsn at a server.")
+    from clickhouse_connect.driver.exceptions import ClickHouseError
+
+    try:
+        columns, rows = run_query(client, args.query, allow_writes=args.write)
+    except ClickHouseError as exc:
+        sys.exit(f"query failed: {str(exc).splitlines()[0]}")
+    print(FORMATS[args.format](columns, rows))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpufleet", description=__doc__)
+    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR,
+                        help="where the local broker, worker state and embedded ClickHouse live "
+                             "(env GPUFLEET_DATA_DIR; default ./data)")
+    parser.add_argument("--log-level", default="warning")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("kafka", help="start, stop or check the local Kafka broker")
+    p.add_argument("action", choices=["start", "stop", "status"])
+    p.add_argument("--port", type=int, default=None, help="listener port (default: a free one)")
+    p.set_defaults(func=cmd_kafka)
+
+    p = sub.add_parser("topics", help="create gpufleet's topics (idempotent)")
+    _bootstrap_arg(p)
+    p.set_defaults(func=cmd_topics)
+
+    p = sub.add_parser("worker", help="run the stream worker (event-time windows and detectors)")
+    _bootstrap_arg(p)
+    p.add_argument("--app-id", default="gpufleet-worker", help="Faust app id = consumer group")
+    p.add_argument("--window-s", type=float, default=60.0)
+    p.add_argument("--lateness-s", type=float, default=10.0, help="allowed lateness of samples")
+    p.add_argument("--low-utilization-pct", type=float, default=30.0,
+                   help="a window under this mean utilisation raises an alert")
+    p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("sink", help="write gpufleet's topics into ClickHouse")
+    _bootstrap_arg(p)
+    _clickhouse_args(p)
+    p.add_argument("--group-id", default="gpufleet-clickhouse-sink")
+    p.set_defaults(func=cmd_sink)
+
+    p = sub.add_parser("simulate", help="publish samples from a simulated fleet")
+    _bootstrap_arg(p)
+    _fleet_args(p)
+    p.add_argument("--duration-s", type=float, default=600.0, help="simulated seconds")
+    p.add_argument("--interval-s", type=float, default=1.0, help="simulated sampling interval")
+    p.add_argument("--speed", type=float, default=60.0, help="simulated seconds per wall second (0: no pacing)")
+    p.add_argument("--start-ms", type=int, default=None, help="event time of the first tick (default: now - duration)")
+    p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("demo", help="run the whole pipeline on a simulated fleet and summarise it")
+    _fleet_args(p)
+    p.add_argument("--sim-minutes", type=float, default=30.0, help="simulated minutes of fleet activity")
+    p.add_argument("--speed", type=float, default=30.0, help="simulated seconds per wall second")
+    p.add_argument("--max-wall-s", type=float, default=180.0, help="stop after this many wall seconds at most")
+    p.add_argument("--keep-kafka", action="store_true", help="leave the broker running afterwards")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("sql", help="run a SQL query on gpufleet's ClickHouse (read-only by default)")
+    p.add_argument("query")
+    _clickhouse_args(p)
+    p.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    p.add_argument("--write", action="store_true", help="allow statements that change data")
+    p.set_defaults(func=cmd_sql)
+    return parser
+
+
+def _fleet_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--hosts", type=int, default=16)
+    p.add_argument("--gpus-per-host", type=int, default=8)
+    p.add_argument("--workflows", type=int, default=24)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

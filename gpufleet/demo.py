@@ -1,0 +1,198 @@
+"""``gpufleet demo``: the whole pipeline on one machine, on a simulated fleet, with live progress.
+
+local Kafka (started here) <- simulator thread; worker subprocess (Faust); sink thread ->
+embedded ClickHouse under the data directory. Bounded in wall time; ends with a
+per-workflow summary read back from ClickHouse.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from confluent_kafka import Consumer, TopicPartition
+
+from gpufleet import local_kafka
+from gpufleet.sql import format_table, run_query
+from producers.publish_kafka import Publisher
+from producers.run_simulation import SimulationPlan, SimulationProgress, run_simulation
+from producers.simulate_fleet import build_fleet
+from schemas.admin import ensure_topics
+from schemas.codec import Codec
+from schemas.kafka_config import consumer_config
+from schemas.topics import ALERTS, ALL_TOPICS, DEAD_LETTERS, GPU_SAMPLES, WORKFLOW_WINDOWS
+from sinks.consume_to_clickhouse import ClickHouseSink
+from sinks.write_clickhouse import ClickHouseWriter, connect, default_dsn
+
+WORKER_GROUP = "gpufleet-worker"
+SINK_GROUP = "gpufleet-clickhouse-sink"
+DATABASE = "gpufleet"
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    data_dir: Path
+    seed: int = 7
+    hosts: int = 16
+    gpus_per_host: int = 8
+    workflows: int = 24
+    sim_minutes: float = 30.0
+    speed: float = 30.0
+    max_wall_s: float = 180.0
+    keep_kafka: bool = False
+
+
+class OffsetWatch:
+    """Reads end offsets and a group's committed offsets, to show progress and lag."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self._consumers: dict[str, Consumer] = {}
+        self._bootstrap = bootstrap
+
+    def _consumer(self, group: str) -> Consumer:
+        if group not in self._consumers:
+            self._consumers[group] = Consumer(consumer_config(self._bootstrap, group))
+        return self._consumers[group]
+
+    def end_offsets(self, spec) -> list[int]:
+        c = self._consumer("gpufleet-demo-watch")
+        return [c.get_watermark_offsets(TopicPartition(spec.name, p), timeout=5)[1] for p in range(spec.partitions)]
+
+    def total(self, spec) -> int:
+        return sum(self.end_offsets(spec))
+
+    def lag(self, group: str, specs) -> int:
+        c = self._consumer(group)
+        lag = 0
+        for spec in specs:
+            ends = self.end_offsets(spec)
+            committed = c.committed([TopicPartition(spec.name, p) for p in range(spec.partitions)], timeout=5)
+            lag += sum(end - max(tp.offset, 0) for end, tp in zip(ends, committed))
+        return lag
+
+    def close(self) -> None:
+        for c in self._consumers.values():
+            c.close()
+
+
+def _line(text: str) -> None:
+    if sys.stdout.isatty():
+        sys.stdout.write("\r\x1b[2K" + text)
+    else:
+        sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+SUMMARY_SQL = f"""
+SELECT w.workflow_id AS workflow, any(w.owner) AS owner, any(w.team) AS team,
+       max(w.gpu_count) AS gpus, count() AS windows,
+       round(sum(w.utilization_mean_pct * w.gpu_seconds) / sum(w.gpu_seconds), 1) AS util_pct,
+       round(sum(w.gpu_seconds) / 3600, 2) AS gpu_hours,
+       round(sum(w.gpu_seconds * (1 - w.utilization_mean_pct / 100)) / 3600, 2) AS wasted_gpu_hours,
+       anyIf(a.alerts, a.alerts > 0) AS alerts
+FROM {DATABASE}.workflow_windows AS w FINAL
+LEFT JOIN (SELECT workflow_id, count() AS alerts FROM {DATABASE}.alerts FINAL GROUP BY workflow_id) AS a
+       ON a.workflow_id = w.workflow_id
+GROUP BY w.workflow_id
+ORDER BY wasted_gpu_hours DESC, workflow
+"""
+
+EXAMPLE_SQL = ("SELECT workflow_id, owner, severity, count() AS alerts, round(avg(observed), 1) AS mean_util "
+               "FROM gpufleet.alerts GROUP BY workflow_id, owner, severity ORDER BY alerts DESC")
+
+
+def run_demo(opts: DemoOptions) -> int:
+    data_dir = opts.data_dir.resolve()
+    for sub in ("kafka", "worker", "clickhouse"):
+        shutil.rmtree(data_dir / sub, ignore_errors=True)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    print(f"gpufleet demo: data under {data_dir} (cleared at the start of each demo)")
+    print("starting Kafka ...", flush=True)
+    broker = local_kafka.start(data_dir / "kafka")
+    print(f"  broker on {broker.bootstrap} (log {broker.log_file})")
+    worker = None
+    sink_thread = None
+    stop = threading.Event()
+    try:
+        ensure_topics(broker.bootstrap)
+        worker_log = data_dir / "worker.log"
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "gpufleet", "--data-dir", str(data_dir), "--log-level", "info",
+             "worker", "--bootstrap", broker.bootstrap, "--app-id", WORKER_GROUP],
+            stdout=worker_log.open("wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )
+        print(f"  worker pid {worker.pid} (log {worker_log})")
+        dsn = default_dsn(data_dir)
+        writer = ClickHouseWriter(connect(dsn), DATABASE)
+        sink = ClickHouseSink(broker.bootstrap, writer, group_id=SINK_GROUP)
+        sink_thread = threading.Thread(target=sink.run, args=(stop,), name="sink", daemon=True)
+        sink_thread.start()
+        print(f"  sink writing to {dsn}")
+
+        fleet = build_fleet(opts.seed, opts.hosts, opts.gpus_per_host, opts.workflows)
+        ticks = int(opts.sim_minutes * 60)
+        start_ms = (int(time.time()) // 60 * 60 - ticks) * 1000
+        plan = SimulationPlan(start_ms, ticks, 1000, opts.speed)
+        progress = SimulationProgress()
+        sim_thread = threading.Thread(
+            target=run_simulation, name="simulator",
+            kwargs=dict(fleet=fleet, plan=plan, publisher=Publisher(broker.bootstrap, Codec()),
+                        stop=stop, progress=progress),
+            daemon=True,
+        )
+        print(f"simulating {len(fleet.workflows)} workflows on {fleet.gpu_count} GPUs "
+              f"({opts.hosts} hosts), {opts.sim_minutes:g} simulated minutes at {opts.speed:g}x\n")
+        sim_thread.start()
+        watch = OffsetWatch(broker.bootstrap)
+        last_samples, last_t = 0, time.monotonic()
+        caught_up_since = None
+        while True:
+            time.sleep(1.0)
+            if worker.poll() is not None:
+                raise RuntimeError(f"the worker exited with code {worker.returncode}; log {worker_log}:\n"
+                                   f"{local_kafka.tail(worker_log)}")
+            now = time.monotonic()
+            rate = (progress.samples - last_samples) / (now - last_t)
+            last_samples, last_t = progress.samples, now
+            worker_lag = watch.lag(WORKER_GROUP, [GPU_SAMPLES])
+            sink_lag = watch.lag(SINK_GROUP, ALL_TOPICS)
+            _line(f"[{now - t0:5.0f}s] sim {progress.ticks_done / 60:5.1f}/{opts.sim_minutes:g} min | "
+                  f"samples {progress.samples:>8} ({rate:6.0f}/s) | windows {watch.total(WORKFLOW_WINDOWS):>5} | "
+                  f"alerts {watch.total(ALERTS):>4} | dead letters {watch.total(DEAD_LETTERS):>3} | "
+                  f"lag worker {worker_lag:>6} sink {sink_lag:>6} | rows {sum(sink.stats.rows.values()):>8}")
+            done = not sim_thread.is_alive() and worker_lag == 0 and sink_lag == 0
+            caught_up_since = (caught_up_since or now) if done else None
+            if caught_up_since and now - caught_up_since >= 2.0:
+                break
+            if now - t0 > opts.max_wall_s:
+                print(f"\nstopping: the {opts.max_wall_s:g}s wall-time limit was reached before the pipeline caught up")
+                break
+        watch.close()
+    finally:
+        stop.set()
+        if worker is not None and worker.poll() is None:
+            worker.terminate()
+            try:
+                worker.wait(30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+        if sink_thread is not None:
+            sink_thread.join(60)
+        if not opts.keep_kafka:
+            local_kafka.stop(data_dir / "kafka")
+    print("\n\nPer-workflow summary (from ClickHouse, closed windows only):\n")
+    columns, rows = run_query(writer.client, SUMMARY_SQL)
+    print(format_table(columns, rows))
+    counts = {t: run_query(writer.client, f"SELECT count() FROM {DATABASE}.{t}")[1][0][0]
+              for t in ("gpu_samples", "workflow_windows", "alerts", "dead_letters")}
+    print("\nrows stored: " + ", ".join(f"{t} {n}" for t, n in counts.items()))
+    print(f"\nData: ClickHouse {dsn} (database {DATABASE}); Kafka log dirs {data_dir / 'kafka'}"
+          f"{' (broker still running)' if opts.keep_kafka else ''}.")
+    print(f"Try:\n  gpufleet sql \"{EXAMPLE_SQL}\"")
+    return 0
