@@ -151,7 +151,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
 
     dsn = _dsn(args)
     try:
-        client = connect(dsn)
+        client = connect(dsn, read_only=not args.write)
     except Exception as exc:  # noqa: BLE001 - turned into a message for the user
         if not dsn.startswith("chdb://"):
             raise
@@ -161,7 +161,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
     from clickhouse_connect.driver.exceptions import ClickHouseError
 
     try:
-        columns, rows = run_query(client, args.query, allow_writes=args.write)
+        columns, rows = run_query(client, args.query)
     except ClickHouseError as exc:
         sys.exit(f"query failed: {str(exc).splitlines()[0]}")
     print(FORMATS[args.format](columns, rows))

@@ -102,6 +102,15 @@ def _server_properties(data_dir: Path, port: int, controller_port: int, partitio
     ])
 
 
+def cluster_id() -> str:
+    """A random KRaft cluster id: URL-safe base64 of 16 bytes, never starting with '-'
+    (the storage tool would read it as an option; Kafka's own generator avoids it too)."""
+    while True:
+        value = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not value.startswith("-"):
+            return value
+
+
 def tail(path: Path, lines: int = 30) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])

@@ -12,10 +12,10 @@ from typing import Any
 from clickhouse_connect.driver.client import Client
 
 
-def run_query(client: Client, sql: str, allow_writes: bool = False) -> tuple[list[str], list[tuple]]:
-    """Column names and rows of ``sql``. Read-only unless ``allow_writes`` (ClickHouse enforces it)."""
-    settings = {} if allow_writes else {"readonly": 2}
-    result = client.query(sql, settings=settings)
+def run_query(client: Client, sql: str) -> tuple[list[str], list[tuple]]:
+    """Column names and rows of ``sql``. Open the client with ``connect(dsn, read_only=True)``
+    to have ClickHouse refuse anything that writes."""
+    result = client.query(sql)
     return list(result.column_names), [tuple(r) for r in result.result_rows]
 
 

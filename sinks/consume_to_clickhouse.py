@@ -132,5 +132,9 @@ class ClickHouseSink:
             if self.producer.flush(30):
                 raise RuntimeError("dead letters could not be delivered; not committing offsets")
             self.stats.dead_letters += len(bad)
-        self.consumer.commit(asynchronous=False)
+        self._commit()
         self.stats.batches += 1
+
+    def _commit(self) -> None:
+        """Commit the consumed positions; only ever called after the batch's inserts succeeded."""
+        self.consumer.commit(asynchronous=False)

@@ -30,13 +30,18 @@ def default_dsn(data_dir: Path) -> str:
     return f"chdb://{(data_dir / 'clickhouse').resolve()}"
 
 
-def connect(dsn: str) -> Client:
-    """A clickhouse-connect client for ``chdb:///path`` (embedded) or ``http(s)://…`` (server)."""
+def connect(dsn: str, read_only: bool = False) -> Client:
+    """A clickhouse-connect client for ``chdb:///path`` (embedded) or ``http(s)://…`` (server).
+
+    ``read_only`` makes it a read-only session (``readonly=2``: reads and SET only). It is set
+    for the whole session because the embedded engine cannot leave read-only mode per query.
+    """
     if dsn.startswith("chdb://"):
         path = dsn[len("chdb://"):]
         if path.startswith("/"):
             Path(path).mkdir(parents=True, exist_ok=True)
-    return clickhouse_connect.get_client(dsn=dsn)
+    settings = {"readonly": 2} if read_only else None
+    return clickhouse_connect.get_client(dsn=dsn, settings=settings)
 
 
 def error_code(exc: BaseException) -> int | None:
@@ -104,7 +109,9 @@ class ClickHouseWriter:
         try:
             self._insert_with_retry(table, rows)
             return []
-        except DatabaseError as exc:
+        except (DatabaseError, ValueError, TypeError) as exc:
+            # DataError (a DatabaseError) and ValueError/TypeError come from the client's
+            # serialisation of a bad value; other DatabaseErrors carry the server's code.
             if is_transient(exc):
                 raise
             if len(rows) == 1:

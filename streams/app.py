@@ -27,6 +27,8 @@ class StreamSettings:
     batch_size: int = 5000
     batch_within_s: float = 0.5
     commit_interval_s: float = 1.0
+    # A killed worker's partitions move to a live one after this long without heartbeats.
+    session_timeout_s: float = 10.0
 
     def topic(self, name: str) -> str:
         return self.topic_prefix + name
@@ -46,6 +48,8 @@ def create_app(settings: StreamSettings) -> faust.App:
         table_standby_replicas=0,
         consumer_auto_offset_reset="earliest",
         broker_commit_interval=settings.commit_interval_s,
+        broker_session_timeout=settings.session_timeout_s,
+        broker_heartbeat_interval=max(1.0, settings.session_timeout_s / 4),
         web_enabled=False,
         key_serializer="raw",
         value_serializer="raw",

@@ -1,4 +1,7 @@
-"""Checks a decoded ``GpuSample`` for values no GPU can report; returns the reason or None."""
+"""Checks a decoded ``GpuSample`` for values no GPU can report; returns the reason or None.
+
+Part of the contract: the worker and the sink both refuse what fails it (to the dead-letter topic).
+"""
 
 from __future__ import annotations
 

@@ -1,0 +1,99 @@
+"""Helpers for integration tests: run the worker as a real process, read topics, wait on deadlines."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from confluent_kafka import Consumer, TopicPartition
+
+from schemas.codec import Codec
+from schemas.kafka_config import consumer_config
+from schemas.topics import TopicSpec
+
+CODEC = Codec()
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.3):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+@contextmanager
+def worker_process(bootstrap: str, prefix: str, data_dir: Path, app_id: str) -> Iterator[subprocess.Popen]:
+    """``gpufleet worker`` as its own process, as it runs in production."""
+    log = data_dir / f"{app_id}.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpufleet", "--data-dir", str(data_dir), "--log-level", "info",
+         "worker", "--bootstrap", bootstrap, "--topic-prefix", prefix, "--app-id", app_id],
+        stdout=log.open("ab"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+    )
+    proc.log_path = log  # type: ignore[attr-defined]
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def read_topic(bootstrap: str, topic: str, partitions: int, timeout: float = 10.0) -> list[tuple]:
+    """Every message on ``topic`` now: (partition, offset, key, schema name or None, record or raw bytes)."""
+    c = Consumer(consumer_config(bootstrap, "test-reader"))
+    try:
+        ends = {}
+        tps = []
+        for p in range(partitions):
+            low, high = c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
+            if high > low:
+                ends[p] = high
+                tps.append(TopicPartition(topic, p, low))
+        if not tps:
+            return []
+        c.assign(tps)
+        out = []
+        deadline = time.monotonic() + timeout
+        done = {p: False for p in ends}
+        while not all(done.values()) and time.monotonic() < deadline:
+            for m in c.consume(num_messages=10_000, timeout=0.5):
+                if m.error():
+                    continue
+                try:
+                    name, record = CODEC.decode(m.value())
+                except ValueError:
+                    name, record = None, m.value()
+                out.append((m.partition(), m.offset(), m.key(), name, record))
+                if m.offset() + 1 >= ends[m.partition()]:
+                    done[m.partition()] = True
+        return out
+    finally:
+        c.close()
+
+
+def committed_everything(bootstrap: str, group: str, spec: TopicSpec, topic: str) -> bool:
+    """True when ``group`` has committed the end offset of every partition of ``topic``."""
+    c = Consumer(consumer_config(bootstrap, group))
+    try:
+        tps = [TopicPartition(topic, p) for p in range(spec.partitions)]
+        committed = c.committed(tps, timeout=10)
+        for tp in committed:
+            high = c.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=10)[1]
+            if high > 0 and tp.offset < high:
+                return False
+        return True
+    finally:
+        c.close()

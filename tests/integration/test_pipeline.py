@@ -1,0 +1,81 @@
+"""The walking skeleton end to end: simulator -> Kafka -> worker process -> Kafka -> sink -> ClickHouse."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from producers.publish_kafka import Publisher
+from producers.run_simulation import SimulationPlan, run_simulation
+from producers.simulate_fleet import IDLE, UNDERUTILIZED, build_fleet
+from schemas.topics import GPU_SAMPLES, WORKFLOW_WINDOWS
+from sinks.consume_to_clickhouse import ClickHouseSink
+from sinks.write_clickhouse import ClickHouseWriter
+
+from tests.integration.helpers import CODEC, read_topic, wait_until, worker_process
+from tests.unit.samples import BASE_MS, assert_window_matches, expected_windows
+
+WINDOWS = 3
+TICKS = WINDOWS * 60 + 15  # 15 s more: the watermark (max - 10 s) passes the third window's end
+
+
+@pytest.fixture
+def sink(kafka, prefix, chdb_client, database):
+    writer = ClickHouseWriter(chdb_client, database)
+    sink = ClickHouseSink(kafka.bootstrap, writer, group_id=f"{prefix}sink", topic_prefix=prefix,
+                          batch_wait_s=0.3)
+    stop = threading.Event()
+    thread = threading.Thread(target=sink.run, args=(stop,), daemon=True)
+    thread.start()
+    yield sink
+    stop.set()
+    thread.join(30)
+
+
+def q(sink, sql):
+    return sink.writer.client.query(sql.format(db=sink.writer.database)).result_rows
+
+
+def test_samples_become_windows_and_alerts_in_clickhouse(kafka, prefix, sink, tmp_path):
+    fleet = build_fleet(seed=21, hosts=3, gpus_per_host=4, workflows=6)
+    plan = SimulationPlan(start_ms=BASE_MS, ticks=TICKS, interval_ms=1000, speed=0)
+    progress = run_simulation(fleet, plan, Publisher(kafka.bootstrap, CODEC), topic=prefix + GPU_SAMPLES.name)
+    published = [s for t in range(TICKS) for s in fleet.samples_at(t, BASE_MS, 1000)]
+    assert progress.samples == len(published) == TICKS * fleet.gpu_count
+
+    with worker_process(kafka.bootstrap, prefix, tmp_path, app_id=f"{prefix}worker") as worker:
+        n_windows = len(fleet.workflows) * WINDOWS
+        wait_until(lambda: q(sink, "SELECT count() FROM {db}.workflow_windows FINAL")[0][0] >= n_windows,
+                   120, f"{n_windows} windows in ClickHouse")
+        wait_until(lambda: q(sink, "SELECT count() FROM {db}.gpu_samples")[0][0] >= len(published),
+                   60, "every sample in ClickHouse")
+        assert worker.poll() is None
+
+    # Nothing lost, nothing doubled.
+    rows, positions, points = q(sink, "SELECT count(), uniqExact(kafka_partition, kafka_offset), "
+                                      "uniqExact(workflow_id, gpu_uuid, event_time) FROM {db}.gpu_samples")[0]
+    assert rows == positions == points == len(published)
+    # The workflows' samples were spread over several partitions, and all their windows closed.
+    assert q(sink, "SELECT uniqExact(kafka_partition) FROM {db}.gpu_samples")[0][0] > 1
+
+    # Every window equals the aggregate computed directly from what was published.
+    seen = [CODEC.decode(CODEC.encode("GpuSample", s))[1] for s in published]  # float32 on the wire
+    expected = {k: v for k, v in expected_windows(seen).items() if k[1] < BASE_MS + WINDOWS * 60_000}
+    on_topic = [r for *_, name, r in read_topic(kafka.bootstrap, prefix + WORKFLOW_WINDOWS.name,
+                                                WORKFLOW_WINDOWS.partitions) if name == "WorkflowWindow"]
+    keys = [(w["workflow_id"], w["window_start"]) for w in on_topic]
+    assert sorted(keys) == sorted(expected), "each closed window emitted exactly once"
+    for w in on_topic:
+        assert_window_matches(w, expected[(w["workflow_id"], w["window_start"])])
+    stored = q(sink, "SELECT workflow_id, toUnixTimestamp64Milli(window_start), sample_count, "
+                     "utilization_mean_pct FROM {db}.workflow_windows FINAL")
+    for wf, start, n, util in stored:
+        assert n == expected[(wf, start)]["sample_count"]
+        assert util == pytest.approx(expected[(wf, start)]["utilization_mean_pct"], rel=1e-6)
+
+    # Alerts for exactly the underutilised workflows (the idle one included), one per window.
+    wasteful = {w.workflow_id for w in fleet.workflows if w.profile in (IDLE, UNDERUTILIZED)}
+    alerts = q(sink, "SELECT workflow_id, count() FROM {db}.alerts FINAL GROUP BY workflow_id")
+    assert dict(alerts) == {wf: WINDOWS for wf in wasteful}
+    assert q(sink, "SELECT count() FROM {db}.dead_letters")[0][0] == 0

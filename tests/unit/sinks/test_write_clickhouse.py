@@ -1,0 +1,84 @@
+"""The writer against the real embedded ClickHouse engine (chdb), one database per test."""
+
+import pytest
+
+from sinks.clickhouse_ddl import ALERTS_TABLE, GPU_SAMPLES_TABLE, TABLES, WORKFLOW_WINDOWS_TABLE
+from sinks.write_clickhouse import ClickHouseWriter, Row, is_transient, table_for_topic
+
+from tests.unit.samples import BASE_MS, sample, window
+
+
+@pytest.fixture
+def writer(chdb_client, database) -> ClickHouseWriter:
+    w = ClickHouseWriter(chdb_client, database)
+    w.ensure_tables()
+    return w
+
+
+def count(writer, table, final=False):
+    return writer.client.query(
+        f"SELECT count() FROM {writer.database}.{table.name}{' FINAL' if final else ''}"
+    ).result_rows[0][0]
+
+
+def test_tables_are_created_idempotently(writer):
+    writer.ensure_tables()  # second time: no error, nothing changes
+    names = {r[0] for r in writer.client.query(f"SHOW TABLES FROM {writer.database}").result_rows}
+    assert names == {t.name for t in TABLES}
+
+
+def test_samples_land_with_their_kafka_positions_and_resume_after_them(writer):
+    rows = [Row(p, 100 + i, sample(event_time=BASE_MS + i * 1000)) for i, p in enumerate([0, 1, 1, 3])]
+    assert writer.insert(GPU_SAMPLES_TABLE, rows) == []
+    assert count(writer, GPU_SAMPLES_TABLE) == 4
+    assert writer.resume_offsets(GPU_SAMPLES_TABLE) == {0: 101, 1: 103, 3: 104}
+    got = writer.client.query(
+        f"SELECT toUnixTimestamp64Milli(event_time), utilization_pct, memory_total_bytes "
+        f"FROM {writer.database}.gpu_samples ORDER BY event_time LIMIT 1"
+    ).result_rows[0]
+    assert got == (BASE_MS, 50.0, 80 * 1024**3)
+
+
+def test_a_window_emitted_twice_is_one_row(writer):
+    w = window()
+    writer.insert(WORKFLOW_WINDOWS_TABLE, [Row(0, 1, w)])
+    writer.insert(WORKFLOW_WINDOWS_TABLE, [Row(0, 9, {**w, "closed_at": w["closed_at"] + 5})])
+    assert count(writer, WORKFLOW_WINDOWS_TABLE, final=True) == 1
+
+
+def test_bad_rows_are_isolated_and_the_rest_lands(writer):
+    rows = [Row(0, i, sample(event_time=BASE_MS + i)) for i in range(9)]
+    rows[4] = Row(0, 4, sample(memory_used_bytes=-1))  # cannot be a UInt64
+    rejected = writer.insert(GPU_SAMPLES_TABLE, rows)
+    assert [r.row.offset for r in rejected] == [4]
+    assert rejected[0].reason
+    assert count(writer, GPU_SAMPLES_TABLE) == 8
+
+
+def test_server_errors_are_classified():
+    class Err(Exception):
+        code = 0
+
+    e = Err("Code: 241. DB::Exception: Memory limit exceeded")
+    e.code = None
+    assert is_transient(e)
+    e2 = Err("Code: 27. DB::Exception: Cannot parse input")
+    e2.code = None
+    assert not is_transient(e2)
+
+
+def test_alert_columns_match_the_schema(writer):
+    from schemas.codec import load_catalog
+    import json
+    from schemas.codec import SCHEMA_DIR
+
+    for table in (ALERTS_TABLE, GPU_SAMPLES_TABLE, WORKFLOW_WINDOWS_TABLE):
+        version = next(v for v in load_catalog() if v.name == table.topic.schema)
+        fields = [f["name"] for f in json.loads((SCHEMA_DIR / version.file).read_text())["fields"]]
+        assert list(table.columns) == fields, table.name
+
+
+def test_topics_map_to_tables():
+    assert table_for_topic("x.gpufleet.alerts.v1", prefix="x.") is ALERTS_TABLE
+    with pytest.raises(KeyError):
+        table_for_topic("gpufleet.nope")
