@@ -152,8 +152,9 @@ def _proc_state(pid: int) -> str:
         return "X"
 
 
-def answers_metadata(bootstrap: str, timeout: float = 2.0) -> bool:
-    """True when the broker at ``bootstrap`` answers a metadata request with itself in it."""
+def answers_metadata(bootstrap: str, timeout: float = 2.0, cluster_id: str | None = None) -> bool:
+    """True when a broker at ``bootstrap`` answers a metadata request (from cluster ``cluster_id``,
+    when given: another broker already on that port must not pass for ours)."""
     from confluent_kafka.admin import AdminClient  # local import: the CLI's `--help` stays fast
 
     # log_level 0: a broker that is still starting refuses connections; that is expected here.
@@ -163,9 +164,22 @@ def answers_metadata(bootstrap: str, timeout: float = 2.0) -> bool:
         "log_level": 0,
     })
     try:
-        return bool(admin.list_topics(timeout=timeout).brokers)
+        metadata = admin.list_topics(timeout=timeout)
     except Exception:  # noqa: BLE001 - any failure here means "not answering yet"
         return False
+    return bool(metadata.brokers) and (cluster_id is None or metadata.cluster_id == cluster_id)
+
+
+def formatted_cluster_id(data_dir: Path) -> str | None:
+    """The cluster id the KRaft storage in ``data_dir`` was formatted with, if it was."""
+    try:
+        text = (data_dir / "logs" / "meta.properties").read_text()
+    except FileNotFoundError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("cluster.id="):
+            return line.split("=", 1)[1].strip()
+    return None
 
 
 def status(data_dir: Path) -> BrokerInfo | None:
@@ -186,7 +200,7 @@ def start(
     """Start a broker (or return the one already running for ``data_dir``) and wait until it answers."""
     data_dir = data_dir.resolve()
     running = status(data_dir)
-    if running is not None and answers_metadata(running.bootstrap):
+    if running is not None and answers_metadata(running.bootstrap, cluster_id=formatted_cluster_id(data_dir)):
         return running
     libs = ensure_jars()
     java = java_executable()
@@ -223,7 +237,7 @@ def start(
                 f"the Kafka broker exited with code {proc.returncode} while starting; "
                 f"log {log_file}:\n{tail(log_file)}"
             )
-        if answers_metadata(bootstrap):
+        if answers_metadata(bootstrap, cluster_id=formatted_cluster_id(data_dir)):
             return info
         time.sleep(0.5)
     stop(data_dir)

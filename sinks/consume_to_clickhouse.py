@@ -19,7 +19,8 @@ from confluent_kafka import OFFSET_INVALID, Consumer, Producer, TopicPartition
 from schemas.codec import Codec
 from schemas.dead_letter import dead_letter
 from schemas.kafka_config import consumer_config, producer_config
-from schemas.topics import DEAD_LETTERS
+from schemas.topics import DEAD_LETTERS, GPU_SAMPLES
+from schemas.validate_sample import validate_sample
 from sinks.clickhouse_ddl import TABLES, Table
 from sinks.write_clickhouse import ClickHouseWriter, Row, table_for_topic
 
@@ -113,6 +114,11 @@ class ClickHouseSink:
             if name != table.topic.schema:
                 bad.append((m, None, f"expected {table.topic.schema} on {m.topic()}, got {name}"))
                 continue
+            if name == GPU_SAMPLES.schema:
+                reason = validate_sample(record)
+                if reason:
+                    bad.append((m, None, reason))
+                    continue
             by_name[table.name] = table
             rows[table.name].append(Row(m.partition(), m.offset(), record))
         index = {(m.topic(), m.partition(), m.offset()): m for m in messages}

@@ -30,7 +30,7 @@ def register(app: faust.App, settings) -> None:  # settings: streams.app.StreamS
     # One entry per workflow; the changelog partition is the workflow's source partition.
     table = app.Table(
         "window-state", default=None, partitions=GPU_SAMPLES.partitions,
-        key_type=str, value_type=dict,
+        key_type=str,
     )
     aggregator = WindowAggregator(settings.window, table.data)
     stats = defaultdict(int)

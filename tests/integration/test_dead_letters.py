@@ -1,0 +1,87 @@
+"""Malformed, impossible and too-late records reach the dead-letter topic with a reason;
+the worker and the sink keep running."""
+
+from __future__ import annotations
+
+import threading
+
+from confluent_kafka import Producer
+
+from schemas.kafka_config import producer_config
+from schemas.topics import DEAD_LETTERS, GPU_SAMPLES, WORKFLOW_WINDOWS
+from sinks.consume_to_clickhouse import ClickHouseSink
+from sinks.write_clickhouse import ClickHouseWriter
+
+from tests.integration.helpers import CODEC, read_topic, wait_until, worker_process
+from tests.unit.samples import BASE_MS, sample
+
+
+def ticks(start_s, end_s):
+    return [sample(event_time=BASE_MS + t * 1000, utilization_pct=float(t % 90)) for t in range(start_s, end_s)]
+
+
+def test_bad_records_are_dead_lettered_and_processing_goes_on(kafka, prefix, tmp_path, chdb_client, database):
+    topic = prefix + GPU_SAMPLES.name
+    # One producer, so that the records keep this order on the workflow's partition.
+    producer = Producer(producer_config(kafka.bootstrap))
+
+    def send(records=(), raw=None):
+        for r in records:
+            producer.produce(topic, key=b"wf-a", value=CODEC.encode("GpuSample", r))
+        if raw is not None:
+            producer.produce(topic, key=b"wf-a", value=raw)
+
+    send(ticks(0, 80))  # watermark 70 s: window 0 closed
+    send([sample(event_time=BASE_MS + 5_000)])  # too late for window 0
+    send([sample(event_time=BASE_MS + 80_500, utilization_pct=-5.0)])
+    send(raw=b"this is not avro")
+    send(raw=CODEC.encode("GpuSample", sample())[:-9])  # truncated
+    send(ticks(80, 140))  # window 1 must still close
+    assert producer.flush(30) == 0
+
+    stop = threading.Event()
+    sink = ClickHouseSink(kafka.bootstrap, ClickHouseWriter(chdb_client, database),
+                          group_id=f"{prefix}sink", topic_prefix=prefix, batch_wait_s=0.3)
+    thread = threading.Thread(target=sink.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        with worker_process(kafka.bootstrap, prefix, tmp_path, f"{prefix}worker") as worker:
+            def worker_dead_letters():
+                got = [r for *_, n, r in read_topic(kafka.bootstrap, prefix + DEAD_LETTERS.name, 1)
+                       if n == "DeadLetter" and r["stage"] == "window-utilization"]
+                return got if len(got) >= 4 else None
+
+            def windows_0_and_1():
+                got = [r for *_, n, r in read_topic(kafka.bootstrap, prefix + WORKFLOW_WINDOWS.name,
+                                                    WORKFLOW_WINDOWS.partitions) if n == "WorkflowWindow"]
+                return got if len(got) >= 2 else None
+
+            letters = wait_until(worker_dead_letters, 90, "4 dead letters from the worker")
+            windows = wait_until(windows_0_and_1, 60, "windows 0 and 1")
+            assert worker.poll() is None, "the worker must survive bad input"
+        wait_until(lambda: chdb_client.query(f"SELECT count() FROM {database}.dead_letters").result_rows[0][0] >= 7,
+                   60, "dead letters from the worker and the sink in ClickHouse")
+    finally:
+        stop.set()
+        thread.join(30)
+
+    reasons = sorted(r["reason"] for r in letters)
+    assert len(letters) == 4, reasons
+    assert any("late sample" in r and "already closed by the watermark" in r for r in reasons)
+    assert any("utilization_pct -5.0 is outside 0..100" in r for r in reasons)
+    assert any("bad magic byte" in r for r in reasons)
+    assert any("corrupt GpuSample v1 payload" in r for r in reasons)
+    for r in letters:
+        assert r["source_topic"] == topic and r["value"] and r["source_offset"] >= 80
+
+    # Window 0 was not changed by the late sample; window 1 closed after the bad records.
+    by_start = {w["window_start"]: w for w in windows}
+    assert by_start[BASE_MS]["sample_count"] == 60
+    assert by_start[BASE_MS + 60_000]["sample_count"] == 60  # 60..119; the -5 % sample is not in it
+
+    # The sink refused the same three undecodable/impossible records (the late one is a valid sample
+    # for the raw table), and stored none of them.
+    rows = chdb_client.query(f"SELECT stage, reason FROM {database}.dead_letters FINAL").result_rows
+    assert sum(1 for stage, _ in rows if stage == "clickhouse-sink") == 3
+    assert chdb_client.query(
+        f"SELECT countIf(utilization_pct < 0), count() FROM {database}.gpu_samples").result_rows[0] == (0, 141)

@@ -1,0 +1,27 @@
+"""The local broker runner: the session broker answers; a failed start names its log."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpufleet import local_kafka
+
+
+def test_session_broker_answers_and_is_recorded(kafka):
+    assert local_kafka.answers_metadata(kafka.bootstrap)
+    assert local_kafka.status(kafka.data_dir) == kafka
+
+
+def test_a_broker_that_cannot_start_names_its_log(kafka, tmp_path):
+    busy_port = int(kafka.bootstrap.rsplit(":", 1)[1])
+    with pytest.raises(local_kafka.KafkaRunnerError) as err:
+        local_kafka.start(tmp_path / "k2", port=busy_port, timeout=60)
+    message = str(err.value)
+    assert str(tmp_path / "k2" / "broker.log") in message
+    assert "Address already in use" in message or "BindException" in message
+    assert local_kafka.status(tmp_path / "k2") is None
+
+
+def test_stop_and_status_without_a_broker(tmp_path):
+    assert local_kafka.status(tmp_path) is None
+    assert local_kafka.stop(tmp_path) is False
