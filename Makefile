@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 JARS   := docker/kafka/libs/.fetched
 
-.PHONY: setup demo test test-unit bench clean
+.PHONY: setup demo test test-unit lint bench clean
 
 setup: $(BIN)/.installed $(JARS)
 
@@ -31,6 +31,9 @@ test: setup
 
 test-unit: setup
 	$(BIN)/pytest tests/unit
+
+lint: setup
+	$(BIN)/ruff check producers streams schemas sinks gpufleet tests benchmarks
 
 bench: setup
 	$(BIN)/python benchmarks/bench_window_utilization.py

@@ -152,7 +152,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
     dsn = _dsn(args)
     try:
         client = connect(dsn, read_only=not args.write)
-    except Exception as exc:  # noqa: BLE001 - turned into a message for the user
+    except Exception as exc:
         if not dsn.startswith("chdb://"):
             raise
         sys.exit(f"cannot open the embedded ClickHouse at {dsn}: {exc}\n"

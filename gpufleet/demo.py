@@ -142,8 +142,8 @@ def run_demo(opts: DemoOptions) -> int:
         progress = SimulationProgress()
         sim_thread = threading.Thread(
             target=run_simulation, name="simulator",
-            kwargs=dict(fleet=fleet, plan=plan, publisher=Publisher(broker.bootstrap, Codec()),
-                        stop=stop, progress=progress),
+            kwargs={"fleet": fleet, "plan": plan, "publisher": Publisher(broker.bootstrap, Codec()),
+                    "stop": stop, "progress": progress},
             daemon=True,
         )
         print(f"simulating {len(fleet.workflows)} workflows on {fleet.gpu_count} GPUs "

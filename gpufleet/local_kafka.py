@@ -57,7 +57,7 @@ def ensure_jars(libs_dir: Path = LIBS_DIR) -> Path:
         )
     result = subprocess.run(
         [mvn, "-q", "-B", "-f", str(KAFKA_DIR / "pom.xml"), "package"],
-        capture_output=True, text=True,
+        capture_output=True, text=True, check=False,
     )
     if result.returncode != 0 or not list(libs_dir.glob("kafka_2.13-*.jar")):
         raise KafkaRunnerError(f"Maven could not fetch the Kafka jars:\n{result.stdout}{result.stderr}")
@@ -70,7 +70,7 @@ def java_executable() -> str:
     java = str(Path(home) / "bin" / "java") if home else shutil.which("java")
     if not java or not Path(java).exists():
         raise KafkaRunnerError("no Java found: install a JDK >= 17 or set JAVA_HOME")
-    out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
+    out = subprocess.run([java, "-version"], capture_output=True, text=True, check=False).stderr
     match = re.search(r'version "(\d+)', out)
     if not match or int(match.group(1)) < MIN_JAVA:
         raise KafkaRunnerError(f"Kafka needs Java >= {MIN_JAVA}; {java} says: {out.strip()}")
@@ -215,7 +215,7 @@ def start(
         fmt = subprocess.run(
             [java, "-cp", classpath, "kafka.tools.StorageTool", "format",
              "-t", base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="), "-c", str(config), "--ignore-formatted"],
-            capture_output=True, text=True,
+            capture_output=True, text=True, check=False,
         )
         if fmt.returncode != 0:
             raise KafkaRunnerError(f"formatting the KRaft storage in {data_dir} failed:\n{fmt.stdout}{fmt.stderr}")

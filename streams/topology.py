@@ -11,8 +11,8 @@ import faust
 from schemas.codec import Codec
 from schemas.dead_letter import dead_letter
 from schemas.topics import ALERTS, DEAD_LETTERS, GPU_SAMPLES, WORKFLOW_WINDOWS, key_of
-from streams.detect_low_utilization import detect_low_utilization
 from schemas.validate_sample import validate_sample
+from streams.detect_low_utilization import detect_low_utilization
 from streams.window_utilization import Incoming, WindowAggregator
 
 log = logging.getLogger(__name__)

@@ -192,10 +192,8 @@ class WindowAggregator:
             _add(acc, r)
             if r.get("owner"):
                 state["owner"], state["team"] = r["owner"], r.get("team")
-            if t > state["max_event_time"]:
-                state["max_event_time"] = t
-            if t > newest:
-                newest = t
+            state["max_event_time"] = max(state["max_event_time"], t)
+            newest = max(newest, t)
         self._max_event_time[partition] = newest
         if newest >= 0:
             self._close(partition, newest - lateness, closed_at, result)

@@ -11,7 +11,6 @@ from schemas.kafka_config import producer_config
 from schemas.topics import DEAD_LETTERS, GPU_SAMPLES, WORKFLOW_WINDOWS
 from sinks.consume_to_clickhouse import ClickHouseSink
 from sinks.write_clickhouse import ClickHouseWriter
-
 from tests.integration.helpers import CODEC, read_topic, wait_until, worker_process
 from tests.unit.samples import BASE_MS, sample
 

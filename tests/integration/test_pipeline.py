@@ -12,7 +12,6 @@ from producers.simulate_fleet import IDLE, UNDERUTILIZED, build_fleet
 from schemas.topics import GPU_SAMPLES, WORKFLOW_WINDOWS
 from sinks.consume_to_clickhouse import ClickHouseSink
 from sinks.write_clickhouse import ClickHouseWriter
-
 from tests.integration.helpers import CODEC, read_topic, wait_until, worker_process
 from tests.unit.samples import BASE_MS, assert_window_matches, expected_windows
 

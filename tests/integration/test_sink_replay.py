@@ -8,7 +8,6 @@ from producers.publish_kafka import Publisher
 from schemas.topics import GPU_SAMPLES
 from sinks.consume_to_clickhouse import ClickHouseSink
 from sinks.write_clickhouse import ClickHouseWriter
-
 from tests.integration.helpers import CODEC, committed_everything, wait_until
 from tests.unit.samples import BASE_MS, sample
 

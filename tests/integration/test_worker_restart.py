@@ -7,8 +7,13 @@ import signal
 from producers.publish_kafka import Publisher
 from producers.simulate_fleet import build_fleet
 from schemas.topics import GPU_SAMPLES, WORKFLOW_WINDOWS
-
-from tests.integration.helpers import CODEC, committed_everything, read_topic, wait_until, worker_process
+from tests.integration.helpers import (
+    CODEC,
+    committed_everything,
+    read_topic,
+    wait_until,
+    worker_process,
+)
 from tests.unit.samples import BASE_MS, assert_window_matches, expected_windows
 
 
@@ -30,7 +35,7 @@ def test_killed_worker_resumes_mid_window(kafka, prefix, tmp_path):
     app_id = f"{prefix}worker"
     topic = prefix + GPU_SAMPLES.name
     # Ticks 0..89: window 0 closes (watermark 79 s), window 1 is half full when the worker dies.
-    first = publish(kafka, prefix, fleet, range(0, 90))
+    first = publish(kafka, prefix, fleet, range(90))
     with worker_process(kafka.bootstrap, prefix, tmp_path, app_id) as worker:
         wait_until(lambda: len(windows_on_topic(kafka, prefix)) >= len(fleet.workflows), 90, "window 0")
         wait_until(lambda: committed_everything(kafka.bootstrap, app_id, GPU_SAMPLES, topic), 60,

@@ -6,7 +6,6 @@ import pytest
 
 from schemas.codec import SCHEMA_DIR, Codec, CodecError, load_catalog
 from schemas.topics import ALL_TOPICS
-
 from tests.unit.samples import sample, window
 
 

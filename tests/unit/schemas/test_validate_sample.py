@@ -3,7 +3,6 @@ import math
 import pytest
 
 from schemas.validate_sample import validate_sample
-
 from tests.unit.samples import sample
 
 

@@ -4,7 +4,6 @@ import pytest
 
 from sinks.clickhouse_ddl import ALERTS_TABLE, GPU_SAMPLES_TABLE, TABLES, WORKFLOW_WINDOWS_TABLE
 from sinks.write_clickhouse import ClickHouseWriter, Row, is_transient, table_for_topic
-
 from tests.unit.samples import BASE_MS, sample, window
 
 
@@ -68,9 +67,9 @@ def test_server_errors_are_classified():
 
 
 def test_alert_columns_match_the_schema(writer):
-    from schemas.codec import load_catalog
     import json
-    from schemas.codec import SCHEMA_DIR
+
+    from schemas.codec import SCHEMA_DIR, load_catalog
 
     for table in (ALERTS_TABLE, GPU_SAMPLES_TABLE, WORKFLOW_WINDOWS_TABLE):
         version = next(v for v in load_catalog() if v.name == table.topic.schema)

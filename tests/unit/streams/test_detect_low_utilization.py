@@ -1,7 +1,6 @@
 import pytest
 
 from streams.detect_low_utilization import LowUtilizationConfig, detect_low_utilization
-
 from tests.unit.samples import window
 
 CFG = LowUtilizationConfig(threshold_pct=30.0, critical_pct=5.0)

@@ -4,7 +4,6 @@ import random
 import pytest
 
 from streams.window_utilization import Incoming, WindowAggregator, WindowConfig
-
 from tests.unit.samples import BASE_MS, assert_window_matches, expected_windows, sample
 
 CFG = WindowConfig(size_ms=60_000, allowed_lateness_ms=10_000, retention_ms=600_000)

@@ -1,0 +1,32 @@
+"""The README's main command, small: `gpufleet demo` runs end to end, then `gpufleet sql` reads its data."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def gpufleet(*args: str, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpufleet", *args], capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def test_demo_then_sql(tmp_path):
+    data = str(tmp_path / "data")
+    demo = gpufleet("--data-dir", data, "demo", "--hosts", "2", "--gpus-per-host", "4", "--workflows", "4",
+                    "--sim-minutes", "3", "--speed", "60", "--max-wall-s", "150", timeout=240)
+    out = demo.stdout
+    assert demo.returncode == 0, out + demo.stderr
+    assert "Per-workflow summary" in out and "(4 rows)" in out
+    # 8 GPUs x 180 ticks, every one stored; 2 closed windows per workflow (the third is still open).
+    assert "rows stored: gpu_samples 1440, workflow_windows 8," in out
+    assert 'gpufleet sql "' in out
+    assert "wall-time limit" not in out
+
+    sql = gpufleet("--data-dir", data, "sql", "--format", "csv",
+                   "SELECT count() AS n FROM gpufleet.workflow_windows FINAL", timeout=60)
+    assert sql.returncode == 0, sql.stderr
+    assert sql.stdout.split() == ["n", "8"]
+
+    refused = gpufleet("--data-dir", data, "sql", "DROP TABLE gpufleet.gpu_samples", timeout=60)
+    assert refused.returncode != 0 and "readonly" in refused.stderr
