@@ -64,7 +64,6 @@ def register(app: faust.App, settings) -> None:  # settings: streams.app.StreamS
                         bad.append((messages[i], reason))
                     else:
                         good.append(Incoming(messages[i].offset, record))
-                good.sort(key=lambda inc: inc.offset)
                 result = aggregator.process(partition, good, closed_at=now)
                 for wf in result.changed:
                     table.send_changelog(partition, wf, table.data[wf])
