@@ -7,6 +7,8 @@ per-workflow summary read back from ClickHouse.
 
 from __future__ import annotations
 
+import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -106,6 +108,15 @@ EXAMPLE_SQL = ("SELECT workflow_id, owner, severity, count() AS alerts, round(av
                "FROM gpufleet.alerts GROUP BY workflow_id, owner, severity ORDER BY alerts DESC")
 
 
+def _self_command(data_dir: Path) -> str:
+    """How the user can call gpufleet again: the way they called it, with the same data dir."""
+    exe = sys.argv[0]
+    cmd = os.path.relpath(exe) if exe.endswith("gpufleet") else "python -m gpufleet"
+    if data_dir != Path("data").resolve():
+        cmd += f" --data-dir {shlex.quote(str(data_dir))}"
+    return cmd
+
+
 def run_demo(opts: DemoOptions) -> int:
     data_dir = opts.data_dir.resolve()
     for sub in ("kafka", "worker", "clickhouse"):
@@ -194,5 +205,5 @@ def run_demo(opts: DemoOptions) -> int:
     print("\nrows stored: " + ", ".join(f"{t} {n}" for t, n in counts.items()))
     print(f"\nData: ClickHouse {dsn} (database {DATABASE}); Kafka log dirs {data_dir / 'kafka'}"
           f"{' (broker still running)' if opts.keep_kafka else ''}.")
-    print(f"Try:\n  gpufleet sql \"{EXAMPLE_SQL}\"")
+    print(f"Try:\n  {_self_command(data_dir)} sql \"{EXAMPLE_SQL}\"")
     return 0

@@ -20,7 +20,7 @@ def test_demo_then_sql(tmp_path):
     assert "Per-workflow summary" in out and "(4 rows)" in out
     # 8 GPUs x 180 ticks, every one stored; 2 closed windows per workflow (the third is still open).
     assert "rows stored: gpu_samples 1440, workflow_windows 8," in out
-    assert 'gpufleet sql "' in out
+    assert f'gpufleet --data-dir {data} sql "' in out
     assert "wall-time limit" not in out
 
     sql = gpufleet("--data-dir", data, "sql", "--format", "csv",
