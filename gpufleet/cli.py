@@ -168,6 +168,14 @@ def cmd_sql(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from gpufleet.analyze import run
+
+    text, rc = run(args.traces, args.json)
+    print(text)
+    return rc
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpufleet", description=__doc__)
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR,
@@ -216,6 +224,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-wall-s", type=float, default=180.0, help="stop after this many wall seconds at most")
     p.add_argument("--keep-kafka", action="store_true", help="leave the broker running afterwards")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("analyze", help="analyse PyTorch profiler (Kineto) trace files")
+    p.add_argument("traces", nargs="+", help=".json or .json.gz trace files, one per rank")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.set_defaults(func=cmd_analyze)
 
     p = sub.add_parser("sql", help="run a SQL query on gpufleet's ClickHouse (read-only by default)")
     p.add_argument("query")

@@ -1,0 +1,204 @@
+"""Reads a PyTorch profiler (Kineto) trace file into the time-ordered event records the
+trace analysis consumes, with Holistic Trace Analysis' loading rules.
+
+Streams the JSON with ijson (``.json`` or ``.json.gz``) instead of loading the document:
+only the events the analysis needs are kept, as small dicts with interned names. Loading
+rules (HTA 0.5.0):
+
+* events without ``dur`` or ``cat`` (and the ``Trace`` envelope) are ignored;
+* if any event has a float (or missing) ``ts``, every event is rounded to whole
+  microseconds: ``end = floor(ts + dur)``, ``ts = ceil(ts)``;
+* with at least two distinct ``ProfilerStep`` names, the last step is dropped: CPU-side
+  events are kept only if they start before the last ProfilerStep starts, GPU-side events
+  only if their correlation id matches a kept CPU-side event.
+
+A trace damaged part-way (truncated, invalid JSON) yields what was valid before the damage,
+with ``partial`` set and the parser's error; it never raises for that.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import ijson
+
+# Kineto categories -> the kinds of the KernelEvent schema.
+KIND_BY_CAT = {
+    "kernel": "kernel", "Kernel": "kernel",
+    "gpu_memcpy": "memcpy", "Memcpy": "memcpy",
+    "gpu_memset": "memset", "Memset": "memset",
+    "cuda_sync": "sync",
+    "cuda_runtime": "runtime", "Runtime": "runtime", "cuda_driver": "runtime",
+    "cpu_op": "cpu_op", "Operator": "cpu_op",
+    "user_annotation": "annotation", "gpu_user_annotation": "annotation",
+}
+DEVICE_SYNC_NAMES = frozenset({"Event Sync", "Context Sync"})
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be read at all (missing, not JSON, no traceEvents)."""
+
+
+@dataclass
+class TraceRead:
+    path: str
+    rank: int = 0
+    events: list[dict] = field(default_factory=list)  # sorted by (ts, CPU before GPU)
+    events_seen: int = 0
+    last_step_dropped: bool = False
+    rounded: bool = False
+    partial: bool = False
+    error: str | None = None
+    device_properties: list[dict] = field(default_factory=list)
+
+
+def open_trace(path: str | Path) -> IO[bytes]:
+    path = Path(path)
+    if not path.exists():
+        raise TraceError(f"no trace file at {path}")
+    with path.open("rb") as probe:
+        gz = probe.read(2) == b"\x1f\x8b"
+    return gzip.open(path, "rb") if gz else path.open("rb")
+
+
+def read_metadata(path: str | Path) -> dict[str, Any]:
+    """Top-level entries before ``traceEvents`` (Kineto writes its metadata first)."""
+    meta: dict[str, Any] = {}
+    with open_trace(path) as fh:
+        builder: ijson.ObjectBuilder | None = None
+        key = None
+        try:
+            for prefix, event, value in ijson.parse(fh, use_float=True):
+                if prefix == "" and event == "map_key":
+                    if value == "traceEvents":
+                        break
+                    key, builder = value, ijson.ObjectBuilder()
+                elif builder is not None and key is not None:
+                    builder.event(event, value)
+                    if prefix == key and event in ("end_map", "end_array", "string", "number", "boolean", "null"):
+                        meta[key] = builder.value
+                        key, builder = None, None
+        except (ijson.JSONError, EOFError, OSError) as exc:
+            raise TraceError(f"{path} is not a readable JSON trace: {exc}") from exc
+    return meta
+
+
+def _is_gpu_side(e: dict) -> bool:
+    args = e.get("args") or {}
+    return (_int(args.get("stream", -1)) >= 0 and _int(args.get("correlation", -1)) >= 0) or (
+        e.get("name") in DEVICE_SYNC_NAMES
+    )
+
+
+def _int(value: Any, default: int = -1) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _usable(e: Any) -> bool:
+    return isinstance(e, dict) and e.get("dur") is not None and e.get("cat") is not None and e["cat"] != "Trace"
+
+
+def _events(fh: IO[bytes]) -> Iterator[dict]:
+    return ijson.items(fh, "traceEvents.item", use_float=True)
+
+
+def read_trace(path: str | Path) -> TraceRead:
+    """Read ``path`` with HTA's loading rules; see the module docstring."""
+    path = Path(path)
+    meta = read_metadata(path)
+    result = TraceRead(str(path))
+    info = meta.get("distributedInfo")
+    if isinstance(info, dict):
+        result.rank = _int(info.get("rank", 0), 0)
+    props = meta.get("deviceProperties")
+    if isinstance(props, list):
+        result.device_properties = props
+
+    # One pass: candidate records with raw times, plus what the loading rules need globally.
+    any_float = False
+    steps: dict[str, list[float]] = {}
+    cpu_corr_ts: dict[int, float] = {}
+    names: dict[str, str] = {}
+    candidates: list[tuple[dict, bool]] = []  # (record, GPU-side)
+    seen = 0
+    try:
+        with open_trace(path) as fh:
+            for e in _events(fh):
+                seen += 1
+                ts = e.get("ts") if isinstance(e, dict) else None
+                if ts is None or isinstance(ts, float):
+                    any_float = True
+                if not _usable(e) or ts is None:
+                    continue
+                gpu_side = _is_gpu_side(e)
+                if not gpu_side:
+                    name = e.get("name", "")
+                    if "ProfilerStep" in name:
+                        steps.setdefault(name, []).append(ts)
+                    corr = _int((e.get("args") or {}).get("correlation", -1))
+                    if corr >= 0:
+                        cpu_corr_ts[corr] = min(ts, cpu_corr_ts.get(corr, ts))
+                record = _record(e, names)
+                if record is not None:
+                    candidates.append((record, gpu_side))
+    except (ijson.JSONError, ijson.IncompleteJSONError, EOFError, OSError, gzip.BadGzipFile) as exc:
+        result.partial = True
+        result.error = f"trace damaged after {seen} events: {exc}"
+    if seen == 0 and result.partial:
+        raise TraceError(f"{path}: no event could be read ({result.error})")
+    result.events_seen = seen
+
+    result.rounded = any_float
+    if any_float:
+        for record, _ in candidates:
+            end = math.floor(record["ts"] + record["dur"])
+            record["ts"] = math.ceil(record["ts"])
+            record["end"] = end
+            record["dur"] = end - record["ts"]
+    if len(steps) >= 2:
+        start_of = math.ceil if any_float else (lambda ts: ts)
+        last_step_start = max(start_of(ts) for starts in steps.values() for ts in starts)
+        kept = {c for c, ts in cpu_corr_ts.items() if start_of(ts) < last_step_start}
+        result.last_step_dropped = True
+        result.events = [
+            r for r, gpu_side in candidates
+            if (r["correlation"] in kept if gpu_side else r["ts"] < last_step_start)
+        ]
+    else:
+        result.events = [r for r, _ in candidates]
+    result.events.sort(key=lambda r: (r["ts"], r["stream"] >= 0))
+    return result
+
+
+def _record(e: dict, names: dict[str, str]) -> dict | None:
+    cat = e["cat"]
+    kind = KIND_BY_CAT.get(cat)
+    name = e.get("name", "")
+    args = e.get("args") or {}
+    stream = _int(args.get("stream", -1))
+    correlation = _int(args.get("correlation", -1))
+    if kind is None and stream < 0:
+        return None  # flow events, python functions...: not used by the analysis
+    if kind in ("cpu_op", "annotation") and "ProfilerStep" not in name:
+        return None  # not needed by the metrics computed from traces yet
+    ts, dur = e["ts"], e["dur"]
+    name = names.setdefault(name, name)
+    return {
+        "kind": kind or "other",
+        "cat": cat,
+        "name": name,
+        "ts": ts,
+        "dur": dur,
+        "end": ts + dur,
+        "stream": stream,
+        "correlation": correlation,
+        "bytes": _int(args.get("bytes", -1)),
+    }

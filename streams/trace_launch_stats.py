@@ -1,0 +1,64 @@
+"""CUDA launch statistics of one rank (HTA 0.5.0's cuda_kernel_launch_stats, aggregated).
+
+Each ``cudaLaunchKernel``/``cudaLaunchKernelExC``/``cudaMemcpyAsync``/``cudaMemsetAsync`` call
+is joined to its GPU event by correlation id: launch delay = max(0, gpu start - cpu start -
+cpu duration). A short kernel: call <= 50 us and kernel shorter than the call; a runtime
+outlier: call > 50 us; a launch-delay outlier: delay > 100 us.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LAUNCH_CALLS = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cudaMemcpyAsync", "cudaMemsetAsync"})
+RUNTIME_CUTOFF_US = 50
+LAUNCH_DELAY_CUTOFF_US = 100
+
+
+@dataclass
+class LaunchStats:
+    runtime_cutoff_us: float = RUNTIME_CUTOFF_US
+    launch_delay_cutoff_us: float = LAUNCH_DELAY_CUTOFF_US
+    launches: int = 0
+    cpu_us: float = 0.0
+    gpu_us: float = 0.0
+    delay_us: float = 0.0
+    max_delay_us: float = 0.0
+    short_kernels: int = 0
+    short_kernel_gpu_us: float = 0.0
+    runtime_outliers: int = 0
+    delay_outliers: int = 0
+
+    def add(self, call: dict, gpu: dict) -> None:
+        """A launch call and the GPU event it launched."""
+        if call["name"] not in LAUNCH_CALLS:
+            return
+        cpu_dur, gpu_dur = call["dur"], gpu["dur"]
+        delay = max(0, gpu["ts"] - call["ts"] - cpu_dur)
+        self.launches += 1
+        self.cpu_us += cpu_dur
+        self.gpu_us += gpu_dur
+        self.delay_us += delay
+        self.max_delay_us = max(self.max_delay_us, delay)
+        if cpu_dur <= self.runtime_cutoff_us and gpu_dur < cpu_dur:
+            self.short_kernels += 1
+            self.short_kernel_gpu_us += gpu_dur
+        if cpu_dur > self.runtime_cutoff_us:
+            self.runtime_outliers += 1
+        if delay > self.launch_delay_cutoff_us:
+            self.delay_outliers += 1
+
+    def result(self) -> dict:
+        n = self.launches
+        return {
+            "launches": n,
+            "cpu_duration_mean_us": self.cpu_us / n if n else None,
+            "gpu_duration_mean_us": self.gpu_us / n if n else None,
+            "launch_delay_mean_us": self.delay_us / n if n else None,
+            "launch_delay_max_us": self.max_delay_us if n else None,
+            "launch_delay_total_us": self.delay_us,
+            "short_kernels": self.short_kernels,
+            "short_kernel_gpu_us": self.short_kernel_gpu_us,
+            "runtime_outliers": self.runtime_outliers,
+            "launch_delay_outliers": self.delay_outliers,
+        }

@@ -1,0 +1,91 @@
+"""Reading trace files: gzip or not, damaged files, and the real traces in shared/traces."""
+
+import pytest
+
+from gpufleet.analyze import analyze_file
+from producers.read_trace import TraceError, read_trace
+
+from tests.unit.traces import SHARED_TRACES, kernel, runtime, write_trace
+
+
+def test_gzip_and_plain_read_the_same(tmp_path):
+    events = [runtime("cudaLaunchKernel", 0, 2, corr=1), kernel("gemm", 3, 4, corr=1)]
+    plain = read_trace(write_trace(tmp_path / "a.json", events))
+    gz = read_trace(write_trace(tmp_path / "a.json.gz", events, gz=True))
+    assert plain.events == gz.events and len(plain.events) == 2
+    assert not plain.partial and plain.error is None
+
+
+def test_truncated_trace_is_analysed_up_to_the_damage(tmp_path):
+    events = [kernel("gemm", i * 10, 5, corr=i) for i in range(200)]
+    path = write_trace(tmp_path / "t.json", events)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    trace = read_trace(path)
+    assert trace.partial and "damaged" in trace.error
+    assert 50 < len(trace.events) < 200
+    result = analyze_file(path)
+    assert result["ok"] and result["partial"] and result["gpu_events"] == len(trace.events)
+
+
+def test_unreadable_files_give_a_clear_error(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("this is not json")
+    with pytest.raises(TraceError, match="not a readable JSON trace"):
+        read_trace(bad)
+    with pytest.raises(TraceError, match="no trace file"):
+        read_trace(tmp_path / "missing.json")
+    result = analyze_file(bad)
+    assert result["ok"] is False and "not a readable JSON trace" in result["error"]
+
+
+# Numbers printed by Holistic Trace Analysis 0.5.0 (get_temporal_breakdown,
+# get_idle_time_breakdown, get_cuda_kernel_launch_stats) on these unmodified files.
+HTA_REFERENCE = {
+    "resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz": {
+        "temporal": (830494, 327463, 492891, 10140),
+        "idle": {7: (318934, 8529, 0)},
+        "launch": (7580, 81929231, 31889, 4788, 5, 6048),
+    },
+    "resnet50_num_workers_4__worker0.1623212756351.pt.trace.json.gz": {
+        "temporal": (677173, 164699, 495912, 16562),
+        "idle": {7: (154426, 8804, 1469)},
+        "launch": (7715, 41123646, 23544, 5072, 6, 5769),
+    },
+    "simple_add__benchmark_result_493459_1694039959_trace.json.gz": {
+        "temporal": (16464339, 16414376, 10676, 39287),
+        "idle": {7: (15976739, 91, 0), 20: (13582776, 8, 0)},
+        "launch": (98, 10264, 874, 29, 10, 22),
+    },
+    "cuda_event_sync__event_sync_trace.json.gz": {
+        "temporal": (263, 207, 49, 7),
+        "idle": {7: (212, 0, 0)},
+        "launch": (5, 5, 2, 3, 0, 0),
+    },
+}
+
+
+@pytest.mark.parametrize("name", sorted(HTA_REFERENCE))
+def test_real_traces_give_hta_numbers(name):
+    path = SHARED_TRACES / name
+    if not path.exists():
+        pytest.skip(f"{path} is not here (shared/traces sits beside the checkout)")
+    r = analyze_file(path)
+    ref = HTA_REFERENCE[name]
+    t = r["temporal"]
+    assert (t["kernel_time_us"], t["idle_time_us"], t["compute_time_us"], t["non_compute_time_us"]) == ref["temporal"]
+    idle = {s: (v["host_wait_us"], v["kernel_wait_us"], v["other_us"]) for s, v in r["idle_by_stream"].items()}
+    assert idle == ref["idle"]
+    launch = r["launch"]
+    assert (launch["launches"], launch["launch_delay_total_us"], launch["launch_delay_max_us"],
+            launch["short_kernels"], launch["runtime_outliers"], launch["launch_delay_outliers"]) == ref["launch"]
+
+
+@pytest.mark.parametrize("name", ["cupti_profiler__benchmark_result_924719_1679055439_trace.json.gz",
+                                  "distributed_info_unavailable__distributed_info_not_found.json.gz"])
+def test_other_real_traces_read_without_error(name):
+    path = SHARED_TRACES / name
+    if not path.exists():
+        pytest.skip(f"{path} is not here")
+    r = analyze_file(path)
+    assert r["ok"] and not r["partial"] and r["events_read"] > 0 and r["rank"] == 0

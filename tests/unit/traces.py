@@ -1,0 +1,43 @@
+"""Builders of small Kineto-format traces for tests."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+SHARED_TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
+
+
+def kernel(name: str, ts: float, dur: float, stream: int = 7, corr: int = -1, cat: str = "kernel") -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": dur,
+            "args": {"stream": stream, "correlation": corr, "device": 0}}
+
+
+def memcpy(ts: float, dur: float, stream: int = 7, corr: int = -1, nbytes: int = 1024) -> dict:
+    e = kernel("Memcpy HtoD (Pageable -> Device)", ts, dur, stream, corr, cat="gpu_memcpy")
+    e["args"]["bytes"] = nbytes
+    return e
+
+
+def runtime(name: str, ts: float, dur: float, corr: int) -> dict:
+    return {"ph": "X", "cat": "cuda_runtime", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur,
+            "args": {"correlation": corr, "cbid": 211}}
+
+
+def step(n: int, ts: float, dur: float) -> dict:
+    return {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}", "pid": 1, "tid": 1,
+            "ts": ts, "dur": dur, "args": {}}
+
+
+def write_trace(path: Path, events: list[dict], rank: int | None = 0, gz: bool = False) -> Path:
+    doc: dict = {"schemaVersion": 1}
+    if rank is not None:
+        doc["distributedInfo"] = {"rank": rank}
+    doc["traceEvents"] = [*events, {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler", "ts": 0, "dur": 1}]
+    data = json.dumps(doc, indent=1).encode()
+    if gz:
+        path.write_bytes(gzip.compress(data))
+    else:
+        path.write_bytes(data)
+    return path
