@@ -37,8 +37,8 @@ def format_result(r: dict) -> str:
     if not r["ok"]:
         return f"{r['path']}: ERROR {r['error']}"
     t, o, launch = r["temporal"], r["overlap"], r["launch"]
-    lines = [f"{r['path']} (rank {r['rank']}, {r['events_read']} events"
-             f"{', last profiler step dropped' if r['last_step_dropped'] else ''})"]
+    dropped = ", last profiler step dropped" if r["last_step_dropped"] else ""
+    lines = [f"{r['path']} (rank {r['rank']}, {r['events_read']} events{dropped})"]
     if r["partial"]:
         lines.append(f"  PARTIAL: {r['error']}; the numbers cover what was read before the damage")
     lines += [

@@ -16,7 +16,7 @@ from streams.trace_kernel_type import KernelType, kernel_type
 class Coverage:
     """Length of the union of intervals fed in start order."""
 
-    __slots__ = ("first", "start", "end", "closed")
+    __slots__ = ("closed", "end", "first", "start")
 
     def __init__(self) -> None:
         self.first: float | None = None

@@ -4,7 +4,6 @@ import pytest
 
 from gpufleet.analyze import analyze_file
 from producers.read_trace import TraceError, read_trace
-
 from tests.unit.traces import SHARED_TRACES, kernel, runtime, write_trace
 
 

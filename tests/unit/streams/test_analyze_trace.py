@@ -5,7 +5,6 @@ import pytest
 from producers.read_trace import read_trace
 from streams.analyze_trace import analyze_events
 from streams.trace_kernel_type import KernelType, kernel_type
-
 from tests.unit.traces import kernel, memcpy, runtime, step, write_trace
 
 
