@@ -77,8 +77,8 @@ def cmd_topics(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     import faust
 
-    from schemas.admin import ensure_topics
-    from streams.app import StreamSettings, create_app
+    from schemas.admin import create_topics, ensure_topics
+    from streams.app import StreamSettings, changelog_topics, create_app
     from streams.detect_low_utilization import LowUtilizationConfig
     from streams.window_utilization import WindowConfig
 
@@ -92,6 +92,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         window=WindowConfig(size_ms=int(args.window_s * 1000), allowed_lateness_ms=int(args.lateness_s * 1000)),
         low_utilization=LowUtilizationConfig(threshold_pct=args.low_utilization_pct),
     )
+    create_topics(bootstrap, changelog_topics(settings))
     app = create_app(settings)
     worker = faust.Worker(app, loglevel=args.log_level, quiet=True)
     worker.execute_from_commandline()
@@ -168,10 +169,30 @@ def cmd_sql(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ingest_trace(args: argparse.Namespace) -> int:
+    from producers.publish_kafka import Publisher
+    from producers.publish_trace import publish_trace
+    from schemas.admin import ensure_topics
+    from schemas.codec import Codec
+
+    bootstrap = _resolve_bootstrap(args)
+    ensure_topics(bootstrap, prefix=args.topic_prefix)
+    publisher = Publisher(bootstrap, Codec())
+    rc = 0
+    for path in args.traces:
+        end = publish_trace(path, args.workflow, publisher, topic_prefix=args.topic_prefix)
+        state = f"PARTIAL ({end['error']})" if end["partial"] else "complete"
+        print(f"{path}: published {end['events']} events as trace {end['trace_id']} (rank {end['rank']}), {state}")
+        rc = rc or (1 if end["partial"] else 0)
+    if publisher.flush():
+        sys.exit("some trace events could not be delivered to Kafka")
+    return rc
+
+
 def cmd_analyze(args: argparse.Namespace) -> int:
     from gpufleet.analyze import run
 
-    text, rc = run(args.traces, args.json)
+    text, rc = run(args.traces, args.json, args.workflow)
     print(text)
     return rc
 
@@ -227,8 +248,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("analyze", help="analyse PyTorch profiler (Kineto) trace files")
     p.add_argument("traces", nargs="+", help=".json or .json.gz trace files, one per rank")
-    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--json", action="store_true", help="print the TraceAnalysis records as JSON")
+    p.add_argument("--workflow", default="", help="workflow id to put in the records")
     p.set_defaults(func=cmd_analyze)
+
+    p = sub.add_parser("ingest-trace", help="publish trace files to Kafka for the worker to analyse")
+    _bootstrap_arg(p)
+    p.add_argument("traces", nargs="+", help=".json or .json.gz trace files, one per rank")
+    p.add_argument("--workflow", required=True, help="the workflow the traces belong to")
+    p.set_defaults(func=cmd_ingest_trace)
 
     p = sub.add_parser("sql", help="run a SQL query on gpufleet's ClickHouse (read-only by default)")
     p.add_argument("query")

@@ -27,7 +27,8 @@ from producers.simulate_fleet import build_fleet
 from schemas.admin import ensure_topics
 from schemas.codec import Codec
 from schemas.kafka_config import consumer_config
-from schemas.topics import ALERTS, ALL_TOPICS, DEAD_LETTERS, GPU_SAMPLES, WORKFLOW_WINDOWS
+from schemas.topics import ALERTS, DEAD_LETTERS, GPU_SAMPLES, WORKFLOW_WINDOWS
+from sinks.clickhouse_ddl import TABLES
 from sinks.consume_to_clickhouse import ClickHouseSink
 from sinks.write_clickhouse import ClickHouseWriter, connect, default_dsn
 
@@ -172,7 +173,7 @@ def run_demo(opts: DemoOptions) -> int:
             rate = (progress.samples - last_samples) / (now - last_t)
             last_samples, last_t = progress.samples, now
             worker_lag = watch.lag(WORKER_GROUP, [GPU_SAMPLES])
-            sink_lag = watch.lag(SINK_GROUP, ALL_TOPICS)
+            sink_lag = watch.lag(SINK_GROUP, [t.topic for t in TABLES])
             _line(f"[{now - t0:5.0f}s] sim {progress.ticks_done / 60:5.1f}/{opts.sim_minutes:g} min | "
                   f"samples {progress.samples:>8} ({rate:6.0f}/s) | windows {watch.total(WORKFLOW_WINDOWS):>5} | "
                   f"alerts {watch.total(ALERTS):>4} | dead letters {watch.total(DEAD_LETTERS):>3} | "

@@ -35,12 +35,18 @@ class Publisher:
                 self.last_error = err
                 log.error("delivery to %s failed: %s", msg.topic(), err)
 
-    def publish(self, spec: TopicSpec, records: Iterable[dict], topic: str | None = None) -> int:
-        """Queue ``records`` for ``spec``'s topic (or ``topic``, its namespaced name); return how many."""
+    def publish(
+        self, spec: TopicSpec, records: Iterable[dict], topic: str | None = None, schema: str | None = None,
+    ) -> int:
+        """Queue ``records`` for ``spec``'s topic (or ``topic``, its namespaced name), encoded with
+        ``schema`` (default: the topic's main schema); return how many."""
         name = topic or spec.name
+        schema = schema or spec.schema
+        if not spec.carries(schema):
+            raise ValueError(f"{spec.name} does not carry {schema} records")
         n = 0
         for record in records:
-            value = self._codec.encode(spec.schema, record)
+            value = self._codec.encode(schema, record)
             key = key_of(spec, record)
             while True:
                 try:

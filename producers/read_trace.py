@@ -191,6 +191,7 @@ def _record(e: dict, names: dict[str, str]) -> dict | None:
         return None  # not needed by the metrics computed from traces yet
     ts, dur = e["ts"], e["dur"]
     name = names.setdefault(name, name)
+    nbytes = _int(args.get("bytes", -1))
     return {
         "kind": kind or "other",
         "cat": cat,
@@ -199,6 +200,16 @@ def _record(e: dict, names: dict[str, str]) -> dict | None:
         "dur": dur,
         "end": ts + dur,
         "stream": stream,
+        "device": _int(args.get("device", -1)),
         "correlation": correlation,
-        "bytes": _int(args.get("bytes", -1)),
+        "bytes": nbytes if nbytes >= 0 else None,
+        "memcpy_kind": name[len("Memcpy "):] if kind == "memcpy" and name.startswith("Memcpy ") else None,
+        "grid": _dims(args.get("grid")),
+        "block": _dims(args.get("block")),
     }
+
+
+def _dims(value: Any) -> list[int] | None:
+    if isinstance(value, list) and all(isinstance(v, int) for v in value):
+        return value
+    return None

@@ -10,22 +10,15 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from schemas.topics import ALL_TOPICS, TopicSpec
 
 
-def ensure_topics(
-    bootstrap: str,
-    specs: Iterable[TopicSpec] = ALL_TOPICS,
-    prefix: str = "",
-    timeout: float = 30.0,
-) -> list[str]:
-    """Create the topics that do not exist yet; return the names created."""
+def create_topics(bootstrap: str, topics: Iterable[tuple[str, int, bool]], timeout: float = 30.0) -> list[str]:
+    """Create each ``(name, partitions, compacted)`` that does not exist yet; return the names created."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     existing = set(admin.list_topics(timeout=timeout).topics)
-    wanted = []
-    for spec in specs:
-        name = prefix + spec.name
-        if name in existing:
-            continue
-        config = {"cleanup.policy": "compact"} if spec.compacted else {}
-        wanted.append(NewTopic(name, num_partitions=spec.partitions, replication_factor=1, config=config))
+    wanted = [
+        NewTopic(name, num_partitions=partitions, replication_factor=1,
+                 config={"cleanup.policy": "compact"} if compacted else {})
+        for name, partitions, compacted in topics if name not in existing
+    ]
     if not wanted:
         return []
     created = []
@@ -37,3 +30,13 @@ def ensure_topics(
             if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
                 raise
     return created
+
+
+def ensure_topics(
+    bootstrap: str,
+    specs: Iterable[TopicSpec] = ALL_TOPICS,
+    prefix: str = "",
+    timeout: float = 30.0,
+) -> list[str]:
+    """Create the declared topics (under ``prefix``) that do not exist yet; return the names created."""
+    return create_topics(bootstrap, [(prefix + s.name, s.partitions, s.compacted) for s in specs], timeout)

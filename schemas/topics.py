@@ -17,6 +17,10 @@ class TopicSpec:
     partitions: int
     compacted: bool = False
     doc: str = ""
+    other_schemas: tuple[str, ...] = ()  # further record types the topic carries
+
+    def carries(self, schema: str) -> bool:
+        return schema == self.schema or schema in self.other_schemas
 
 
 GPU_SAMPLES = TopicSpec(
@@ -36,7 +40,18 @@ DEAD_LETTERS = TopicSpec(
     doc="Records a stage could not process, with the reason and their source topic/partition/offset.",
 )
 
-ALL_TOPICS: tuple[TopicSpec, ...] = (GPU_SAMPLES, WORKFLOW_WINDOWS, ALERTS, DEAD_LETTERS)
+KERNEL_EVENTS = TopicSpec(
+    "gpufleet.kernel-events.v1", "KernelEvent", "trace_id", 8, other_schemas=("TraceEnd",),
+    doc="Profiler trace events of one rank in start order, then a TraceEnd marker; keyed by trace.",
+)
+TRACE_ANALYSES = TopicSpec(
+    "gpufleet.trace-analyses.v1", "TraceAnalysis", "workflow_id", 4,
+    doc="One analysis per trace (rank): temporal and idle breakdown, overlap, launch statistics.",
+)
+
+ALL_TOPICS: tuple[TopicSpec, ...] = (
+    GPU_SAMPLES, WORKFLOW_WINDOWS, ALERTS, DEAD_LETTERS, KERNEL_EVENTS, TRACE_ANALYSES,
+)
 
 
 def by_name(name: str) -> TopicSpec:

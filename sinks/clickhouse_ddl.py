@@ -7,9 +7,10 @@ after a crash, so a replayed batch is never inserted twice.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from schemas.topics import ALERTS, DEAD_LETTERS, GPU_SAMPLES, WORKFLOW_WINDOWS, TopicSpec
+from schemas.topics import ALERTS, DEAD_LETTERS, GPU_SAMPLES, TRACE_ANALYSES, WORKFLOW_WINDOWS, TopicSpec
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,7 @@ class Table:
     topic: TopicSpec
     columns: tuple[str, ...]  # filled from the record's fields of the same name, in this order
     ddl: str  # {db} and {name} are filled in
+    prepare: Callable[[dict], dict] | None = None  # record -> row, where a field needs reshaping
 
 
 KAFKA_COLUMNS = ("kafka_partition", "kafka_offset")
@@ -124,8 +126,8 @@ DEAD_LETTERS_TABLE = Table(
         stage LowCardinality(String),
         reason String,
         source_topic LowCardinality(String),
-        source_partition UInt32,
-        source_offset UInt64,
+        source_partition Int32,
+        source_offset Int64,
         key Nullable(String),
         value Nullable(String),
         failed_at DateTime64(3, 'UTC'),
@@ -137,7 +139,67 @@ DEAD_LETTERS_TABLE = Table(
     """,
 )
 
-TABLES: tuple[Table, ...] = (GPU_SAMPLES_TABLE, WORKFLOW_WINDOWS_TABLE, ALERTS_TABLE, DEAD_LETTERS_TABLE)
+def _idle_as_tuples(record: dict) -> dict:
+    return {**record, "idle_by_stream": [
+        (s["stream"], s["host_wait_us"], s["kernel_wait_us"], s["other_us"]) for s in record["idle_by_stream"]
+    ]}
+
+
+TRACE_ANALYSES_TABLE = Table(
+    "trace_analyses", TRACE_ANALYSES,
+    ("trace_id", "workflow_id", "rank", "source", "partial", "error", "events", "gpu_events",
+     "gpu_events_without_launch", "kernel_time_us", "idle_time_us", "compute_time_us",
+     "non_compute_time_us", "idle_pct", "compute_pct", "non_compute_pct", "communication_time_us",
+     "comp_comm_overlap_us", "comp_comm_overlap_pct", "idle_by_stream", "launches",
+     "launch_delay_mean_us", "launch_delay_max_us", "launch_delay_total_us", "cpu_duration_mean_us",
+     "gpu_duration_mean_us", "short_kernels", "short_kernel_gpu_us", "runtime_outliers",
+     "launch_delay_outliers", "analyzed_at"),
+    """
+    CREATE TABLE IF NOT EXISTS {db}.{name} (
+        trace_id String,
+        workflow_id LowCardinality(String),
+        rank UInt32,
+        source Nullable(String),
+        partial Bool,
+        error Nullable(String),
+        events UInt64,
+        gpu_events UInt64,
+        gpu_events_without_launch UInt64,
+        kernel_time_us Float64,
+        idle_time_us Float64,
+        compute_time_us Float64,
+        non_compute_time_us Float64,
+        idle_pct Nullable(Float64),
+        compute_pct Nullable(Float64),
+        non_compute_pct Nullable(Float64),
+        communication_time_us Float64,
+        comp_comm_overlap_us Float64,
+        comp_comm_overlap_pct Nullable(Float64),
+        idle_by_stream Array(Tuple(stream Int32, host_wait_us Float64, kernel_wait_us Float64, other_us Float64)),
+        launches UInt64,
+        launch_delay_mean_us Nullable(Float64),
+        launch_delay_max_us Nullable(Float64),
+        launch_delay_total_us Float64,
+        cpu_duration_mean_us Nullable(Float64),
+        gpu_duration_mean_us Nullable(Float64),
+        short_kernels UInt64,
+        short_kernel_gpu_us Float64,
+        runtime_outliers UInt64,
+        launch_delay_outliers UInt64,
+        analyzed_at DateTime64(3, 'UTC'),
+        kafka_partition UInt32,
+        kafka_offset UInt64
+    )
+    -- A trace analysed again (re-published file, replay) replaces its row.
+    ENGINE = ReplacingMergeTree(analyzed_at)
+    ORDER BY trace_id
+    """,
+    prepare=_idle_as_tuples,
+)
+
+TABLES: tuple[Table, ...] = (
+    GPU_SAMPLES_TABLE, WORKFLOW_WINDOWS_TABLE, ALERTS_TABLE, DEAD_LETTERS_TABLE, TRACE_ANALYSES_TABLE,
+)
 
 
 def create_statements(database: str) -> list[str]:

@@ -121,7 +121,10 @@ class ClickHouseWriter:
             return self.insert(table, rows[:mid]) + self.insert(table, rows[mid:])
 
     def _insert_with_retry(self, table: Table, rows: Sequence[Row]) -> None:
-        columns: list[list[Any]] = [[r.record.get(c) for r in rows] for c in table.columns]
+        records = [r.record for r in rows]
+        if table.prepare is not None:
+            records = [table.prepare(r) for r in records]
+        columns: list[list[Any]] = [[r.get(c) for r in records] for c in table.columns]
         columns.append([r.partition for r in rows])
         columns.append([r.offset for r in rows])
         names = [*table.columns, *KAFKA_COLUMNS]

@@ -1,22 +1,26 @@
 """One rank's trace analysis: feeds time-ordered events to each analyser and gathers the results.
 
 The same object serves the command line (``gpufleet analyze``, fed from a file) and the
-stream worker (fed from ``KernelEvent`` records). Events are dicts with ``kind, cat, name,
-ts, dur, end, stream, correlation`` (see ``producers.read_trace``), in start order.
-State: the analysers' own (per stream at most) and the CUDA runtime calls of the last
-``pending_horizon_us``, which the GPU events they launched are joined to.
+stream worker (fed from ``KernelEvent`` records, its state checkpointed with
+``to_state``/``from_state``). Events are dicts with ``kind, cat, name, ts, dur, stream,
+correlation`` (``end`` is derived when absent), in start order.
+
+State: the analysers' own (per stream at most) and the CUDA runtime calls whose GPU event
+has not arrived yet; a call is dropped when its GPU event arrives or ``pending_horizon_us``
+after it started.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
-from streams.trace_idle_breakdown import IdleBreakdown
+from streams.trace_idle_breakdown import IdleBreakdown, StreamIdle
 from streams.trace_launch_stats import LaunchStats
-from streams.trace_temporal_breakdown import TemporalBreakdown
+from streams.trace_temporal_breakdown import Coverage, TemporalBreakdown
 
-# A kernel starts at most this long after the call that launched it, or is not joined to it.
-PENDING_HORIZON_US = 60_000_000
+# A GPU event starting this long after its runtime call is not joined to it.
+PENDING_HORIZON_US = 10_000_000
+_CALL_FIELDS = ("name", "ts", "dur")
 
 
 class TraceAnalyzer:
@@ -28,14 +32,16 @@ class TraceAnalyzer:
         self.events = 0
         self.gpu_events = 0
         self.unmatched_gpu_events = 0
+        self.out_of_order = 0
+        self._last_ts: float | None = None
         self._calls: dict[int, dict] = {}
         self._call_order: deque[tuple[float, int]] = deque()
-        self._last_ts: float | None = None
-        self.out_of_order = 0
 
     def add(self, event: dict) -> None:
         """One event, in start-time order."""
         ts = event["ts"]
+        if "end" not in event:
+            event = {**event, "end": ts + event["dur"]}
         if self._last_ts is not None and ts < self._last_ts:
             self.out_of_order += 1
         else:
@@ -44,12 +50,12 @@ class TraceAnalyzer:
         corr = event["correlation"]
         if event["stream"] < 0:
             if corr >= 0:
-                self._calls[corr] = event
+                self._calls[corr] = {f: event[f] for f in _CALL_FIELDS}
                 self._call_order.append((ts, corr))
                 self._evict(ts)
             return
         self.gpu_events += 1
-        call = self._calls.get(corr) if corr >= 0 else None
+        call = self._calls.pop(corr, None) if corr >= 0 else None
         if call is None:
             self.unmatched_gpu_events += 1
         self.temporal.add(event)
@@ -89,6 +95,43 @@ class TraceAnalyzer:
             "launch": self.launch.result(),
         }
 
+    # -- checkpoints (JSON-able) -------------------------------------------------------
+    def to_state(self) -> dict:
+        cov = {name: [c.first, c.start, c.end, c.closed] for name, c in self._coverages().items()}
+        return {
+            "coverage": cov,
+            "idle": {str(s): [v.host_wait, v.kernel_wait, v.other] for s, v in self.idle.streams.items()},
+            "prev_end": {str(s): e for s, e in self.idle._prev_end.items()},
+            "launch": {k: getattr(self.launch, k) for k in LAUNCH_COUNTERS},
+            "counters": [self.events, self.gpu_events, self.unmatched_gpu_events, self.out_of_order, self._last_ts],
+            "calls": [[corr, c["name"], c["ts"], c["dur"]] for corr, c in self._calls.items()],
+            "horizon": self.horizon,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict) -> TraceAnalyzer:
+        a = cls(state["horizon"])
+        for name, c in a._coverages().items():
+            c.first, c.start, c.end, c.closed = state["coverage"][name]
+        for s, (h, k, o) in state["idle"].items():
+            a.idle.streams[int(s)] = StreamIdle(h, k, o)
+        a.idle._prev_end = {int(s): e for s, e in state["prev_end"].items()}
+        for k, v in state["launch"].items():
+            setattr(a.launch, k, v)
+        a.events, a.gpu_events, a.unmatched_gpu_events, a.out_of_order, a._last_ts = state["counters"]
+        for corr, name, ts, dur in sorted(state["calls"], key=lambda c: c[2]):
+            a._calls[corr] = {"name": name, "ts": ts, "dur": dur}
+            a._call_order.append((ts, corr))
+        return a
+
+    def _coverages(self) -> dict[str, Coverage]:
+        t = self.temporal
+        return {"all": t.all, "compute": t.compute, "communication": t.communication, "either": t.either}
+
+
+LAUNCH_COUNTERS = ("launches", "cpu_us", "gpu_us", "delay_us", "max_delay_us", "short_kernels",
+                   "short_kernel_gpu_us", "runtime_outliers", "delay_outliers")
+
 
 def analyze_events(events) -> dict:
     """Analyse an iterable of time-ordered events of one rank."""
@@ -96,3 +139,40 @@ def analyze_events(events) -> dict:
     for e in events:
         analyzer.add(e)
     return analyzer.result()
+
+
+def trace_analysis_record(
+    result: dict, *, trace_id: str, workflow_id: str, rank: int, source: str | None,
+    partial: bool, error: str | None, analyzed_at: int,
+) -> dict:
+    """The ``TraceAnalysis`` record of a result of :meth:`TraceAnalyzer.result`."""
+    t, o, launch = result["temporal"], result["overlap"], result["launch"]
+    return {
+        "trace_id": trace_id,
+        "workflow_id": workflow_id,
+        "rank": rank,
+        "source": source,
+        "partial": partial,
+        "error": error,
+        "events": result["events"],
+        "gpu_events": result["gpu_events"],
+        "gpu_events_without_launch": result["gpu_events_without_launch"],
+        **{k: float(v) if k.endswith("_us") else v for k, v in t.items()},
+        **{k: float(v) if k.endswith("_us") else v for k, v in o.items()},
+        "idle_by_stream": [
+            {"stream": s, "host_wait_us": float(v["host_wait_us"]), "kernel_wait_us": float(v["kernel_wait_us"]),
+             "other_us": float(v["other_us"])}
+            for s, v in result["idle_by_stream"].items()
+        ],
+        "launches": launch["launches"],
+        "launch_delay_mean_us": launch["launch_delay_mean_us"],
+        "launch_delay_max_us": None if launch["launch_delay_max_us"] is None else float(launch["launch_delay_max_us"]),
+        "launch_delay_total_us": float(launch["launch_delay_total_us"]),
+        "cpu_duration_mean_us": launch["cpu_duration_mean_us"],
+        "gpu_duration_mean_us": launch["gpu_duration_mean_us"],
+        "short_kernels": launch["short_kernels"],
+        "short_kernel_gpu_us": float(launch["short_kernel_gpu_us"]),
+        "runtime_outliers": launch["runtime_outliers"],
+        "launch_delay_outliers": launch["launch_delay_outliers"],
+        "analyzed_at": analyzed_at,
+    }

@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 
 import faust
 
-from schemas.topics import GPU_SAMPLES
+from schemas.topics import GPU_SAMPLES, KERNEL_EVENTS
 from streams.detect_low_utilization import LowUtilizationConfig
+from streams.trace_sessions import TraceSessionConfig
 from streams.window_utilization import WindowConfig
 
 
@@ -24,6 +25,7 @@ class StreamSettings:
     data_dir: str = "data/worker"
     window: WindowConfig = field(default_factory=WindowConfig)
     low_utilization: LowUtilizationConfig = field(default_factory=LowUtilizationConfig)
+    trace_sessions: TraceSessionConfig = field(default_factory=TraceSessionConfig)
     batch_size: int = 5000
     batch_within_s: float = 0.5
     commit_interval_s: float = 1.0
@@ -32,6 +34,17 @@ class StreamSettings:
 
     def topic(self, name: str) -> str:
         return self.topic_prefix + name
+
+
+# The worker's tables: name -> partitions (each co-partitioned with the topic it is built from).
+TABLES = {"window-state": GPU_SAMPLES.partitions, "trace-state": KERNEL_EVENTS.partitions}
+
+
+def changelog_topics(settings: StreamSettings) -> list[tuple[str, int, bool]]:
+    """The tables' changelog topics, as Faust names them. Created before the worker starts:
+    a changelog topic Faust creates itself at start-up can be missing from the metadata it
+    reads next, and the table's partitions then never resume."""
+    return [(f"{settings.app_id}-{name}-changelog", partitions, True) for name, partitions in TABLES.items()]
 
 
 def create_app(settings: StreamSettings) -> faust.App:

@@ -1,4 +1,5 @@
-"""Wires the stages to Kafka, in flow order: samples -> validate -> windows -> detectors -> topics."""
+"""Wires the stages to Kafka, in flow order:
+samples -> validate -> windows -> detectors -> topics; kernel events -> trace sessions -> analyses."""
 
 from __future__ import annotations
 
@@ -10,28 +11,61 @@ import faust
 
 from schemas.codec import Codec
 from schemas.dead_letter import dead_letter
-from schemas.topics import ALERTS, DEAD_LETTERS, GPU_SAMPLES, WORKFLOW_WINDOWS, key_of
+from schemas.topics import (
+    ALERTS,
+    DEAD_LETTERS,
+    GPU_SAMPLES,
+    KERNEL_EVENTS,
+    TRACE_ANALYSES,
+    WORKFLOW_WINDOWS,
+    key_of,
+)
 from schemas.validate_sample import validate_sample
 from streams.detect_low_utilization import detect_low_utilization
+from streams.trace_sessions import TraceSessions
 from streams.window_utilization import Incoming, WindowAggregator
 
 log = logging.getLogger(__name__)
 
 STAGE = "window-utilization"
+TRACE_STAGE = "trace-analysis"
 
 
 def register(app: faust.App, settings) -> None:  # settings: streams.app.StreamSettings
-    """Add the windowing agent and its state table to ``app``."""
+    """Add every stage's agents and state tables to ``app``."""
     codec = Codec()
+    _register_windows(app, settings, codec)
+    _register_trace_analysis(app, settings, codec)
+
+
+async def _send(codec: Codec, topic: faust.TopicT, spec, record: dict) -> None:
+    # force=True: hand to the producer now; Faust flushes the producer before it commits offsets.
+    await topic.send(key=key_of(spec, record), value=codec.encode(spec.schema, record), force=True)
+
+
+async def _dead_letter(codec: Codec, topic: faust.TopicT, stage: str, message, reason: str, now: int) -> None:
+    log.warning("dead-letter %s[%d]@%d: %s", message.topic, message.partition, message.offset, reason)
+    record = dead_letter(stage, reason, message.topic, message.partition, message.offset,
+                         message.key, message.value, now)
+    await _send(codec, topic, DEAD_LETTERS, record)
+
+
+def _by_partition(events) -> dict[int, list]:
+    by_partition: dict[int, list] = defaultdict(list)
+    for event in events:
+        by_partition[event.message.partition].append(event.message)
+    for messages in by_partition.values():
+        messages.sort(key=lambda m: m.offset)
+    return by_partition
+
+
+def _register_windows(app: faust.App, settings, codec: Codec) -> None:
     samples_topic = app.topic(settings.topic(GPU_SAMPLES.name), partitions=GPU_SAMPLES.partitions)
     windows_topic = app.topic(settings.topic(WORKFLOW_WINDOWS.name))
     alerts_topic = app.topic(settings.topic(ALERTS.name))
     dlq_topic = app.topic(settings.topic(DEAD_LETTERS.name))
     # One entry per workflow; the changelog partition is the workflow's source partition.
-    table = app.Table(
-        "window-state", default=None, partitions=GPU_SAMPLES.partitions,
-        key_type=str,
-    )
+    table = app.Table("window-state", default=None, partitions=GPU_SAMPLES.partitions, key_type=str)
     aggregator = WindowAggregator(settings.window, table.data)
     stats = defaultdict(int)
 
@@ -39,19 +73,11 @@ def register(app: faust.App, settings) -> None:  # settings: streams.app.StreamS
     async def _reindex(*args, **kwargs) -> None:
         aggregator.forget_partitions()
 
-    async def send(topic: faust.TopicT, spec, name: str, record: dict) -> None:
-        # force=True: hand to the producer now; Faust flushes the producer before it commits offsets.
-        await topic.send(key=key_of(spec, record), value=codec.encode(name, record), force=True)
-
     @app.agent(samples_topic, name="window-utilization")
     async def window_samples(stream: faust.StreamT) -> None:
         async for events in stream.take_events(settings.batch_size, within=settings.batch_within_s):
             now = int(time.time() * 1000)
-            by_partition: dict[int, list] = defaultdict(list)
-            for event in events:
-                by_partition[event.message.partition].append(event.message)
-            for partition, messages in by_partition.items():
-                messages.sort(key=lambda m: m.offset)
+            for partition, messages in _by_partition(events).items():
                 good: list[Incoming] = []
                 ok, errors = codec.decode_many([m.value for m in messages])
                 bad = [(messages[i], reason) for i, reason in errors]
@@ -70,18 +96,15 @@ def register(app: faust.App, settings) -> None:  # settings: streams.app.StreamS
                 for wf in result.removed:
                     table.send_changelog(partition, wf, None)
                 for window in result.closed:
-                    await send(windows_topic, WORKFLOW_WINDOWS, WORKFLOW_WINDOWS.schema, window)
+                    await _send(codec, windows_topic, WORKFLOW_WINDOWS, window)
                     alert = detect_low_utilization(window, settings.low_utilization, fired_at=now)
                     if alert is not None:
-                        await send(alerts_topic, ALERTS, ALERTS.schema, alert)
+                        await _send(codec, alerts_topic, ALERTS, alert)
                         stats["alerts"] += 1
                 by_offset = {m.offset: m for m in messages}
                 late = [(by_offset[inc.offset], reason) for inc, reason in result.late]
                 for message, reason in bad + late:
-                    log.warning("dead-letter %s[%d]@%d: %s", message.topic, partition, message.offset, reason)
-                    record = dead_letter(STAGE, reason, message.topic, partition, message.offset,
-                                         message.key, message.value, now)
-                    await send(dlq_topic, DEAD_LETTERS, DEAD_LETTERS.schema, record)
+                    await _dead_letter(codec, dlq_topic, STAGE, message, reason, now)
                 stats["samples"] += len(good)
                 stats["windows"] += len(result.closed)
                 stats["late"] += len(result.late)
@@ -92,3 +115,47 @@ def register(app: faust.App, settings) -> None:  # settings: streams.app.StreamS
     async def _report() -> None:
         log.info("window-utilization: %s", dict(stats))
 
+
+
+def _register_trace_analysis(app: faust.App, settings, codec: Codec) -> None:
+    events_topic = app.topic(settings.topic(KERNEL_EVENTS.name), partitions=KERNEL_EVENTS.partitions)
+    analyses_topic = app.topic(settings.topic(TRACE_ANALYSES.name))
+    dlq_topic = app.topic(settings.topic(DEAD_LETTERS.name))
+    # One entry per trace; the changelog partition is the trace's source partition.
+    table = app.Table("trace-state", default=None, partitions=KERNEL_EVENTS.partitions, key_type=str)
+    sessions = TraceSessions(settings.trace_sessions, table.data)
+
+    @app.on_partitions_assigned.connect
+    async def _forget(*args, **kwargs) -> None:
+        sessions.forget()
+
+    async def persist_and_emit(result) -> None:
+        for tid in result.changed:
+            state = table.data[tid]
+            table.send_changelog(state["partition"], tid, state)
+        for tid, partition in result.removed.items():
+            table.send_changelog(partition, tid, None)
+        for analysis in result.analyses:
+            log.info("trace %s analysed (%d events%s)", analysis["trace_id"], analysis["events"],
+                     ", partial" if analysis["partial"] else "")
+            await _send(codec, analyses_topic, TRACE_ANALYSES, analysis)
+
+    @app.agent(events_topic, name="trace-analysis")
+    async def analyze_traces(stream: faust.StreamT) -> None:
+        async for events in stream.take_events(settings.batch_size, within=settings.batch_within_s):
+            now = int(time.time() * 1000)
+            for partition, messages in _by_partition(events).items():
+                ok, errors = codec.decode_many([m.value for m in messages])
+                records = []
+                for i, name, record in ok:
+                    if KERNEL_EVENTS.carries(name):
+                        records.append((name, record))
+                    else:
+                        errors.append((i, f"expected KernelEvent or TraceEnd, got {name}"))
+                for i, reason in errors:
+                    await _dead_letter(codec, dlq_topic, TRACE_STAGE, messages[i], reason, now)
+                await persist_and_emit(sessions.apply(partition, records, now))
+
+    @app.timer(interval=settings.trace_sessions.timeout_ms / 4000)
+    async def _expire() -> None:
+        await persist_and_emit(sessions.expire(int(time.time() * 1000)))

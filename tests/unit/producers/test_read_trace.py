@@ -24,7 +24,7 @@ def test_truncated_trace_is_analysed_up_to_the_damage(tmp_path):
     assert trace.partial and "damaged" in trace.error
     assert 50 < len(trace.events) < 200
     result = analyze_file(path)
-    assert result["ok"] and result["partial"] and result["gpu_events"] == len(trace.events)
+    assert result["partial"] and "damaged" in result["error"] and result["gpu_events"] == len(trace.events)
 
 
 def test_unreadable_files_give_a_clear_error(tmp_path):
@@ -35,7 +35,7 @@ def test_unreadable_files_give_a_clear_error(tmp_path):
     with pytest.raises(TraceError, match="no trace file"):
         read_trace(tmp_path / "missing.json")
     result = analyze_file(bad)
-    assert result["ok"] is False and "not a readable JSON trace" in result["error"]
+    assert result["unreadable"] and "not a readable JSON trace" in result["error"]
 
 
 # Numbers printed by Holistic Trace Analysis 0.5.0 (get_temporal_breakdown,
@@ -71,13 +71,12 @@ def test_real_traces_give_hta_numbers(name):
         pytest.skip(f"{path} is not here (shared/traces sits beside the checkout)")
     r = analyze_file(path)
     ref = HTA_REFERENCE[name]
-    t = r["temporal"]
-    assert (t["kernel_time_us"], t["idle_time_us"], t["compute_time_us"], t["non_compute_time_us"]) == ref["temporal"]
-    idle = {s: (v["host_wait_us"], v["kernel_wait_us"], v["other_us"]) for s, v in r["idle_by_stream"].items()}
+    assert (r["kernel_time_us"], r["idle_time_us"], r["compute_time_us"], r["non_compute_time_us"]) == ref["temporal"]
+    idle = {s["stream"]: (s["host_wait_us"], s["kernel_wait_us"], s["other_us"]) for s in r["idle_by_stream"]}
     assert idle == ref["idle"]
-    launch = r["launch"]
-    assert (launch["launches"], launch["launch_delay_total_us"], launch["launch_delay_max_us"],
-            launch["short_kernels"], launch["runtime_outliers"], launch["launch_delay_outliers"]) == ref["launch"]
+    assert (r["launches"], r["launch_delay_total_us"], r["launch_delay_max_us"],
+            r["short_kernels"], r["runtime_outliers"], r["launch_delay_outliers"]) == ref["launch"]
+    assert r["comp_comm_overlap_pct"] is None  # single-GPU traces: no communication kernels
 
 
 @pytest.mark.parametrize("name", ["cupti_profiler__benchmark_result_924719_1679055439_trace.json.gz",
@@ -87,4 +86,4 @@ def test_other_real_traces_read_without_error(name):
     if not path.exists():
         pytest.skip(f"{path} is not here")
     r = analyze_file(path)
-    assert r["ok"] and not r["partial"] and r["events_read"] > 0 and r["rank"] == 0
+    assert not r.get("unreadable") and not r["partial"] and r["rank"] == 0

@@ -81,15 +81,15 @@ def test_old_versions_decode_into_the_newest_reader_schema(tmp_path):
     v2 = json.loads((SCHEMA_DIR / "gpu_sample.v1.avsc").read_text())
     v2["fields"].append({"name": "rack", "type": ["null", "string"], "default": None})
     (tmp_path / "gpu_sample.v2.avsc").write_text(json.dumps(v2))
-    catalog["schemas"].append({"id": 5, "name": "GpuSample", "version": 2, "file": "gpu_sample.v2.avsc"})
+    catalog["schemas"].append({"id": 99, "name": "GpuSample", "version": 2, "file": "gpu_sample.v2.avsc"})
     (tmp_path / "catalog.json").write_text(json.dumps(catalog))
 
     old, new = Codec(), Codec(tmp_path)
     v1_bytes = old.encode("GpuSample", sample())
     name, record = new.decode(v1_bytes)
     assert name == "GpuSample" and record["rack"] is None
-    assert new.schema_id("GpuSample") == 5
-    assert struct.unpack(">bI", new.encode("GpuSample", {**sample(), "rack": "r1"})[:5])[1] == 5
+    assert new.schema_id("GpuSample") == 99
+    assert struct.unpack(">bI", new.encode("GpuSample", {**sample(), "rack": "r1"})[:5])[1] == 99
 
 
 def test_catalog_rejects_duplicate_ids(tmp_path):

@@ -2,7 +2,13 @@
 
 import pytest
 
-from sinks.clickhouse_ddl import ALERTS_TABLE, GPU_SAMPLES_TABLE, TABLES, WORKFLOW_WINDOWS_TABLE
+from sinks.clickhouse_ddl import (
+    ALERTS_TABLE,
+    GPU_SAMPLES_TABLE,
+    TABLES,
+    TRACE_ANALYSES_TABLE,
+    WORKFLOW_WINDOWS_TABLE,
+)
 from sinks.write_clickhouse import ClickHouseWriter, Row, is_transient, table_for_topic
 from tests.unit.samples import BASE_MS, sample, window
 
@@ -71,7 +77,7 @@ def test_alert_columns_match_the_schema(writer):
 
     from schemas.codec import SCHEMA_DIR, load_catalog
 
-    for table in (ALERTS_TABLE, GPU_SAMPLES_TABLE, WORKFLOW_WINDOWS_TABLE):
+    for table in TABLES:
         version = next(v for v in load_catalog() if v.name == table.topic.schema)
         fields = [f["name"] for f in json.loads((SCHEMA_DIR / version.file).read_text())["fields"]]
         assert list(table.columns) == fields, table.name
@@ -81,3 +87,19 @@ def test_topics_map_to_tables():
     assert table_for_topic("x.gpufleet.alerts.v1", prefix="x.") is ALERTS_TABLE
     with pytest.raises(KeyError):
         table_for_topic("gpufleet.nope")
+
+
+def test_trace_analysis_rows_keep_idle_time_per_stream(writer, tmp_path):
+    from gpufleet.analyze import analyze_file
+
+    from tests.unit.traces import kernel, runtime, write_trace
+
+    path = write_trace(tmp_path / "t.json", [
+        runtime("cudaLaunchKernel", 0, 1, corr=1), kernel("k1", 0, 10, corr=1),
+        runtime("cudaLaunchKernel", 12, 1, corr=2), kernel("k2", 15, 5, corr=2),
+    ])
+    record = analyze_file(path, workflow_id="wf")
+    assert writer.insert(TRACE_ANALYSES_TABLE, [Row(0, 0, record)]) == []
+    got = writer.client.query(
+        f"SELECT trace_id, idle_by_stream, kernel_time_us FROM {writer.database}.trace_analyses").result_rows
+    assert got == [(record["trace_id"], [{"stream": 7, "host_wait_us": 5.0, "kernel_wait_us": 0.0, "other_us": 0.0}], 20.0)]

@@ -130,3 +130,35 @@ def test_rank_comes_from_distributed_info(tmp_path):
     assert trace.rank == 3
     trace, _ = analyze(tmp_path, [kernel("gemm", 0, 1)], rank=None)
     assert trace.rank == 0
+
+
+def test_checkpointed_state_resumes_to_the_same_result(tmp_path):
+    import json
+
+    from streams.analyze_trace import TraceAnalyzer
+
+    from tests.unit.traces import SHARED_TRACES
+
+    path = SHARED_TRACES / "resnet50_num_workers_4__worker0.1623212756351.pt.trace.json.gz"
+    if not path.exists():
+        pytest.skip(f"{path} is not here")
+    events = read_trace(path).events
+    whole = analyze_events(events)
+    first = TraceAnalyzer()
+    for e in events[:9000]:
+        first.add(e)
+    resumed = TraceAnalyzer.from_state(json.loads(json.dumps(first.to_state())))
+    for e in events[9000:]:
+        resumed.add(e)
+    assert resumed.result() == whole
+
+
+def test_analysis_record_fits_its_schema(tmp_path):
+    from schemas.codec import Codec
+    from streams.analyze_trace import trace_analysis_record
+
+    trace, r = analyze(tmp_path, [runtime("cudaLaunchKernel", 0, 10, corr=1), kernel("k", 5, 3, corr=1)])
+    record = trace_analysis_record(r, trace_id="t", workflow_id="wf", rank=0, source="x",
+                                   partial=False, error=None, analyzed_at=1)
+    codec = Codec()
+    assert codec.decode(codec.encode("TraceAnalysis", record))[1] == record

@@ -1,0 +1,64 @@
+"""Publishes a profiler trace file as ``KernelEvent`` records, then a ``TraceEnd`` marker.
+
+A damaged file publishes what was valid before the damage, a ``TraceEnd`` saying the trace
+is partial, and a dead-letter record with the reason; an unreadable file publishes the
+dead letter and a ``TraceEnd`` with no events. Nothing raises for a bad trace.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from producers.publish_kafka import Publisher
+from producers.read_trace import TraceError, read_trace
+from schemas.dead_letter import dead_letter
+from schemas.topics import DEAD_LETTERS, KERNEL_EVENTS
+
+STAGE = "trace-ingest"
+_EVENT_FIELDS = ("kind", "cat", "name", "stream", "device", "correlation", "bytes", "memcpy_kind", "grid", "block")
+
+
+def trace_id_for(path: str | Path, workflow_id: str) -> str:
+    """Stable per file: publishing the same file again replaces, not adds, its analysis."""
+    return f"{workflow_id}/{Path(path).name}"
+
+
+def publish_trace(
+    path: str | Path, workflow_id: str, publisher: Publisher, topic_prefix: str = "",
+    trace_id: str | None = None,
+) -> dict:
+    """Publish one trace file; return its ``TraceEnd`` record."""
+    trace_id = trace_id or trace_id_for(path, workflow_id)
+    topic = topic_prefix + KERNEL_EVENTS.name
+    now = int(time.time() * 1000)
+    try:
+        trace = read_trace(path)
+    except TraceError as exc:
+        end = {"trace_id": trace_id, "workflow_id": workflow_id, "rank": 0, "events": 0, "events_read": 0,
+               "source": str(path), "partial": True, "error": str(exc), "last_step_dropped": False,
+               "published_at": now}
+        _dead_letter(publisher, topic_prefix, path, str(exc), now)
+        publisher.publish(KERNEL_EVENTS, [end], topic=topic, schema="TraceEnd")
+        return end
+
+    def records():
+        for seq, e in enumerate(trace.events):
+            record = {f: e[f] for f in _EVENT_FIELDS}
+            record.update(trace_id=trace_id, workflow_id=workflow_id, rank=trace.rank, seq=seq,
+                          ts=int(e["ts"]), dur=int(e["dur"]))
+            yield record
+
+    n = publisher.publish(KERNEL_EVENTS, records(), topic=topic)
+    end = {"trace_id": trace_id, "workflow_id": workflow_id, "rank": trace.rank, "events": n,
+           "events_read": trace.events_seen, "source": str(path), "partial": trace.partial,
+           "error": trace.error, "last_step_dropped": trace.last_step_dropped, "published_at": now}
+    if trace.partial:
+        _dead_letter(publisher, topic_prefix, path, f"partial trace: {trace.error}", now)
+    publisher.publish(KERNEL_EVENTS, [end], topic=topic, schema="TraceEnd")
+    return end
+
+
+def _dead_letter(publisher: Publisher, prefix: str, path: str | Path, reason: str, now: int) -> None:
+    record = dead_letter(STAGE, reason, f"file:{path}", -1, -1, None, None, now)
+    publisher.publish(DEAD_LETTERS, [record], topic=prefix + DEAD_LETTERS.name)

@@ -1,0 +1,79 @@
+"""A trace file through the agent side, Kafka and the worker: the TraceAnalysis that lands in
+Kafka and ClickHouse equals what `gpufleet analyze` prints for the same file."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from gpufleet.analyze import analyze_file
+from producers.publish_kafka import Publisher
+from producers.publish_trace import publish_trace
+from schemas.topics import DEAD_LETTERS, TRACE_ANALYSES
+from sinks.consume_to_clickhouse import ClickHouseSink
+from sinks.write_clickhouse import ClickHouseWriter
+
+from tests.integration.helpers import CODEC, read_topic, wait_until, worker_process
+from tests.unit.traces import SHARED_TRACES, kernel, write_trace
+
+RESNET = SHARED_TRACES / "resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz"
+
+
+def analyses(kafka, prefix, n):
+    def got():
+        found = {r["trace_id"]: r for *_, name, r in read_topic(kafka.bootstrap, prefix + TRACE_ANALYSES.name,
+                                                               TRACE_ANALYSES.partitions) if name == "TraceAnalysis"}
+        return found if len(found) >= n else None
+    return got
+
+
+def test_streamed_analysis_equals_the_offline_one(kafka, prefix, tmp_path, chdb_client, database):
+    if not RESNET.exists():
+        pytest.skip(f"{RESNET} is not here")
+    # A damaged trace too: what precedes the damage is analysed, and the result says it is partial.
+    damaged = write_trace(tmp_path / "damaged.json", [kernel("gemm", i * 10, 5, corr=i) for i in range(300)])
+    damaged.write_bytes(damaged.read_bytes()[:20_000])
+    unreadable = tmp_path / "unreadable.json"
+    unreadable.write_text("{ not json")
+
+    publisher = Publisher(kafka.bootstrap, CODEC)
+    ends = [publish_trace(p, "wf-trace", publisher, topic_prefix=prefix) for p in (RESNET, damaged, unreadable)]
+    assert publisher.flush() == 0
+    assert publisher.failed == 0, publisher.last_error
+    assert [e["partial"] for e in ends] == [False, True, True]
+
+    stop = threading.Event()
+    sink = ClickHouseSink(kafka.bootstrap, ClickHouseWriter(chdb_client, database),
+                          group_id=f"{prefix}sink", topic_prefix=prefix, batch_wait_s=0.3)
+    thread = threading.Thread(target=sink.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        with worker_process(kafka.bootstrap, prefix, tmp_path, f"{prefix}worker") as worker:
+            streamed = wait_until(analyses(kafka, prefix, 3), 120, "three trace analyses")
+            assert worker.poll() is None
+        wait_until(lambda: chdb_client.query(
+            f"SELECT count() FROM {database}.trace_analyses FINAL").result_rows[0][0] == 3, 60,
+            "the analyses in ClickHouse")
+    finally:
+        stop.set()
+        thread.join(30)
+
+    for path, end in zip((RESNET, damaged), ends):
+        offline = analyze_file(path, workflow_id="wf-trace")
+        online = streamed[end["trace_id"]]
+        for key in offline:
+            if key not in ("analyzed_at",):
+                assert online[key] == offline[key], key
+    assert streamed[ends[1]["trace_id"]]["partial"] and "damaged" in streamed[ends[1]["trace_id"]]["error"]
+    bad = streamed[ends[2]["trace_id"]]
+    assert bad["partial"] and "not a readable JSON trace" in bad["error"] and bad["events"] == 0
+
+    letters = [r for *_, n, r in read_topic(kafka.bootstrap, prefix + DEAD_LETTERS.name, 1)
+               if n == "DeadLetter" and r["stage"] == "trace-ingest"]
+    assert sorted(r["source_topic"] for r in letters) == sorted(f"file:{p}" for p in (damaged, unreadable))
+
+    idle, launches = chdb_client.query(
+        f"SELECT idle_time_us, launches FROM {database}.trace_analyses FINAL WHERE trace_id = %(t)s",
+        parameters={"t": ends[0]["trace_id"]}).result_rows[0]
+    assert (idle, launches) == (327463.0, 7580)  # HTA 0.5.0's numbers for this file

@@ -1,0 +1,80 @@
+import json
+
+from streams.analyze_trace import analyze_events
+from streams.trace_sessions import TraceSessionConfig, TraceSessions
+
+from tests.unit.traces import kernel, runtime
+
+CFG = TraceSessionConfig(timeout_ms=1000, done_retention_ms=5000)
+
+
+def kernel_events(trace_id="wf/t.json", n=20):
+    raw = []
+    for i in range(n):
+        raw.append(runtime("cudaLaunchKernel", i * 100, 5, corr=i))
+        raw.append(kernel("gemm", i * 100 + 10, 50, corr=i))
+    out = []
+    for seq, e in enumerate(raw):
+        args = e["args"]
+        out.append(("KernelEvent", {
+            "trace_id": trace_id, "workflow_id": "wf", "rank": 1, "seq": seq,
+            "kind": "runtime" if e["cat"] == "cuda_runtime" else "kernel", "cat": e["cat"], "name": e["name"],
+            "ts": e["ts"], "dur": e["dur"], "stream": args.get("stream", -1), "correlation": args["correlation"],
+        }))
+    return out
+
+
+def end(trace_id="wf/t.json", events=40, partial=False, error=None):
+    return ("TraceEnd", {"trace_id": trace_id, "workflow_id": "wf", "rank": 1, "events": events,
+                         "events_read": events, "source": "t.json", "partial": partial, "error": error,
+                         "last_step_dropped": False, "published_at": 0})
+
+
+def test_marker_ends_the_trace_with_the_offline_result():
+    store: dict = {}
+    sessions = TraceSessions(CFG, store)
+    events = kernel_events()
+    r = sessions.apply(0, events + [end()], now_ms=10)
+    assert len(r.analyses) == 1
+    a = r.analyses[0]
+    offline = analyze_events([e for _, e in events])
+    assert a["gpu_events"] == offline["gpu_events"] == 20
+    assert a["kernel_time_us"] == offline["temporal"]["kernel_time_us"]
+    assert a["launches"] == 20 and not a["partial"] and a["error"] is None and a["rank"] == 1
+    assert store["wf/t.json"]["done"]
+
+
+def test_restart_mid_trace_resumes_from_the_store_and_skips_replays():
+    store: dict = {}
+    events = kernel_events()
+    TraceSessions(CFG, store).apply(0, events[:25], now_ms=1)
+    restored = json.loads(json.dumps(store))  # the changelog, read back by a new worker
+    sessions = TraceSessions(CFG, restored)
+    r = sessions.apply(0, events[20:] + [end()], now_ms=2)  # 20..24 are replays
+    assert r.replayed == 5
+    whole = TraceSessions(CFG, {}).apply(0, events + [end()], now_ms=2).analyses[0]
+    assert r.analyses[0] == whole
+
+
+def test_missing_events_make_the_analysis_partial():
+    events = kernel_events()
+    r = TraceSessions(CFG, {}).apply(0, events[:10] + events[12:] + [end()], now_ms=1)
+    a = r.analyses[0]
+    assert a["partial"] and "2 events never arrived" in a["error"]
+
+
+def test_a_damaged_trace_stays_partial_with_its_reason():
+    r = TraceSessions(CFG, {}).apply(0, kernel_events(n=2) + [end(events=4, partial=True, error="trace damaged after 9 events")], now_ms=1)
+    assert r.analyses[0]["partial"] and "damaged" in r.analyses[0]["error"]
+
+
+def test_silent_trace_times_out_and_done_markers_expire():
+    store: dict = {}
+    sessions = TraceSessions(CFG, store)
+    sessions.apply(0, kernel_events()[:10], now_ms=0)
+    assert sessions.expire(now_ms=500).analyses == []
+    r = sessions.expire(now_ms=1500)
+    assert len(r.analyses) == 1 and "no end-of-trace marker within 1 s" in r.analyses[0]["error"]
+    # A late tail of the ended trace does not reopen it.
+    assert sessions.apply(0, kernel_events()[10:], now_ms=1600).replayed == 30
+    assert sessions.expire(now_ms=7000).removed == {"wf/t.json": 0} and store == {}
