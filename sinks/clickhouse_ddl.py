@@ -10,7 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from schemas.topics import ALERTS, DEAD_LETTERS, GPU_SAMPLES, TRACE_ANALYSES, WORKFLOW_WINDOWS, TopicSpec
+from schemas.topics import (
+    ALERTS,
+    DEAD_LETTERS,
+    GPU_SAMPLES,
+    TRACE_ANALYSES,
+    WORKFLOW_WINDOWS,
+    TopicSpec,
+)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ from producers.publish_trace import publish_trace
 from schemas.topics import DEAD_LETTERS, TRACE_ANALYSES
 from sinks.consume_to_clickhouse import ClickHouseSink
 from sinks.write_clickhouse import ClickHouseWriter
-
 from tests.integration.helpers import CODEC, read_topic, wait_until, worker_process
 from tests.unit.traces import SHARED_TRACES, kernel, write_trace
 

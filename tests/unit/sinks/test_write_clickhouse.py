@@ -91,7 +91,6 @@ def test_topics_map_to_tables():
 
 def test_trace_analysis_rows_keep_idle_time_per_stream(writer, tmp_path):
     from gpufleet.analyze import analyze_file
-
     from tests.unit.traces import kernel, runtime, write_trace
 
     path = write_trace(tmp_path / "t.json", [

@@ -136,7 +136,6 @@ def test_checkpointed_state_resumes_to_the_same_result(tmp_path):
     import json
 
     from streams.analyze_trace import TraceAnalyzer
-
     from tests.unit.traces import SHARED_TRACES
 
     path = SHARED_TRACES / "resnet50_num_workers_4__worker0.1623212756351.pt.trace.json.gz"
@@ -157,7 +156,7 @@ def test_analysis_record_fits_its_schema(tmp_path):
     from schemas.codec import Codec
     from streams.analyze_trace import trace_analysis_record
 
-    trace, r = analyze(tmp_path, [runtime("cudaLaunchKernel", 0, 10, corr=1), kernel("k", 5, 3, corr=1)])
+    _, r = analyze(tmp_path, [runtime("cudaLaunchKernel", 0, 10, corr=1), kernel("k", 5, 3, corr=1)])
     record = trace_analysis_record(r, trace_id="t", workflow_id="wf", rank=0, source="x",
                                    partial=False, error=None, analyzed_at=1)
     codec = Codec()
