@@ -11,21 +11,30 @@ from pathlib import Path
 
 from producers.publish_trace import trace_id_for
 from producers.read_trace import TraceError, read_trace
-from streams.analyze_trace import analyze_events, trace_analysis_record
+from streams.analyze_trace import analyze_events, findings_records, trace_analysis_record
 
 
 def analyze_file(path: str | Path, workflow_id: str = "", trace_id: str | None = None) -> dict:
     """The ``TraceAnalysis`` record of one file, or ``{"source", "error"}`` if it cannot be read."""
+    return analyze_file_with_findings(path, workflow_id, trace_id)[0]
+
+
+def analyze_file_with_findings(
+    path: str | Path, workflow_id: str = "", trace_id: str | None = None,
+) -> tuple[dict, list[dict]]:
+    """The ``TraceAnalysis`` and ``Finding`` records of one file, as the worker makes them."""
     try:
         trace = read_trace(path)
     except TraceError as exc:
-        return {"source": str(path), "error": str(exc), "unreadable": True}
-    return trace_analysis_record(
-        analyze_events(trace.events),
-        trace_id=trace_id or trace_id_for(path, workflow_id),
+        return {"source": str(path), "error": str(exc), "unreadable": True}, []
+    now = int(time.time() * 1000)
+    result = analyze_events(trace.events)
+    record = trace_analysis_record(
+        result, trace_id=trace_id or trace_id_for(path, workflow_id),
         workflow_id=workflow_id, rank=trace.rank, source=str(path),
-        partial=trace.partial, error=trace.error, analyzed_at=int(time.time() * 1000),
+        partial=trace.partial, error=trace.error, analyzed_at=now,
     )
+    return record, findings_records(result, record, trace.memory(), now)
 
 
 def _pct(value: float | None) -> str:
@@ -55,7 +64,24 @@ def format_record(r: dict) -> str:
     return "\n".join(lines)
 
 
+def format_findings(findings: list[dict]) -> str:
+    if not findings:
+        return "  no antipattern found"
+    lines = []
+    for f in sorted(findings, key=lambda f: -f["gpu_seconds_at_stake"]):
+        lines.append(f"  [{f['severity']}] {f['title']} ({f['gpu_seconds_at_stake']:.3f} GPU-s at stake)")
+        lines.append(f"      {f['evidence']}")
+        lines.append(f"      try: {f['recommendation']}")
+    return "\n".join(lines)
+
+
 def run(paths: list[str], as_json: bool, workflow_id: str = "") -> tuple[str, int]:
-    records = [analyze_file(p, workflow_id) for p in paths]
-    text = json.dumps(records, indent=1) if as_json else "\n\n".join(map(format_record, records))
-    return text, 1 if any(r.get("unreadable") for r in records) else 0
+    results = [analyze_file_with_findings(p, workflow_id) for p in paths]
+    if as_json:
+        text = json.dumps([{"analysis": a, "findings": f} for a, f in results], indent=1)
+    else:
+        text = "\n\n".join(
+            format_record(a) + ("" if a.get("unreadable") else "\n  findings:\n" + format_findings(f))
+            for a, f in results
+        )
+    return text, 1 if any(a.get("unreadable") for a, _ in results) else 0

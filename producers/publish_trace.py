@@ -37,7 +37,7 @@ def publish_trace(
     except TraceError as exc:
         end = {"trace_id": trace_id, "workflow_id": workflow_id, "rank": 0, "events": 0, "events_read": 0,
                "source": str(path), "partial": True, "error": str(exc), "last_step_dropped": False,
-               "published_at": now}
+               "memory_peak_bytes": None, "memory_total_bytes": None, "published_at": now}
         _dead_letter(publisher, topic_prefix, path, str(exc), now)
         publisher.publish(KERNEL_EVENTS, [end], topic=topic, schema="TraceEnd")
         return end
@@ -52,7 +52,9 @@ def publish_trace(
     n = publisher.publish(KERNEL_EVENTS, records(), topic=topic)
     end = {"trace_id": trace_id, "workflow_id": workflow_id, "rank": trace.rank, "events": n,
            "events_read": trace.events_seen, "source": str(path), "partial": trace.partial,
-           "error": trace.error, "last_step_dropped": trace.last_step_dropped, "published_at": now}
+           "error": trace.error, "last_step_dropped": trace.last_step_dropped,
+           "memory_peak_bytes": trace.memory_peak_bytes, "memory_total_bytes": trace.memory_total_bytes,
+           "published_at": now}
     if trace.partial:
         _dead_letter(publisher, topic_prefix, path, f"partial trace: {trace.error}", now)
     publisher.publish(KERNEL_EVENTS, [end], topic=topic, schema="TraceEnd")

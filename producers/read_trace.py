@@ -55,6 +55,13 @@ class TraceRead:
     partial: bool = False
     error: str | None = None
     device_properties: list[dict] = field(default_factory=list)
+    memory_peak_bytes: int | None = None  # highest allocated on any GPU, from the profiler's memory events
+    memory_total_bytes: int | None = None  # that GPU's memory
+
+    def memory(self) -> dict | None:
+        if self.memory_peak_bytes is None:
+            return None
+        return {"peak_bytes": self.memory_peak_bytes, "total_bytes": self.memory_total_bytes}
 
 
 def open_trace(path: str | Path) -> IO[bytes]:
@@ -128,6 +135,7 @@ def read_trace(path: str | Path) -> TraceRead:
     cpu_corr_ts: dict[int, float] = {}
     names: dict[str, str] = {}
     candidates: list[tuple[dict, bool]] = []  # (record, GPU-side)
+    memory = _MemoryPeaks()
     seen = 0
     try:
         with open_trace(path) as fh:
@@ -137,6 +145,8 @@ def read_trace(path: str | Path) -> TraceRead:
                 if ts is None or isinstance(ts, float):
                     any_float = True
                 if not _usable(e) or ts is None:
+                    if isinstance(e, dict) and e.get("name") == "[memory]":
+                        memory.add(e.get("args") or {})
                     continue
                 gpu_side = _is_gpu_side(e)
                 if not gpu_side:
@@ -155,6 +165,11 @@ def read_trace(path: str | Path) -> TraceRead:
     if seen == 0 and result.partial:
         raise TraceError(f"{path}: no event could be read ({result.error})")
     result.events_seen = seen
+    if memory.peak:
+        device, peak = max(memory.peak.items(), key=lambda kv: kv[1])
+        result.memory_peak_bytes = peak
+        result.memory_total_bytes = next(
+            (p.get("totalGlobalMem") for p in result.device_properties if p.get("id") == device), None)
 
     result.rounded = any_float
     if any_float:
@@ -178,6 +193,29 @@ def read_trace(path: str | Path) -> TraceRead:
     return result
 
 
+class _MemoryPeaks:
+    """Peak allocated bytes per CUDA device from ``[memory]`` instant events: their
+    ``Total Allocated`` where the profiler writes it, else the running sum of ``Bytes``."""
+
+    CUDA = 1
+
+    def __init__(self) -> None:
+        self.current: dict[int, int] = {}
+        self.peak: dict[int, int] = {}
+
+    def add(self, args: dict) -> None:
+        if _int(args.get("Device Type"), -1) != self.CUDA:
+            return
+        device = _int(args.get("Device Id"), -1)
+        if "Total Allocated" in args:
+            now = _int(args["Total Allocated"], 0)
+        else:
+            now = self.current.get(device, 0) + _int(args.get("Bytes"), 0)
+        self.current[device] = now
+        if now > self.peak.get(device, -1):
+            self.peak[device] = now
+
+
 def _record(e: dict, names: dict[str, str]) -> dict | None:
     cat = e["cat"]
     kind = KIND_BY_CAT.get(cat)
@@ -187,8 +225,8 @@ def _record(e: dict, names: dict[str, str]) -> dict | None:
     correlation = _int(args.get("correlation", -1))
     if kind is None and stream < 0:
         return None  # flow events, python functions...: not used by the analysis
-    if kind in ("cpu_op", "annotation") and "ProfilerStep" not in name:
-        return None  # not needed by the metrics computed from traces yet
+    if kind in ("cpu_op", "annotation") and "ProfilerStep" not in name and "DataLoader" not in name:
+        return None  # CPU ops the analysis does not use
     ts, dur = e["ts"], e["dur"]
     name = names.setdefault(name, name)
     nbytes = _int(args.get("bytes", -1))

@@ -48,9 +48,13 @@ TRACE_ANALYSES = TopicSpec(
     "gpufleet.trace-analyses.v1", "TraceAnalysis", "workflow_id", 4,
     doc="One analysis per trace (rank): temporal and idle breakdown, overlap, launch statistics.",
 )
+FINDINGS = TopicSpec(
+    "gpufleet.findings.v1", "Finding", "workflow_id", 4,
+    doc="Antipatterns found in traces, with evidence, GPU time at stake and the fix.",
+)
 
 ALL_TOPICS: tuple[TopicSpec, ...] = (
-    GPU_SAMPLES, WORKFLOW_WINDOWS, ALERTS, DEAD_LETTERS, KERNEL_EVENTS, TRACE_ANALYSES,
+    GPU_SAMPLES, WORKFLOW_WINDOWS, ALERTS, DEAD_LETTERS, KERNEL_EVENTS, TRACE_ANALYSES, FINDINGS,
 )
 
 

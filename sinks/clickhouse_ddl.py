@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from schemas.topics import (
     ALERTS,
     DEAD_LETTERS,
+    FINDINGS,
     GPU_SAMPLES,
     TRACE_ANALYSES,
     WORKFLOW_WINDOWS,
@@ -204,8 +205,34 @@ TRACE_ANALYSES_TABLE = Table(
     prepare=_idle_as_tuples,
 )
 
+FINDINGS_TABLE = Table(
+    "findings", FINDINGS,
+    ("finding_id", "trace_id", "workflow_id", "rank", "rule", "severity", "title", "evidence",
+     "gpu_seconds_at_stake", "recommendation", "detected_at"),
+    """
+    CREATE TABLE IF NOT EXISTS {db}.{name} (
+        finding_id String,
+        trace_id String,
+        workflow_id LowCardinality(String),
+        rank UInt32,
+        rule LowCardinality(String),
+        severity LowCardinality(String),
+        title String,
+        evidence String,
+        gpu_seconds_at_stake Float64,
+        recommendation String,
+        detected_at DateTime64(3, 'UTC'),
+        kafka_partition UInt32,
+        kafka_offset UInt64
+    )
+    ENGINE = ReplacingMergeTree(detected_at)
+    ORDER BY finding_id
+    """,
+)
+
 TABLES: tuple[Table, ...] = (
     GPU_SAMPLES_TABLE, WORKFLOW_WINDOWS_TABLE, ALERTS_TABLE, DEAD_LETTERS_TABLE, TRACE_ANALYSES_TABLE,
+    FINDINGS_TABLE,
 )
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from streams.trace_antipatterns import AntipatternCollector, detect_antipatterns
 from streams.trace_idle_breakdown import IdleBreakdown, StreamIdle
 from streams.trace_launch_stats import LaunchStats
 from streams.trace_temporal_breakdown import Coverage, TemporalBreakdown
@@ -28,6 +29,7 @@ class TraceAnalyzer:
         self.temporal = TemporalBreakdown()
         self.idle = IdleBreakdown()
         self.launch = LaunchStats()
+        self.antipatterns = AntipatternCollector()
         self.horizon = pending_horizon_us
         self.events = 0
         self.gpu_events = 0
@@ -53,6 +55,7 @@ class TraceAnalyzer:
                 self._calls[corr] = {f: event[f] for f in _CALL_FIELDS}
                 self._call_order.append((ts, corr))
                 self._evict(ts)
+            self.antipatterns.add_cpu(event)
             return
         self.gpu_events += 1
         call = self._calls.pop(corr, None) if corr >= 0 else None
@@ -62,6 +65,7 @@ class TraceAnalyzer:
         self.idle.add(event, None if call is None else call["ts"])
         if call is not None:
             self.launch.add(call, event)
+        self.antipatterns.add_gpu(event, call)
 
     def _evict(self, now: float) -> None:
         order, calls = self._call_order, self._calls
@@ -93,6 +97,7 @@ class TraceAnalyzer:
             },
             "idle_by_stream": self.idle.result(),
             "launch": self.launch.result(),
+            "antipatterns": self.antipatterns.summary(),
         }
 
     # -- checkpoints (JSON-able) -------------------------------------------------------
@@ -106,6 +111,7 @@ class TraceAnalyzer:
             "counters": [self.events, self.gpu_events, self.unmatched_gpu_events, self.out_of_order, self._last_ts],
             "calls": [[corr, c["name"], c["ts"], c["dur"]] for corr, c in self._calls.items()],
             "horizon": self.horizon,
+            "antipatterns": self.antipatterns.to_state(),
         }
 
     @classmethod
@@ -119,6 +125,7 @@ class TraceAnalyzer:
         for k, v in state["launch"].items():
             setattr(a.launch, k, v)
         a.events, a.gpu_events, a.unmatched_gpu_events, a.out_of_order, a._last_ts = state["counters"]
+        a.antipatterns = AntipatternCollector.from_state(state["antipatterns"])
         for corr, name, ts, dur in sorted(state["calls"], key=lambda c: c[2]):
             a._calls[corr] = {"name": name, "ts": ts, "dur": dur}
             a._call_order.append((ts, corr))
@@ -176,3 +183,18 @@ def trace_analysis_record(
         "launch_delay_outliers": launch["launch_delay_outliers"],
         "analyzed_at": analyzed_at,
     }
+
+
+def findings_records(result: dict, analysis: dict, memory: dict | None, detected_at: int) -> list[dict]:
+    """``Finding`` records of a result of :meth:`TraceAnalyzer.result` and its ``TraceAnalysis`` record."""
+    return [
+        {
+            "finding_id": f"{analysis['trace_id']}:{f['rule']}",
+            "trace_id": analysis["trace_id"],
+            "workflow_id": analysis["workflow_id"],
+            "rank": analysis["rank"],
+            **f,
+            "detected_at": detected_at,
+        }
+        for f in detect_antipatterns(result["antipatterns"], analysis, memory)
+    ]

@@ -14,6 +14,7 @@ from schemas.dead_letter import dead_letter
 from schemas.topics import (
     ALERTS,
     DEAD_LETTERS,
+    FINDINGS,
     GPU_SAMPLES,
     KERNEL_EVENTS,
     TRACE_ANALYSES,
@@ -120,6 +121,7 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
 def _register_trace_analysis(app: faust.App, settings, codec: Codec) -> None:
     events_topic = app.topic(settings.topic(KERNEL_EVENTS.name), partitions=KERNEL_EVENTS.partitions)
     analyses_topic = app.topic(settings.topic(TRACE_ANALYSES.name))
+    findings_topic = app.topic(settings.topic(FINDINGS.name))
     dlq_topic = app.topic(settings.topic(DEAD_LETTERS.name))
     # One entry per trace; the changelog partition is the trace's source partition.
     table = app.Table("trace-state", default=None, partitions=KERNEL_EVENTS.partitions, key_type=str)
@@ -139,6 +141,8 @@ def _register_trace_analysis(app: faust.App, settings, codec: Codec) -> None:
             log.info("trace %s analysed (%d events%s)", analysis["trace_id"], analysis["events"],
                      ", partial" if analysis["partial"] else "")
             await _send(codec, analyses_topic, TRACE_ANALYSES, analysis)
+        for finding in result.findings:
+            await _send(codec, findings_topic, FINDINGS, finding)
 
     @app.agent(events_topic, name="trace-analysis")
     async def analyze_traces(stream: faust.StreamT) -> None:

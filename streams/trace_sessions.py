@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 
-from streams.analyze_trace import TraceAnalyzer, trace_analysis_record
+from streams.analyze_trace import TraceAnalyzer, findings_records, trace_analysis_record
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,7 @@ class TraceSessionConfig:
 @dataclass
 class SessionResult:
     analyses: list[dict] = field(default_factory=list)
+    findings: list[dict] = field(default_factory=list)
     changed: set[str] = field(default_factory=set)
     removed: dict[str, int] = field(default_factory=dict)  # trace id -> its changelog partition
     replayed: int = 0
@@ -72,7 +73,7 @@ class TraceSessions:
                 self._analyzer(tid, state).add(r)
             else:  # TraceEnd
                 state["missing"] += max(0, r["events"] - state["next_seq"])
-                result.analyses.append(self._finish(tid, state, now_ms, end=r))
+                self._finish(tid, state, now_ms, result, end=r)
         for tid in result.changed:
             state = self.store[tid]
             if not state.get("done"):
@@ -93,12 +94,12 @@ class TraceSessions:
             elif now_ms - state["updated_ms"] > cfg.timeout_ms:
                 reason = (f"no end-of-trace marker within {cfg.timeout_ms / 1000:g} s; analysed the "
                           f"{state['next_seq'] - state['missing']} events received")
-                result.analyses.append(self._finish(tid, state, now_ms, timeout_reason=reason))
+                self._finish(tid, state, now_ms, result, timeout_reason=reason)
                 result.changed.add(tid)
         return result
 
-    def _finish(self, tid: str, state: dict, now_ms: int, end: dict | None = None,
-                timeout_reason: str | None = None) -> dict:
+    def _finish(self, tid: str, state: dict, now_ms: int, result: SessionResult, end: dict | None = None,
+                timeout_reason: str | None = None) -> None:
         analyzer = self._analyzer(tid, state)
         reasons = []
         if end is not None and end.get("error"):
@@ -108,13 +109,18 @@ class TraceSessions:
         if timeout_reason:
             reasons.append(timeout_reason)
         partial = bool(reasons) or bool(end and end["partial"])
+        analysis = analyzer.result()
         record = trace_analysis_record(
-            analyzer.result(), trace_id=tid, workflow_id=state["workflow_id"], rank=state["rank"],
+            analysis, trace_id=tid, workflow_id=state["workflow_id"], rank=state["rank"],
             source=end["source"] if end else None, partial=partial,
             error="; ".join(reasons) if reasons else None, analyzed_at=now_ms,
         )
+        memory = None
+        if end is not None and end.get("memory_peak_bytes") is not None:
+            memory = {"peak_bytes": end["memory_peak_bytes"], "total_bytes": end.get("memory_total_bytes")}
+        result.analyses.append(record)
+        result.findings.extend(findings_records(analysis, record, memory, now_ms))
         self._live.pop(tid, None)
         partition = state["partition"]
         state.clear()
         state.update(done=True, updated_ms=now_ms, partition=partition)
-        return record

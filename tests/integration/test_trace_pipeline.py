@@ -7,10 +7,10 @@ import threading
 
 import pytest
 
-from gpufleet.analyze import analyze_file
+from gpufleet.analyze import analyze_file, analyze_file_with_findings
 from producers.publish_kafka import Publisher
 from producers.publish_trace import publish_trace
-from schemas.topics import DEAD_LETTERS, TRACE_ANALYSES
+from schemas.topics import DEAD_LETTERS, FINDINGS, TRACE_ANALYSES
 from sinks.consume_to_clickhouse import ClickHouseSink
 from sinks.write_clickhouse import ClickHouseWriter
 from tests.integration.helpers import CODEC, read_topic, wait_until, worker_process
@@ -54,6 +54,11 @@ def test_streamed_analysis_equals_the_offline_one(kafka, prefix, tmp_path, chdb_
         wait_until(lambda: chdb_client.query(
             f"SELECT count() FROM {database}.trace_analyses FINAL").result_rows[0][0] == 3, 60,
             "the analyses in ClickHouse")
+        offline_findings = analyze_file_with_findings(RESNET, "wf-trace")[1]
+        wait_until(lambda: chdb_client.query(
+            f"SELECT count() FROM {database}.findings FINAL WHERE trace_id = %(t)s",
+            parameters={"t": ends[0]["trace_id"]}).result_rows[0][0] == len(offline_findings), 60,
+            "the findings in ClickHouse")
     finally:
         stop.set()
         thread.join(30)
@@ -76,3 +81,13 @@ def test_streamed_analysis_equals_the_offline_one(kafka, prefix, tmp_path, chdb_
         f"SELECT idle_time_us, launches FROM {database}.trace_analyses FINAL WHERE trace_id = %(t)s",
         parameters={"t": ends[0]["trace_id"]}).result_rows[0]
     assert (idle, launches) == (327463.0, 7580)  # HTA 0.5.0's numbers for this file
+
+    # The findings, too, are the same online and offline; the ResNet trace with num_workers=0
+    # is input-bound, and the finding says so.
+    online = {r["rule"]: r for *_, n, r in read_topic(kafka.bootstrap, prefix + FINDINGS.name, FINDINGS.partitions)
+              if n == "Finding" and r["trace_id"] == ends[0]["trace_id"]}
+    offline = {f["rule"]: f for f in offline_findings}
+    assert set(online) == set(offline) and "input_pipeline_stall" in online
+    for rule, f in offline.items():
+        for key in ("severity", "evidence", "gpu_seconds_at_stake", "recommendation", "finding_id"):
+            assert online[rule][key] == f[key], (rule, key)

@@ -30,8 +30,20 @@ def step(n: int, ts: float, dur: float) -> dict:
             "ts": ts, "dur": dur, "args": {}}
 
 
-def write_trace(path: Path, events: list[dict], rank: int | None = 0, gz: bool = False) -> Path:
+def cpu_op(name: str, ts: float, dur: float) -> dict:
+    return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur, "args": {}}
+
+
+def memory(ts: float, total_allocated: int, device: int = 0) -> dict:
+    return {"ph": "i", "s": "t", "name": "[memory]", "pid": 1, "tid": 1, "ts": ts,
+            "args": {"Device Type": 1, "Device Id": device, "Total Allocated": total_allocated}}
+
+
+def write_trace(path: Path, events: list[dict], rank: int | None = 0, gz: bool = False,
+                device_memory: int | None = None) -> Path:
     doc: dict = {"schemaVersion": 1}
+    if device_memory is not None:
+        doc["deviceProperties"] = [{"id": 0, "name": "NVIDIA A100-SXM4-80GB", "totalGlobalMem": device_memory}]
     if rank is not None:
         doc["distributedInfo"] = {"rank": rank}
     doc["traceEvents"] = [*events, {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler", "ts": 0, "dur": 1}]

@@ -1,0 +1,359 @@
+"""Antipatterns in one rank's trace -> findings with evidence, GPU time at stake and the fix.
+
+``AntipatternCollector`` is fed the same time-ordered events as the analysers and keeps
+O(streams) state plus a fixed-size utilisation histogram; ``detect_antipatterns`` turns what
+it collected (with the analysis result) into findings. Rules:
+
+* the Nsight Systems CUDA rules: GPU gaps >= 500 ms; GPU utilisation in 30 time chunks,
+  chunks under 50 % flagged; time in cudaDeviceSynchronize/cudaStreamSynchronize;
+  synchronous cudaMemcpy (except device-to-device and host-to-device <= 64,000 bytes);
+  asynchronous copies from pageable memory; synchronous cudaMemset;
+* findings worth under 1 ms of GPU time are left out; the GPU time at stake of different
+  findings can overlap (a gap is also a low-utilisation chunk), so do not add them up;
+* launch-bound trains of short kernels (>= 10 in a row on a stream, each shorter than its
+  launch call): try CUDA graphs or torch.compile;
+* high launch delay; low communication/computation overlap; input-pipeline stalls (GPU
+  idle while DataLoader work runs); GEMM/convolution time without tensor-core kernels
+  (try AMP/bf16); peak memory over 90 % of the device's.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field, fields
+
+GAP_US = 500_000
+CHUNKS = 30
+MIN_CHUNKED_SPAN_US = 100_000  # below this a trace is too short for 30 chunks to say anything
+MIN_AT_STAKE_US = 1_000  # findings worth less GPU time than this are noise
+CHUNK_UTILIZATION = 0.5
+HIST_BUCKETS = 1024
+SYNC_CALLS = frozenset({"cudaDeviceSynchronize", "cudaStreamSynchronize"})
+SMALL_HTOD_BYTES = 64_000
+TRAIN_LENGTH = 10
+SHORT_CALL_US = 50
+MATMUL_RE = re.compile(r"gemm|conv|cutlass|cudnn|wgrad|dgrad|fprop|matmul|xmma", re.IGNORECASE)
+TENSOR_CORE_RE = re.compile(
+    r"h884|h1688|s1688|i8816|hmma|wmma|tensorop|xmma|_tc_|bf16|f16f16|fp16|half|gmma|sm80_|sm90_|884|1688|16816",
+    re.IGNORECASE,
+)
+
+
+@dataclass
+class AntipatternCollector:
+    # GPU busy coverage, for gaps and the utilisation histogram
+    first_ts: float | None = None
+    group_start: float = 0.0
+    group_end: float = 0.0
+    gaps: int = 0
+    gap_us: float = 0.0
+    bucket_us: float = 1000.0
+    buckets: list[float] = field(default_factory=list)
+    # synchronisation and copies
+    sync_calls: int = 0
+    sync_us: float = 0.0
+    sync_memcpy: int = 0
+    sync_memcpy_us: float = 0.0
+    pageable_async: int = 0
+    pageable_async_us: float = 0.0
+    pageable_async_bytes: int = 0
+    sync_memset: int = 0
+    sync_memset_us: float = 0.0
+    # trains of short kernels, per stream: [current run length, idle inside the run, previous end]
+    runs: dict[int, list[float]] = field(default_factory=dict)
+    trains: int = 0
+    train_kernels: int = 0
+    train_idle_us: float = 0.0
+    # input pipeline: DataLoader time, and its union with GPU busy time
+    dataloader: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])  # Coverage fields
+    dataloader_or_gpu: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
+    dataloader_seen: bool = False
+    # precision
+    matmul_us: float = 0.0
+    matmul_tensor_core_us: float = 0.0
+    compute_kernel_us: float = 0.0
+
+    # -- feeding ---------------------------------------------------------------------------
+    def add_cpu(self, e: dict) -> None:
+        name = e["name"]
+        if e["kind"] == "runtime":
+            if name in SYNC_CALLS:
+                self.sync_calls += 1
+                self.sync_us += e["dur"]
+        elif "DataLoader" in name and e["kind"] == "cpu_op":
+            self.dataloader_seen = True
+            _cov_add(self.dataloader, e["ts"], e["ts"] + e["dur"])
+            _cov_add(self.dataloader_or_gpu, e["ts"], e["ts"] + e["dur"])
+
+    def add_gpu(self, e: dict, call: dict | None) -> None:
+        ts, end = e["ts"], e["ts"] + e["dur"]
+        self._busy(ts, end)
+        _cov_add(self.dataloader_or_gpu, ts, end)
+        cat, name = e["cat"], e["name"]
+        call_name = call["name"] if call else None
+        if e["kind"] == "memcpy":
+            if call_name == "cudaMemcpy":
+                nbytes = e.get("bytes") or 0
+                same_device = "DtoD" in name
+                small_upload = "HtoD" in name and nbytes <= SMALL_HTOD_BYTES
+                if not (same_device or small_upload):
+                    self.sync_memcpy += 1
+                    self.sync_memcpy_us += call["dur"]
+            elif call_name == "cudaMemcpyAsync" and "Pageable" in name:
+                self.pageable_async += 1
+                self.pageable_async_us += e["dur"]
+                self.pageable_async_bytes += e.get("bytes") or 0
+        elif e["kind"] == "memset" and call_name == "cudaMemset":
+            self.sync_memset += 1
+            self.sync_memset_us += call["dur"]
+        if e["kind"] == "kernel" and cat in ("kernel", "Kernel"):
+            self.compute_kernel_us += e["dur"]
+            if MATMUL_RE.search(name):
+                self.matmul_us += e["dur"]
+                if TENSOR_CORE_RE.search(name):
+                    self.matmul_tensor_core_us += e["dur"]
+            short = call is not None and call["dur"] <= SHORT_CALL_US and e["dur"] < call["dur"]
+            self._train(e["stream"], ts, end, short)
+
+    def _train(self, stream: int, ts: float, end: float, short: bool) -> None:
+        run = self.runs.get(stream)
+        if run is None:
+            run = self.runs[stream] = [0, 0.0, end]
+        if short:
+            if run[0] > 0:
+                run[1] += max(0.0, ts - run[2])
+            run[0] += 1
+        else:
+            self._close_train(run)
+        run[2] = end
+
+    def _close_train(self, run: list[float]) -> None:
+        if run[0] >= TRAIN_LENGTH:
+            self.trains += 1
+            self.train_kernels += int(run[0])
+            self.train_idle_us += run[1]
+        run[0], run[1] = 0, 0.0
+
+    def _busy(self, ts: float, end: float) -> None:
+        if self.first_ts is None:
+            self.first_ts, self.group_start, self.group_end = ts, ts, end
+            return
+        if ts > self.group_end:
+            gap = ts - self.group_end
+            if gap >= GAP_US:
+                self.gaps += 1
+                self.gap_us += gap
+            self._histogram(self.group_start, self.group_end)
+            self.group_start, self.group_end = ts, end
+        elif end > self.group_end:
+            self.group_end = end
+
+    def _histogram(self, start: float, end: float) -> None:
+        """Add covered time [start, end) to buckets of ``bucket_us`` from the first event,
+        doubling the bucket width (folding pairs) to stay within HIST_BUCKETS."""
+        origin = self.first_ts or 0.0
+        while end - origin > self.bucket_us * HIST_BUCKETS:
+            b = self.buckets
+            self.buckets = [sum(b[i:i + 2]) for i in range(0, len(b), 2)]
+            self.bucket_us *= 2
+        w = self.bucket_us
+        pos = start
+        while pos < end:
+            i = int((pos - origin) // w)
+            stop = min(end, origin + (i + 1) * w)
+            if i >= len(self.buckets):
+                self.buckets.extend([0.0] * (i + 1 - len(self.buckets)))
+            self.buckets[i] += stop - pos
+            pos = stop
+
+    # -- results -----------------------------------------------------------------------------
+    def summary(self) -> dict:
+        """Evidence numbers (closes the open GPU interval and open trains on a copy)."""
+        c = AntipatternCollector.from_state(self.to_state())
+        if c.first_ts is not None:
+            c._histogram(c.group_start, c.group_end)
+        for run in c.runs.values():
+            c._close_train(run)
+        chunks = c._chunks()
+        dl = _cov_total(c.dataloader)
+        dl_gpu_union = _cov_total(c.dataloader_or_gpu)
+        gpu_busy = sum(c.buckets)
+        return {
+            "gpu_gaps": c.gaps, "gpu_gap_us": c.gap_us,
+            "low_utilization_chunks": [i for i, u in enumerate(chunks) if u < CHUNK_UTILIZATION],
+            "chunk_utilization": chunks,
+            "chunk_us": (c.group_end - c.first_ts) / CHUNKS if c.first_ts is not None else 0.0,
+            "sync_calls": c.sync_calls, "sync_us": c.sync_us,
+            "sync_memcpy": c.sync_memcpy, "sync_memcpy_us": c.sync_memcpy_us,
+            "pageable_async": c.pageable_async, "pageable_async_us": c.pageable_async_us,
+            "pageable_async_bytes": c.pageable_async_bytes,
+            "sync_memset": c.sync_memset, "sync_memset_us": c.sync_memset_us,
+            "trains": c.trains, "train_kernels": c.train_kernels, "train_idle_us": c.train_idle_us,
+            "dataloader_us": dl if c.dataloader_seen else None,
+            # GPU idle while DataLoader work ran = |DL| - |DL and GPU| = |DL or GPU| - |GPU|
+            "gpu_idle_in_dataloader_us": (dl_gpu_union - gpu_busy) if c.dataloader_seen else None,
+            "matmul_us": c.matmul_us, "matmul_tensor_core_us": c.matmul_tensor_core_us,
+            "compute_kernel_us": c.compute_kernel_us,
+        }
+
+    def _chunks(self) -> list[float]:
+        if self.first_ts is None or self.group_end <= self.first_ts:
+            return []
+        span = self.group_end - self.first_ts
+        chunk = span / CHUNKS
+        w = self.bucket_us
+        out = []
+        for k in range(CHUNKS):
+            lo, hi = k * chunk, (k + 1) * chunk
+            covered = 0.0
+            for i, busy in enumerate(self.buckets):
+                b_lo, b_hi = i * w, (i + 1) * w
+                overlap = min(hi, b_hi) - max(lo, b_lo)
+                if overlap > 0:
+                    covered += busy * overlap / w  # busy time assumed even within a bucket
+            out.append(min(1.0, covered / chunk))
+        return out
+
+    def to_state(self) -> dict:
+        state = asdict(self)
+        state["runs"] = {str(k): v for k, v in self.runs.items()}
+        return state
+
+    @classmethod
+    def from_state(cls, state: dict) -> AntipatternCollector:
+        c = cls(**{f.name: state[f.name] for f in fields(cls)})
+        c.runs = {int(k): list(v) for k, v in state["runs"].items()}
+        c.buckets = list(state["buckets"])
+        c.dataloader = list(state["dataloader"])
+        c.dataloader_or_gpu = list(state["dataloader_or_gpu"])
+        return c
+
+
+def _cov_add(cov: list[float], ts: float, end: float) -> None:
+    """Union of intervals fed in start order (as ``trace_temporal_breakdown.Coverage``), kept in
+    a JSON-able 4-float list [seen, start, end, closed] so that it checkpoints as it is."""
+    if not cov[0]:
+        cov[:] = [1.0, ts, end, 0.0]
+    elif ts > cov[2]:
+        cov[3] += cov[2] - cov[1]
+        cov[1], cov[2] = ts, end
+    elif end > cov[2]:
+        cov[2] = end
+
+
+def _cov_total(cov: list[float]) -> float:
+    return cov[3] + cov[2] - cov[1] if cov[0] else 0.0
+
+
+def _finding(rule: str, severity: str, title: str, evidence: str, at_stake_us: float, fix: str) -> dict:
+    return {"rule": rule, "severity": severity, "title": title, "evidence": evidence,
+            "gpu_seconds_at_stake": max(0.0, at_stake_us) / 1e6, "recommendation": fix}
+
+
+def detect_antipatterns(s: dict, analysis: dict, memory: dict | None = None) -> list[dict]:
+    """Findings from an :meth:`AntipatternCollector.summary` and the analysis of the same trace.
+
+    ``memory``: ``{"peak_bytes": .., "total_bytes": ..}`` of the busiest device, when known.
+    """
+    out = []
+    kernel_us = analysis["kernel_time_us"] or 0.0
+    if s["gpu_gaps"]:
+        out.append(_finding(
+            "gpu_gaps", "WARNING", "The GPU sat idle for long stretches",
+            f"{s['gpu_gaps']} gaps of 500 ms or more, {s['gpu_gap_us'] / 1e6:.2f} s in all",
+            s["gpu_gap_us"],
+            "Look at what the CPU does in these gaps (data loading, checkpointing, evaluation, "
+            "synchronisation) and overlap it with GPU work."))
+    low = s["low_utilization_chunks"] if s["chunk_us"] * CHUNKS >= MIN_CHUNKED_SPAN_US else []
+    if low:
+        idle = sum((1 - s["chunk_utilization"][i]) * s["chunk_us"] for i in low)
+        out.append(_finding(
+            "low_utilization_chunks", "WARNING" if len(low) < CHUNKS // 2 else "CRITICAL",
+            "GPU utilisation under 50 % in parts of the trace",
+            f"{len(low)} of {CHUNKS} time chunks ({s['chunk_us'] / 1e3:.1f} ms each) under 50 % busy; "
+            f"lowest {min(s['chunk_utilization']) * 100:.0f} %",
+            idle,
+            "Profile the low chunks: host-side work, small batches or synchronisation starve the GPU there."))
+    if s["sync_calls"] and s["sync_us"] >= max(0.01 * kernel_us, MIN_AT_STAKE_US):
+        out.append(_finding(
+            "synchronization", "WARNING", "Time spent in CUDA synchronisation calls",
+            f"{s['sync_calls']} cudaDeviceSynchronize/cudaStreamSynchronize calls, "
+            f"{s['sync_us'] / 1e3:.1f} ms of CPU time blocked",
+            s["sync_us"],
+            "Remove synchronisations from the training loop (.item(), .cpu(), printing tensors, "
+            "torch.cuda.synchronize()); read values back once per N steps."))
+    if s["sync_memcpy"]:
+        out.append(_finding(
+            "synchronous_memcpy", "WARNING", "Synchronous memory copies",
+            f"{s['sync_memcpy']} cudaMemcpy calls (not device-to-device, not small uploads), "
+            f"{s['sync_memcpy_us'] / 1e3:.1f} ms",
+            s["sync_memcpy_us"],
+            "Use cudaMemcpyAsync / tensor.to(device, non_blocking=True) from pinned memory."))
+    if s["pageable_async"] and s["pageable_async_us"] >= MIN_AT_STAKE_US:
+        out.append(_finding(
+            "pageable_async_memcpy", "WARNING", "Asynchronous copies from pageable memory",
+            f"{s['pageable_async']} cudaMemcpyAsync copies from pageable host memory, "
+            f"{s['pageable_async_bytes'] / 1e6:.1f} MB, {s['pageable_async_us'] / 1e3:.1f} ms on the GPU; "
+            "they are not asynchronous",
+            s["pageable_async_us"],
+            "Pin host memory: DataLoader(pin_memory=True), or tensor.pin_memory() before .to(device, non_blocking=True)."))
+    if s["sync_memset"] and s["sync_memset_us"] >= MIN_AT_STAKE_US:
+        out.append(_finding(
+            "synchronous_memset", "INFO", "Synchronous memsets",
+            f"{s['sync_memset']} cudaMemset calls, {s['sync_memset_us'] / 1e3:.2f} ms",
+            s["sync_memset_us"], "Use cudaMemsetAsync on the work stream."))
+    if s["trains"]:
+        out.append(_finding(
+            "launch_bound", "WARNING", "Launch-bound trains of short kernels",
+            f"{s['trains']} runs of {TRAIN_LENGTH}+ kernels shorter than their launch calls, "
+            f"{s['train_kernels']} kernels, {s['train_idle_us'] / 1e3:.1f} ms of GPU idle between them",
+            s["train_idle_us"],
+            "Capture the step in CUDA graphs, or fuse kernels with torch.compile; larger batches help too."))
+    launch_mean = analysis.get("launch_delay_mean_us")
+    if launch_mean is not None and launch_mean > 100 and analysis["launches"]:
+        # Streams wait at the same time: the GPU cannot lose more than its idle time.
+        host_wait = min(sum(x["host_wait_us"] for x in analysis["idle_by_stream"]), analysis["idle_time_us"])
+        out.append(_finding(
+            "high_launch_delay", "WARNING" if host_wait > 0.1 * kernel_us else "INFO", "High kernel launch delay",
+            f"mean {launch_mean:.0f} us between a launch call's return and its kernel's start over "
+            f"{analysis['launches']} launches; {analysis['launch_delay_outliers']} over 100 us; GPU waited on the "
+            f"host for {host_wait / 1e3:.1f} ms",
+            host_wait,
+            "Long queues behind slow kernels are harmless; a starved queue is not: reduce per-step host work "
+            "or use CUDA graphs."))
+    comm, overlap_pct = analysis["communication_time_us"], analysis["comp_comm_overlap_pct"]
+    if comm > 0 and overlap_pct is not None and overlap_pct < 50:
+        out.append(_finding(
+            "low_comm_overlap", "WARNING", "Communication is not overlapped with computation",
+            f"only {overlap_pct:.1f} % of {comm / 1e3:.1f} ms of NCCL time overlaps computation",
+            comm - analysis["comp_comm_overlap_us"],
+            "Overlap gradient all-reduce with backward (DDP bucket_cap_mb, FSDP prefetch), and avoid "
+            "synchronising between collectives."))
+    stall = s["gpu_idle_in_dataloader_us"]
+    if stall is not None and kernel_us > 0 and stall >= 0.05 * kernel_us:
+        out.append(_finding(
+            "input_pipeline_stall", "CRITICAL" if stall >= 0.2 * kernel_us else "WARNING",
+            "The GPU waits for the input pipeline",
+            f"GPU idle for {stall / 1e3:.1f} ms while DataLoader work ran "
+            f"({100 * stall / kernel_us:.0f} % of GPU kernel time)",
+            stall,
+            "Load data in worker processes: DataLoader(num_workers>0, pin_memory=True, persistent_workers=True, "
+            "prefetch_factor); move decoding/augmentation off the training process."))
+    if s["matmul_us"] >= 0.1 * max(s["compute_kernel_us"], 1) and s["matmul_tensor_core_us"] < 0.1 * s["matmul_us"]:
+        out.append(_finding(
+            "no_tensor_cores", "WARNING", "Matrix multiplications do not use tensor cores",
+            f"{s['matmul_us'] / 1e3:.1f} ms in GEMM/convolution kernels, "
+            f"{100 * s['matmul_tensor_core_us'] / max(s['matmul_us'], 1):.0f} % of it in tensor-core kernels",
+            s["matmul_us"] - s["matmul_tensor_core_us"],
+            "Train in mixed precision (torch.autocast with bf16 or fp16), or allow TF32 "
+            "(torch.backends.cuda.matmul.allow_tf32 = True) on Ampere and newer."))
+    if memory and memory.get("peak_bytes") and memory.get("total_bytes"):
+        share = memory["peak_bytes"] / memory["total_bytes"]
+        if share > 0.9:
+            out.append(_finding(
+                "memory_pressure", "WARNING", "Peak GPU memory above 90 % of the device",
+                f"peak {memory['peak_bytes'] / 2**30:.1f} GiB of {memory['total_bytes'] / 2**30:.1f} GiB ({share:.0%})",
+                0.0,
+                "Near the limit the allocator fragments and may retry or fail: use activation checkpointing, "
+                "a smaller micro-batch, or set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True."))
+    return out

@@ -1,0 +1,108 @@
+"""Each antipattern rule firing and not firing, on hand-built traces read from files."""
+
+import pytest
+
+from gpufleet.analyze import analyze_file_with_findings
+from tests.unit.traces import cpu_op, kernel, memcpy, memory, runtime, write_trace
+
+MS = 1000
+
+
+def rules(tmp_path, events, **kw):
+    _, findings = analyze_file_with_findings(write_trace(tmp_path / "t.json", events, **kw), "wf")
+    return {f["rule"]: f for f in findings}
+
+
+def launched(name, ts, dur, corr, call="cudaLaunchKernel", call_ts=None, call_dur=5, **kw):
+    """A runtime call and the GPU event it launched."""
+    call_ts = ts - call_dur - 1 if call_ts is None else call_ts
+    gpu = kernel(name, ts, dur, corr=corr, **kw)
+    return [runtime(call, call_ts, call_dur, corr=corr), gpu]
+
+
+
+CASES = {
+    "gpu_gaps": (
+        [kernel("gemm", 0, 10), kernel("gemm", 600_010, 10)],
+        [kernel("gemm", 0, 10), kernel("gemm", 400_010, 10)],
+    ),
+    "low_utilization_chunks": (
+        [kernel("gemm", 0, 150 * MS), kernel("gemm", 290 * MS, 10 * MS)],
+        [kernel("gemm", 0, 300 * MS)],
+    ),
+    "synchronization": (
+        [kernel("gemm", 0, 100 * MS), runtime("cudaStreamSynchronize", 10, 5 * MS, corr=50)],
+        [kernel("gemm", 0, 100 * MS), runtime("cudaStreamSynchronize", 10, 500, corr=50)],
+    ),
+    "synchronous_memcpy": (
+        [runtime("cudaMemcpy", 0, 2 * MS, corr=1),
+         {**memcpy(10, 1500, corr=1, nbytes=10**6), "name": "Memcpy DtoH (Device -> Pageable)"}],
+        [runtime("cudaMemcpy", 0, 2 * MS, corr=1), memcpy(10, 1500, corr=1, nbytes=1000)],  # a small upload
+    ),
+    "pageable_async_memcpy": (
+        [runtime("cudaMemcpyAsync", 0, 10, corr=1), memcpy(20, 2 * MS, corr=1, nbytes=10**7)],
+        [runtime("cudaMemcpyAsync", 0, 10, corr=1),
+         {**memcpy(20, 2 * MS, corr=1, nbytes=10**7), "name": "Memcpy HtoD (Pinned -> Device)"}],
+    ),
+    "synchronous_memset": (
+        [runtime("cudaMemset", 0, 2 * MS, corr=1), kernel("Memset (Device)", 10, 50, corr=1, cat="gpu_memset")],
+        [runtime("cudaMemsetAsync", 0, 2 * MS, corr=1), kernel("Memset (Device)", 10, 50, corr=1, cat="gpu_memset")],
+    ),
+    "launch_bound": (
+        [e for i in range(12) for e in launched("add", 100 + i * 20, 2, corr=i, call_dur=10)],
+        [e for i in range(9) for e in launched("add", 100 + i * 20, 2, corr=i, call_dur=10)],
+    ),
+    "high_launch_delay": (
+        [e for i in range(5) for e in launched("gemm", 1000 + i * 2000, 100, corr=i, call_ts=i * 2000 + 400)],
+        [e for i in range(5) for e in launched("gemm", 1000 + i * 2000, 100, corr=i)],
+    ),
+    "low_comm_overlap": (
+        [kernel("ncclKernel_AllReduce", 0, 100 * MS, stream=20), kernel("gemm", 90 * MS, 110 * MS)],
+        [kernel("ncclKernel_AllReduce", 0, 100 * MS, stream=20), kernel("gemm", 0, 100 * MS)],
+    ),
+    "input_pipeline_stall": (
+        [cpu_op("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 0, 50 * MS),
+         kernel("gemm", 50 * MS, 50 * MS)],
+        [cpu_op("enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", 50 * MS, 1 * MS),
+         kernel("gemm", 0, 100 * MS)],
+    ),
+    "no_tensor_cores": (
+        [kernel("volta_sgemm_128x64_nn", 0, 10 * MS)],
+        [kernel("volta_h884gemm_128x128_ldg8_nn", 0, 10 * MS)],
+    ),
+}
+
+
+@pytest.mark.parametrize("rule", sorted(CASES))
+def test_rule_fires_on_the_antipattern_and_not_on_its_fix(tmp_path, rule):
+    bad, good = CASES[rule]
+    found = rules(tmp_path, bad)
+    assert rule in found, f"{rule} should fire; found {sorted(found)}"
+    f = found[rule]
+    assert f["evidence"] and f["recommendation"] and f["severity"] in ("INFO", "WARNING", "CRITICAL")
+    assert f["finding_id"] == f"wf/t.json:{rule}"
+    assert rule not in rules(tmp_path, good)
+
+
+
+def test_numbers_behind_the_findings(tmp_path):
+    gaps = rules(tmp_path, CASES["gpu_gaps"][0])["gpu_gaps"]
+    assert gaps["gpu_seconds_at_stake"] == pytest.approx(0.6)
+    chunks = rules(tmp_path, CASES["low_utilization_chunks"][0])["low_utilization_chunks"]
+    assert "14 of 30 time chunks (10.0 ms each)" in chunks["evidence"]
+    assert chunks["gpu_seconds_at_stake"] == pytest.approx(0.14)
+    stall = rules(tmp_path, CASES["input_pipeline_stall"][0])["input_pipeline_stall"]
+    assert stall["severity"] == "CRITICAL" and stall["gpu_seconds_at_stake"] == pytest.approx(0.05)
+    overlap = rules(tmp_path, CASES["low_comm_overlap"][0])["low_comm_overlap"]
+    assert "only 10.0 %" in overlap["evidence"] and overlap["gpu_seconds_at_stake"] == pytest.approx(0.09)
+    train = rules(tmp_path, CASES["launch_bound"][0])["launch_bound"]
+    assert "1 runs of 10+ kernels" in train["evidence"] and "12 kernels" in train["evidence"]
+
+
+def test_memory_pressure_from_the_profilers_memory_events(tmp_path):
+    total = 80 * 2**30
+    busy = [kernel("gemm", 0, 10), memory(1, int(0.5 * total)), memory(2, int(0.95 * total)), memory(3, 0)]
+    found = rules(tmp_path, busy, device_memory=total)
+    assert "95%" in found["memory_pressure"]["evidence"]
+    calm = [kernel("gemm", 0, 10), memory(1, int(0.5 * total))]
+    assert "memory_pressure" not in rules(tmp_path, calm, device_memory=total)
