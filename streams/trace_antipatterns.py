@@ -8,13 +8,14 @@ it collected (with the analysis result) into findings. Rules:
   chunks under 50 % flagged; time in cudaDeviceSynchronize/cudaStreamSynchronize;
   synchronous cudaMemcpy (except device-to-device and host-to-device <= 64,000 bytes);
   asynchronous copies from pageable memory; synchronous cudaMemset;
-* findings worth under 1 ms of GPU time are left out; the GPU time at stake of different
-  findings can overlap (a gap is also a low-utilisation chunk), so do not add them up;
 * launch-bound trains of short kernels (>= 10 in a row on a stream, each shorter than its
   launch call): try CUDA graphs or torch.compile;
 * high launch delay; low communication/computation overlap; input-pipeline stalls (GPU
   idle while DataLoader work runs); GEMM/convolution time without tensor-core kernels
   (try AMP/bf16); peak memory over 90 % of the device's.
+
+Findings worth under 1 ms of GPU time are left out. The GPU time at stake of different
+findings can overlap (a gap is also a low-utilisation chunk): do not add them up.
 """
 
 from __future__ import annotations
