@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 JARS   := docker/kafka/libs/.fetched
 
-.PHONY: setup demo test test-unit lint bench clean
+.PHONY: setup demo test test-unit lint bench bench-hta clean
 
 setup: $(BIN)/.installed $(JARS)
 
@@ -37,6 +37,13 @@ lint: setup
 
 bench: setup
 	$(BIN)/python benchmarks/bench_window_utilization.py
+	$(BIN)/python benchmarks/bench_trace_analysis.py --scale 10
+
+# Holistic Trace Analysis in an environment of its own, only to compare against in benchmarks.
+bench-hta: benchmarks/.venv-hta/bin/python
+benchmarks/.venv-hta/bin/python:
+	$(PYTHON) -m venv benchmarks/.venv-hta
+	benchmarks/.venv-hta/bin/pip install -q holistictraceanalysis==0.5.0
 
 clean:
 	rm -rf $(VENV) docker/kafka/libs data .pytest_cache

@@ -40,14 +40,19 @@ def memory(ts: float, total_allocated: int, device: int = 0) -> dict:
 
 
 def write_trace(path: Path, events: list[dict], rank: int | None = 0, gz: bool = False,
-                device_memory: int | None = None) -> Path:
+                device_memory: int | None = None, kineto_layout: bool = False) -> Path:
     doc: dict = {"schemaVersion": 1}
     if device_memory is not None:
         doc["deviceProperties"] = [{"id": 0, "name": "NVIDIA A100-SXM4-80GB", "totalGlobalMem": device_memory}]
     if rank is not None:
         doc["distributedInfo"] = {"rank": rank}
     doc["traceEvents"] = [*events, {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler", "ts": 0, "dur": 1}]
-    data = json.dumps(doc, indent=1).encode()
+    if kineto_layout:  # as the profiler writes it: each event a block from "  {" to "  }"
+        events_text = ",\n".join("  {\n    " + json.dumps(e)[1:-1] + "\n  }" for e in doc.pop("traceEvents"))
+        head = json.dumps(doc, indent=2)[:-2]
+        data = (head + ',\n  "traceEvents": [\n' + events_text + "\n]}").encode()
+    else:
+        data = json.dumps(doc).encode()  # one line: not the profiler's layout, read by the generic parser
     if gz:
         path.write_bytes(gzip.compress(data))
     else:

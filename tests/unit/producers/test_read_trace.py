@@ -15,9 +15,19 @@ def test_gzip_and_plain_read_the_same(tmp_path):
     assert not plain.partial and plain.error is None
 
 
-def test_truncated_trace_is_analysed_up_to_the_damage(tmp_path):
+def test_kineto_layout_and_generic_json_read_the_same(tmp_path):
+    events = [runtime("cudaLaunchKernel", i * 10, 2, corr=i) for i in range(50)]
+    events += [kernel("gemm", i * 10 + 3, 4, corr=i) for i in range(50)]
+    generic = read_trace(write_trace(tmp_path / "a.json", events))
+    kineto = read_trace(write_trace(tmp_path / "b.json.gz", events, gz=True, kineto_layout=True))
+    assert kineto.events == generic.events and kineto.events_seen == generic.events_seen == 101
+    assert not kineto.partial
+
+
+@pytest.mark.parametrize("kineto_layout", [False, True])
+def test_truncated_trace_is_analysed_up_to_the_damage(tmp_path, kineto_layout):
     events = [kernel("gemm", i * 10, 5, corr=i) for i in range(200)]
-    path = write_trace(tmp_path / "t.json", events)
+    path = write_trace(tmp_path / "t.json", events, kineto_layout=kineto_layout)
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     trace = read_trace(path)
@@ -25,6 +35,27 @@ def test_truncated_trace_is_analysed_up_to_the_damage(tmp_path):
     assert 50 < len(trace.events) < 200
     result = analyze_file(path)
     assert result["partial"] and "damaged" in result["error"] and result["gpu_events"] == len(trace.events)
+
+
+def test_corrupt_event_in_the_middle_stops_there(tmp_path):
+    events = [kernel("gemm", i * 10, 5, corr=i) for i in range(100)]
+    path = write_trace(tmp_path / "t.json", events, kineto_layout=True)
+    data = path.read_bytes()
+    cut = data.index(b'"ts": 500')
+    path.write_bytes(data[:cut] + b'"ts": 5#0' + data[cut + 9:])
+    trace = read_trace(path)
+    assert trace.partial and "invalid event" in trace.error
+    assert len(trace.events) == 50
+
+
+def test_truncated_gzip_is_partial(tmp_path):
+    events = [kernel("gemm", i * 10, 5, corr=i) for i in range(2000)]
+    path = write_trace(tmp_path / "t.json.gz", events, gz=True, kineto_layout=True)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) * 2 // 3])
+    trace = read_trace(path)
+    assert trace.partial and trace.error
+    assert 0 < len(trace.events) < 2000
 
 
 def test_unreadable_files_give_a_clear_error(tmp_path):

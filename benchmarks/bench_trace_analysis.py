@@ -1,0 +1,144 @@
+"""gpufleet's trace analysis against Holistic Trace Analysis 0.5.0 on the same trace files.
+
+For each trace: wall time and peak memory (max RSS of a fresh process) of `gpufleet analyze`
+and of HTA (temporal breakdown, comm/comp overlap, idle breakdown, launch statistics), and
+both sets of numbers side by side. HTA runs from its own virtualenv (``make bench-hta``
+creates benchmarks/.venv-hta): it is never a dependency of gpufleet.
+
+    python benchmarks/bench_trace_analysis.py [--scale 10] [TRACE ...]
+
+--scale N also builds a trace N times the largest one (its events repeated later in time,
+with fresh correlation ids and step numbers) and runs both on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "traces"
+HTA_PYTHON = ROOT / "benchmarks" / ".venv-hta" / "bin" / "python"
+
+OURS = r"""
+import json, sys
+from gpufleet.analyze import analyze_file
+r = analyze_file(sys.argv[1])
+print(json.dumps({"kernel_us": r["kernel_time_us"], "idle_us": r["idle_time_us"], "compute_us": r["compute_time_us"],
+  "non_compute_us": r["non_compute_time_us"], "overlap_pct": r["comp_comm_overlap_pct"],
+  "idle_by_stream": {str(s["stream"]): [s["host_wait_us"], s["kernel_wait_us"], s["other_us"]] for s in r["idle_by_stream"]},
+  "launches": r["launches"], "launch_delay_total_us": r["launch_delay_total_us"]}))
+"""
+
+HTA = r"""
+import json, logging, math, os, shutil, sys, tempfile
+logging.disable(logging.WARNING)
+import warnings; warnings.filterwarnings("ignore")
+from hta.trace_analysis import TraceAnalysis
+d = tempfile.mkdtemp()
+os.symlink(os.path.abspath(sys.argv[1]), os.path.join(d, os.path.basename(sys.argv[1])))
+a = TraceAnalysis(trace_dir=d)
+tb = a.get_temporal_breakdown(visualize=False).iloc[0]
+ov = a.get_comm_comp_overlap(visualize=False).iloc[0]["comp_comm_overlap_pctg"]
+idle = a.get_idle_time_breakdown(visualize=False)
+idle = idle[0] if isinstance(idle, tuple) else idle
+by_stream = {}
+for _, row in idle.iterrows():
+    by_stream.setdefault(str(int(row["stream"])), [0.0, 0.0, 0.0])[["host_wait", "kernel_wait", "other"].index(row["idle_category"])] = float(row["idle_time"])
+ls = a.get_cuda_kernel_launch_stats(visualize=False)[0]
+print(json.dumps({"kernel_us": float(tb["kernel_time(us)"]), "idle_us": float(tb["idle_time(us)"]),
+  "compute_us": float(tb["compute_time(us)"]), "non_compute_us": float(tb["non_compute_time(us)"]),
+  "overlap_pct": None if math.isnan(ov) else float(ov), "idle_by_stream": by_stream,
+  "launches": int(len(ls)), "launch_delay_total_us": float(ls["launch_delay"].sum())}))
+"""
+
+
+def measure(python: str, code: str, trace: Path, cwd: Path) -> tuple[dict | None, float, float, str]:
+    """Run ``code`` on ``trace`` in a fresh interpreter: (result, seconds, peak RSS MiB, error)."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([python, "-c", code, str(trace)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=cwd)
+    _, status, usage = os.wait4(proc.pid, 0)
+    elapsed = time.perf_counter() - t0
+    out, err = proc.stdout.read(), proc.stderr.read()
+    peak_mib = usage.ru_maxrss / 1024  # Linux: kilobytes
+    if status != 0:
+        return None, elapsed, peak_mib, err.strip().splitlines()[-1] if err.strip() else f"exit {status}"
+    return json.loads(out.strip().splitlines()[-1]), elapsed, peak_mib, ""
+
+
+def scaled_trace(source: Path, factor: int, dest: Path) -> Path:
+    """``source``'s events ``factor`` times, each copy later in time, with fresh ids."""
+    doc = json.loads(gzip.open(source).read() if source.suffix == ".gz" else source.read_bytes())
+    events = doc["traceEvents"]
+    stamps = [e["ts"] + e.get("dur", 0) for e in events if isinstance(e.get("ts"), int | float)]
+    span = max(stamps) - min(stamps) + 1000
+    max_corr = max((e.get("args", {}).get("correlation", 0) or 0) for e in events) + 1
+    out = []
+    for k in range(factor):
+        for e in events:
+            c = dict(e)
+            if isinstance(c.get("ts"), int | float):
+                c["ts"] = c["ts"] + k * span
+            args = c.get("args")
+            if isinstance(args, dict) and isinstance(args.get("correlation"), int) and args["correlation"] >= 0:
+                c["args"] = {**args, "correlation": args["correlation"] + k * max_corr}
+            if c.get("name", "").startswith("ProfilerStep#"):
+                c["name"] = f"ProfilerStep#{int(c['name'].split('#')[1]) + k * 1000}"
+            out.append(c)
+    del doc["traceEvents"]
+    with gzip.open(dest, "wt") as f:  # the profiler's layout: each event a block from "  {" to "  }"
+        f.write(json.dumps(doc, indent=2)[:-2] + ',\n  "traceEvents": [\n')
+        f.write(",\n".join("  {\n    " + json.dumps(e)[1:-1] + "\n  }" for e in out))
+        f.write("\n]}")
+    return dest
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("traces", nargs="*", type=Path)
+    parser.add_argument("--scale", type=int, default=0, help="also run on a trace this many times the largest")
+    parser.add_argument("--make-scaled", nargs=3, metavar=("SOURCE", "FACTOR", "DEST"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.make_scaled:
+        source, factor, dest = args.make_scaled
+        scaled_trace(Path(source), int(factor), Path(dest))
+        return
+    traces = args.traces or sorted(SHARED.glob("*.json.gz"))
+    have_hta = HTA_PYTHON.exists()
+    if not have_hta:
+        print(f"(no HTA at {HTA_PYTHON}: run `make bench-hta` to compare; timing gpufleet alone)\n")
+    tmp = Path(tempfile.mkdtemp(prefix="gpufleet-bench-"))
+    if args.scale > 1 and traces:
+        largest = max(traces, key=lambda p: p.stat().st_size)
+        dest = tmp / f"x{args.scale}_{largest.name}"
+        # In a child process: this one must stay small, or its children's peak memory counts it.
+        subprocess.run([sys.executable, __file__, "--make-scaled", str(largest), str(args.scale), str(dest)],
+                       check=True)
+        traces = [*traces, dest]
+    for trace in traces:
+        size = trace.stat().st_size / 2**20
+        ours, t_ours, m_ours, err_ours = measure(sys.executable, OURS, trace, ROOT)
+        line = f"{trace.name[:60]} ({size:.1f} MiB)\n  gpufleet: {t_ours:6.2f} s, {m_ours:7.0f} MiB peak"
+        line += f"  ERROR {err_ours}" if err_ours else ""
+        if have_hta:
+            hta, t_hta, m_hta, err_hta = measure(str(HTA_PYTHON), HTA, trace, tmp)
+            line += f"\n  HTA 0.5.0: {t_hta:6.2f} s, {m_hta:7.0f} MiB peak" + (f"  ERROR {err_hta}" if err_hta else "")
+            if not err_hta and not err_ours:
+                line += f"\n  ratio: {t_hta / t_ours:5.1f}x faster, {m_ours / m_hta:5.2f} of HTA's memory"
+                for key in ("kernel_us", "idle_us", "compute_us", "non_compute_us", "overlap_pct",
+                            "launches", "launch_delay_total_us", "idle_by_stream"):
+                    same = "same" if ours[key] == hta[key] else "DIFFERENT"
+                    line += f"\n    {key:22s} gpufleet {ours[key]!s:>30.30}  HTA {hta[key]!s:>30.30}  {same}"
+        print(line + "\n", flush=True)
+
+
+if __name__ == "__main__":
+    main()
