@@ -76,7 +76,8 @@ def measure(python: str, code: str, trace: Path, cwd: Path) -> tuple[dict | None
 
 def scaled_trace(source: Path, factor: int, dest: Path) -> Path:
     """``source``'s events ``factor`` times, each copy later in time, with fresh ids."""
-    doc = json.loads(gzip.open(source).read() if source.suffix == ".gz" else source.read_bytes())
+    raw = gzip.decompress(source.read_bytes()) if source.suffix == ".gz" else source.read_bytes()
+    doc = json.loads(raw)
     events = doc["traceEvents"]
     stamps = [e["ts"] + e.get("dur", 0) for e in events if isinstance(e.get("ts"), int | float)]
     span = max(stamps) - min(stamps) + 1000
