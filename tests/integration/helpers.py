@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -14,6 +15,8 @@ from confluent_kafka import Consumer, TopicPartition
 from schemas.codec import Codec
 from schemas.kafka_config import consumer_config
 from schemas.topics import TopicSpec
+from sinks.consume_to_clickhouse import ClickHouseSink
+from sinks.write_clickhouse import ClickHouseWriter
 
 CODEC = Codec()
 
@@ -49,6 +52,21 @@ def worker_process(bootstrap: str, prefix: str, data_dir: Path, app_id: str) -> 
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+@contextmanager
+def running_sink(bootstrap: str, prefix: str, client, database: str, **options) -> Iterator[ClickHouseSink]:
+    """The ClickHouse sink consuming ``prefix``'s topics in a thread, stopped (and committed) on exit."""
+    sink = ClickHouseSink(bootstrap, ClickHouseWriter(client, database), group_id=f"{prefix}sink",
+                          topic_prefix=prefix, **{"batch_wait_s": 0.3, **options})
+    stop = threading.Event()
+    thread = threading.Thread(target=sink.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        yield sink
+    finally:
+        stop.set()
+        thread.join(30)
 
 
 def read_topic(bootstrap: str, topic: str, partitions: int, timeout: float = 10.0) -> list[tuple]:

@@ -3,15 +3,11 @@ the worker and the sink keep running."""
 
 from __future__ import annotations
 
-import threading
-
 from confluent_kafka import Producer
 
 from schemas.kafka_config import producer_config
 from schemas.topics import DEAD_LETTERS, GPU_SAMPLES, WORKFLOW_WINDOWS
-from sinks.consume_to_clickhouse import ClickHouseSink
-from sinks.write_clickhouse import ClickHouseWriter
-from tests.integration.helpers import CODEC, read_topic, wait_until, worker_process
+from tests.integration.helpers import CODEC, read_topic, running_sink, wait_until, worker_process
 from tests.unit.samples import BASE_MS, sample
 
 
@@ -38,12 +34,7 @@ def test_bad_records_are_dead_lettered_and_processing_goes_on(kafka, prefix, tmp
     send(ticks(80, 140))  # window 1 must still close
     assert producer.flush(30) == 0
 
-    stop = threading.Event()
-    sink = ClickHouseSink(kafka.bootstrap, ClickHouseWriter(chdb_client, database),
-                          group_id=f"{prefix}sink", topic_prefix=prefix, batch_wait_s=0.3)
-    thread = threading.Thread(target=sink.run, args=(stop,), daemon=True)
-    thread.start()
-    try:
+    with running_sink(kafka.bootstrap, prefix, chdb_client, database):
         with worker_process(kafka.bootstrap, prefix, tmp_path, f"{prefix}worker") as worker:
             def worker_dead_letters():
                 got = [r for *_, n, r in read_topic(kafka.bootstrap, prefix + DEAD_LETTERS.name, 1)
@@ -60,9 +51,6 @@ def test_bad_records_are_dead_lettered_and_processing_goes_on(kafka, prefix, tmp
             assert worker.poll() is None, "the worker must survive bad input"
         wait_until(lambda: chdb_client.query(f"SELECT count() FROM {database}.dead_letters").result_rows[0][0] >= 7,
                    60, "dead letters from the worker and the sink in ClickHouse")
-    finally:
-        stop.set()
-        thread.join(30)
 
     reasons = sorted(r["reason"] for r in letters)
     assert len(letters) == 4, reasons

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from producers.publish_kafka import Publisher
 from producers.run_simulation import SimulationPlan, run_simulation
 from producers.simulate_fleet import IDLE, UNDERUTILIZED, build_fleet
 from schemas.topics import GPU_SAMPLES, WORKFLOW_WINDOWS
-from sinks.consume_to_clickhouse import ClickHouseSink
-from sinks.write_clickhouse import ClickHouseWriter
-from tests.integration.helpers import CODEC, read_topic, wait_until, worker_process
+from tests.integration.helpers import CODEC, read_topic, running_sink, wait_until, worker_process
 from tests.unit.samples import BASE_MS, assert_window_matches, expected_windows
 
 WINDOWS = 3
@@ -21,15 +17,8 @@ TICKS = WINDOWS * 60 + 15  # 15 s more: the watermark (max - 10 s) passes the th
 
 @pytest.fixture
 def sink(kafka, prefix, chdb_client, database):
-    writer = ClickHouseWriter(chdb_client, database)
-    sink = ClickHouseSink(kafka.bootstrap, writer, group_id=f"{prefix}sink", topic_prefix=prefix,
-                          batch_wait_s=0.3)
-    stop = threading.Event()
-    thread = threading.Thread(target=sink.run, args=(stop,), daemon=True)
-    thread.start()
-    yield sink
-    stop.set()
-    thread.join(30)
+    with running_sink(kafka.bootstrap, prefix, chdb_client, database) as sink:
+        yield sink
 
 
 def q(sink, sql):

@@ -3,17 +3,13 @@ Kafka and ClickHouse equals what `gpufleet analyze` prints for the same file."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from gpufleet.analyze import analyze_file, analyze_file_with_findings
 from producers.publish_kafka import Publisher
 from producers.publish_trace import publish_trace
 from schemas.topics import DEAD_LETTERS, FINDINGS, TRACE_ANALYSES
-from sinks.consume_to_clickhouse import ClickHouseSink
-from sinks.write_clickhouse import ClickHouseWriter
-from tests.integration.helpers import CODEC, read_topic, wait_until, worker_process
+from tests.integration.helpers import CODEC, read_topic, running_sink, wait_until, worker_process
 from tests.unit.traces import SHARED_TRACES, kernel, write_trace
 
 RESNET = SHARED_TRACES / "resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz"
@@ -42,12 +38,7 @@ def test_streamed_analysis_equals_the_offline_one(kafka, prefix, tmp_path, chdb_
     assert publisher.failed == 0, publisher.last_error
     assert [e["partial"] for e in ends] == [False, True, True]
 
-    stop = threading.Event()
-    sink = ClickHouseSink(kafka.bootstrap, ClickHouseWriter(chdb_client, database),
-                          group_id=f"{prefix}sink", topic_prefix=prefix, batch_wait_s=0.3)
-    thread = threading.Thread(target=sink.run, args=(stop,), daemon=True)
-    thread.start()
-    try:
+    with running_sink(kafka.bootstrap, prefix, chdb_client, database):
         with worker_process(kafka.bootstrap, prefix, tmp_path, f"{prefix}worker") as worker:
             streamed = wait_until(analyses(kafka, prefix, 3), 120, "three trace analyses")
             assert worker.poll() is None
@@ -59,9 +50,6 @@ def test_streamed_analysis_equals_the_offline_one(kafka, prefix, tmp_path, chdb_
             f"SELECT count() FROM {database}.findings FINAL WHERE trace_id = %(t)s",
             parameters={"t": ends[0]["trace_id"]}).result_rows[0][0] == len(offline_findings), 60,
             "the findings in ClickHouse")
-    finally:
-        stop.set()
-        thread.join(30)
 
     for path, end in zip((RESNET, damaged), ends):
         offline = analyze_file(path, workflow_id="wf-trace")
