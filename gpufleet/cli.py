@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 DEFAULT_DATA_DIR = Path(os.environ.get("GPUFLEET_DATA_DIR", "data"))
@@ -169,6 +170,60 @@ def cmd_sql(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_agent(args: argparse.Namespace) -> int:
+    import socket
+
+    from producers.attribute_process import AttributionKeys, ProcessAttributor
+    from producers.forward_spool import Forwarder
+    from producers.host_agent import AgentSettings, HostAgent, SimulatedGpus, run_agent
+    from producers.sample_nvml import NvmlSampler, NvmlUnavailable
+    from producers.simulate_fleet import build_fleet
+    from producers.spool import Spool
+    from schemas.admin import ensure_topics
+    from schemas.codec import Codec
+
+    bootstrap = _resolve_bootstrap(args)
+    host = args.host or socket.gethostname()
+    settings = AgentSettings(host=host, interval_s=args.interval, heartbeat_s=args.heartbeat_s,
+                             topic_prefix=args.topic_prefix)
+    nvml = simulated = None
+    if args.source == "nvml":
+        nvml = NvmlSampler()
+        try:
+            devices = nvml.open()
+        except NvmlUnavailable as exc:
+            sys.exit(str(exc))
+        print(f"sampling {len(devices)} GPU device(s) through NVML every {args.interval:g}s as host {host}")
+    else:
+        fleet = build_fleet(args.seed, args.hosts, args.gpus_per_host, args.workflows)
+        host = args.host or "gpu-host-000"
+        settings = AgentSettings(host=host, interval_s=args.interval, heartbeat_s=args.heartbeat_s,
+                                 topic_prefix=args.topic_prefix)
+        simulated = SimulatedGpus(fleet, host, int(time.time() * 1000))
+        print(f"simulating host {host} of a {args.hosts}-host fleet every {args.interval:g}s")
+    try:
+        ensure_topics(bootstrap, prefix=args.topic_prefix)
+    except Exception as exc:  # noqa: BLE001 - the agent must start (and spool) while the broker is away
+        print(f"could not check the topics ({exc}); spooling until the broker answers")
+    keys = AttributionKeys(
+        workflow=tuple(args.workflow_keys.split(",")), owner=tuple(args.owner_keys.split(",")),
+        team=tuple(args.team_keys.split(",")),
+    )
+    spool = Spool(args.spool_dir or args.data_dir / "agent-spool", max_bytes=args.spool_max_mb << 20)
+    agent = HostAgent(settings, spool, Codec(), nvml=nvml, simulated=simulated, attributor=ProcessAttributor(keys))
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        run_agent(agent, Forwarder(spool, bootstrap), stop)
+    finally:
+        if nvml is not None:
+            nvml.close()
+    print(f"agent stopped after {agent.ticks} ticks, {agent.samples} GPU samples; "
+          f"{spool.dropped} dropped by a full spool")
+    return 0
+
+
 def cmd_ingest_trace(args: argparse.Namespace) -> int:
     from producers.publish_kafka import Publisher
     from producers.publish_trace import publish_trace
@@ -251,6 +306,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the TraceAnalysis records as JSON")
     p.add_argument("--workflow", default="", help="workflow id to put in the records")
     p.set_defaults(func=cmd_analyze)
+
+    p = sub.add_parser("agent", help="the host agent: sample GPUs (NVML or simulated) and publish to Kafka")
+    _bootstrap_arg(p)
+    p.add_argument("--source", choices=["nvml", "sim"], default="nvml")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
+    p.add_argument("--host", default=None, help="host name to report (default: this machine's)")
+    p.add_argument("--heartbeat-s", type=float, default=60.0, help="seconds between workflow heartbeats")
+    p.add_argument("--workflow-keys", default="GPUFLEET_WORKFLOW_ID,SLURM_JOB_ID,TORCHELASTIC_RUN_ID",
+                   help="environment variables naming a process's workflow, first found wins")
+    p.add_argument("--owner-keys", default="GPUFLEET_OWNER,SLURM_JOB_USER,USER")
+    p.add_argument("--team-keys", default="GPUFLEET_TEAM,SLURM_JOB_ACCOUNT")
+    p.add_argument("--spool-dir", type=Path, default=None, help="default: <data dir>/agent-spool")
+    p.add_argument("--spool-max-mb", type=int, default=256)
+    _fleet_args(p)
+    p.set_defaults(func=cmd_agent)
 
     p = sub.add_parser("ingest-trace", help="publish trace files to Kafka for the worker to analyse")
     _bootstrap_arg(p)

@@ -205,8 +205,13 @@ def start(
     libs = ensure_jars()
     java = java_executable()
     data_dir.mkdir(parents=True, exist_ok=True)
-    port = port or free_port()
-    controller_port = free_port()
+    # A restarted broker keeps its ports: clients reconnect to the same address, and the
+    # controller quorum keeps its endpoint.
+    ports_file = data_dir / "ports.json"
+    previous = json.loads(ports_file.read_text()) if ports_file.exists() else {}
+    port = port or previous.get("port") or free_port()
+    controller_port = previous.get("controller_port") or free_port()
+    ports_file.write_text(json.dumps({"port": port, "controller_port": controller_port}))
     config = data_dir / "server.properties"
     config.write_text(_server_properties(data_dir, port, controller_port, partitions))
     log_file = data_dir / "broker.log"

@@ -27,6 +27,14 @@ GPU_SAMPLES = TopicSpec(
     "gpufleet.gpu-samples.v1", "GpuSample", "workflow_id", 8,
     doc="Host agents' GPU samples; keyed by workflow so a workflow's samples stay in order.",
 )
+HOST_SAMPLES = TopicSpec(
+    "gpufleet.host-samples.v1", "HostSample", "host", 8,
+    doc="Host agents' whole-system metrics per tick, with each workflow's CPU and memory.",
+)
+WORKFLOW_EVENTS = TopicSpec(
+    "gpufleet.workflow-events.v1", "WorkflowEvent", "workflow_id", 8, compacted=True,
+    doc="Workflow life cycle seen by host agents; compacted, so it holds each workflow's latest state.",
+)
 WORKFLOW_WINDOWS = TopicSpec(
     "gpufleet.workflow-windows.v1", "WorkflowWindow", "workflow_id", 8,
     doc="One record per workflow and closed event-time window.",
@@ -54,7 +62,8 @@ FINDINGS = TopicSpec(
 )
 
 ALL_TOPICS: tuple[TopicSpec, ...] = (
-    GPU_SAMPLES, WORKFLOW_WINDOWS, ALERTS, DEAD_LETTERS, KERNEL_EVENTS, TRACE_ANALYSES, FINDINGS,
+    GPU_SAMPLES, HOST_SAMPLES, WORKFLOW_EVENTS, WORKFLOW_WINDOWS, ALERTS, DEAD_LETTERS, KERNEL_EVENTS,
+    TRACE_ANALYSES, FINDINGS,
 )
 
 

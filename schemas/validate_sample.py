@@ -39,4 +39,7 @@ def validate_sample(r: dict) -> str | None:
     power = r.get("power_watts")
     if power is not None and not power >= 0.0:
         return f"power_watts {power} is negative"
+    share = r.get("share")
+    if share is not None and not 0.0 < share <= 1.0:
+        return f"share {share} is outside (0, 1]"
     return None

@@ -28,15 +28,45 @@ class Table:
     columns: tuple[str, ...]  # filled from the record's fields of the same name, in this order
     ddl: str  # {db} and {name} are filled in
     prepare: Callable[[dict], dict] | None = None  # record -> row, where a field needs reshaping
+    # Columns added after the table was first created: (name, type), applied idempotently.
+    added_columns: tuple[tuple[str, str], ...] = ()
 
 
 KAFKA_COLUMNS = ("kafka_partition", "kafka_offset")
+
+# GpuSample v2: the host agent's NVML fields.
+GPU_SAMPLE_V2_COLUMNS = (
+    ("share", "Nullable(Float32)"),
+    ("process_count", "Nullable(UInt16)"),
+    ("process_memory_bytes", "Nullable(UInt64) CODEC(ZSTD)"),
+    ("process_sm_util_pct", "Nullable(Float32) CODEC(ZSTD)"),
+    ("power_limit_watts", "Nullable(Float32) CODEC(ZSTD)"),
+    ("energy_joules_total", "Nullable(Float64) CODEC(Gorilla, ZSTD)"),
+    ("sm_clock_max_mhz", "Nullable(UInt32) CODEC(ZSTD)"),
+    ("mem_clock_mhz", "Nullable(UInt32) CODEC(ZSTD)"),
+    ("mem_clock_max_mhz", "Nullable(UInt32) CODEC(ZSTD)"),
+    ("clock_event_reasons", "Nullable(UInt64) CODEC(ZSTD)"),
+    ("pcie_tx_bytes_per_s", "Nullable(UInt64) CODEC(ZSTD)"),
+    ("pcie_rx_bytes_per_s", "Nullable(UInt64) CODEC(ZSTD)"),
+    ("ecc_uncorrected_volatile", "Nullable(UInt64) CODEC(ZSTD)"),
+    ("remapped_rows_uncorrectable", "Nullable(UInt32) CODEC(ZSTD)"),
+    ("remapped_rows_pending", "Nullable(Bool)"),
+    ("sm_active_pct", "Nullable(Float32) CODEC(ZSTD)"),
+    ("sm_occupancy_pct", "Nullable(Float32) CODEC(ZSTD)"),
+    ("tensor_active_pct", "Nullable(Float32) CODEC(ZSTD)"),
+    ("dram_bw_pct", "Nullable(Float32) CODEC(ZSTD)"),
+    ("parent_gpu_uuid", "LowCardinality(Nullable(String))"),
+    ("mig_gi_id", "Nullable(UInt16)"),
+    ("mig_ci_id", "Nullable(UInt16)"),
+    ("xids", "Array(UInt32)"),
+)
 
 GPU_SAMPLES_TABLE = Table(
     "gpu_samples", GPU_SAMPLES,
     ("event_time", "interval_ms", "host", "gpu_index", "gpu_uuid", "gpu_model", "workflow_id",
      "owner", "team", "utilization_pct", "memory_utilization_pct", "memory_used_bytes",
-     "memory_total_bytes", "power_watts", "temperature_c", "sm_clock_mhz"),
+     "memory_total_bytes", "power_watts", "temperature_c", "sm_clock_mhz",
+     *(name for name, _ in GPU_SAMPLE_V2_COLUMNS)),
     """
     CREATE TABLE IF NOT EXISTS {db}.{name} (
         event_time DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD),
@@ -65,6 +95,8 @@ GPU_SAMPLES_TABLE = Table(
     -- TTL on ingest time, not event time: an event-time TTL silently drops backfilled rows.
     TTL ingested_at + INTERVAL 90 DAY
     """,
+    prepare=lambda r: r if r.get("xids") is not None else {**r, "xids": []},
+    added_columns=GPU_SAMPLE_V2_COLUMNS,
 )
 
 WORKFLOW_WINDOWS_TABLE = Table(
@@ -237,6 +269,10 @@ TABLES: tuple[Table, ...] = (
 
 
 def create_statements(database: str) -> list[str]:
-    return [f"CREATE DATABASE IF NOT EXISTS {database}"] + [
-        t.ddl.format(db=database, name=t.name).strip() for t in TABLES
-    ]
+    """Everything to run, in order, to bring ``database`` to the current tables (idempotent)."""
+    statements = [f"CREATE DATABASE IF NOT EXISTS {database}"]
+    for t in TABLES:
+        statements.append(t.ddl.format(db=database, name=t.name).strip())
+        statements += [f"ALTER TABLE {database}.{t.name} ADD COLUMN IF NOT EXISTS {c} {typ}"
+                       for c, typ in t.added_columns]
+    return statements

@@ -65,7 +65,9 @@ def _new_acc() -> dict:
 
 
 def _add(acc: dict, r: Record) -> None:
-    interval = r["interval_ms"]
+    # A GPU shared by several workflows counts for each in proportion to its share.
+    share = r.get("share")
+    interval = r["interval_ms"] if share is None else r["interval_ms"] * share
     util = r["utilization_pct"]
     acc["n"] += 1
     acc["gpus"][r["gpu_uuid"]] = 1

@@ -56,9 +56,11 @@ def expected_windows(samples, size_ms: int = 60_000) -> dict[tuple[str, int], di
         groups.setdefault((s["workflow_id"], start), []).append(s)
     out = {}
     for (wf, start), rows in groups.items():
-        seconds = sum(r["interval_ms"] for r in rows) / 1000
+        def weighted_ms(r):
+            return r["interval_ms"] * (1.0 if r.get("share") is None else r["share"])
+        seconds = sum(weighted_ms(r) for r in rows) / 1000
         mem = [r["memory_used_bytes"] for r in rows if r["memory_used_bytes"] is not None]
-        power = [(r["power_watts"], r["interval_ms"]) for r in rows if r["power_watts"] is not None]
+        power = [(r["power_watts"], weighted_ms(r)) for r in rows if r["power_watts"] is not None]
         out[(wf, start)] = {
             "workflow_id": wf,
             "window_start": start,
@@ -66,7 +68,7 @@ def expected_windows(samples, size_ms: int = 60_000) -> dict[tuple[str, int], di
             "sample_count": len(rows),
             "gpu_count": len({r["gpu_uuid"] for r in rows}),
             "gpu_seconds": seconds,
-            "utilization_mean_pct": sum(r["utilization_pct"] * r["interval_ms"] for r in rows) / 1000 / seconds,
+            "utilization_mean_pct": sum(r["utilization_pct"] * weighted_ms(r) for r in rows) / 1000 / seconds,
             "utilization_min_pct": min(r["utilization_pct"] for r in rows),
             "utilization_max_pct": max(r["utilization_pct"] for r in rows),
             "memory_used_mean_bytes": sum(mem) / len(mem) if mem else None,

@@ -1,7 +1,9 @@
+import io
 import json
 import shutil
 import struct
 
+import fastavro
 import pytest
 
 from schemas.codec import SCHEMA_DIR, Codec, CodecError, load_catalog
@@ -23,8 +25,10 @@ def test_round_trip_keeps_every_field(codec):
     s = sample(memory_used_bytes=None, power_watts=None)
     name, back = codec.decode(codec.encode("GpuSample", s))
     assert name == "GpuSample"
-    assert back == pytest.approx(s)  # floats travel as Avro float (32 bit)
+    assert {k: back[k] for k in s} == pytest.approx(s)  # floats travel as Avro float (32 bit)
     assert back["event_time"] == s["event_time"] and isinstance(back["event_time"], int)
+    # Fields the record did not set take their defaults.
+    assert back["share"] is None and back["xids"] == []
 
 
 def test_wire_header_is_magic_zero_and_big_endian_schema_id(codec):
@@ -51,7 +55,7 @@ def test_malformed_messages_say_why(codec, data, reason):
 
 def test_truncated_and_padded_payloads_are_rejected(codec):
     data = codec.encode("GpuSample", sample())
-    with pytest.raises(CodecError, match="corrupt GpuSample v1"):
+    with pytest.raises(CodecError, match="corrupt GpuSample v2"):
         codec.decode(data[:-7])
     with pytest.raises(CodecError, match="trailing bytes"):
         codec.decode(data + b"\x00\x01")
@@ -74,20 +78,28 @@ def test_decode_many_splits_good_from_bad(codec):
 
 
 def test_old_versions_decode_into_the_newest_reader_schema(tmp_path):
-    """A v2 of GpuSample (new id, new field with a default) still reads v1 records."""
+    """A v3 of GpuSample (new id, new field with a default) still reads v1 and v2 records."""
     for f in SCHEMA_DIR.glob("*.avsc"):
         shutil.copy(f, tmp_path)
     catalog = json.loads((SCHEMA_DIR / "catalog.json").read_text())
-    v2 = json.loads((SCHEMA_DIR / "gpu_sample.v1.avsc").read_text())
-    v2["fields"].append({"name": "rack", "type": ["null", "string"], "default": None})
-    (tmp_path / "gpu_sample.v2.avsc").write_text(json.dumps(v2))
-    catalog["schemas"].append({"id": 99, "name": "GpuSample", "version": 2, "file": "gpu_sample.v2.avsc"})
+    v3 = json.loads((SCHEMA_DIR / "gpu_sample.v2.avsc").read_text())
+    v3["fields"].append({"name": "rack", "type": ["null", "string"], "default": None})
+    (tmp_path / "gpu_sample.v3.avsc").write_text(json.dumps(v3))
+    catalog["schemas"].append({"id": 99, "name": "GpuSample", "version": 3, "file": "gpu_sample.v3.avsc"})
     (tmp_path / "catalog.json").write_text(json.dumps(catalog))
 
     old, new = Codec(), Codec(tmp_path)
-    v1_bytes = old.encode("GpuSample", sample())
-    name, record = new.decode(v1_bytes)
-    assert name == "GpuSample" and record["rack"] is None
+    v2_bytes = old.encode("GpuSample", {**sample(), "share": 0.5})
+    name, record = new.decode(v2_bytes)
+    assert name == "GpuSample" and record["rack"] is None and record["share"] == 0.5
+    v1_id = next(v.id for v in load_catalog() if v.name == "GpuSample" and v.version == 1)
+    v1 = next(v for v in load_catalog() if v.id == v1_id)
+    buf = io.BytesIO()
+    buf.write(struct.pack(">bI", 0, v1_id))
+    fastavro.schemaless_writer(buf, v1.parsed, sample())
+    _, from_v1 = new.decode(buf.getvalue())
+    assert from_v1["rack"] is None and from_v1["share"] is None and from_v1["xids"] == []
+    assert from_v1["utilization_pct"] == 50.0
     assert new.schema_id("GpuSample") == 99
     assert struct.unpack(">bI", new.encode("GpuSample", {**sample(), "rack": "r1"})[:5])[1] == 99
 

@@ -24,6 +24,7 @@ def test_a_good_sample_passes():
         ({"memory_used_bytes": -1}, "negative"),
         ({"memory_used_bytes": 100, "memory_total_bytes": 10}, "exceeds memory_total_bytes"),
         ({"power_watts": -3.0}, "power_watts -3.0 is negative"),
+        ({"share": 0.0}, "share 0.0 is outside (0, 1]"),
     ],
 )
 def test_impossible_values_are_named(overrides, words):

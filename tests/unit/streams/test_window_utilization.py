@@ -135,3 +135,20 @@ def test_changed_and_removed_keys_are_reported_for_the_changelog():
 def test_invalid_config_is_refused():
     with pytest.raises(ValueError):
         WindowConfig(size_ms=0)
+
+
+def test_shared_gpus_count_for_each_workflow_by_its_share():
+    agg = WindowAggregator(CFG, {})
+    samples = []
+    for t in range(75):
+        samples.append(sample(workflow_id="wf-a", event_time=BASE_MS + t * 1000, share=0.75, utilization_pct=80.0))
+        samples.append(sample(workflow_id="wf-b", event_time=BASE_MS + t * 1000, share=0.25, utilization_pct=80.0))
+    r = feed(agg, 0, samples)
+    by_wf = {w["workflow_id"]: w for w in r.closed}
+    assert len(r.closed) == 2  # window 0 of each; window 1 is still open
+    assert by_wf["wf-a"]["gpu_seconds"] == pytest.approx(45.0)
+    assert by_wf["wf-b"]["gpu_seconds"] == pytest.approx(15.0)
+    assert by_wf["wf-a"]["utilization_mean_pct"] == pytest.approx(80.0)
+    expected = expected_windows([x for x in samples if x["event_time"] < BASE_MS + 60_000])
+    for w in r.closed:
+        assert_window_matches(w, expected[(w["workflow_id"], w["window_start"])])

@@ -1,0 +1,117 @@
+"""Maps a GPU process to the workflow it belongs to, from ``/proc/<pid>/environ`` and ``cgroup``.
+
+First the configured environment keys (``GPUFLEET_WORKFLOW_ID``, ``SLURM_JOB_ID``,
+``TORCHELASTIC_RUN_ID`` by default, in that order), then the cgroup path: a Slurm job
+(``/job_<id>/``) or a Kubernetes pod (``pod<uid>``). Owner and team come from configurable
+environment keys too. What cannot be attributed is the workflow ``unattributed``.
+Results are cached per process (pid and start time, so a reused pid is looked up again).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+UNATTRIBUTED = "unattributed"
+IDLE = "idle"  # GPUs no process holds: capacity that is allocated to nobody
+
+SLURM_CGROUP = re.compile(r"/job_(\d+)(?:/|$)")
+K8S_CGROUP = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+FRAMEWORK_KEYS = (  # environment variables that official containers set
+    ("PYTORCH_VERSION", "pytorch"), ("NVIDIA_PYTORCH_VERSION", "pytorch"),
+    ("TENSORFLOW_VERSION", "tensorflow"), ("JAX_VERSION", "jax"),
+)
+
+
+@dataclass(frozen=True)
+class AttributionKeys:
+    workflow: tuple[str, ...] = ("GPUFLEET_WORKFLOW_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
+    owner: tuple[str, ...] = ("GPUFLEET_OWNER", "SLURM_JOB_USER", "USER")
+    team: tuple[str, ...] = ("GPUFLEET_TEAM", "SLURM_JOB_ACCOUNT")
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    pid: int
+    workflow_id: str
+    owner: str | None = None
+    team: str | None = None
+    scheduler_job_id: str | None = None
+    cmdline: str | None = None
+    framework: str | None = None
+    framework_version: str | None = None
+    source: str = "none"  # how the workflow was found: env:<KEY>, slurm-cgroup, k8s-cgroup, none
+
+
+class ProcessAttributor:
+    def __init__(self, keys: AttributionKeys = AttributionKeys(), proc: Path = Path("/proc")) -> None:
+        self.keys = keys
+        self.proc = proc
+        self._cache: dict[tuple[int, str], ProcessInfo] = {}
+
+    def attribute(self, pid: int) -> ProcessInfo:
+        start = self._start_time(pid)
+        key = (pid, start)
+        info = self._cache.get(key)
+        if info is None:
+            info = self._cache[key] = self._lookup(pid)
+        return info
+
+    def forget_except(self, live_pids: set[int]) -> None:
+        """Drop cache entries of processes that are gone."""
+        self._cache = {k: v for k, v in self._cache.items() if k[0] in live_pids}
+
+    def _lookup(self, pid: int) -> ProcessInfo:
+        env = self._environ(pid)
+        cgroup = self._read(pid, "cgroup")
+        cmdline = self._read(pid, "cmdline").replace("\0", " ").strip() or None
+        owner = _first(env, self.keys.owner)
+        team = _first(env, self.keys.team)
+        framework = version = None
+        for key, name in FRAMEWORK_KEYS:
+            if env.get(key):
+                framework, version = name, env[key]
+                break
+        job = env.get("SLURM_JOB_ID")
+        common = {"owner": owner, "team": team, "cmdline": cmdline, "framework": framework,
+                  "framework_version": version}
+        for k in self.keys.workflow:
+            if env.get(k):
+                # A Slurm job is "slurm-<id>" whether its id comes from the environment or the cgroup.
+                workflow = f"slurm-{env[k]}" if k == "SLURM_JOB_ID" else env[k]
+                return ProcessInfo(pid, workflow, scheduler_job_id=job, source=f"env:{k}", **common)
+        m = SLURM_CGROUP.search(cgroup)
+        if m:
+            return ProcessInfo(pid, f"slurm-{m.group(1)}", scheduler_job_id=m.group(1), source="slurm-cgroup", **common)
+        m = K8S_CGROUP.search(cgroup)
+        if m:
+            uid = m.group(1).replace("_", "-")
+            return ProcessInfo(pid, f"k8s-pod-{uid}", scheduler_job_id=uid, source="k8s-cgroup", **common)
+        return ProcessInfo(pid, UNATTRIBUTED, scheduler_job_id=job, **common)
+
+    def _read(self, pid: int, name: str) -> str:
+        try:
+            return (self.proc / str(pid) / name).read_bytes().decode(errors="replace")
+        except OSError:  # gone, or not ours to read (another user's process)
+            return ""
+
+    def _environ(self, pid: int) -> dict[str, str]:
+        env = {}
+        for item in self._read(pid, "environ").split("\0"):
+            k, sep, v = item.partition("=")
+            if sep:
+                env[k] = v
+        return env
+
+    def _start_time(self, pid: int) -> str:
+        stat = self._read(pid, "stat")
+        fields = stat.rpartition(")")[2].split()
+        return fields[19] if len(fields) > 19 else ""
+
+
+def _first(env: dict[str, str], keys: tuple[str, ...]) -> str | None:
+    for k in keys:
+        if env.get(k):
+            return env[k]
+    return None

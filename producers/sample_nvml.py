@@ -1,0 +1,313 @@
+"""Samples every NVIDIA GPU (and MIG instance) of the host through NVML -> ``GpuReading``s.
+
+The only module that touches ``pynvml`` (package ``nvidia-ml-py``); tests hand it a fake
+module with the same functions. A call that fails for one GPU is logged once per GPU and
+kind, its field is None, and the loop goes on. Per tick and device: utilisation, memory,
+power and its limit, the energy counter, temperature, SM and memory clocks and their
+maxima, clock-event (throttle) reasons, PCIe throughput, ECC and remapped-row counters,
+XID events (from an NVML event set, polled without blocking), running compute processes
+with their memory and SM/memory utilisation, and on GPM-capable GPUs (Hopper and newer)
+SM activity, SM occupancy, tensor activity and DRAM bandwidth from two GPM samples.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+NO_DRIVER = "no NVIDIA driver found; use --source sim"
+
+
+class NvmlUnavailable(RuntimeError):
+    """NVML cannot be used on this host (no library, no driver)."""
+
+
+@dataclass
+class GpuProcess:
+    pid: int
+    used_memory_bytes: int | None = None
+    sm_util_pct: float | None = None
+    mem_util_pct: float | None = None
+
+
+@dataclass
+class GpuReading:
+    index: int
+    uuid: str
+    name: str
+    parent_uuid: str | None = None  # set for MIG instances
+    mig_gi_id: int | None = None
+    mig_ci_id: int | None = None
+    utilization_pct: float | None = None
+    memory_utilization_pct: float | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    energy_joules_total: float | None = None
+    temperature_c: float | None = None
+    sm_clock_mhz: int | None = None
+    sm_clock_max_mhz: int | None = None
+    mem_clock_mhz: int | None = None
+    mem_clock_max_mhz: int | None = None
+    clock_event_reasons: int | None = None
+    pcie_tx_bytes_per_s: int | None = None
+    pcie_rx_bytes_per_s: int | None = None
+    ecc_uncorrected_volatile: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    remapped_rows_pending: bool | None = None
+    sm_active_pct: float | None = None
+    sm_occupancy_pct: float | None = None
+    tensor_active_pct: float | None = None
+    dram_bw_pct: float | None = None
+    xids: list[int] = field(default_factory=list)
+    processes: list[GpuProcess] = field(default_factory=list)
+
+
+@dataclass
+class _Device:
+    handle: Any
+    index: int
+    uuid: str
+    name: str
+    parent_uuid: str | None = None
+    mig_gi_id: int | None = None
+    mig_ci_id: int | None = None
+    gpm_samples: list[Any] | None = None  # [previous, current] when GPM is supported
+    gpm_primed: bool = False
+    last_process_ts: int = 0
+
+
+class NvmlSampler:
+    def __init__(self, nvml: ModuleType | None = None, gpm: bool = True) -> None:
+        self.nvml = nvml
+        self.gpm = gpm
+        self.devices: list[_Device] = []
+        self._events: Any = None
+        self._failed: set[tuple[str, str]] = set()
+        self._by_handle: dict[int, _Device] = {}
+
+    # -- life cycle ------------------------------------------------------------------------
+    def open(self) -> list[_Device]:
+        if self.nvml is None:
+            try:
+                self.nvml = importlib.import_module("pynvml")
+            except ImportError as exc:
+                raise NvmlUnavailable(f"{NO_DRIVER} (nvidia-ml-py is not installed)") from exc
+        n = self.nvml
+        try:
+            n.nvmlInit()
+        except n.NVMLError as exc:
+            raise NvmlUnavailable(f"{NO_DRIVER} ({exc})") from exc
+        for i in range(n.nvmlDeviceGetCount()):
+            handle = n.nvmlDeviceGetHandleByIndex(i)
+            device = _Device(handle, i, _text(n.nvmlDeviceGetUUID(handle)), _text(n.nvmlDeviceGetName(handle)))
+            migs = self._mig_devices(device)
+            self.devices.extend(migs or [device])
+        for d in self.devices:
+            self._by_handle[_key(d.handle)] = d
+            if self.gpm:
+                self._open_gpm(d)
+        self._open_events()
+        return self.devices
+
+    def close(self) -> None:
+        n = self.nvml
+        if n is None:
+            return
+        for d in self.devices:
+            for s in d.gpm_samples or []:
+                self._try(d, "gpm", lambda s=s: n.nvmlGpmSampleFree(s))
+        if self._events is not None:
+            self._try(None, "events", lambda: n.nvmlEventSetFree(self._events))
+        try:
+            n.nvmlShutdown()
+        except n.NVMLError as exc:
+            log.warning("NVML shutdown failed: %s", exc)
+
+    def _mig_devices(self, parent: _Device) -> list[_Device]:
+        n = self.nvml
+        mode = self._try(parent, "mig", lambda: n.nvmlDeviceGetMigMode(parent.handle))
+        if not mode or not mode[0]:
+            return []
+        count = self._try(parent, "mig", lambda: n.nvmlDeviceGetMaxMigDeviceCount(parent.handle)) or 0
+        out = []
+        for j in range(count):
+            try:
+                h = n.nvmlDeviceGetMigDeviceHandleByIndex(parent.handle, j)
+            except n.NVMLError_NotFound:
+                continue
+            except n.NVMLError as exc:
+                self._fail(parent, "mig", exc)
+                continue
+            out.append(_Device(
+                h, parent.index, _text(n.nvmlDeviceGetUUID(h)), _text(n.nvmlDeviceGetName(h)),
+                parent_uuid=parent.uuid,
+                mig_gi_id=self._try(parent, "mig", lambda h=h: n.nvmlDeviceGetGpuInstanceId(h)),
+                mig_ci_id=self._try(parent, "mig", lambda h=h: n.nvmlDeviceGetComputeInstanceId(h)),
+            ))
+        return out
+
+    def _open_gpm(self, d: _Device) -> None:
+        n = self.nvml
+        support = self._try(d, "gpm", lambda: n.nvmlGpmQueryDeviceSupport(d.handle), quiet=True)
+        if support is not None and getattr(support, "isSupportedDevice", 0):
+            d.gpm_samples = [n.nvmlGpmSampleAlloc(), n.nvmlGpmSampleAlloc()]
+
+    def _open_events(self) -> None:
+        n = self.nvml
+        events = self._try(None, "events", n.nvmlEventSetCreate)
+        if events is None:
+            return
+        registered = False
+        for d in self.devices:
+            if d.parent_uuid is not None:
+                continue  # XIDs are reported on the physical GPU
+            try:
+                n.nvmlDeviceRegisterEvents(d.handle, n.nvmlEventTypeXidCriticalError, events)
+                registered = True
+            except n.NVMLError as exc:
+                self._fail(d, "xid", exc)
+        self._events = events if registered else None
+
+    # -- sampling ----------------------------------------------------------------------------
+    def tick(self) -> list[GpuReading]:
+        """One reading per device (MIG instances are devices of their own)."""
+        xids = self._drain_xids()
+        return [self._read(d, xids.get(d.uuid, [])) for d in self.devices]
+
+    def _read(self, d: _Device, xids: list[int]) -> GpuReading:
+        n, h = self.nvml, d.handle
+        r = GpuReading(d.index, d.uuid, d.name, d.parent_uuid, d.mig_gi_id, d.mig_ci_id, xids=xids)
+        util = self._try(d, "utilization", lambda: n.nvmlDeviceGetUtilizationRates(h))
+        if util is not None:
+            r.utilization_pct, r.memory_utilization_pct = float(util.gpu), float(util.memory)
+        mem = self._try(d, "memory", lambda: n.nvmlDeviceGetMemoryInfo(h))
+        if mem is not None:
+            r.memory_used_bytes, r.memory_total_bytes = int(mem.used), int(mem.total)
+        r.power_watts = _scale(self._try(d, "power", lambda: n.nvmlDeviceGetPowerUsage(h)), 1e-3)
+        r.power_limit_watts = _scale(self._try(d, "power_limit", lambda: n.nvmlDeviceGetEnforcedPowerLimit(h)), 1e-3)
+        r.energy_joules_total = _scale(self._try(d, "energy", lambda: n.nvmlDeviceGetTotalEnergyConsumption(h)), 1e-3)
+        temp = self._try(d, "temperature", lambda: n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU))
+        r.temperature_c = None if temp is None else float(temp)
+        r.sm_clock_mhz = self._try(d, "clocks", lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM))
+        r.mem_clock_mhz = self._try(d, "clocks", lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM))
+        r.sm_clock_max_mhz = self._try(d, "max_clocks", lambda: n.nvmlDeviceGetMaxClockInfo(h, n.NVML_CLOCK_SM))
+        r.mem_clock_max_mhz = self._try(d, "max_clocks", lambda: n.nvmlDeviceGetMaxClockInfo(h, n.NVML_CLOCK_MEM))
+        r.clock_event_reasons = self._try(d, "clock_events", lambda: n.nvmlDeviceGetCurrentClocksEventReasons(h))
+        r.pcie_tx_bytes_per_s = _scale(self._try(d, "pcie", lambda: n.nvmlDeviceGetPcieThroughput(
+            h, n.NVML_PCIE_UTIL_TX_BYTES)), 1024, int)
+        r.pcie_rx_bytes_per_s = _scale(self._try(d, "pcie", lambda: n.nvmlDeviceGetPcieThroughput(
+            h, n.NVML_PCIE_UTIL_RX_BYTES)), 1024, int)
+        r.ecc_uncorrected_volatile = self._try(d, "ecc", lambda: n.nvmlDeviceGetTotalEccErrors(
+            h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC))
+        rows = self._try(d, "remapped_rows", lambda: n.nvmlDeviceGetRemappedRows(h))
+        if rows is not None:  # (correctable, uncorrectable, pending, failure)
+            r.remapped_rows_uncorrectable, r.remapped_rows_pending = int(rows[1]), bool(rows[2])
+        r.processes = self._processes(d)
+        self._gpm(d, r)
+        return r
+
+    def _processes(self, d: _Device) -> list[GpuProcess]:
+        n, h = self.nvml, d.handle
+        running = self._try(d, "processes", lambda: n.nvmlDeviceGetComputeRunningProcesses(h)) or []
+        procs = {p.pid: GpuProcess(p.pid, _memory(p.usedGpuMemory)) for p in running}
+        try:
+            samples = n.nvmlDeviceGetProcessUtilization(h, d.last_process_ts)
+        except n.NVMLError_NotFound:
+            samples = []  # no new samples since the last call: not an error
+        except n.NVMLError as exc:
+            self._fail(d, "process_utilization", exc)
+            samples = []
+        for s in samples:
+            d.last_process_ts = max(d.last_process_ts, int(s.timeStamp))
+            p = procs.setdefault(s.pid, GpuProcess(s.pid))
+            p.sm_util_pct, p.mem_util_pct = float(s.smUtil), float(s.memUtil)
+        return sorted(procs.values(), key=lambda p: p.pid)
+
+    def _gpm(self, d: _Device, r: GpuReading) -> None:
+        if not d.gpm_samples:
+            return
+        n = self.nvml
+        previous, current = d.gpm_samples
+        if self._try(d, "gpm", lambda: n.nvmlGpmSampleGet(d.handle, current)) is None:
+            return
+        if d.gpm_primed:
+            get = n.c_nvmlGpmMetricsGet_t()
+            get.version = n.NVML_GPM_METRICS_GET_VERSION
+            get.sample1, get.sample2 = previous, current
+            ids = (n.NVML_GPM_METRIC_SM_UTIL, n.NVML_GPM_METRIC_SM_OCCUPANCY,
+                   n.NVML_GPM_METRIC_ANY_TENSOR_UTIL, n.NVML_GPM_METRIC_DRAM_BW_UTIL)
+            get.numMetrics = len(ids)
+            for i, metric in enumerate(ids):
+                get.metrics[i].metricId = metric
+            got = self._try(d, "gpm", lambda: n.nvmlGpmMetricsGet(get))
+            if got is not None:
+                values = [m.value if m.nvmlReturn == 0 else None for m in list(got.metrics)[:len(ids)]]
+                r.sm_active_pct, r.sm_occupancy_pct, r.tensor_active_pct, r.dram_bw_pct = values
+        d.gpm_samples = [current, previous]
+        d.gpm_primed = True
+
+    def _drain_xids(self) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        if self._events is None:
+            return out
+        n = self.nvml
+        while True:
+            try:
+                data = n.nvmlEventSetWait_v2(self._events, 0)
+            except n.NVMLError_Timeout:
+                return out
+            except n.NVMLError as exc:
+                self._fail(None, "xid", exc)
+                return out
+            device = self._by_handle.get(_key(data.device))
+            uuid = device.uuid if device else "unknown"
+            out.setdefault(uuid, []).append(int(data.eventData))
+
+    # -- errors ---------------------------------------------------------------------------------
+    def _try(self, d: _Device | None, kind: str, fn: Callable[[], Any], quiet: bool = False) -> Any:
+        try:
+            return fn()
+        except self.nvml.NVMLError as exc:
+            if not quiet:
+                self._fail(d, kind, exc)
+            return None
+
+    def _fail(self, d: _Device | None, kind: str, exc: Exception) -> None:
+        key = (d.uuid if d else "-", kind)
+        if key not in self._failed:
+            self._failed.add(key)
+            log.warning("NVML %s failed on %s: %s (the field is left empty from now on)",
+                        kind, d.uuid if d else "the host", exc)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _key(handle: Any) -> Any:
+    """Identity of a device handle: its address for NVML's ctypes pointers (each call returns a
+    new pointer object), the handle itself otherwise."""
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (TypeError, ctypes.ArgumentError):
+        return handle
+
+
+def _scale(value: Any, factor: float, cast: Callable = float) -> Any:
+    return None if value is None else cast(value * factor)
+
+
+def _memory(value: Any) -> int | None:
+    # NVML reports "not available" (e.g. under some MIG or WDDM setups) as None or a huge sentinel.
+    if value is None or value >= 2**63:
+        return None
+    return int(value)

@@ -1,0 +1,201 @@
+"""A fake of the pynvml module for tests: the same functions, constants and exception classes,
+answering from GPUs described in Python. Only ``producers.sample_nvml`` talks to it."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import pynvml  # constants, error classes and ctypes structs only; the library is never loaded
+
+
+@dataclass
+class FakeProcess:
+    pid: int
+    used_memory: int | None = 1 << 30
+    sm_util: int | None = None  # None: no utilisation sample for this process
+    mem_util: int = 0
+
+
+@dataclass(eq=False)  # a handle: compared and hashed by identity, as NVML's are by address
+class FakeGpu:
+    uuid: str
+    name: str = "NVIDIA A100-SXM4-80GB"
+    util: int = 50
+    mem_util: int = 20
+    mem_used: int = 10 << 30
+    mem_total: int = 80 << 30
+    power_mw: int = 250_000
+    power_limit_mw: int = 400_000
+    energy_mj: int = 1_000_000
+    temp: int = 60
+    sm_clock: int = 1410
+    mem_clock: int = 1593
+    clock_events: int = 0
+    processes: list[FakeProcess] = field(default_factory=list)
+    gpm: dict | None = None  # {"sm": .., "occupancy": .., "tensor": .., "dram": ..} on GPM-capable GPUs
+    mig: list[FakeGpu] = field(default_factory=list)  # MIG instances, when MIG mode is on
+    gi_id: int | None = None
+    ci_id: int | None = None
+    failing: set[str] = field(default_factory=set)  # function names that raise NVMLError_Unknown
+
+
+class FakeNvml:
+    def __init__(self, gpus: list[FakeGpu], driver: bool = True) -> None:
+        self.gpus = gpus
+        self.driver = driver
+        self.calls: dict[str, int] = {}
+        self.xid_queue: list[tuple[FakeGpu, int]] = []
+        self.process_ts = 1000
+        self._gpm_samples: dict[int, dict] = {}
+        self._keep = []
+        for name in dir(pynvml):
+            if name.startswith(("NVML_", "NVMLError", "nvmlEventType")) or name == "c_nvmlGpmMetricsGet_t":
+                setattr(self, name, getattr(pynvml, name))
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _gpu(self, handle: FakeGpu, fn: str) -> FakeGpu:
+        self.calls[fn] = self.calls.get(fn, 0) + 1
+        if fn in handle.failing:
+            raise pynvml.NVMLError_Unknown()
+        return handle
+
+    # -- library -------------------------------------------------------------------------------
+    def nvmlInit(self):
+        if not self.driver:
+            raise pynvml.NVMLError_LibraryNotFound()
+
+    def nvmlShutdown(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return self.gpus[i]
+
+    def nvmlDeviceGetUUID(self, h):
+        return h.uuid
+
+    def nvmlDeviceGetName(self, h):
+        return h.name
+
+    # -- MIG -------------------------------------------------------------------------------------
+    def nvmlDeviceGetMigMode(self, h):
+        if "nvmlDeviceGetMigMode" in h.failing or not h.mig and h.gi_id is None and h.name.startswith("Tesla"):
+            raise pynvml.NVMLError_NotSupported()
+        return [1 if h.mig else 0, 1 if h.mig else 0]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h):
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h, j):
+        if j >= len(h.mig):
+            raise pynvml.NVMLError_NotFound()
+        return h.mig[j]
+
+    def nvmlDeviceGetGpuInstanceId(self, h):
+        return h.gi_id
+
+    def nvmlDeviceGetComputeInstanceId(self, h):
+        return h.ci_id
+
+    # -- readings ------------------------------------------------------------------------------
+    def nvmlDeviceGetUtilizationRates(self, h):
+        g = self._gpu(h, "nvmlDeviceGetUtilizationRates")
+        return SimpleNamespace(gpu=g.util, memory=g.mem_util)
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        g = self._gpu(h, "nvmlDeviceGetMemoryInfo")
+        return SimpleNamespace(used=g.mem_used, total=g.mem_total, free=g.mem_total - g.mem_used)
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return self._gpu(h, "nvmlDeviceGetPowerUsage").power_mw
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h):
+        return self._gpu(h, "nvmlDeviceGetEnforcedPowerLimit").power_limit_mw
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        return self._gpu(h, "nvmlDeviceGetTotalEnergyConsumption").energy_mj
+
+    def nvmlDeviceGetTemperature(self, h, sensor):
+        return self._gpu(h, "nvmlDeviceGetTemperature").temp
+
+    def nvmlDeviceGetClockInfo(self, h, clock):
+        g = self._gpu(h, "nvmlDeviceGetClockInfo")
+        return g.sm_clock if clock == pynvml.NVML_CLOCK_SM else g.mem_clock
+
+    def nvmlDeviceGetMaxClockInfo(self, h, clock):
+        self._gpu(h, "nvmlDeviceGetMaxClockInfo")
+        return 1410 if clock == pynvml.NVML_CLOCK_SM else 1593
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+        return self._gpu(h, "nvmlDeviceGetCurrentClocksEventReasons").clock_events
+
+    def nvmlDeviceGetPcieThroughput(self, h, counter):
+        self._gpu(h, "nvmlDeviceGetPcieThroughput")
+        return 1000 if counter == pynvml.NVML_PCIE_UTIL_TX_BYTES else 2000  # KB/s
+
+    def nvmlDeviceGetTotalEccErrors(self, h, error_type, counter_type):
+        self._gpu(h, "nvmlDeviceGetTotalEccErrors")
+        return 0
+
+    def nvmlDeviceGetRemappedRows(self, h):
+        self._gpu(h, "nvmlDeviceGetRemappedRows")
+        return (0, 0, 0, 0)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        g = self._gpu(h, "nvmlDeviceGetComputeRunningProcesses")
+        return [SimpleNamespace(pid=p.pid, usedGpuMemory=p.used_memory) for p in g.processes]
+
+    def nvmlDeviceGetProcessUtilization(self, h, last_seen):
+        g = self._gpu(h, "nvmlDeviceGetProcessUtilization")
+        samples = [SimpleNamespace(pid=p.pid, timeStamp=self.process_ts, smUtil=p.sm_util, memUtil=p.mem_util)
+                   for p in g.processes if p.sm_util is not None and self.process_ts > last_seen]
+        if not samples:
+            raise pynvml.NVMLError_NotFound()
+        return samples
+
+    # -- GPM -------------------------------------------------------------------------------------
+    def nvmlGpmQueryDeviceSupport(self, h):
+        return SimpleNamespace(isSupportedDevice=1 if h.gpm is not None else 0)
+
+    def nvmlGpmSampleAlloc(self):
+        struct = pynvml.struct_c_nvmlGpmSample_t()
+        self._keep.append(struct)
+        return ctypes.pointer(struct)
+
+    def nvmlGpmSampleFree(self, sample):
+        pass
+
+    def nvmlGpmSampleGet(self, h, sample):
+        self._gpm_samples[ctypes.addressof(sample.contents)] = dict(h.gpm)
+        return sample
+
+    def nvmlGpmMetricsGet(self, get):
+        second = self._gpm_samples[ctypes.addressof(get.sample2.contents)]
+        assert ctypes.addressof(get.sample1.contents) in self._gpm_samples, "GPM needs two samples"
+        values = {pynvml.NVML_GPM_METRIC_SM_UTIL: second["sm"], pynvml.NVML_GPM_METRIC_SM_OCCUPANCY: second["occupancy"],
+                  pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: second["tensor"], pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL: second["dram"]}
+        for i in range(get.numMetrics):
+            get.metrics[i].value = values[get.metrics[i].metricId]
+            get.metrics[i].nvmlReturn = 0
+        return get
+
+    # -- events ------------------------------------------------------------------------------
+    def nvmlEventSetCreate(self):
+        return "event-set"
+
+    def nvmlEventSetFree(self, events):
+        pass
+
+    def nvmlDeviceRegisterEvents(self, h, types, events):
+        if "nvmlDeviceRegisterEvents" in h.failing:
+            raise pynvml.NVMLError_NotSupported()
+
+    def nvmlEventSetWait_v2(self, events, timeout_ms):
+        if not self.xid_queue:
+            raise pynvml.NVMLError_Timeout()
+        gpu, xid = self.xid_queue.pop(0)
+        return SimpleNamespace(device=gpu, eventData=xid, eventType=pynvml.nvmlEventTypeXidCriticalError)

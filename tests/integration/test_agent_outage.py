@@ -1,0 +1,69 @@
+"""The agent keeps sampling while Kafka is down for 20 s; every sample arrives once and in order."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from gpufleet import local_kafka
+from producers.attribute_process import ProcessAttributor
+from producers.forward_spool import Forwarder
+from producers.host_agent import AgentSettings, HostAgent, run_agent
+from producers.sample_nvml import NvmlSampler
+from producers.spool import Spool
+from schemas.admin import ensure_topics
+from schemas.topics import GPU_SAMPLES, HOST_SAMPLES
+from tests.fakes.fake_nvml import FakeGpu, FakeNvml, FakeProcess
+from tests.integration.helpers import CODEC, read_topic
+from tests.unit.producers.proc_tree import make_process
+
+OUTAGE_S = 20
+
+
+def test_samples_survive_a_broker_outage(tmp_path):
+    broker_dir = tmp_path / "kafka"
+    broker = local_kafka.start(broker_dir)
+    try:
+        prefix = "outage."
+        ensure_topics(broker.bootstrap, prefix=prefix)
+        proc = tmp_path / "proc"
+        make_process(proc, 11, {"GPUFLEET_WORKFLOW_ID": "wf-x"})
+        make_process(proc, 12, {"GPUFLEET_WORKFLOW_ID": "wf-y"})
+        nvml = NvmlSampler(FakeNvml([FakeGpu("GPU-0", processes=[FakeProcess(11, sm_util=50)]),
+                                     FakeGpu("GPU-1", processes=[FakeProcess(12, sm_util=70)])]))
+        nvml.open()
+        spool = Spool(tmp_path / "spool", max_bytes=64 << 20, segment_bytes=1 << 20)
+        agent = HostAgent(AgentSettings("node-1", interval_s=0.2, topic_prefix=prefix), spool, CODEC,
+                          nvml=nvml, attributor=ProcessAttributor(proc=proc))
+        stop = threading.Event()
+        thread = threading.Thread(target=run_agent, args=(agent, Forwarder(spool, broker.bootstrap), stop),
+                                  kwargs={"drain_timeout_s": 60}, daemon=True)
+        thread.start()
+        time.sleep(4)
+        local_kafka.stop(broker_dir)
+        down_from = time.time() * 1000
+        ticks_before = agent.ticks
+        time.sleep(OUTAGE_S)
+        down_until = time.time() * 1000
+        assert agent.ticks - ticks_before >= OUTAGE_S * 4, "the agent kept sampling while the broker was down"
+        assert spool.pending() > 0
+        local_kafka.start(broker_dir)
+        time.sleep(4)
+        stop.set()
+        thread.join(90)
+        assert not thread.is_alive()
+        assert spool.pending() == 0 and spool.dropped == 0
+
+        samples = [r for *_, n, r in read_topic(broker.bootstrap, prefix + GPU_SAMPLES.name, GPU_SAMPLES.partitions)
+                   if n == "GpuSample"]
+        assert len(samples) == agent.samples == 2 * agent.ticks
+        for gpu in ("GPU-0", "GPU-1"):
+            times = [s["event_time"] for s in samples if s["gpu_uuid"] == gpu]  # topic order per partition
+            assert times == sorted(set(times)), f"{gpu}: samples out of order or doubled"
+            assert len(times) == agent.ticks
+            assert sum(1 for t in times if down_from <= t <= down_until) >= OUTAGE_S * 4
+        hosts = [r for *_, n, r in read_topic(broker.bootstrap, prefix + HOST_SAMPLES.name, HOST_SAMPLES.partitions)
+                 if n == "HostSample"]
+        assert len(hosts) == agent.ticks
+    finally:
+        local_kafka.stop(broker_dir)

@@ -1,0 +1,112 @@
+"""The agent's tick with a fake NVML (the pynvml boundary) and a fixture /proc: what it spools."""
+
+import pytest
+
+from producers.attribute_process import IDLE, UNATTRIBUTED, ProcessAttributor
+from producers.host_agent import AgentSettings, HostAgent, SimulatedGpus
+from producers.sample_nvml import NvmlSampler
+from producers.simulate_fleet import build_fleet
+from producers.spool import Spool
+from schemas.codec import Codec
+from schemas.validate_sample import validate_sample
+from tests.fakes.fake_nvml import FakeGpu, FakeNvml, FakeProcess
+from tests.unit.producers.proc_tree import make_process
+
+CODEC = Codec()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1_767_225_600.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def spooled(spool):
+    out = {}
+    for r in spool.read(spool.cursor(), limit=100_000):
+        name, record = CODEC.decode(r.value)
+        out.setdefault(name, []).append((r.topic, r.key, record))
+    return out
+
+
+@pytest.fixture
+def world(tmp_path):
+    proc = tmp_path / "proc"
+    make_process(proc, 101, {"GPUFLEET_WORKFLOW_ID": "wf-a", "GPUFLEET_OWNER": "ana", "GPUFLEET_TEAM": "nlp"})
+    make_process(proc, 102, {"GPUFLEET_WORKFLOW_ID": "wf-a", "GPUFLEET_OWNER": "ana"})
+    make_process(proc, 201, {"SLURM_JOB_ID": "77"})
+    make_process(proc, 301, {"HOME": "/"})
+    gpus = [
+        FakeGpu("GPU-0", util=90, processes=[FakeProcess(101, sm_util=60), FakeProcess(201, sm_util=20)]),
+        FakeGpu("GPU-1", util=80, processes=[FakeProcess(102, sm_util=80)]),
+        FakeGpu("GPU-2", util=0, mem_used=300 << 20),                 # nothing on it: idle capacity
+        FakeGpu("GPU-3", util=0, mem_used=20 << 30, processes=[FakeProcess(301)]),  # memory, no workflow id
+    ]
+    nvml = FakeNvml(gpus)
+    sampler = NvmlSampler(nvml)
+    sampler.open()
+    spool = Spool(tmp_path / "spool")
+    clock = Clock()
+    agent = HostAgent(AgentSettings("node-7", heartbeat_s=10, ended_after_ticks=2), spool, CODEC,
+                      nvml=sampler, attributor=ProcessAttributor(proc=proc), clock=clock)
+    return agent, spool, gpus, clock
+
+
+def test_one_sample_per_gpu_and_workflow_with_shares(world):
+    agent, spool, _, _ = world
+    assert agent.tick() == 5
+    samples = [r for _, _, r in spooled(spool)["GpuSample"]]
+    by = {(s["gpu_uuid"], s["workflow_id"]): s for s in samples}
+    assert set(by) == {("GPU-0", "wf-a"), ("GPU-0", "slurm-77"), ("GPU-1", "wf-a"), ("GPU-2", IDLE),
+                       ("GPU-3", UNATTRIBUTED)}
+    assert by[("GPU-0", "wf-a")]["share"] == pytest.approx(0.75)  # 60 of 80 SM-% on the GPU
+    assert by[("GPU-0", "slurm-77")]["share"] == pytest.approx(0.25)
+    assert by[("GPU-1", "wf-a")]["share"] == 1.0 and by[("GPU-1", "wf-a")]["owner"] == "ana"
+    assert by[("GPU-0", "wf-a")]["utilization_pct"] == 90.0 and by[("GPU-0", "wf-a")]["host"] == "node-7"
+    assert by[("GPU-0", "wf-a")]["power_limit_watts"] == 400.0 and by[("GPU-0", "wf-a")]["process_count"] == 1
+    assert all(validate_sample(s) is None for s in samples)
+
+
+def test_host_sample_and_keys(world):
+    agent, spool, _, _ = world
+    agent.tick()
+    out = spooled(spool)
+    (topic, key, host), = out["HostSample"]
+    assert topic == "gpufleet.host-samples.v1" and key == b"node-7"
+    assert host["cpu_count"] >= 1 and 0 <= host["cpu_pct"] <= 100 and host["memory_total_bytes"] > 0
+    assert {w["workflow_id"] for w in host["workflows"]} == {"wf-a", "slurm-77"}
+    assert all(k == s["workflow_id"].encode() for _, k, s in out["GpuSample"])
+
+
+def test_workflow_life_cycle(world):
+    agent, spool, gpus, clock = world
+    agent.tick()
+    started = [r for _, _, r in spooled(spool)["WorkflowEvent"]]
+    assert {(e["workflow_id"], e["event"]) for e in started} == {("wf-a", "STARTED"), ("slurm-77", "STARTED")}
+    wf_a = next(e for e in started if e["workflow_id"] == "wf-a")
+    assert wf_a["gpu_uuids"] == ["GPU-0", "GPU-1"] and wf_a["pids"] == [101, 102]
+    assert (wf_a["owner"], wf_a["team"], wf_a["attribution"]) == ("ana", "nlp", "env:GPUFLEET_WORKFLOW_ID")
+
+    sent = spool.read(spool.cursor(), limit=100_000)
+    spool.acknowledge(sent[-1].position, len(sent))
+    clock.t += 11
+    agent.tick()  # heartbeat due for both
+    gpus[0].processes = [p for p in gpus[0].processes if p.pid != 201]
+    clock.t += 1
+    agent.tick()  # slurm-77 missing once
+    clock.t += 1
+    agent.tick()  # twice: ended
+    events = [(r["workflow_id"], r["event"]) for _, _, r in spooled(spool)["WorkflowEvent"]]
+    assert events == [("wf-a", "HEARTBEAT"), ("slurm-77", "HEARTBEAT"), ("slurm-77", "ENDED")]
+
+
+def test_simulated_source_publishes_its_hosts_gpus(tmp_path):
+    fleet = build_fleet(seed=3, hosts=2, gpus_per_host=4, workflows=3)
+    spool = Spool(tmp_path / "spool")
+    agent = HostAgent(AgentSettings("gpu-host-001"), spool, CODEC, simulated=SimulatedGpus(fleet, "gpu-host-001", 0))
+    assert agent.tick() == 4
+    assert {r["host"] for _, _, r in spooled(spool)["GpuSample"]} == {"gpu-host-001"}
+    with pytest.raises(ValueError, match="no host"):
+        SimulatedGpus(fleet, "gpu-host-999", 0)
