@@ -224,6 +224,12 @@ def cmd_agent(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_nvml_check(args: argparse.Namespace) -> int:
+    from gpufleet.nvml_check import main as check
+
+    return check([f"--seconds={args.seconds}"] + (["--no-load"] if args.no_load else []))
+
+
 def cmd_ingest_trace(args: argparse.Namespace) -> int:
     from producers.publish_kafka import Publisher
     from producers.publish_trace import publish_trace
@@ -321,6 +327,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spool-max-mb", type=int, default=256)
     _fleet_args(p)
     p.set_defaults(func=cmd_agent)
+
+    p = sub.add_parser("nvml-check", help="check the real NVML path on a machine with NVIDIA GPUs")
+    p.add_argument("--seconds", type=float, default=60.0)
+    p.add_argument("--no-load", action="store_true", help="do not start the PyTorch load")
+    p.set_defaults(func=cmd_nvml_check)
 
     p = sub.add_parser("ingest-trace", help="publish trace files to Kafka for the worker to analyse")
     _bootstrap_arg(p)

@@ -102,6 +102,7 @@ class HostAgent:
             spool_dropped_total=self.spool.dropped))
         for event in self._lifecycle(seen, now):
             self._put(WORKFLOW_EVENTS, event)
+        self.spool.flush()
         self.ticks += 1
         self.samples += len(samples)
         return len(samples)

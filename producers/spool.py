@@ -13,25 +13,45 @@ import os
 import struct
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 _HEADER = struct.Struct(">HHI")  # topic length, key length (0xFFFF: null), value length
 _NULL_KEY = 0xFFFF
 
 
-@dataclass(frozen=True, order=True)
-class Position:
+class Position(NamedTuple):
     segment: int
     offset: int
 
 
-@dataclass(frozen=True)
-class SpooledRecord:
+class SpooledRecord(NamedTuple):
     position: Position  # where the next record starts
     topic: str
     key: bytes | None
     value: bytes
+
+
+def _parse(data: bytes, seg: int, base: int, limit: int) -> list[SpooledRecord]:
+    """Whole frames of ``data`` (which starts at byte ``base`` of segment ``seg``)."""
+    out: list[SpooledRecord] = []
+    topics: dict[bytes, str] = {}
+    pos, end, unpack, size = 0, len(data), _HEADER.unpack_from, _HEADER.size
+    while len(out) < limit and pos + size <= end:
+        tl, kl, vl = unpack(data, pos)
+        klen = 0 if kl == _NULL_KEY else kl
+        stop = pos + size + tl + klen + vl
+        if stop > end:
+            break  # a frame still being written
+        p = pos + size
+        raw = data[p:p + tl]
+        topic = topics.get(raw)
+        if topic is None:
+            topic = topics[raw] = raw.decode()
+        key = None if kl == _NULL_KEY else data[p + tl:p + tl + klen]
+        out.append(SpooledRecord(Position(seg, base + stop), topic, key, data[p + tl + klen:stop]))
+        pos = stop
+    return out
 
 
 class Spool:
@@ -48,43 +68,60 @@ class Spool:
         segments = self._segments()
         self._tail = segments[-1] if segments else 1
         self._tail_file = open(self._path(self._tail), "ab")  # noqa: SIM115 - held open for appends
+        self._tail_size = self._tail_file.tell()
+        self._topics: dict[str, bytes] = {}
         self._cursor = self._read_cursor() or Position(segments[0] if segments else 1, 0)
         self._unsent = sum(self._unsent_in(seg) for seg in self._segments())
+        self._bytes = sum(self._path(s).stat().st_size for s in self._segments())
 
     # -- writing ---------------------------------------------------------------------------------
     def append(self, topic: str, key: bytes | None, value: bytes) -> None:
-        t = topic.encode()
-        frame = _HEADER.pack(len(t), _NULL_KEY if key is None else len(key), len(value)) + t + (key or b"") + value
+        """Add a record (buffered: :meth:`flush` makes it durable; readers flush first)."""
+        t = self._topics.get(topic)
+        if t is None:
+            t = self._topics[topic] = topic.encode()
+        frame = b"".join((_HEADER.pack(len(t), _NULL_KEY if key is None else len(key), len(value)),
+                          t, key or b"", value))
         with self._lock:
-            if self._tail_file.tell() + len(frame) > self.segment_bytes and self._tail_file.tell() > 0:
+            if self._tail_size + len(frame) > self.segment_bytes and self._tail_size > 0:
                 self._roll()
             self._tail_file.write(frame)
-            self._tail_file.flush()
+            self._tail_size += len(frame)
+            self._bytes += len(frame)
             self._unsent += 1
             self.appended += 1
-            self._enforce_limit()
+            if self._bytes > self.max_bytes:
+                self._enforce_limit()
+
+    def flush(self) -> None:
+        with self._lock:
+            self._tail_file.flush()
 
     def _roll(self) -> None:
         self._tail_file.close()
         self._tail += 1
         self._tail_file = open(self._path(self._tail), "ab")  # noqa: SIM115
+        self._tail_size = 0
 
     def _enforce_limit(self) -> None:
-        while self._size() > self.max_bytes:
+        self._tail_file.flush()
+        while self._bytes > self.max_bytes:
             oldest = self._segments()[0]
             if oldest == self._tail:
                 return
             unsent = self._unsent_in(oldest)
             self.dropped += unsent
             self._unsent -= unsent
+            self._bytes -= self._path(oldest).stat().st_size
             self._path(oldest).unlink()
             if self._cursor.segment <= oldest:
                 self._cursor = Position(oldest + 1, 0)
                 self._write_cursor()
 
     # -- reading ---------------------------------------------------------------------------------
-    def read(self, start: Position, limit: int = 1000) -> list[SpooledRecord]:
-        """Up to ``limit`` records from ``start`` (a position from :meth:`cursor` or a record)."""
+    def read(self, start: Position, limit: int = 1000, max_bytes: int = 8 << 20) -> list[SpooledRecord]:
+        """Up to ``limit`` records (about ``max_bytes``) from ``start``, a position from
+        :meth:`cursor` or a record's."""
         out: list[SpooledRecord] = []
         with self._lock:
             self._tail_file.flush()
@@ -94,27 +131,55 @@ class Spool:
             try:
                 with open(self._path(seg), "rb") as f:
                     f.seek(offset)
-                    for record in self._frames(f, seg):
-                        out.append(record)
-                        if len(out) >= limit:
-                            return out
+                    data = f.read(max_bytes)
             except FileNotFoundError:
                 continue  # dropped meanwhile
+            records = _parse(data, seg, offset, limit - len(out))
+            out.extend(records)
+            if len(out) >= limit or len(data) == max_bytes:
+                break  # more in this segment: the caller reads on from the last record
         return out
 
+    def send(self, start: Position, limit: int, produce, max_bytes: int = 8 << 20) -> tuple[Position | None, int]:
+        """Call ``produce(topic, value=..., key=...)`` for up to ``limit`` records from ``start``,
+        without building record objects (the forwarder's hot path); returns the position after
+        the last one and how many."""
+        with self._lock:
+            self._tail_file.flush()
+            segments = [s for s in self._segments() if s >= start.segment]
+        n, last = 0, None
+        size, unpack = _HEADER.size, _HEADER.unpack_from
+        topics: dict[bytes, str] = {}
+        for seg in segments:
+            offset = start.offset if seg == start.segment else 0
+            try:
+                with open(self._path(seg), "rb") as f:
+                    f.seek(offset)
+                    data = f.read(max_bytes)
+            except FileNotFoundError:
+                continue
+            pos, end = 0, len(data)
+            while n < limit and pos + size <= end:
+                tl, kl, vl = unpack(data, pos)
+                klen = 0 if kl == _NULL_KEY else kl
+                stop = pos + size + tl + klen + vl
+                if stop > end:
+                    break
+                p = pos + size
+                raw = data[p:p + tl]
+                topic = topics.get(raw) or topics.setdefault(raw, raw.decode())
+                produce(topic, value=data[p + tl + klen:stop], key=None if kl == _NULL_KEY else data[p + tl:p + tl + klen])
+                n += 1
+                pos = stop
+            if pos:
+                last = Position(seg, offset + pos)
+            if n >= limit or end == max_bytes:
+                break
+        return last, n
+
     def _frames(self, f, seg: int) -> Iterator[SpooledRecord]:
-        while True:
-            head = f.read(_HEADER.size)
-            if len(head) < _HEADER.size:
-                return
-            tl, kl, vl = _HEADER.unpack(head)
-            body = f.read(tl + (0 if kl == _NULL_KEY else kl) + vl)
-            if len(body) < tl + (0 if kl == _NULL_KEY else kl) + vl:
-                return  # a frame still being written
-            topic = body[:tl].decode()
-            key = None if kl == _NULL_KEY else body[tl:tl + kl]
-            value = body[tl + (0 if kl == _NULL_KEY else kl):]
-            yield SpooledRecord(Position(seg, f.tell()), topic, key, value)
+        offset = f.tell()
+        yield from _parse(f.read(), seg, offset, 1 << 62)
 
     # -- acknowledgement ---------------------------------------------------------------------
     def cursor(self) -> Position:
@@ -131,7 +196,9 @@ class Spool:
             self._write_cursor()
             for seg in self._segments():
                 if seg < position.segment and seg != self._tail:
-                    self._path(seg).unlink(missing_ok=True)
+                    path = self._path(seg)
+                    self._bytes -= path.stat().st_size
+                    path.unlink()
 
     def pending(self) -> int:
         """Records not yet acknowledged."""
@@ -148,9 +215,6 @@ class Spool:
 
     def _segments(self) -> list[int]:
         return sorted(int(p.stem) for p in self.dir.glob("*.seg"))
-
-    def _size(self) -> int:
-        return sum(self._path(s).stat().st_size for s in self._segments())
 
     def _unsent_in(self, seg: int) -> int:
         if seg < self._cursor.segment:

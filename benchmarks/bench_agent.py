@@ -1,0 +1,109 @@
+"""The host agent's cost and throughput, against baselines measured in the same run.
+
+1. CPU time and peak RSS per tick at 8 GPUs x 1 Hz, through a fake NVML (the pynvml
+   boundary), including encoding, spooling and forwarding to a local broker.
+   Goal: under 1 % of one core (10 ms of CPU per 1 s tick) and under 100 MB.
+2. Spool + forwarder throughput against bare confluent-kafka producing the same pre-encoded
+   bytes. Goal: at least 70 %.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from confluent_kafka import Producer
+
+from gpufleet import local_kafka
+from producers.attribute_process import ProcessAttributor
+from producers.forward_spool import Forwarder
+from producers.host_agent import AgentSettings, HostAgent
+from producers.sample_nvml import NvmlSampler
+from producers.spool import Spool
+from schemas.admin import ensure_topics
+from schemas.codec import Codec
+from schemas.kafka_config import producer_config
+from schemas.topics import GPU_SAMPLES
+from tests.fakes.fake_nvml import FakeGpu, FakeNvml, FakeProcess
+from tests.unit.producers.proc_tree import make_process
+
+
+def per_tick_cost(bootstrap: str, tmp: Path, ticks: int = 300) -> None:
+    proc = tmp / "proc"
+    for i in range(8):
+        make_process(proc, 1000 + i, {"GPUFLEET_WORKFLOW_ID": f"wf-{i // 4}"})
+    gpus = [FakeGpu(f"GPU-{i}", processes=[FakeProcess(1000 + i, sm_util=60)]) for i in range(8)]
+    sampler = NvmlSampler(FakeNvml(gpus))
+    sampler.open()
+    spool = Spool(tmp / "spool-tick")
+    forwarder = Forwarder(spool, bootstrap)
+    agent = HostAgent(AgentSettings("bench-host", topic_prefix="bench."), spool, Codec(), nvml=sampler,
+                      attributor=ProcessAttributor(proc=proc))
+    for _ in range(5):  # warm up caches and connections
+        agent.tick()
+        forwarder.step(0)
+    forwarder.drain(30)
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    for _ in range(ticks):
+        agent.tick()
+        forwarder.step(0)
+    forwarder.drain(30)
+    cpu = (time.process_time() - cpu0) / ticks
+    rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"agent, 8 GPUs: {cpu * 1e3:.2f} ms CPU per tick = {cpu * 100:.2f} % of one core at 1 Hz "
+          f"(goal < 1 %); peak RSS {rss_mib:.0f} MiB (goal < 100); "
+          f"{(time.perf_counter() - wall0) / ticks * 1e3:.2f} ms wall per tick")
+
+
+def throughput(bootstrap: str, tmp: Path, n: int = 200_000) -> None:
+    codec = Codec()
+    topic = "bench." + GPU_SAMPLES.name
+    value = codec.encode("GpuSample", {
+        "event_time": 1_767_225_600_000, "interval_ms": 1000, "host": "h", "gpu_index": 0, "gpu_uuid": "GPU-0",
+        "gpu_model": "NVIDIA H100", "workflow_id": "wf", "utilization_pct": 50.0, "share": 1.0})
+    keys = [f"wf-{i % 64}".encode() for i in range(n)]
+
+    producer = Producer(producer_config(bootstrap))
+    t0 = time.perf_counter()
+    for k in keys:
+        while True:
+            try:
+                producer.produce(topic, value=value, key=k)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+    producer.flush(60)
+    bare = n / (time.perf_counter() - t0)
+
+    spool = Spool(tmp / "spool-throughput", max_bytes=1 << 30, segment_bytes=16 << 20)
+    forwarder = Forwarder(spool, bootstrap)
+    t0 = time.perf_counter()
+    for k in keys:
+        spool.append(topic, k, value)
+    assert forwarder.drain(120), "the forwarder did not finish"
+    ours = n / (time.perf_counter() - t0)
+    print(f"bare confluent-kafka: {bare:,.0f} records/s; spool + forwarder: {ours:,.0f} records/s; "
+          f"ratio {ours / bare:.2f} (goal >= 0.70)")
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory(prefix="gpufleet-bench-agent-") as d:
+        tmp = Path(d)
+        broker = local_kafka.start(tmp / "kafka")
+        try:
+            ensure_topics(broker.bootstrap, prefix="bench.")
+            per_tick_cost(broker.bootstrap, tmp)
+            throughput(broker.bootstrap, tmp)
+        finally:
+            local_kafka.stop(tmp / "kafka")
+
+
+if __name__ == "__main__":
+    main()
