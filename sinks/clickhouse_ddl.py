@@ -15,7 +15,9 @@ from schemas.topics import (
     DEAD_LETTERS,
     FINDINGS,
     GPU_SAMPLES,
+    HOST_SAMPLES,
     TRACE_ANALYSES,
+    WORKFLOW_EVENTS,
     WORKFLOW_WINDOWS,
     TopicSpec,
 )
@@ -262,9 +264,71 @@ FINDINGS_TABLE = Table(
     """,
 )
 
+HOST_SAMPLES_TABLE = Table(
+    "host_samples", HOST_SAMPLES,
+    ("event_time", "interval_ms", "host", "cpu_count", "cpu_pct", "iowait_pct", "memory_used_bytes",
+     "memory_total_bytes", "disk_read_bytes_per_s", "disk_write_bytes_per_s", "net_rx_bytes_per_s",
+     "net_tx_bytes_per_s", "workflows", "spool_dropped_total"),
+    """
+    CREATE TABLE IF NOT EXISTS {db}.{name} (
+        event_time DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD),
+        interval_ms UInt32 CODEC(T64, ZSTD),
+        host LowCardinality(String),
+        cpu_count UInt16,
+        cpu_pct Float32 CODEC(ZSTD),
+        iowait_pct Nullable(Float32) CODEC(ZSTD),
+        memory_used_bytes UInt64 CODEC(ZSTD),
+        memory_total_bytes UInt64 CODEC(ZSTD),
+        disk_read_bytes_per_s Nullable(Float64) CODEC(ZSTD),
+        disk_write_bytes_per_s Nullable(Float64) CODEC(ZSTD),
+        net_rx_bytes_per_s Nullable(Float64) CODEC(ZSTD),
+        net_tx_bytes_per_s Nullable(Float64) CODEC(ZSTD),
+        workflows Array(Tuple(workflow_id String, processes UInt32, cpu_pct Float32, rss_bytes UInt64)),
+        spool_dropped_total UInt64,
+        kafka_partition UInt32,
+        kafka_offset UInt64 CODEC(Delta, ZSTD),
+        ingested_at DateTime DEFAULT now()
+    )
+    ENGINE = MergeTree
+    PARTITION BY toDate(event_time)
+    ORDER BY (host, event_time)
+    TTL ingested_at + INTERVAL 90 DAY
+    """,
+    prepare=lambda r: {**r, "workflows": [
+        (w["workflow_id"], w["processes"], w["cpu_pct"], w["rss_bytes"]) for w in r["workflows"]]},
+)
+
+WORKFLOW_EVENTS_TABLE = Table(
+    "workflow_events", WORKFLOW_EVENTS,
+    ("workflow_id", "event", "event_time", "host", "owner", "team", "gpu_uuids", "pids", "cmdline",
+     "framework", "framework_version", "scheduler_job_id", "attribution"),
+    """
+    CREATE TABLE IF NOT EXISTS {db}.{name} (
+        workflow_id String,
+        event LowCardinality(String),
+        event_time DateTime64(3, 'UTC'),
+        host LowCardinality(String),
+        owner LowCardinality(Nullable(String)),
+        team LowCardinality(Nullable(String)),
+        gpu_uuids Array(String),
+        pids Array(UInt32),
+        cmdline Nullable(String),
+        framework LowCardinality(Nullable(String)),
+        framework_version LowCardinality(Nullable(String)),
+        scheduler_job_id Nullable(String),
+        attribution LowCardinality(String),
+        kafka_partition UInt32,
+        kafka_offset UInt64
+    )
+    -- The same event seen twice (a replay) is one row.
+    ENGINE = ReplacingMergeTree
+    ORDER BY (workflow_id, host, event_time, event)
+    """,
+)
+
 TABLES: tuple[Table, ...] = (
-    GPU_SAMPLES_TABLE, WORKFLOW_WINDOWS_TABLE, ALERTS_TABLE, DEAD_LETTERS_TABLE, TRACE_ANALYSES_TABLE,
-    FINDINGS_TABLE,
+    GPU_SAMPLES_TABLE, HOST_SAMPLES_TABLE, WORKFLOW_EVENTS_TABLE, WORKFLOW_WINDOWS_TABLE, ALERTS_TABLE,
+    DEAD_LETTERS_TABLE, TRACE_ANALYSES_TABLE, FINDINGS_TABLE,
 )
 
 

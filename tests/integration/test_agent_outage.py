@@ -14,13 +14,13 @@ from producers.spool import Spool
 from schemas.admin import ensure_topics
 from schemas.topics import GPU_SAMPLES, HOST_SAMPLES
 from tests.fakes.fake_nvml import FakeGpu, FakeNvml, FakeProcess
-from tests.integration.helpers import CODEC, read_topic
+from tests.integration.helpers import CODEC, read_topic, running_sink, wait_until
 from tests.unit.producers.proc_tree import make_process
 
 OUTAGE_S = 20
 
 
-def test_samples_survive_a_broker_outage(tmp_path):
+def test_samples_survive_a_broker_outage(tmp_path, chdb_client, database):
     broker_dir = tmp_path / "kafka"
     broker = local_kafka.start(broker_dir)
     try:
@@ -65,5 +65,20 @@ def test_samples_survive_a_broker_outage(tmp_path):
         hosts = [r for *_, n, r in read_topic(broker.bootstrap, prefix + HOST_SAMPLES.name, HOST_SAMPLES.partitions)
                  if n == "HostSample"]
         assert len(hosts) == agent.ticks
+
+        # The agent's records land in ClickHouse: GPU samples (v2 fields), host samples, life cycle.
+        with running_sink(broker.bootstrap, prefix, chdb_client, database):
+            wait_until(lambda: chdb_client.query(f"SELECT count() FROM {database}.host_samples").result_rows[0][0]
+                       == agent.ticks, 60, "host samples in ClickHouse")
+            wait_until(lambda: chdb_client.query(f"SELECT count() FROM {database}.gpu_samples").result_rows[0][0]
+                       == agent.samples, 60, "GPU samples in ClickHouse")
+        rows = chdb_client.query(
+            f"SELECT workflow_id, event, gpu_uuids FROM {database}.workflow_events FINAL ORDER BY workflow_id"
+        ).result_rows
+        assert rows == [("wf-x", "STARTED", ["GPU-0"]), ("wf-y", "STARTED", ["GPU-1"])]
+        shares = chdb_client.query(
+            f"SELECT DISTINCT workflow_id, share, power_limit_watts FROM {database}.gpu_samples ORDER BY workflow_id"
+        ).result_rows
+        assert shares == [("wf-x", 1.0, 400.0), ("wf-y", 1.0, 400.0)]
     finally:
         local_kafka.stop(broker_dir)
