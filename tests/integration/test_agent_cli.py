@@ -1,0 +1,32 @@
+"""`gpufleet agent --source sim` as a process: it publishes, and SIGTERM sends everything before exit."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+from schemas.topics import GPU_SAMPLES, HOST_SAMPLES
+
+from tests.integration.helpers import read_topic
+
+
+def test_sim_agent_publishes_and_flushes_on_sigterm(kafka, prefix, tmp_path):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpufleet", "--data-dir", str(tmp_path), "agent", "--source", "sim",
+         "--bootstrap", kafka.bootstrap, "--topic-prefix", prefix, "--interval", "0.2",
+         "--hosts", "2", "--gpus-per-host", "4", "--workflows", "3", "--host", "gpu-host-001"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    time.sleep(4)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    ticks = int(out.split("agent stopped after ")[1].split(" ticks")[0])
+    assert ticks >= 5
+    samples = [r for *_, n, r in read_topic(kafka.bootstrap, prefix + GPU_SAMPLES.name, GPU_SAMPLES.partitions)
+               if n == "GpuSample"]
+    assert len(samples) == 4 * ticks and {s["host"] for s in samples} == {"gpu-host-001"}
+    hosts = read_topic(kafka.bootstrap, prefix + HOST_SAMPLES.name, HOST_SAMPLES.partitions)
+    assert len(hosts) == ticks
