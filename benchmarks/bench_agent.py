@@ -30,7 +30,7 @@ from producers.host_agent import AgentSettings, HostAgent
 from producers.sample_nvml import NvmlSampler
 from producers.spool import Spool
 from schemas.admin import ensure_topics
-from schemas.codec import Codec
+from schemas.codec import Codec, load_catalog
 from schemas.kafka_config import producer_config
 from schemas.topics import GPU_SAMPLES
 from tests.fakes.fake_nvml import FakeGpu, FakeNvml, FakeProcess
