@@ -8,7 +8,6 @@ import sys
 import time
 
 from schemas.topics import GPU_SAMPLES, HOST_SAMPLES
-
 from tests.integration.helpers import read_topic
 
 
