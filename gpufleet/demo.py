@@ -96,7 +96,7 @@ SELECT w.workflow_id AS workflow, any(w.owner) AS owner, any(w.team) AS team,
        max(w.gpu_count) AS gpus, count() AS windows,
        round(sum(w.utilization_mean_pct * w.gpu_seconds) / sum(w.gpu_seconds), 1) AS util_pct,
        round(sum(w.gpu_seconds) / 3600, 2) AS gpu_hours,
-       round(sum(w.gpu_seconds * (1 - w.utilization_mean_pct / 100)) / 3600, 2) AS wasted_gpu_hours,
+       round(sum(w.wasted_gpu_seconds) / 3600, 2) AS wasted_gpu_hours,
        anyIf(a.alerts, a.alerts > 0) AS alerts
 FROM {DATABASE}.workflow_windows AS w FINAL
 LEFT JOIN (SELECT workflow_id, count() AS alerts FROM {DATABASE}.alerts FINAL GROUP BY workflow_id) AS a

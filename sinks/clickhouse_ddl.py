@@ -101,11 +101,30 @@ GPU_SAMPLES_TABLE = Table(
     added_columns=GPU_SAMPLE_V2_COLUMNS,
 )
 
+WORKFLOW_WINDOW_V2_COLUMNS = (
+    ("active_gpu_seconds", "Float64"),
+    ("wasted_gpu_seconds", "Float64"),
+    ("zero_util_gpu_seconds", "Float64"),
+    ("utilization_p50_pct", "Nullable(Float64)"),
+    ("utilization_p95_pct", "Nullable(Float64)"),
+    ("sm_active_mean_pct", "Nullable(Float64)"),
+    ("tensor_active_mean_pct", "Nullable(Float64)"),
+    ("memory_peak_fraction", "Nullable(Float64)"),
+    ("memory_mean_fraction", "Nullable(Float64)"),
+    ("power_mean_watts", "Nullable(Float64)"),
+    ("gpu_imbalance_pct", "Nullable(Float64)"),
+    ("idle_gpus", "UInt32"),
+    ("throttled_gpu_seconds", "Float64"),
+    ("xid_count", "UInt32"),
+    ("ecc_uncorrected_max", "Nullable(UInt64)"),
+)
+
 WORKFLOW_WINDOWS_TABLE = Table(
     "workflow_windows", WORKFLOW_WINDOWS,
     ("workflow_id", "owner", "team", "window_start", "window_end", "sample_count", "gpu_count",
      "gpu_seconds", "utilization_mean_pct", "utilization_min_pct", "utilization_max_pct",
-     "memory_used_mean_bytes", "energy_joules", "closed_at"),
+     "memory_used_mean_bytes", "energy_joules", *(name for name, _ in WORKFLOW_WINDOW_V2_COLUMNS),
+     "closed_at"),
     """
     CREATE TABLE IF NOT EXISTS {db}.{name} (
         workflow_id LowCardinality(String),
@@ -130,6 +149,7 @@ WORKFLOW_WINDOWS_TABLE = Table(
     PARTITION BY toYYYYMM(window_start)
     ORDER BY (workflow_id, window_start)
     """,
+    added_columns=WORKFLOW_WINDOW_V2_COLUMNS,
 )
 
 ALERTS_TABLE = Table(

@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass, field
 
+from streams.window_efficiency import add_efficiency, efficiency_fields, new_efficiency
+
 Record = dict
 
 
@@ -60,7 +62,7 @@ def _new_acc() -> dict:
     return {
         "n": 0, "gpus": {}, "interval_ms": 0, "util_weighted": 0.0,
         "util_min": None, "util_max": None, "mem_sum": 0.0, "mem_n": 0,
-        "energy_j": 0.0, "energy_n": 0,
+        "energy_j": 0.0, "energy_n": 0, "eff": new_efficiency(),
     }
 
 
@@ -81,6 +83,7 @@ def _add(acc: dict, r: Record) -> None:
     if r.get("power_watts") is not None:
         acc["energy_j"] += r["power_watts"] * interval / 1000.0
         acc["energy_n"] += 1
+    add_efficiency(acc["eff"], r, interval)
 
 
 def to_window(workflow_id: str, state: dict, start: int, acc: dict, size_ms: int, closed_at: int) -> Record:
@@ -100,6 +103,7 @@ def to_window(workflow_id: str, state: dict, start: int, acc: dict, size_ms: int
         "utilization_max_pct": float(acc["util_max"]),
         "memory_used_mean_bytes": acc["mem_sum"] / acc["mem_n"] if acc["mem_n"] else None,
         "energy_joules": acc["energy_j"] if acc["energy_n"] else None,
+        **efficiency_fields(acc["eff"]),
         "closed_at": closed_at,
     }
 

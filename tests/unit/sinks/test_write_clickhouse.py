@@ -46,8 +46,8 @@ def test_samples_land_with_their_kafka_positions_and_resume_after_them(writer):
 
 def test_a_window_emitted_twice_is_one_row(writer):
     w = window()
-    writer.insert(WORKFLOW_WINDOWS_TABLE, [Row(0, 1, w)])
-    writer.insert(WORKFLOW_WINDOWS_TABLE, [Row(0, 9, {**w, "closed_at": w["closed_at"] + 5})])
+    assert writer.insert(WORKFLOW_WINDOWS_TABLE, [Row(0, 1, w)]) == []
+    assert writer.insert(WORKFLOW_WINDOWS_TABLE, [Row(0, 9, {**w, "closed_at": w["closed_at"] + 5})]) == []
     assert count(writer, WORKFLOW_WINDOWS_TABLE, final=True) == 1
 
 

@@ -1,0 +1,53 @@
+"""Where a workflow window's GPU-seconds went, worked out by hand."""
+
+import pytest
+
+from streams.window_utilization import Incoming, WindowAggregator, WindowConfig
+from tests.unit.samples import BASE_MS, sample
+
+CFG = WindowConfig(size_ms=60_000, allowed_lateness_ms=0, retention_ms=600_000)
+
+
+def close_one(samples):
+    agg = WindowAggregator(CFG, {})
+    batch = [Incoming(i, s) for i, s in enumerate(samples)]
+    batch.append(Incoming(len(samples), sample(workflow_id="wf-other", event_time=BASE_MS + 60_000)))
+    (window,) = [w for w in agg.process(0, batch, closed_at=0).closed if w["workflow_id"] == "wf-a"]
+    return window
+
+
+def test_active_wasted_and_zero_gpu_seconds_and_percentiles():
+    # GPU-0 at 100 % for 30 s and 0 % for 30 s; GPU-1 at 50 % for 60 s.
+    samples = [sample(event_time=BASE_MS + t * 1000, gpu_uuid="GPU-0", utilization_pct=100.0 if t < 30 else 0.0)
+               for t in range(60)]
+    samples += [sample(event_time=BASE_MS + t * 1000, gpu_uuid="GPU-1", utilization_pct=50.0) for t in range(60)]
+    w = close_one(samples)
+    assert w["gpu_seconds"] == 120.0
+    assert w["active_gpu_seconds"] == 90.0 and w["zero_util_gpu_seconds"] == 30.0
+    assert w["wasted_gpu_seconds"] == pytest.approx(30 + 30)  # 30 s at 0 % + 60 s at half
+    assert w["utilization_p50_pct"] == 50.0 and w["utilization_p95_pct"] == 100.0
+    assert w["gpu_imbalance_pct"] == 0.0  # both GPUs average 50 % over the window
+    assert w["idle_gpus"] == 0
+
+
+def test_idle_gpu_imbalance_memory_power_and_health():
+    samples = []
+    for t in range(60):
+        samples.append(sample(event_time=BASE_MS + t * 1000, gpu_uuid="GPU-0", utilization_pct=90.0,
+                              memory_used_bytes=40 << 30, memory_total_bytes=80 << 30, power_watts=300.0,
+                              sm_active_pct=70.0, tensor_active_pct=20.0,
+                              clock_event_reasons=0x20 if t < 15 else 0, xids=[79] if t == 3 else []))
+        samples.append(sample(event_time=BASE_MS + t * 1000, gpu_uuid="GPU-1", utilization_pct=0.0,
+                              memory_used_bytes=8 << 30, memory_total_bytes=80 << 30, power_watts=100.0))
+    w = close_one(samples)
+    assert w["idle_gpus"] == 1 and w["gpu_imbalance_pct"] == 90.0
+    assert w["memory_peak_fraction"] == 0.5 and w["memory_mean_fraction"] == pytest.approx(0.3)
+    assert w["power_mean_watts"] == pytest.approx(200.0)
+    assert w["sm_active_mean_pct"] == 70.0 and w["tensor_active_mean_pct"] == 20.0  # only GPU-0 reports GPM
+    assert w["throttled_gpu_seconds"] == 15.0 and w["xid_count"] == 1
+
+
+def test_shares_weight_the_efficiency_too():
+    samples = [sample(event_time=BASE_MS + t * 1000, utilization_pct=0.0, share=0.5) for t in range(60)]
+    w = close_one(samples)
+    assert w["gpu_seconds"] == 30.0 and w["wasted_gpu_seconds"] == 30.0 and w["zero_util_gpu_seconds"] == 30.0
