@@ -1,0 +1,153 @@
+"""Detectors over closed ``WorkflowWindow``s: each a plain function window -> ``Violation`` or None.
+
+Thresholds are configurable (``DetectorConfig``); the defaults follow the anchors:
+Meta's fleet study (IEEE Micro 2021) flags jobs under 25 % mean utilisation and idle
+allocated GPUs; its e-mail rule sends one message per violation per 7 days. How long a
+condition must hold before anyone is told is the alert life cycle's job (``alert_lifecycle``):
+``min_duration_s`` below is what each detector asks of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DetectorConfig:
+    low_util_warn_pct: float = 25.0
+    low_util_critical_pct: float = 15.0
+    low_util_min_s: float = 600.0  # 10 minutes
+    idle_min_s: float = 300.0  # a GPU held at 0 % for 5 minutes is a zombie
+    partial_min_s: float = 300.0
+    imbalance_relative: float = 0.5  # the slowest GPU below half the busiest one's utilisation
+    imbalance_floor_pct: float = 20.0  # ... when the busiest is at least this busy
+    imbalance_min_s: float = 600.0
+    memory_underuse_fraction: float = 0.2
+    memory_underuse_min_s: float = 1800.0
+    throttle_share: float = 0.2  # of the window's GPU-seconds under power/thermal limits
+    throttle_min_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class Violation:
+    detector: str
+    severity: str  # WARNING or CRITICAL
+    observed: float
+    threshold: float
+    message: str
+    advice: str
+    min_duration_s: float
+
+
+def _minutes(w: dict) -> float:
+    return (w["window_end"] - w["window_start"]) / 60_000
+
+
+def low_utilization(w: dict, c: DetectorConfig) -> Violation | None:
+    mean = w["utilization_mean_pct"]
+    if mean >= c.low_util_warn_pct:
+        return None
+    critical = mean < c.low_util_critical_pct
+    return Violation(
+        "low_utilization", "CRITICAL" if critical else "WARNING", mean,
+        c.low_util_critical_pct if critical else c.low_util_warn_pct,
+        f"{w['gpu_count']} GPU(s) at {mean:.1f}% mean utilisation in the last {_minutes(w):g} min; "
+        f"{w['wasted_gpu_seconds'] / 3600:.2f} GPU-hours wasted in it.",
+        "Look for an input-bound loop (DataLoader num_workers, pin_memory), host synchronisations, "
+        "or a batch too small for the GPU; or ask for fewer GPUs.",
+        c.low_util_min_s,
+    )
+
+
+def idle_allocated(w: dict, c: DetectorConfig) -> Violation | None:
+    if w["idle_gpus"] <= 0 or w["idle_gpus"] < w["gpu_count"]:
+        return None
+    return Violation(
+        "idle_allocated", "CRITICAL", float(w["idle_gpus"]), 0.0,
+        f"All {w['gpu_count']} GPU(s) hold memory at 0 % utilisation: the job holds GPUs it does not use.",
+        "If the job is stuck or finished, stop it and release the GPUs; if it waits for something, "
+        "release the GPUs while it waits.",
+        c.idle_min_s,
+    )
+
+
+def partial_use(w: dict, c: DetectorConfig) -> Violation | None:
+    if not 0 < w["idle_gpus"] < w["gpu_count"]:
+        return None
+    return Violation(
+        "partial_use", "WARNING", float(w["idle_gpus"]), 0.0,
+        f"{w['idle_gpus']} of the job's {w['gpu_count']} GPUs sat at 0 % while the others worked.",
+        "Check that every rank gets work (device placement, world size, data sharding); release GPUs "
+        "the job does not use.",
+        c.partial_min_s,
+    )
+
+
+def imbalance(w: dict, c: DetectorConfig) -> Violation | None:
+    gap = w.get("gpu_imbalance_pct")
+    busiest = w["utilization_max_pct"]
+    if gap is None or w["gpu_count"] < 2 or w["idle_gpus"] or busiest < c.imbalance_floor_pct:
+        return None
+    relative = gap / busiest if busiest else 0.0
+    if relative < c.imbalance_relative:
+        return None
+    return Violation(
+        "imbalance", "WARNING", relative, c.imbalance_relative,
+        f"The job's GPUs are unevenly busy: the per-GPU mean utilisation spans {gap:.0f} points "
+        f"({relative:.0%} of the busiest).",
+        "A straggling rank slows every collective: balance the data shards and sequence lengths, "
+        "and check the slow rank's host (CPU, input, thermals).",
+        c.imbalance_min_s,
+    )
+
+
+def memory_underuse(w: dict, c: DetectorConfig) -> Violation | None:
+    peak = w.get("memory_peak_fraction")
+    if peak is None or peak >= c.memory_underuse_fraction:
+        return None
+    return Violation(
+        "memory_underuse", "WARNING", peak, c.memory_underuse_fraction,
+        f"The job never used more than {peak:.0%} of its GPUs' memory.",
+        "A smaller GPU or a MIG slice would do; or raise the batch size to use the GPU you have.",
+        c.memory_underuse_min_s,
+    )
+
+
+def throttling(w: dict, c: DetectorConfig) -> Violation | None:
+    share = w["throttled_gpu_seconds"] / w["gpu_seconds"] if w["gpu_seconds"] else 0.0
+    if share < c.throttle_share:
+        return None
+    return Violation(
+        "throttling", "WARNING", share, c.throttle_share,
+        f"The GPUs ran under power or thermal clock limits for {share:.0%} of the window.",
+        "Ask the operators to check cooling and power capping on the host; the job runs slower than it should.",
+        c.throttle_min_s,
+    )
+
+
+def hardware_fault(w: dict, c: DetectorConfig) -> Violation | None:
+    ecc = w.get("ecc_uncorrected_max") or 0
+    if not w["xid_count"] and not ecc:
+        return None
+    return Violation(
+        "hardware_fault", "CRITICAL", float(w["xid_count"] + ecc), 0.0,
+        f"The GPUs reported {w['xid_count']} XID error(s) and {ecc} uncorrected ECC error(s).",
+        "Results may be wrong and the job may hang: checkpoint, and ask the operators to drain the host.",
+        0.0,
+    )
+
+
+DETECTORS: tuple[Callable[[dict, DetectorConfig], Violation | None], ...] = (
+    low_utilization, idle_allocated, partial_use, imbalance, memory_underuse, throttling, hardware_fault,
+)
+
+
+def detect(w: dict, config: DetectorConfig) -> dict[str, Violation]:
+    """Every violation in window ``w``, by detector name."""
+    out = {}
+    for fn in DETECTORS:
+        v = fn(w, config)
+        if v is not None:
+            out[v.detector] = v
+    return out

@@ -1,0 +1,38 @@
+"""Every detector on crafted windows: fires exactly when its condition holds."""
+
+import pytest
+
+from streams.detect_waste import DetectorConfig, detect
+from tests.unit.samples import window
+
+CFG = DetectorConfig()
+
+
+@pytest.mark.parametrize("overrides, fired", [
+    ({"utilization_mean_pct": 60.0}, set()),
+    ({"utilization_mean_pct": 20.0}, {"low_utilization"}),
+    ({"utilization_mean_pct": 0.0, "idle_gpus": 2, "gpu_count": 2, "utilization_max_pct": 0.0},
+     {"low_utilization", "idle_allocated"}),
+    ({"idle_gpus": 1, "gpu_count": 4}, {"partial_use"}),
+    ({"gpu_count": 4, "utilization_max_pct": 90.0, "gpu_imbalance_pct": 60.0}, {"imbalance"}),
+    ({"gpu_count": 4, "utilization_max_pct": 90.0, "gpu_imbalance_pct": 20.0}, set()),
+    ({"memory_peak_fraction": 0.1}, {"memory_underuse"}),
+    ({"throttled_gpu_seconds": 30.0, "gpu_seconds": 120.0}, {"throttling"}),
+    ({"throttled_gpu_seconds": 10.0, "gpu_seconds": 120.0}, set()),
+    ({"xid_count": 1}, {"hardware_fault"}),
+    ({"ecc_uncorrected_max": 3}, {"hardware_fault"}),
+])
+def test_detectors(overrides, fired):
+    assert set(detect(window(**overrides), CFG)) == fired
+
+
+def test_low_utilization_severity_and_words():
+    v = detect(window(utilization_mean_pct=10.0, wasted_gpu_seconds=7200.0), CFG)["low_utilization"]
+    assert v.severity == "CRITICAL" and v.threshold == 15.0 and v.min_duration_s == 600
+    assert "10.0% mean utilisation" in v.message and "2.00 GPU-hours wasted" in v.message
+    assert detect(window(utilization_mean_pct=20.0), CFG)["low_utilization"].severity == "WARNING"
+
+
+def test_thresholds_are_configurable():
+    strict = DetectorConfig(low_util_warn_pct=70.0, low_util_critical_pct=40.0)
+    assert detect(window(utilization_mean_pct=50.0), strict)["low_utilization"].severity == "WARNING"
