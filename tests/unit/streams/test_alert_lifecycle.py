@@ -44,7 +44,7 @@ def test_a_short_dip_does_not_fire():
 
 
 def test_cooldown_then_rate_limit():
-    state, alerts = run([10.0] * 10 + [80.0] + [10.0] * 30)
+    _, alerts = run([10.0] * 10 + [80.0] + [10.0] * 30)
     statuses = [(m, a["status"], a["notify"]) for m, a in alerts]
     # Fires in window 9, resolves in window 10 (ends at minute 11); the violation returns at once but
     # the 15-minute cooldown holds it until the window ending at minute 26; from window 25 it needs
