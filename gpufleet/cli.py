@@ -80,7 +80,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     from schemas.admin import create_topics, ensure_topics
     from streams.app import StreamSettings, changelog_topics, create_app
-    from streams.detect_low_utilization import LowUtilizationConfig
+    from streams.detect_waste import DetectorConfig
+    from streams.raise_alerts import AlertConfig
     from streams.window_utilization import WindowConfig
 
     bootstrap = _resolve_bootstrap(args)
@@ -91,7 +92,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
         topic_prefix=args.topic_prefix,
         data_dir=str(args.data_dir / "worker"),
         window=WindowConfig(size_ms=int(args.window_s * 1000), allowed_lateness_ms=int(args.lateness_s * 1000)),
-        low_utilization=LowUtilizationConfig(threshold_pct=args.low_utilization_pct),
+        alerts=AlertConfig(
+            detectors=DetectorConfig(low_util_warn_pct=args.low_utilization_pct,
+                                     low_util_critical_pct=min(args.low_utilization_pct, args.critical_utilization_pct)),
+            min_duration_s=args.detector_min_s,
+        ),
     )
     create_topics(bootstrap, changelog_topics(settings))
     app = create_app(settings)
@@ -280,8 +285,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--app-id", default="gpufleet-worker", help="Faust app id = consumer group")
     p.add_argument("--window-s", type=float, default=60.0)
     p.add_argument("--lateness-s", type=float, default=10.0, help="allowed lateness of samples")
-    p.add_argument("--low-utilization-pct", type=float, default=30.0,
-                   help="a window under this mean utilisation raises an alert")
+    p.add_argument("--low-utilization-pct", type=float, default=25.0,
+                   help="mean utilisation under this, sustained, raises a warning")
+    p.add_argument("--critical-utilization-pct", type=float, default=15.0,
+                   help="mean utilisation under this, sustained, raises a critical alert")
+    p.add_argument("--detector-min-s", type=float, default=None,
+                   help="how long every violation must last before its alert fires (default: each detector's own, "
+                        "e.g. 10 minutes for low utilisation)")
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("sink", help="write gpufleet's topics into ClickHouse")

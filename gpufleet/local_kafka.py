@@ -219,7 +219,7 @@ def start(
     if not (data_dir / "logs" / "meta.properties").exists():
         fmt = subprocess.run(
             [java, "-cp", classpath, "kafka.tools.StorageTool", "format",
-             "-t", base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="), "-c", str(config), "--ignore-formatted"],
+             "--cluster-id", cluster_id(), "--config", str(config), "--ignore-formatted"],
             capture_output=True, text=True, check=False,
         )
         if fmt.returncode != 0:

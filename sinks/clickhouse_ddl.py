@@ -154,27 +154,32 @@ WORKFLOW_WINDOWS_TABLE = Table(
 
 ALERTS_TABLE = Table(
     "alerts", ALERTS,
-    ("alert_id", "detector", "severity", "workflow_id", "owner", "team", "window_start",
-     "window_end", "observed", "threshold", "message", "advice", "fired_at"),
+    ("alert_id", "detector", "severity", "status", "notify", "workflow_id", "owner", "team", "window_start",
+     "window_end", "since", "observed", "threshold", "wasted_gpu_hours_so_far", "message", "advice", "fired_at"),
     """
     CREATE TABLE IF NOT EXISTS {db}.{name} (
         alert_id String,
         detector LowCardinality(String),
         severity LowCardinality(String),
+        status LowCardinality(String),
+        notify Bool,
         workflow_id LowCardinality(String),
         owner LowCardinality(Nullable(String)),
         team LowCardinality(Nullable(String)),
         window_start DateTime64(3, 'UTC'),
         window_end DateTime64(3, 'UTC'),
+        since DateTime64(3, 'UTC'),
         observed Float64,
         threshold Float64,
+        wasted_gpu_hours_so_far Nullable(Float64),
         message String,
         advice String,
         fired_at DateTime64(3, 'UTC'),
         kafka_partition UInt32,
         kafka_offset UInt64
     )
-    ENGINE = ReplacingMergeTree
+    -- One row per episode: its latest transition (RESOLVED comes in a later window than FIRING).
+    ENGINE = ReplacingMergeTree(window_end)
     ORDER BY alert_id
     """,
 )

@@ -1,5 +1,5 @@
 """The Faust worker of gpufleet: event-time windows, detectors and (later) the profiling scheduler.
 
-Stage logic lives in plain modules (``window_utilization``, ``detect_low_utilization``);
+Stage logic lives in plain modules (``window_utilization``, ``detect_waste``, ``alert_lifecycle``, ...);
 ``topology`` wires them to Kafka inside a Faust app made by ``app.create_app``.
 """

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import faust
 
 from schemas.topics import GPU_SAMPLES, KERNEL_EVENTS
-from streams.detect_low_utilization import LowUtilizationConfig
+from streams.raise_alerts import AlertConfig
 from streams.trace_sessions import TraceSessionConfig
 from streams.window_utilization import WindowConfig
 
@@ -24,7 +24,7 @@ class StreamSettings:
     topic_prefix: str = ""
     data_dir: str = "data/worker"
     window: WindowConfig = field(default_factory=WindowConfig)
-    low_utilization: LowUtilizationConfig = field(default_factory=LowUtilizationConfig)
+    alerts: AlertConfig = field(default_factory=AlertConfig)
     trace_sessions: TraceSessionConfig = field(default_factory=TraceSessionConfig)
     batch_size: int = 5000
     batch_within_s: float = 0.5

@@ -22,7 +22,7 @@ from schemas.topics import (
     key_of,
 )
 from schemas.validate_sample import validate_sample
-from streams.detect_low_utilization import detect_low_utilization
+from streams.raise_alerts import raise_alerts
 from streams.trace_sessions import TraceSessions
 from streams.window_utilization import Incoming, WindowAggregator
 
@@ -92,16 +92,20 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
                     else:
                         good.append(Incoming(messages[i].offset, record))
                 result = aggregator.process(partition, good, closed_at=now)
+                alerts = []
+                for window in result.closed:
+                    state = table.data.get(window["workflow_id"])
+                    if state is not None:  # (a workflow forgotten in this batch has no more alerts)
+                        alerts += raise_alerts(state, window, settings.alerts, now)
                 for wf in result.changed:
                     table.send_changelog(partition, wf, table.data[wf])
                 for wf in result.removed:
                     table.send_changelog(partition, wf, None)
                 for window in result.closed:
                     await _send(codec, windows_topic, WORKFLOW_WINDOWS, window)
-                    alert = detect_low_utilization(window, settings.low_utilization, fired_at=now)
-                    if alert is not None:
-                        await _send(codec, alerts_topic, ALERTS, alert)
-                        stats["alerts"] += 1
+                for alert in alerts:
+                    await _send(codec, alerts_topic, ALERTS, alert)
+                stats["alerts"] += len(alerts)
                 by_offset = {m.offset: m for m in messages}
                 late = [(by_offset[inc.offset], reason) for inc, reason in result.late]
                 for message, reason in bad + late:

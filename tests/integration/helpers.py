@@ -33,12 +33,13 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str, inter
 
 
 @contextmanager
-def worker_process(bootstrap: str, prefix: str, data_dir: Path, app_id: str) -> Iterator[subprocess.Popen]:
+def worker_process(bootstrap: str, prefix: str, data_dir: Path, app_id: str,
+                   *options: str) -> Iterator[subprocess.Popen]:
     """``gpufleet worker`` as its own process, as it runs in production."""
     log = data_dir / f"{app_id}.log"
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpufleet", "--data-dir", str(data_dir), "--log-level", "info",
-         "worker", "--bootstrap", bootstrap, "--topic-prefix", prefix, "--app-id", app_id],
+         "worker", "--bootstrap", bootstrap, "--topic-prefix", prefix, "--app-id", app_id, *options],
         stdout=log.open("ab"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
     )
     proc.log_path = log  # type: ignore[attr-defined]

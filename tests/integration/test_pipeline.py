@@ -32,7 +32,8 @@ def test_samples_become_windows_and_alerts_in_clickhouse(kafka, prefix, sink, tm
     published = [s for t in range(TICKS) for s in fleet.samples_at(t, BASE_MS, 1000)]
     assert progress.samples == len(published) == TICKS * fleet.gpu_count
 
-    with worker_process(kafka.bootstrap, prefix, tmp_path, app_id=f"{prefix}worker") as worker:
+    # Three minutes of data: let violations fire after one window instead of their 5-10 minutes.
+    with worker_process(kafka.bootstrap, prefix, tmp_path, f"{prefix}worker", "--detector-min-s", "60") as worker:
         n_windows = len(fleet.workflows) * WINDOWS
         wait_until(lambda: q(sink, "SELECT count() FROM {db}.workflow_windows FINAL")[0][0] >= n_windows,
                    120, f"{n_windows} windows in ClickHouse")
@@ -62,8 +63,12 @@ def test_samples_become_windows_and_alerts_in_clickhouse(kafka, prefix, sink, tm
         assert n == expected[(wf, start)]["sample_count"]
         assert util == pytest.approx(expected[(wf, start)]["utilization_mean_pct"], rel=1e-6)
 
-    # Alerts for exactly the underutilised workflows (the idle one included), one per window.
-    wasteful = {w.workflow_id for w in fleet.workflows if w.profile in (IDLE, UNDERUTILIZED)}
-    alerts = q(sink, "SELECT workflow_id, count() FROM {db}.alerts FINAL GROUP BY workflow_id")
-    assert dict(alerts) == {wf: WINDOWS for wf in wasteful}
+    # Alerts for exactly the wasteful workflows: low utilisation for the underutilised and the idle
+    # one, idle-but-allocated for the idle one too; one episode each, still firing.
+    expected = {(w.workflow_id, "low_utilization") for w in fleet.workflows if w.profile in (IDLE, UNDERUTILIZED)}
+    expected |= {(w.workflow_id, "idle_allocated") for w in fleet.workflows if w.profile is IDLE}
+    alerts = q(sink, "SELECT workflow_id, detector, status, severity, notify FROM {db}.alerts FINAL")
+    assert {(wf, d) for wf, d, *_ in alerts} == expected and len(alerts) == len(expected)
+    assert all(status == "FIRING" and notify for _, _, status, _, notify in alerts)
+    assert {sev for wf, d, _, sev, _ in alerts if d == "low_utilization"} == {"CRITICAL"}  # 0 % and ~12 %
     assert q(sink, "SELECT count() FROM {db}.dead_letters")[0][0] == 0
