@@ -105,8 +105,8 @@ GROUP BY w.workflow_id
 ORDER BY wasted_gpu_hours DESC, workflow
 """
 
-EXAMPLE_SQL = ("SELECT workflow_id, owner, severity, count() AS alerts, round(avg(observed), 1) AS mean_util "
-               "FROM gpufleet.alerts GROUP BY workflow_id, owner, severity ORDER BY alerts DESC")
+EXAMPLE_SQL = ("SELECT workflow_id, owner, detector, severity, status, round(wasted_gpu_hours_so_far, 2) AS wasted_h "
+               "FROM gpufleet.alerts FINAL ORDER BY wasted_h DESC")
 
 
 def _self_command(data_dir: Path) -> str:
