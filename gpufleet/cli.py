@@ -175,6 +175,23 @@ def cmd_sql(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_notify(args: argparse.Namespace) -> int:
+    from schemas.admin import ensure_topics
+    from sinks.consume_alerts import AlertNotifier
+    from sinks.route_alerts import load_routing
+
+    bootstrap = _resolve_bootstrap(args)
+    ensure_topics(bootstrap, prefix=args.topic_prefix)
+    notifier = AlertNotifier(bootstrap, load_routing(args.routing), args.data_dir / "notifier-sent.log",
+                             group_id=args.group_id, topic_prefix=args.topic_prefix)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    notifier.run(stop)
+    print(f"notifier stopped: {notifier.messages} messages sent, {notifier.failures} refused")
+    return 0
+
+
 def cmd_agent(args: argparse.Namespace) -> int:
     import socket
 
@@ -322,6 +339,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the TraceAnalysis records as JSON")
     p.add_argument("--workflow", default="", help="workflow id to put in the records")
     p.set_defaults(func=cmd_analyze)
+
+    p = sub.add_parser("notify", help="message owners and teams about alerts (webhook, e-mail)")
+    _bootstrap_arg(p)
+    p.add_argument("--routing", type=Path, required=True, help="routing file (TOML): see sinks/route_alerts.py")
+    p.add_argument("--group-id", default="gpufleet-notifier")
+    p.set_defaults(func=cmd_notify)
 
     p = sub.add_parser("agent", help="the host agent: sample GPUs (NVML or simulated) and publish to Kafka")
     _bootstrap_arg(p)

@@ -1,0 +1,142 @@
+"""Consumes the alerts topic and messages owners and teams, at most once per alert transition.
+
+An alert goes out when the worker marked it ``notify`` (its rate limit allows it); a
+RESOLVED goes to the webhook of an alert whose FIRING was sent. What was sent is recorded in
+a small local log before the offsets are committed, so a restarted notifier (or a replay)
+sends nothing twice. A message a channel refuses for good becomes a dead letter with the
+reason; the notifier goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import OrderedDict
+from pathlib import Path
+
+from confluent_kafka import Consumer, Producer
+
+from schemas.codec import Codec, CodecError
+from schemas.dead_letter import dead_letter
+from schemas.kafka_config import consumer_config, producer_config
+from schemas.topics import ALERTS, DEAD_LETTERS
+from sinks.notify_owner import NotifyError, send_email, send_webhook
+from sinks.route_alerts import Routing
+
+log = logging.getLogger(__name__)
+
+STAGE = "notifier"
+
+
+class SentLog:
+    """Keys of messages already sent, in an append-only file (the newest ``keep`` are kept)."""
+
+    def __init__(self, path: Path, keep: int = 100_000) -> None:
+        self.path, self.keep = Path(path), keep
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._keys: OrderedDict[str, None] = OrderedDict()
+        if self.path.exists():
+            for line in self.path.read_text().splitlines():
+                self._keys[line] = None
+        self._file = self.path.open("a")
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._keys
+
+    def add(self, key: str) -> None:
+        self._keys[key] = None
+        self._file.write(key + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        if len(self._keys) > 2 * self.keep:
+            self._compact()
+
+    def _compact(self) -> None:
+        while len(self._keys) > self.keep:
+            self._keys.popitem(last=False)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text("".join(k + "\n" for k in self._keys))
+        self._file.close()
+        os.replace(tmp, self.path)
+        self._file = self.path.open("a")
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class AlertNotifier:
+    def __init__(self, bootstrap: str, routing: Routing, sent_log: Path, group_id: str = "gpufleet-notifier",
+                 topic_prefix: str = "", webhook_backoff_s: float = 0.5) -> None:
+        self.routing = routing
+        self.sent = SentLog(sent_log)
+        self.codec = Codec()
+        self.topic = topic_prefix + ALERTS.name
+        self.dead_letter_topic = topic_prefix + DEAD_LETTERS.name
+        self.consumer = Consumer(consumer_config(bootstrap, group_id))
+        self.producer = Producer(producer_config(bootstrap))
+        self.webhook_backoff_s = webhook_backoff_s
+        self.messages = 0
+        self.failures = 0
+
+    def run(self, stop: threading.Event) -> None:
+        self.consumer.subscribe([self.topic])
+        try:
+            while not stop.is_set():
+                batch = [m for m in self.consumer.consume(num_messages=500, timeout=0.5) if not m.error()]
+                for m in batch:
+                    self._handle(m)
+                if batch:
+                    self.producer.flush(30)
+                    self.consumer.commit(asynchronous=False)
+        finally:
+            self.consumer.close()
+            self.producer.flush(30)
+            self.sent.close()
+
+    def _handle(self, m) -> None:
+        try:
+            name, alert = self.codec.decode(m.value())
+        except CodecError as exc:
+            self._dead_letter(m, str(exc))
+            return
+        if name != ALERTS.schema:
+            self._dead_letter(m, f"expected {ALERTS.schema}, got {name}")
+            return
+        firing_key = f"{alert['alert_id']}:FIRING"
+        if alert["status"] == "FIRING":
+            if not alert["notify"]:
+                return  # within the rate limit: on the topic and in ClickHouse, not in anyone's inbox
+            self._send(m, alert, firing_key, email=True)
+        elif firing_key in self.sent:  # RESOLVED of an alert its owner heard about
+            self._send(m, alert, f"{alert['alert_id']}:RESOLVED", email=False)
+
+    def _send(self, m, alert: dict, key: str, email: bool) -> None:
+        targets = []
+        url = self.routing.webhook_for(alert)
+        if url:
+            targets.append(("webhook", url))
+        address = self.routing.email_for(alert) if email else None
+        if address:
+            targets.append(("email", address))
+        for channel, target in targets:
+            channel_key = f"{key}:{channel}"
+            if channel_key in self.sent:
+                continue
+            try:
+                if channel == "webhook":
+                    send_webhook(target, alert, backoff_s=self.webhook_backoff_s)
+                else:
+                    send_email(self.routing.smtp, target, alert)
+            except NotifyError as exc:
+                self.failures += 1
+                self._dead_letter(m, str(exc))
+                continue
+            self.sent.add(channel_key)
+            self.messages += 1
+        self.sent.add(key)
+
+    def _dead_letter(self, m, reason: str) -> None:
+        log.warning("dead-letter %s[%d]@%d: %s", m.topic(), m.partition(), m.offset(), reason)
+        record = dead_letter(STAGE, reason, m.topic(), m.partition(), m.offset(), m.key(), m.value())
+        self.producer.produce(self.dead_letter_topic, value=self.codec.encode(DEAD_LETTERS.schema, record))

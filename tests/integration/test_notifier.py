@@ -1,0 +1,115 @@
+"""Alerts reach a real local webhook server and a real local SMTP server, once each."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from aiosmtpd.controller import Controller
+
+from gpufleet.local_kafka import free_port
+from producers.publish_kafka import Publisher
+from schemas.topics import ALERTS, DEAD_LETTERS
+from sinks.consume_alerts import AlertNotifier
+from sinks.route_alerts import load_routing
+from tests.integration.helpers import CODEC, read_topic, wait_until
+from tests.unit.samples import BASE_MS
+
+
+class Webhooks(BaseHTTPRequestHandler):
+    received: list = []
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/broken":
+            self.send_response(400)
+        else:
+            Webhooks.received.append((self.path, body))
+            self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+class Mailbox:
+    def __init__(self):
+        self.messages = []
+
+    async def handle_DATA(self, server, session, envelope):
+        self.messages.append((envelope.rcpt_tos, envelope.content.decode()))
+        return "250 OK"
+
+
+def alert(alert_id, status, notify, team, owner):
+    return {"alert_id": alert_id, "detector": "low_utilization", "severity": "CRITICAL", "status": status,
+            "notify": notify, "workflow_id": "wf-1", "owner": owner, "team": team, "window_start": BASE_MS,
+            "window_end": BASE_MS + 60_000, "since": BASE_MS, "observed": 9.5, "threshold": 15.0,
+            "wasted_gpu_hours_so_far": 3.2, "message": "4 GPU(s) at 9.5% mean utilisation.",
+            "advice": "Raise DataLoader num_workers.", "fired_at": BASE_MS}
+
+
+def run_notifier(notifier, until):
+    stop = threading.Event()
+    thread = threading.Thread(target=notifier.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        wait_until(until, 60, "the notifier to catch up")
+    finally:
+        stop.set()
+        thread.join(30)
+
+
+def test_alerts_reach_webhook_and_mail_once(kafka, prefix, tmp_path):
+    Webhooks.received = []
+    http = ThreadingHTTPServer(("127.0.0.1", 0), Webhooks)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    mailbox = Mailbox()
+    smtp_port = free_port()
+    smtp = Controller(mailbox, hostname="127.0.0.1", port=smtp_port)
+    smtp.start()
+    try:
+        base = f"http://127.0.0.1:{http.server_address[1]}"
+        (tmp_path / "routing.toml").write_text(f"""
+[teams.nlp]
+webhook = "{base}/nlp"
+[teams.broken]
+webhook = "{base}/broken"
+[owners.ana]
+email = "ana@example.com"
+[smtp]
+host = "127.0.0.1"
+port = {smtp_port}
+sender = "gpufleet@example.com"
+""")
+        routing = load_routing(tmp_path / "routing.toml")
+        pub = Publisher(kafka.bootstrap, CODEC)
+        pub.publish(ALERTS, [
+            alert("a1", "FIRING", True, "nlp", "ana"),
+            alert("a2", "FIRING", False, "nlp", "ana"),   # rate-limited: no message
+            alert("a1", "RESOLVED", False, "nlp", "ana"),  # its FIRING was sent: tell the team
+            alert("a3", "FIRING", True, "broken", "bo"),   # the webhook refuses it: dead letter
+        ], topic=prefix + ALERTS.name)
+        assert pub.flush() == 0
+
+        notifier = AlertNotifier(kafka.bootstrap, routing, tmp_path / "sent.log", group_id=f"{prefix}n1",
+                                 topic_prefix=prefix, webhook_backoff_s=0.05)
+        run_notifier(notifier, lambda: len(Webhooks.received) >= 2 and len(mailbox.messages) >= 1
+                     and notifier.failures >= 1)
+        assert [(path, body["gpufleet_alert"]["alert_id"], body["gpufleet_alert"]["status"])
+                for path, body in Webhooks.received] == [("/nlp", "a1", "FIRING"), ("/nlp", "a1", "RESOLVED")]
+        assert "What to try: Raise DataLoader num_workers." in Webhooks.received[0][1]["text"]
+        (to, mail), = mailbox.messages
+        assert to == ["ana@example.com"] and "[gpufleet critical] low utilization: wf-1" in mail
+        letters = [r for *_, n, r in read_topic(kafka.bootstrap, prefix + DEAD_LETTERS.name, 1) if n == "DeadLetter"]
+        assert len(letters) == 1 and "HTTP 400" in letters[0]["reason"] and letters[0]["stage"] == "notifier"
+
+        # A restarted notifier that reads everything again (a new group) sends nothing twice.
+        again = AlertNotifier(kafka.bootstrap, routing, tmp_path / "sent.log", group_id=f"{prefix}n2",
+                              topic_prefix=prefix, webhook_backoff_s=0.05)
+        run_notifier(again, lambda: again.failures >= 1)  # it got as far as the refused one again
+        assert len(Webhooks.received) == 2 and len(mailbox.messages) == 1 and again.messages == 0
+    finally:
+        smtp.stop()
+        http.shutdown()
