@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from typing import ClassVar
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from aiosmtpd.controller import Controller
@@ -18,7 +19,7 @@ from tests.unit.samples import BASE_MS
 
 
 class Webhooks(BaseHTTPRequestHandler):
-    received: list = []
+    received: ClassVar[list] = []  # what the server accepted, across handler instances
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
