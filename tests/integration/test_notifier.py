@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import ClassVar
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 from aiosmtpd.controller import Controller
 
