@@ -153,19 +153,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
-    from gpufleet.sql import FORMATS, run_query
-    from sinks.write_clickhouse import connect
-
-    dsn = _dsn(args)
-    try:
-        client = connect(dsn, read_only=not args.write)
-    except Exception as exc:
-        if not dsn.startswith("chdb://"):
-            raise
-        sys.exit(f"cannot open the embedded ClickHouse at {dsn}: {exc}\n"
-                 "The embedded engine allows one process per data directory: if a gpufleet demo or "
-                 "sink is running on it, wait for it to finish, or point --clickhouse-dsn at a server.")
     from clickhouse_connect.driver.exceptions import ClickHouseError
+
+    from gpufleet.sql import FORMATS, run_query
+
+    client = _client(args, read_only=not args.write)
 
     try:
         columns, rows = run_query(client, args.query)
@@ -280,6 +272,41 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     return rc
 
 
+def _client(args: argparse.Namespace, read_only: bool = True):
+    """A client on the configured ClickHouse, with a plain message when the embedded one is busy."""
+    from sinks.write_clickhouse import connect
+
+    dsn = _dsn(args)
+    try:
+        return connect(dsn, read_only=read_only)
+    except Exception as exc:
+        if not dsn.startswith("chdb://"):
+            raise
+        sys.exit(f"cannot open the embedded ClickHouse at {dsn}: {exc}\n"
+                 "The embedded engine allows one process per data directory: if a gpufleet demo or "
+                 "sink is running on it, wait for it to finish, or point --clickhouse-dsn at a server.")
+
+
+def cmd_workflows(args: argparse.Namespace) -> int:
+    from gpufleet.sql import format_table
+    from gpufleet.workflows import list_workflows
+
+    print(format_table(*list_workflows(_client(args), args.database, args.since_minutes)))
+    return 0
+
+
+def cmd_workflow(args: argparse.Namespace) -> int:
+    from gpufleet.sql import format_table
+    from gpufleet.workflows import workflow_timeline
+
+    columns, rows = workflow_timeline(_client(args), args.database, args.workflow_id)
+    if not rows:
+        print(f"no windows for workflow {args.workflow_id!r}")
+        return 1
+    print(format_table(columns, rows))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpufleet", description=__doc__)
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR,
@@ -371,6 +398,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("traces", nargs="+", help=".json or .json.gz trace files, one per rank")
     p.add_argument("--workflow", required=True, help="the workflow the traces belong to")
     p.set_defaults(func=cmd_ingest_trace)
+
+    p = sub.add_parser("workflows", help="workflows with their utilisation, waste and firing alerts")
+    _clickhouse_args(p)
+    p.add_argument("--since-minutes", type=float, default=1440, help="how far back from the newest window")
+    p.set_defaults(func=cmd_workflows)
+
+    p = sub.add_parser("workflow", help="one workflow's timeline of windows and alerts")
+    p.add_argument("workflow_id")
+    _clickhouse_args(p)
+    p.set_defaults(func=cmd_workflow)
 
     p = sub.add_parser("sql", help="run a SQL query on gpufleet's ClickHouse (read-only by default)")
     p.add_argument("query")

@@ -12,10 +12,10 @@ from typing import Any
 from clickhouse_connect.driver.client import Client
 
 
-def run_query(client: Client, sql: str) -> tuple[list[str], list[tuple]]:
-    """Column names and rows of ``sql``. Open the client with ``connect(dsn, read_only=True)``
-    to have ClickHouse refuse anything that writes."""
-    result = client.query(sql)
+def run_query(client: Client, sql: str, parameters: dict | None = None) -> tuple[list[str], list[tuple]]:
+    """Column names and rows of ``sql`` (``%(name)s`` placeholders filled from ``parameters``).
+    Open the client with ``connect(dsn, read_only=True)`` to have ClickHouse refuse writes."""
+    result = client.query(sql, parameters=parameters)
     return list(result.column_names), [tuple(r) for r in result.result_rows]
 
 

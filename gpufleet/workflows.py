@@ -1,0 +1,51 @@
+"""``gpufleet workflows`` and ``gpufleet workflow ID``: what a job owner asks, from ClickHouse.
+
+The list: every workflow seen in the last ``--since`` with its owner, GPUs, utilisation in
+its latest window and over the period, the GPU-hours it wasted, and its alerts still firing.
+One workflow: its timeline of windows and the alerts raised along it.
+"""
+
+from __future__ import annotations
+
+from clickhouse_connect.driver.client import Client
+
+from gpufleet.sql import run_query
+
+
+def list_workflows(client: Client, database: str, since_minutes: float = 1440) -> tuple[list[str], list[tuple]]:
+    return run_query(client, f"""
+        WITH windows AS (
+            SELECT * FROM {database}.workflow_windows FINAL
+            WHERE window_end >= (SELECT max(window_end) FROM {database}.workflow_windows) - INTERVAL {int(since_minutes)} MINUTE
+        ),
+        firing AS (
+            SELECT workflow_id, groupArray(detector) AS detectors
+            FROM {database}.alerts FINAL WHERE status = 'FIRING' GROUP BY workflow_id
+        )
+        SELECT w.workflow_id AS workflow, any(w.owner) AS owner, any(w.team) AS team,
+               max(w.gpu_count) AS gpus,
+               round(argMax(w.utilization_mean_pct, w.window_end), 1) AS util_now_pct,
+               round(sum(w.utilization_mean_pct * w.gpu_seconds) / sum(w.gpu_seconds), 1) AS util_pct,
+               round(sum(w.wasted_gpu_seconds) / 3600, 2) AS wasted_gpu_hours,
+               arrayStringConcat(arraySort(any(f.detectors)), ', ') AS firing_alerts
+        FROM windows AS w LEFT JOIN firing AS f ON f.workflow_id = w.workflow_id
+        GROUP BY w.workflow_id
+        ORDER BY wasted_gpu_hours DESC, workflow
+    """)
+
+
+def workflow_timeline(client: Client, database: str, workflow_id: str) -> tuple[list[str], list[tuple]]:
+    return run_query(client, f"""
+        SELECT formatDateTime(w.window_start, '%%Y-%%m-%%d %%H:%%i') AS window, w.gpu_count AS gpus,
+               round(w.utilization_mean_pct, 1) AS util_pct, round(w.utilization_p95_pct, 1) AS p95_pct,
+               round(w.memory_peak_fraction * 100, 1) AS mem_peak_pct,
+               round(w.wasted_gpu_seconds / 3600, 3) AS wasted_gpu_hours,
+               arrayStringConcat(arrayMap(a -> concat(a.1, ' ', a.2), a.events), ', ') AS alerts
+        FROM {database}.workflow_windows AS w FINAL
+        LEFT JOIN (
+            SELECT window_end, groupArray((detector, status)) AS events
+            FROM {database}.alerts WHERE workflow_id = %(wf)s GROUP BY window_end
+        ) AS a ON a.window_end = w.window_end
+        WHERE w.workflow_id = %(wf)s
+        ORDER BY w.window_start
+    """, {"wf": workflow_id})
