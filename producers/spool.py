@@ -123,6 +123,14 @@ class Spool:
         """Up to ``limit`` records (about ``max_bytes``) from ``start``, a position from
         :meth:`cursor` or a record's."""
         out: list[SpooledRecord] = []
+        for seg, offset, data in self._segment_data(start, max_bytes):
+            out.extend(_parse(data, seg, offset, limit - len(out)))
+            if len(out) >= limit or len(data) == max_bytes:
+                break  # more in this segment: the caller reads on from the last record
+        return out
+
+    def _segment_data(self, start: Position, max_bytes: int) -> Iterator[tuple[int, int, bytes]]:
+        """(segment, offset, up to ``max_bytes`` from there) for each segment from ``start`` on."""
         with self._lock:
             self._tail_file.flush()
             segments = [s for s in self._segments() if s >= start.segment]
@@ -131,33 +139,18 @@ class Spool:
             try:
                 with open(self._path(seg), "rb") as f:
                     f.seek(offset)
-                    data = f.read(max_bytes)
+                    yield seg, offset, f.read(max_bytes)
             except FileNotFoundError:
                 continue  # dropped meanwhile
-            records = _parse(data, seg, offset, limit - len(out))
-            out.extend(records)
-            if len(out) >= limit or len(data) == max_bytes:
-                break  # more in this segment: the caller reads on from the last record
-        return out
 
     def send(self, start: Position, limit: int, produce, max_bytes: int = 8 << 20) -> tuple[Position | None, int]:
         """Call ``produce(topic, value=..., key=...)`` for up to ``limit`` records from ``start``,
         without building record objects (the forwarder's hot path); returns the position after
         the last one and how many."""
-        with self._lock:
-            self._tail_file.flush()
-            segments = [s for s in self._segments() if s >= start.segment]
         n, last = 0, None
         size, unpack = _HEADER.size, _HEADER.unpack_from
         topics: dict[bytes, str] = {}
-        for seg in segments:
-            offset = start.offset if seg == start.segment else 0
-            try:
-                with open(self._path(seg), "rb") as f:
-                    f.seek(offset)
-                    data = f.read(max_bytes)
-            except FileNotFoundError:
-                continue
+        for seg, offset, data in self._segment_data(start, max_bytes):
             pos, end = 0, len(data)
             while n < limit and pos + size <= end:
                 tl, kl, vl = unpack(data, pos)
