@@ -92,6 +92,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         topic_prefix=args.topic_prefix,
         data_dir=str(args.data_dir / "worker"),
         window=WindowConfig(size_ms=int(args.window_s * 1000), allowed_lateness_ms=int(args.lateness_s * 1000)),
+        workflow_ended_s=args.workflow_ended_s,
+        idle_partition_s=args.idle_partition_s,
         alerts=AlertConfig(
             detectors=DetectorConfig(low_util_warn_pct=args.low_utilization_pct,
                                      low_util_critical_pct=min(args.low_utilization_pct, args.critical_utilization_pct)),
@@ -333,6 +335,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="mean utilisation under this, sustained, raises a warning")
     p.add_argument("--critical-utilization-pct", type=float, default=15.0,
                    help="mean utilisation under this, sustained, raises a critical alert")
+    p.add_argument("--workflow-ended-s", type=float, default=600.0,
+                   help="a workflow with no sample for this long (event time) has ended: summarise it")
+    p.add_argument("--idle-partition-s", type=float, default=60.0,
+                   help="a partition with no sample for this long (wall time) follows the busiest one's clock")
     p.add_argument("--detector-min-s", type=float, default=None,
                    help="how long every violation must last before its alert fires (default: each detector's own, "
                         "e.g. 10 minutes for low utilisation)")

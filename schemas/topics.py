@@ -39,6 +39,10 @@ WORKFLOW_WINDOWS = TopicSpec(
     "gpufleet.workflow-windows.v1", "WorkflowWindow", "workflow_id", 8,
     doc="One record per workflow and closed event-time window.",
 )
+WORKFLOW_SUMMARIES = TopicSpec(
+    "gpufleet.workflow-summaries.v1", "WorkflowSummary", "workflow_id", 4,
+    doc="One efficiency record per executed workflow, when it ends.",
+)
 ALERTS = TopicSpec(
     "gpufleet.alerts.v1", "Alert", "workflow_id", 4,
     doc="Alerts for job owners; alert_id is deterministic, so consumers can deduplicate.",
@@ -62,8 +66,8 @@ FINDINGS = TopicSpec(
 )
 
 ALL_TOPICS: tuple[TopicSpec, ...] = (
-    GPU_SAMPLES, HOST_SAMPLES, WORKFLOW_EVENTS, WORKFLOW_WINDOWS, ALERTS, DEAD_LETTERS, KERNEL_EVENTS,
-    TRACE_ANALYSES, FINDINGS,
+    GPU_SAMPLES, HOST_SAMPLES, WORKFLOW_EVENTS, WORKFLOW_WINDOWS, WORKFLOW_SUMMARIES, ALERTS, DEAD_LETTERS,
+    KERNEL_EVENTS, TRACE_ANALYSES, FINDINGS,
 )
 
 

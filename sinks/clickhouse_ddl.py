@@ -18,6 +18,7 @@ from schemas.topics import (
     HOST_SAMPLES,
     TRACE_ANALYSES,
     WORKFLOW_EVENTS,
+    WORKFLOW_SUMMARIES,
     WORKFLOW_WINDOWS,
     TopicSpec,
 )
@@ -351,9 +352,45 @@ WORKFLOW_EVENTS_TABLE = Table(
     """,
 )
 
+WORKFLOW_SUMMARIES_TABLE = Table(
+    "workflow_summaries", WORKFLOW_SUMMARIES,
+    ("workflow_id", "owner", "team", "first_window_start", "last_window_end", "end_reason", "windows",
+     "max_gpus", "gpu_seconds", "active_gpu_seconds", "wasted_gpu_seconds", "zero_util_gpu_seconds",
+     "throttled_gpu_seconds", "utilization_mean_pct", "memory_peak_fraction", "energy_joules", "xid_count",
+     "alerts_fired", "summarized_at"),
+    """
+    CREATE TABLE IF NOT EXISTS {db}.{name} (
+        workflow_id String,
+        owner LowCardinality(Nullable(String)),
+        team LowCardinality(Nullable(String)),
+        first_window_start DateTime64(3, 'UTC'),
+        last_window_end DateTime64(3, 'UTC'),
+        end_reason String,
+        windows UInt32,
+        max_gpus UInt32,
+        gpu_seconds Float64,
+        active_gpu_seconds Float64,
+        wasted_gpu_seconds Float64,
+        zero_util_gpu_seconds Float64,
+        throttled_gpu_seconds Float64,
+        utilization_mean_pct Float64,
+        memory_peak_fraction Nullable(Float64),
+        energy_joules Nullable(Float64),
+        xid_count UInt32,
+        alerts_fired Array(String),
+        summarized_at DateTime64(3, 'UTC'),
+        kafka_partition UInt32,
+        kafka_offset UInt64
+    )
+    -- A workflow that runs again after it ended is summarised again: the latest summary wins.
+    ENGINE = ReplacingMergeTree(last_window_end)
+    ORDER BY workflow_id
+    """,
+)
+
 TABLES: tuple[Table, ...] = (
-    GPU_SAMPLES_TABLE, HOST_SAMPLES_TABLE, WORKFLOW_EVENTS_TABLE, WORKFLOW_WINDOWS_TABLE, ALERTS_TABLE,
-    DEAD_LETTERS_TABLE, TRACE_ANALYSES_TABLE, FINDINGS_TABLE,
+    GPU_SAMPLES_TABLE, HOST_SAMPLES_TABLE, WORKFLOW_EVENTS_TABLE, WORKFLOW_WINDOWS_TABLE, WORKFLOW_SUMMARIES_TABLE,
+    ALERTS_TABLE, DEAD_LETTERS_TABLE, TRACE_ANALYSES_TABLE, FINDINGS_TABLE,
 )
 
 

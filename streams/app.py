@@ -26,6 +26,10 @@ class StreamSettings:
     window: WindowConfig = field(default_factory=WindowConfig)
     alerts: AlertConfig = field(default_factory=AlertConfig)
     trace_sessions: TraceSessionConfig = field(default_factory=TraceSessionConfig)
+    # A workflow with no sample for this long (event time) has ended: its WorkflowSummary goes out.
+    workflow_ended_s: float = 600.0
+    # A partition with no sample for this long (wall time) follows the busiest partition's clock.
+    idle_partition_s: float = 60.0
     batch_size: int = 5000
     batch_within_s: float = 0.5
     commit_interval_s: float = 1.0

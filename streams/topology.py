@@ -18,11 +18,13 @@ from schemas.topics import (
     GPU_SAMPLES,
     KERNEL_EVENTS,
     TRACE_ANALYSES,
+    WORKFLOW_SUMMARIES,
     WORKFLOW_WINDOWS,
     key_of,
 )
 from schemas.validate_sample import validate_sample
 from streams.raise_alerts import raise_alerts
+from streams.summarize_workflow import accumulate, summary
 from streams.trace_sessions import TraceSessions
 from streams.window_utilization import Incoming, WindowAggregator
 
@@ -63,22 +65,60 @@ def _by_partition(events) -> dict[int, list]:
 def _register_windows(app: faust.App, settings, codec: Codec) -> None:
     samples_topic = app.topic(settings.topic(GPU_SAMPLES.name), partitions=GPU_SAMPLES.partitions)
     windows_topic = app.topic(settings.topic(WORKFLOW_WINDOWS.name))
+    summaries_topic = app.topic(settings.topic(WORKFLOW_SUMMARIES.name))
     alerts_topic = app.topic(settings.topic(ALERTS.name))
     dlq_topic = app.topic(settings.topic(DEAD_LETTERS.name))
     # One entry per workflow; the changelog partition is the workflow's source partition.
     table = app.Table("window-state", default=None, partitions=GPU_SAMPLES.partitions, key_type=str)
     aggregator = WindowAggregator(settings.window, table.data)
     stats = defaultdict(int)
+    last_batch: dict[int, float] = {}  # partition -> wall time of its last samples
+    ended_after_ms = int(settings.workflow_ended_s * 1000)
 
     @app.on_partitions_assigned.connect
     async def _reindex(*args, **kwargs) -> None:
         aggregator.forget_partitions()
+        last_batch.clear()
+
+    async def finish(partition: int, result, now: int) -> None:
+        """Alerts and job totals for the windows ``result`` closed, summaries of workflows that
+        ended, then the state to the changelog and the records to their topics."""
+        alerts = []
+        for window in result.closed:
+            state = table.data.get(window["workflow_id"])
+            if state is not None:  # (a workflow forgotten in this batch has no more alerts)
+                raised = raise_alerts(state, window, settings.alerts, now)
+                accumulate(state, window, raised)
+                alerts += raised
+        summaries = []
+        for wf in aggregator.ended(partition, ended_after_ms):
+            state = table.data[wf]
+            state["ended"] = True
+            result.changed.add(wf)
+            record = summary(wf, state, f"no samples for {settings.workflow_ended_s:g} s", now)
+            if record is not None:
+                summaries.append(record)
+        for wf in result.changed:
+            if wf in table.data:
+                table.send_changelog(partition, wf, table.data[wf])
+        for wf in result.removed:
+            table.send_changelog(partition, wf, None)
+        for window in result.closed:
+            await _send(codec, windows_topic, WORKFLOW_WINDOWS, window)
+        for alert in alerts:
+            await _send(codec, alerts_topic, ALERTS, alert)
+        for record in summaries:
+            await _send(codec, summaries_topic, WORKFLOW_SUMMARIES, record)
+        stats["windows"] += len(result.closed)
+        stats["alerts"] += len(alerts)
+        stats["summaries"] += len(summaries)
 
     @app.agent(samples_topic, name="window-utilization")
     async def window_samples(stream: faust.StreamT) -> None:
         async for events in stream.take_events(settings.batch_size, within=settings.batch_within_s):
             now = int(time.time() * 1000)
             for partition, messages in _by_partition(events).items():
+                last_batch[partition] = time.monotonic()
                 good: list[Incoming] = []
                 ok, errors = codec.decode_many([m.value for m in messages])
                 bad = [(messages[i], reason) for i, reason in errors]
@@ -92,34 +132,31 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
                     else:
                         good.append(Incoming(messages[i].offset, record))
                 result = aggregator.process(partition, good, closed_at=now)
-                alerts = []
-                for window in result.closed:
-                    state = table.data.get(window["workflow_id"])
-                    if state is not None:  # (a workflow forgotten in this batch has no more alerts)
-                        alerts += raise_alerts(state, window, settings.alerts, now)
-                for wf in result.changed:
-                    table.send_changelog(partition, wf, table.data[wf])
-                for wf in result.removed:
-                    table.send_changelog(partition, wf, None)
-                for window in result.closed:
-                    await _send(codec, windows_topic, WORKFLOW_WINDOWS, window)
-                for alert in alerts:
-                    await _send(codec, alerts_topic, ALERTS, alert)
-                stats["alerts"] += len(alerts)
+                await finish(partition, result, now)
                 by_offset = {m.offset: m for m in messages}
                 late = [(by_offset[inc.offset], reason) for inc, reason in result.late]
                 for message, reason in bad + late:
                     await _dead_letter(codec, dlq_topic, STAGE, message, reason, now)
                 stats["samples"] += len(good)
-                stats["windows"] += len(result.closed)
                 stats["late"] += len(result.late)
                 stats["invalid"] += len(bad)
                 stats["replayed"] += result.replayed
 
+    @app.timer(interval=max(1.0, settings.idle_partition_s / 4))
+    async def _idle_partitions() -> None:
+        """Partitions silent for ``idle_partition_s`` follow the busiest partition's clock."""
+        if not last_batch:
+            return
+        newest = max(aggregator.newest(p) for p in last_batch)
+        quiet = [p for p, t in last_batch.items() if time.monotonic() - t > settings.idle_partition_s]
+        now = int(time.time() * 1000)
+        for p in quiet:
+            result = aggregator.advance(p, newest, closed_at=now)
+            await finish(p, result, now)
+
     @app.timer(interval=10.0)
     async def _report() -> None:
         log.info("window-utilization: %s", dict(stats))
-
 
 
 def _register_trace_analysis(app: faust.App, settings, codec: Codec) -> None:

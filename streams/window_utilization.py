@@ -155,6 +155,30 @@ class WindowAggregator:
         return sum(len(v) for v in self._open[partition].values())
 
     # -- the batch ---------------------------------------------------------------------
+    def newest(self, partition: int) -> int:
+        """The newest event time applied on ``partition`` (-1 before any)."""
+        self._load_partition(partition)
+        return self._max_event_time[partition]
+
+    def advance(self, partition: int, event_time: int, closed_at: int) -> BatchResult:
+        """Move an idle partition's clock to ``event_time`` (the newest of the busy partitions)
+        and close what that closes: without it, a partition that stopped receiving samples
+        would keep its last windows open for ever (Flink calls this idleness)."""
+        self._load_partition(partition)
+        result = BatchResult()
+        if event_time > self._max_event_time[partition] >= 0:
+            self._max_event_time[partition] = event_time
+            self._close(partition, event_time - self.config.allowed_lateness_ms, closed_at, result)
+        return result
+
+    def ended(self, partition: int, silent_ms: int) -> list[str]:
+        """Workflows of ``partition`` with no open window and no sample for ``silent_ms`` of
+        event time, not yet marked ``ended``."""
+        self._load_partition(partition)
+        horizon = self._max_event_time[partition] - silent_ms
+        return sorted(wf for wf in self._idle[partition]
+                      if self.store[wf]["max_event_time"] < horizon and not self.store[wf].get("ended"))
+
     def process(self, partition: int, batch: Iterable[Incoming], closed_at: int) -> BatchResult:
         """Apply ``batch`` (in offset order) and close every window the watermark has passed."""
         self._load_partition(partition)
@@ -177,6 +201,7 @@ class WindowAggregator:
                 result.replayed += 1  # applied before a restart; at-least-once replay
                 continue
             state["last_offset"] = item.offset
+            state.pop("ended", None)
             self.store[wf] = state
             result.changed.add(wf)
             t = r["event_time"]

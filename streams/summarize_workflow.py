@@ -1,0 +1,52 @@
+"""Job-to-date efficiency of a workflow, accumulated from its closed windows -> ``WorkflowSummary``.
+
+The totals live in the workflow's entry of the worker's window-state table; when the
+workflow ends (no sample for a configurable time) one ``WorkflowSummary`` closes it: the
+efficiency record of every executed workflow.
+"""
+
+from __future__ import annotations
+
+_SUMS = ("gpu_seconds", "active_gpu_seconds", "wasted_gpu_seconds", "zero_util_gpu_seconds",
+         "throttled_gpu_seconds")
+
+
+def accumulate(state: dict, window: dict, alerts: list[dict]) -> None:
+    """Add a closed window (and the alerts it raised) to the job's totals."""
+    job = state.setdefault("job", {
+        "first": window["window_start"], "last": window["window_end"], "windows": 0, "max_gpus": 0,
+        "util_weighted": 0.0, "energy_j": None, "mem_peak": None, "xids": 0, "fired": [],
+        **{k: 0.0 for k in _SUMS},
+    })
+    job["first"] = min(job["first"], window["window_start"])
+    job["last"] = max(job["last"], window["window_end"])
+    job["windows"] += 1
+    job["max_gpus"] = max(job["max_gpus"], window["gpu_count"])
+    for k in _SUMS:
+        job[k] += window[k]
+    job["util_weighted"] += window["utilization_mean_pct"] * window["gpu_seconds"]
+    if window.get("energy_joules") is not None:
+        job["energy_j"] = (job["energy_j"] or 0.0) + window["energy_joules"]
+    if window.get("memory_peak_fraction") is not None:
+        job["mem_peak"] = max(job["mem_peak"] or 0.0, window["memory_peak_fraction"])
+    job["xids"] += window["xid_count"]
+    for a in alerts:
+        if a["status"] == "FIRING" and a["detector"] not in job["fired"]:
+            job["fired"].append(a["detector"])
+
+
+def summary(workflow_id: str, state: dict, reason: str, now_ms: int) -> dict | None:
+    """The ``WorkflowSummary`` of a workflow's totals (None if no window of it ever closed)."""
+    job = state.get("job")
+    if not job:
+        return None
+    seconds = job["gpu_seconds"]
+    return {
+        "workflow_id": workflow_id, "owner": state.get("owner"), "team": state.get("team"),
+        "first_window_start": job["first"], "last_window_end": job["last"], "end_reason": reason,
+        "windows": job["windows"], "max_gpus": job["max_gpus"],
+        **{k: job[k] for k in _SUMS},
+        "utilization_mean_pct": job["util_weighted"] / seconds if seconds else 0.0,
+        "memory_peak_fraction": job["mem_peak"], "energy_joules": job["energy_j"], "xid_count": job["xids"],
+        "alerts_fired": sorted(job["fired"]), "summarized_at": now_ms,
+    }

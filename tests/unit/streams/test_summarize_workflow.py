@@ -1,0 +1,51 @@
+"""Job-to-date totals, the end of a workflow, and idle partitions."""
+
+import pytest
+
+from streams.summarize_workflow import accumulate, summary
+from streams.window_utilization import Incoming, WindowAggregator, WindowConfig
+from tests.unit.samples import BASE_MS, sample, window
+
+CFG = WindowConfig(size_ms=60_000, allowed_lateness_ms=10_000, retention_ms=3_600_000)
+
+
+def test_totals_over_windows():
+    state: dict = {"owner": "ana"}
+    accumulate(state, window(gpu_seconds=120.0, utilization_mean_pct=50.0, wasted_gpu_seconds=60.0), [])
+    later = window(window_start=BASE_MS + 60_000, window_end=BASE_MS + 120_000, gpu_seconds=60.0,
+                   utilization_mean_pct=20.0, wasted_gpu_seconds=48.0, gpu_count=3, xid_count=2)
+    accumulate(state, later, [{"status": "FIRING", "detector": "low_utilization"}])
+    s = summary("wf-a", state, "no samples for 600 s", now_ms=7)
+    assert (s["first_window_start"], s["last_window_end"], s["windows"], s["max_gpus"]) == (
+        BASE_MS, BASE_MS + 120_000, 2, 3)
+    assert s["gpu_seconds"] == 180.0 and s["wasted_gpu_seconds"] == 108.0
+    assert s["utilization_mean_pct"] == pytest.approx((50 * 120 + 20 * 60) / 180)
+    assert s["alerts_fired"] == ["low_utilization"] and s["xid_count"] == 2 and s["owner"] == "ana"
+    assert summary("wf-b", {}, "x", 0) is None
+
+
+def feed(agg, partition, samples, first=0):
+    return agg.process(partition, [Incoming(first + i, s) for i, s in enumerate(samples)], closed_at=0)
+
+
+def test_a_workflow_ends_after_silence_in_event_time():
+    agg = WindowAggregator(CFG, {})
+    both = [sample(workflow_id=wf, event_time=BASE_MS + t * 1000) for t in range(90) for wf in ("wf-a", "wf-b")]
+    feed(agg, 0, both)
+    assert agg.ended(0, 60_000) == []
+    feed(agg, 0, [sample(workflow_id="wf-b", event_time=BASE_MS + t * 1000) for t in range(90, 200)], first=500)
+    assert agg.ended(0, 60_000) == ["wf-a"]  # silent since 89 s, the partition is at 199 s
+    agg.store["wf-a"]["ended"] = True
+    assert agg.ended(0, 60_000) == []
+    feed(agg, 0, [sample(workflow_id="wf-a", event_time=BASE_MS + 200_000)], first=900)
+    assert "ended" not in agg.store["wf-a"]  # it came back: a new life
+
+
+def test_an_idle_partition_follows_the_busy_ones():
+    agg = WindowAggregator(CFG, {})
+    feed(agg, 0, [sample(workflow_id="wf-a", event_time=BASE_MS + t * 1000) for t in range(50)])
+    feed(agg, 1, [sample(workflow_id="wf-b", event_time=BASE_MS + t * 1000) for t in range(300)])
+    result = agg.advance(0, agg.newest(1), closed_at=0)
+    assert [(w["workflow_id"], w["window_start"]) for w in result.closed] == [("wf-a", BASE_MS)]
+    assert agg.ended(0, 60_000) == ["wf-a"]
+    assert agg.advance(1, agg.newest(0), closed_at=0).closed == []  # never backwards
