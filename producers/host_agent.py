@@ -95,11 +95,16 @@ class HostAgent:
             seen: dict[str, tuple[ProcessInfo, set[str], set[int]]] = {}
         else:
             samples, seen = self._from_readings(self.nvml.tick(), now, interval)
-        for s in samples:
-            self._put(GPU_SAMPLES, s)
-        self._put(HOST_SAMPLES, self.host_sampler.sample(
+        host = self.host_sampler.sample(
             now, interval, self.settings.host, {wf: pids for wf, (_, _, pids) in seen.items()},
-            spool_dropped_total=self.spool.dropped))
+            spool_dropped_total=self.spool.dropped)
+        cpu = {w["workflow_id"]: w["cpu_pct"] for w in host["workflows"]}
+        for s in samples:
+            # On every GPU sample of the workflow: the stream sees GPU and CPU side by side.
+            s.setdefault("workflow_cpu_pct", cpu.get(s["workflow_id"]))
+            s.setdefault("host_iowait_pct", host["iowait_pct"])
+            self._put(GPU_SAMPLES, s)
+        self._put(HOST_SAMPLES, host)
         for event in self._lifecycle(seen, now):
             self._put(WORKFLOW_EVENTS, event)
         self.spool.flush()

@@ -37,8 +37,8 @@ class Table:
 
 KAFKA_COLUMNS = ("kafka_partition", "kafka_offset")
 
-# GpuSample v2: the host agent's NVML fields.
-GPU_SAMPLE_V2_COLUMNS = (
+# Columns added after the first release (GpuSample v2: the NVML fields; v3: host CPU and I/O wait).
+GPU_SAMPLE_ADDED_COLUMNS = (
     ("share", "Nullable(Float32)"),
     ("process_count", "Nullable(UInt16)"),
     ("process_memory_bytes", "Nullable(UInt64) CODEC(ZSTD)"),
@@ -62,6 +62,9 @@ GPU_SAMPLE_V2_COLUMNS = (
     ("mig_gi_id", "Nullable(UInt16)"),
     ("mig_ci_id", "Nullable(UInt16)"),
     ("xids", "Array(UInt32)"),
+    # v3
+    ("workflow_cpu_pct", "Nullable(Float32) CODEC(ZSTD)"),
+    ("host_iowait_pct", "Nullable(Float32) CODEC(ZSTD)"),
 )
 
 GPU_SAMPLES_TABLE = Table(
@@ -69,7 +72,7 @@ GPU_SAMPLES_TABLE = Table(
     ("event_time", "interval_ms", "host", "gpu_index", "gpu_uuid", "gpu_model", "workflow_id",
      "owner", "team", "utilization_pct", "memory_utilization_pct", "memory_used_bytes",
      "memory_total_bytes", "power_watts", "temperature_c", "sm_clock_mhz",
-     *(name for name, _ in GPU_SAMPLE_V2_COLUMNS)),
+     *(name for name, _ in GPU_SAMPLE_ADDED_COLUMNS)),
     """
     CREATE TABLE IF NOT EXISTS {db}.{name} (
         event_time DateTime64(3, 'UTC') CODEC(DoubleDelta, ZSTD),
@@ -99,10 +102,10 @@ GPU_SAMPLES_TABLE = Table(
     TTL ingested_at + INTERVAL 90 DAY
     """,
     prepare=lambda r: r if r.get("xids") is not None else {**r, "xids": []},
-    added_columns=GPU_SAMPLE_V2_COLUMNS,
+    added_columns=GPU_SAMPLE_ADDED_COLUMNS,
 )
 
-WORKFLOW_WINDOW_V2_COLUMNS = (
+WORKFLOW_WINDOW_ADDED_COLUMNS = (
     ("active_gpu_seconds", "Float64"),
     ("wasted_gpu_seconds", "Float64"),
     ("zero_util_gpu_seconds", "Float64"),
@@ -118,13 +121,15 @@ WORKFLOW_WINDOW_V2_COLUMNS = (
     ("throttled_gpu_seconds", "Float64"),
     ("xid_count", "UInt32"),
     ("ecc_uncorrected_max", "Nullable(UInt64)"),
+    ("workflow_cpu_mean_pct", "Nullable(Float64)"),
+    ("host_iowait_mean_pct", "Nullable(Float64)"),
 )
 
 WORKFLOW_WINDOWS_TABLE = Table(
     "workflow_windows", WORKFLOW_WINDOWS,
     ("workflow_id", "owner", "team", "window_start", "window_end", "sample_count", "gpu_count",
      "gpu_seconds", "utilization_mean_pct", "utilization_min_pct", "utilization_max_pct",
-     "memory_used_mean_bytes", "energy_joules", *(name for name, _ in WORKFLOW_WINDOW_V2_COLUMNS),
+     "memory_used_mean_bytes", "energy_joules", *(name for name, _ in WORKFLOW_WINDOW_ADDED_COLUMNS),
      "closed_at"),
     """
     CREATE TABLE IF NOT EXISTS {db}.{name} (
@@ -150,7 +155,7 @@ WORKFLOW_WINDOWS_TABLE = Table(
     PARTITION BY toYYYYMM(window_start)
     ORDER BY (workflow_id, window_start)
     """,
-    added_columns=WORKFLOW_WINDOW_V2_COLUMNS,
+    added_columns=WORKFLOW_WINDOW_ADDED_COLUMNS,
 )
 
 ALERTS_TABLE = Table(

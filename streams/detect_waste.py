@@ -27,6 +27,10 @@ class DetectorConfig:
     memory_underuse_min_s: float = 1800.0
     throttle_share: float = 0.2  # of the window's GPU-seconds under power/thermal limits
     throttle_min_s: float = 300.0
+    input_bound_util_pct: float = 40.0  # GPUs under this while ...
+    input_bound_cpu_per_gpu_pct: float = 90.0  # ... the job's processes keep a core per GPU busy, or
+    input_bound_iowait_pct: float = 20.0  # ... its hosts wait on I/O this much
+    input_bound_min_s: float = 600.0
 
 
 @dataclass(frozen=True)
@@ -138,8 +142,33 @@ def hardware_fault(w: dict, c: DetectorConfig) -> Violation | None:
     )
 
 
+def input_bound(w: dict, c: DetectorConfig) -> Violation | None:
+    """Low GPU utilisation while the job's CPU is saturated or its hosts wait on I/O. The job's CPU
+    is per GPU (its processes' CPU over its GPUs: one data-loading core per GPU is the usual
+    shape of a starved input pipeline)."""
+    if w["utilization_mean_pct"] >= c.input_bound_util_pct:
+        return None
+    cpu, iowait = w.get("workflow_cpu_mean_pct"), w.get("host_iowait_mean_pct")
+    per_gpu = None if cpu is None else cpu / max(1, w["gpu_count"])
+    cpu_bound = per_gpu is not None and per_gpu >= c.input_bound_cpu_per_gpu_pct
+    io_bound = iowait is not None and iowait >= c.input_bound_iowait_pct
+    if not (cpu_bound or io_bound):
+        return None
+    what = (f"its processes keep {per_gpu:.0f}% of a core busy per GPU" if cpu_bound
+            else f"its hosts spend {iowait:.0f}% of their CPU time waiting for I/O")
+    return Violation(
+        "input_bound", "WARNING", per_gpu if cpu_bound else iowait,
+        c.input_bound_cpu_per_gpu_pct if cpu_bound else c.input_bound_iowait_pct,
+        f"The GPUs ran at {w['utilization_mean_pct']:.1f}% while {what}: the job waits for its input.",
+        "Feed the GPUs faster: DataLoader(num_workers=N, pin_memory=True, persistent_workers=True), decode and "
+        "augment on more cores or on the GPU, cache or pre-shard the dataset on local disk.",
+        c.input_bound_min_s,
+    )
+
+
 DETECTORS: tuple[Callable[[dict, DetectorConfig], Violation | None], ...] = (
     low_utilization, idle_allocated, partial_use, imbalance, memory_underuse, throttling, hardware_fault,
+    input_bound,
 )
 
 

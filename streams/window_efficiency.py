@@ -5,7 +5,8 @@ for its interval times the workflow's share of the GPU) and emitted in ``Workflo
 active, wasted and 0 %-utilisation GPU-seconds, the utilisation's median and 95th
 percentile (exact: NVML reports whole percents, kept as a histogram of 101 values), SM and
 tensor activity where the GPU reports them (GPM), memory peak and mean fraction, mean
-power, per-GPU balance, time under power or thermal clock limits, and hardware faults.
+power, per-GPU balance, time under power or thermal clock limits, hardware faults, and the
+workflow's CPU on its hosts with their I/O wait (from the agent, on each GPU sample).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ def new_efficiency() -> dict:
     return {
         "active_ms": 0.0, "wasted_ms": 0.0, "zero_ms": 0.0, "hist": {}, "sm": [0.0, 0.0], "tensor": [0.0, 0.0],
         "mem_peak": None, "mem_frac": [0.0, 0.0], "power": [0.0, 0.0], "per_gpu": {}, "throttled_ms": 0.0,
-        "xids": 0, "ecc": None,
+        "xids": 0, "ecc": None, "cpu": [0.0, 0.0], "iowait": [0.0, 0.0],
     }
 
 
@@ -32,7 +33,8 @@ def add_efficiency(e: dict, r: dict, w: float) -> None:
     e["wasted_ms"] += w * (1.0 - util / 100.0)
     bucket = str(round(util))
     e["hist"][bucket] = e["hist"].get(bucket, 0.0) + w
-    for key, field in (("sm", "sm_active_pct"), ("tensor", "tensor_active_pct"), ("power", "power_watts")):
+    for key, field in (("sm", "sm_active_pct"), ("tensor", "tensor_active_pct"), ("power", "power_watts"),
+                       ("cpu", "workflow_cpu_pct"), ("iowait", "host_iowait_pct")):
         value = r.get(field)
         if value is not None:
             e[key][0] += value * w
@@ -88,4 +90,6 @@ def efficiency_fields(e: dict) -> dict:
         "throttled_gpu_seconds": e["throttled_ms"] / 1000.0,
         "xid_count": e["xids"],
         "ecc_uncorrected_max": e["ecc"],
+        "workflow_cpu_mean_pct": _mean(e.get("cpu", [0.0, 0.0])),
+        "host_iowait_mean_pct": _mean(e.get("iowait", [0.0, 0.0])),
     }

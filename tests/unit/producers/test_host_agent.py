@@ -67,6 +67,9 @@ def test_one_sample_per_gpu_and_workflow_with_shares(world):
     assert by[("GPU-0", "wf-a")]["utilization_pct"] == 90.0 and by[("GPU-0", "wf-a")]["host"] == "node-7"
     assert by[("GPU-0", "wf-a")]["power_limit_watts"] == 400.0 and by[("GPU-0", "wf-a")]["process_count"] == 1
     assert all(validate_sample(s) is None for s in samples)
+    # Each workflow's host CPU rides on its GPU samples (psutil on this machine: a number, maybe 0).
+    assert all(s["workflow_cpu_pct"] is not None for s in samples if s["workflow_id"] in ("wf-a", "slurm-77"))
+    assert all(s["host_iowait_pct"] is not None for s in samples)
 
 
 def test_host_sample_and_keys(world):

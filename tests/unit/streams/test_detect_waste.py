@@ -21,6 +21,10 @@ CFG = DetectorConfig()
     ({"throttled_gpu_seconds": 10.0, "gpu_seconds": 120.0}, set()),
     ({"xid_count": 1}, {"hardware_fault"}),
     ({"ecc_uncorrected_max": 3}, {"hardware_fault"}),
+    ({"utilization_mean_pct": 30.0, "workflow_cpu_mean_pct": 200.0, "gpu_count": 2}, {"input_bound"}),
+    ({"utilization_mean_pct": 30.0, "workflow_cpu_mean_pct": 100.0, "gpu_count": 2}, set()),
+    ({"utilization_mean_pct": 30.0, "host_iowait_mean_pct": 35.0}, {"input_bound"}),
+    ({"utilization_mean_pct": 80.0, "workflow_cpu_mean_pct": 800.0, "gpu_count": 2}, set()),
 ])
 def test_detectors(overrides, fired):
     assert set(detect(window(**overrides), CFG)) == fired

@@ -51,3 +51,11 @@ def test_shares_weight_the_efficiency_too():
     samples = [sample(event_time=BASE_MS + t * 1000, utilization_pct=0.0, share=0.5) for t in range(60)]
     w = close_one(samples)
     assert w["gpu_seconds"] == 30.0 and w["wasted_gpu_seconds"] == 30.0 and w["zero_util_gpu_seconds"] == 30.0
+
+
+def test_workflow_cpu_and_host_iowait_are_averaged():
+    samples = [sample(event_time=BASE_MS + t * 1000, workflow_cpu_pct=150.0 if t < 30 else 50.0,
+                      host_iowait_pct=10.0) for t in range(60)]
+    w = close_one(samples)
+    assert w["workflow_cpu_mean_pct"] == 100.0 and w["host_iowait_mean_pct"] == 10.0
+    assert close_one([sample(event_time=BASE_MS + t * 1000) for t in range(60)])["workflow_cpu_mean_pct"] is None
