@@ -81,11 +81,17 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from schemas.admin import create_topics, ensure_topics
     from streams.app import StreamSettings, changelog_topics, create_app
     from streams.detect_waste import DetectorConfig
-    from streams.raise_alerts import AlertConfig
+    from streams.raise_alerts import AlertConfig, load_detector_config
     from streams.window_utilization import WindowConfig
 
     bootstrap = _resolve_bootstrap(args)
     ensure_topics(bootstrap, prefix=args.topic_prefix)
+    if args.thresholds:
+        detectors, team_detectors = load_detector_config(args.thresholds)
+    else:
+        detectors = DetectorConfig(low_util_warn_pct=args.low_utilization_pct,
+                                   low_util_critical_pct=min(args.low_utilization_pct, args.critical_utilization_pct))
+        team_detectors = {}
     settings = StreamSettings(
         bootstrap=bootstrap,
         app_id=args.app_id,
@@ -94,11 +100,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         window=WindowConfig(size_ms=int(args.window_s * 1000), allowed_lateness_ms=int(args.lateness_s * 1000)),
         workflow_ended_s=args.workflow_ended_s,
         idle_partition_s=args.idle_partition_s,
-        alerts=AlertConfig(
-            detectors=DetectorConfig(low_util_warn_pct=args.low_utilization_pct,
-                                     low_util_critical_pct=min(args.low_utilization_pct, args.critical_utilization_pct)),
-            min_duration_s=args.detector_min_s,
-        ),
+        alerts=AlertConfig(detectors=detectors, team_detectors=team_detectors, min_duration_s=args.detector_min_s),
     )
     create_topics(bootstrap, changelog_topics(settings))
     app = create_app(settings)
@@ -339,6 +341,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a workflow with no sample for this long (event time) has ended: summarise it")
     p.add_argument("--idle-partition-s", type=float, default=60.0,
                    help="a partition with no sample for this long (wall time) follows the busiest one's clock")
+    p.add_argument("--thresholds", type=Path, default=None,
+                   help="TOML file of detector thresholds: [default] and [teams.<name>] (DetectorConfig fields)")
     p.add_argument("--detector-min-s", type=float, default=None,
                    help="how long every violation must last before its alert fires (default: each detector's own, "
                         "e.g. 10 minutes for low utilisation)")

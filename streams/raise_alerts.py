@@ -19,13 +19,36 @@ class AlertConfig:
     lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
     # When set, every detector's minimum duration (for demos and tests at compressed time).
     min_duration_s: float | None = None
+    # Thresholds of particular teams (a team that trains small models may accept 40 % utilisation).
+    team_detectors: dict[str, DetectorConfig] = field(default_factory=dict)
+
+    def detectors_for(self, team: str | None) -> DetectorConfig:
+        return self.team_detectors.get(team or "", self.detectors)
+
+
+def load_detector_config(path) -> tuple[DetectorConfig, dict[str, DetectorConfig]]:
+    """Thresholds from a TOML file: ``[default]`` and ``[teams.<name>]`` tables whose keys are
+    ``DetectorConfig`` fields; a team's table overrides the default's."""
+    import tomllib
+    from dataclasses import fields as dataclass_fields
+    from pathlib import Path
+
+    raw = tomllib.loads(Path(path).read_text())
+    known = {f.name for f in dataclass_fields(DetectorConfig)}
+    for section, values in [("default", raw.get("default", {}))] + list(raw.get("teams", {}).items()):
+        unknown = set(values) - known
+        if unknown:
+            raise ValueError(f"{path}: unknown thresholds in [{section}]: {', '.join(sorted(unknown))}")
+    default = DetectorConfig(**raw.get("default", {}))
+    teams = {team: replace(default, **values) for team, values in raw.get("teams", {}).items()}
+    return default, teams
 
 
 def raise_alerts(state: dict, window: dict, config: AlertConfig, now_ms: int) -> list[dict]:
     """Advance every detector's life cycle by ``window``; return the alerts that transition."""
     lifecycles = state.setdefault("alerts", {})
     state["wasted_s"] = state.get("wasted_s", 0.0) + window["wasted_gpu_seconds"]
-    violations = detect(window, config.detectors)
+    violations = detect(window, config.detectors_for(window.get("team")))
     out = []
     for fn in DETECTORS:
         name = fn.__name__

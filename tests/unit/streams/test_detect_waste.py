@@ -40,3 +40,23 @@ def test_low_utilization_severity_and_words():
 def test_thresholds_are_configurable():
     strict = DetectorConfig(low_util_warn_pct=70.0, low_util_critical_pct=40.0)
     assert detect(window(utilization_mean_pct=50.0), strict)["low_utilization"].severity == "WARNING"
+
+
+def test_team_thresholds_from_a_file(tmp_path):
+    import pytest as _pytest
+
+    from streams.raise_alerts import AlertConfig, load_detector_config, raise_alerts
+
+    path = tmp_path / "thresholds.toml"
+    path.write_text("[default]\nlow_util_warn_pct = 30.0\n[teams.research]\nlow_util_warn_pct = 10.0\n"
+                    "low_util_critical_pct = 5.0\n")
+    default, teams = load_detector_config(path)
+    assert default.low_util_warn_pct == 30.0 and teams["research"].low_util_warn_pct == 10.0
+    assert teams["research"].idle_min_s == default.idle_min_s  # the rest comes from [default]
+    config = AlertConfig(detectors=default, team_detectors=teams, min_duration_s=0)
+    for team, fires in (("research", False), ("vision", True)):
+        alerts = raise_alerts({}, window(team=team, utilization_mean_pct=20.0), config, now_ms=0)
+        assert any(a["detector"] == "low_utilization" for a in alerts) == fires
+    path.write_text("[teams.x]\nlow_util_pct = 1\n")
+    with _pytest.raises(ValueError, match="unknown thresholds in \\[x\\]: low_util_pct"):
+        load_detector_config(path)
