@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import faust
 
-from schemas.topics import GPU_SAMPLES, KERNEL_EVENTS
+from schemas.topics import GPU_SAMPLES, KERNEL_EVENTS, WORKFLOW_EVENTS
 from streams.raise_alerts import AlertConfig
 from streams.trace_sessions import TraceSessionConfig
 from streams.window_utilization import WindowConfig
@@ -42,6 +42,8 @@ class StreamSettings:
 
 # The worker's tables: name -> partitions (each co-partitioned with the topic it is built from).
 TABLES = {"window-state": GPU_SAMPLES.partitions, "trace-state": KERNEL_EVENTS.partitions}
+if GPU_SAMPLES.partitions != WORKFLOW_EVENTS.partitions:  # the window state serves both topics
+    raise RuntimeError("gpu-samples and workflow-events must have the same partitions")
 
 
 def changelog_topics(settings: StreamSettings) -> list[tuple[str, int, bool]]:

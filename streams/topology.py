@@ -18,6 +18,7 @@ from schemas.topics import (
     GPU_SAMPLES,
     KERNEL_EVENTS,
     TRACE_ANALYSES,
+    WORKFLOW_EVENTS,
     WORKFLOW_SUMMARIES,
     WORKFLOW_WINDOWS,
     key_of,
@@ -26,7 +27,7 @@ from schemas.validate_sample import validate_sample
 from streams.raise_alerts import raise_alerts
 from streams.summarize_workflow import accumulate, summary
 from streams.trace_sessions import TraceSessions
-from streams.window_utilization import Incoming, WindowAggregator
+from streams.window_utilization import BatchResult, Incoming, WindowAggregator
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,9 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
             state = table.data[wf]
             state["ended"] = True
             result.changed.add(wf)
-            record = summary(wf, state, f"no samples for {settings.workflow_ended_s:g} s", now)
+            reason = ("its hosts reported it ended" if state.get("ending")
+                      else f"no samples for {settings.workflow_ended_s:g} s")
+            record = summary(wf, state, reason, now)
             if record is not None:
                 summaries.append(record)
         for wf in result.changed:
@@ -141,6 +144,36 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
                 stats["late"] += len(result.late)
                 stats["invalid"] += len(bad)
                 stats["replayed"] += result.replayed
+
+    events_topic = app.topic(settings.topic(WORKFLOW_EVENTS.name), partitions=WORKFLOW_EVENTS.partitions)
+
+    @app.agent(events_topic, name="workflow-life-cycle")
+    async def life_cycle(stream: faust.StreamT) -> None:
+        """The agents' STARTED/HEARTBEAT/ENDED: a workflow whose every host said ENDED is ending;
+        its summary goes out once its last window has closed. The topic is keyed and partitioned
+        like the samples, so the workflow's state is in this worker's table."""
+        async for events in stream.take_events(1000, within=settings.batch_within_s):
+            now = int(time.time() * 1000)
+            for partition, messages in _by_partition(events).items():
+                ok, errors = codec.decode_many([m.value for m in messages])
+                for i, reason in errors:
+                    await _dead_letter(codec, dlq_topic, "workflow-life-cycle", messages[i], reason, now)
+                result = BatchResult()
+                for _, name, event in ok:
+                    if name != WORKFLOW_EVENTS.schema:
+                        continue
+                    state = aggregator.state_of(event["workflow_id"], partition, event["owner"], event["team"])
+                    hosts = set(state.get("hosts", []))
+                    if event["event"] == "ENDED":
+                        hosts.discard(event["host"])
+                        if not hosts:
+                            state["ending"] = True
+                    else:
+                        hosts.add(event["host"])
+                        state.pop("ending", None)
+                    state["hosts"] = sorted(hosts)
+                    result.changed.add(event["workflow_id"])
+                await finish(partition, result, now)
 
     @app.timer(interval=max(1.0, settings.idle_partition_s / 4))
     async def _idle_partitions() -> None:

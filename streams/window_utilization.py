@@ -155,6 +155,15 @@ class WindowAggregator:
         return sum(len(v) for v in self._open[partition].values())
 
     # -- the batch ---------------------------------------------------------------------
+    def state_of(self, workflow_id: str, partition: int, owner: str | None = None, team: str | None = None) -> dict:
+        """The workflow's state, created empty if no sample of it has been applied yet (its life
+        cycle can be heard of before its samples are)."""
+        state = self.store.get(workflow_id)
+        if state is None:
+            state = self.store[workflow_id] = {"partition": partition, "owner": owner, "team": team,
+                                               "last_offset": -1, "max_event_time": -1, "windows": {}}
+        return state
+
     def newest(self, partition: int) -> int:
         """The newest event time applied on ``partition`` (-1 before any)."""
         self._load_partition(partition)
@@ -172,12 +181,14 @@ class WindowAggregator:
         return result
 
     def ended(self, partition: int, silent_ms: int) -> list[str]:
-        """Workflows of ``partition`` with no open window and no sample for ``silent_ms`` of
-        event time, not yet marked ``ended``."""
+        """Workflows of ``partition`` with no open window that either had no sample for
+        ``silent_ms`` of event time or are marked ``ending`` (their hosts said so), and are not
+        yet marked ``ended``."""
         self._load_partition(partition)
         horizon = self._max_event_time[partition] - silent_ms
         return sorted(wf for wf in self._idle[partition]
-                      if self.store[wf]["max_event_time"] < horizon and not self.store[wf].get("ended"))
+                      if (self.store[wf]["max_event_time"] < horizon or self.store[wf].get("ending"))
+                      and not self.store[wf].get("ended"))
 
     def process(self, partition: int, batch: Iterable[Incoming], closed_at: int) -> BatchResult:
         """Apply ``batch`` (in offset order) and close every window the watermark has passed."""
@@ -194,14 +205,14 @@ class WindowAggregator:
             wf = r["workflow_id"]
             state = self.store.get(wf)
             if state is None:
-                state = {"partition": partition, "owner": r.get("owner"), "team": r.get("team"),
-                         "last_offset": -1, "max_event_time": -1, "windows": {}}
+                state = self.state_of(wf, partition, r.get("owner"), r.get("team"))
                 idle.add(wf)
             elif item.offset <= state["last_offset"]:
                 result.replayed += 1  # applied before a restart; at-least-once replay
                 continue
             state["last_offset"] = item.offset
-            state.pop("ended", None)
+            if state.pop("ended", None):
+                state.pop("ending", None)  # it came back after it ended: a new life
             self.store[wf] = state
             result.changed.add(wf)
             t = r["event_time"]

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from schemas.codec import Codec
 from schemas.kafka_config import consumer_config
@@ -78,7 +78,7 @@ def read_topic(bootstrap: str, topic: str, partitions: int, timeout: float = 10.
         ends = {}
         tps = []
         for p in range(partitions):
-            low, high = c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
+            low, high = _watermarks(c, TopicPartition(topic, p), timeout)
             if high > low:
                 ends[p] = high
                 tps.append(TopicPartition(topic, p, low))
@@ -102,6 +102,18 @@ def read_topic(bootstrap: str, topic: str, partitions: int, timeout: float = 10.
         return out
     finally:
         c.close()
+
+
+def _watermarks(consumer: Consumer, tp: TopicPartition, timeout: float) -> tuple[int, int]:
+    """Low and high offsets, retried while a new topic's partitions have no leader yet."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return consumer.get_watermark_offsets(tp, timeout=timeout)
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def committed_everything(bootstrap: str, group: str, spec: TopicSpec, topic: str) -> bool:

@@ -7,7 +7,7 @@ import pytest
 
 from producers.publish_kafka import Publisher
 from producers.simulate_fleet import HEALTHY, build_fleet
-from schemas.topics import GPU_SAMPLES, WORKFLOW_SUMMARIES
+from schemas.topics import GPU_SAMPLES, WORKFLOW_EVENTS, WORKFLOW_SUMMARIES
 from tests.integration.helpers import CODEC, read_topic, running_sink, wait_until, worker_process
 from tests.unit.samples import BASE_MS
 
@@ -49,3 +49,35 @@ def test_stopped_workflows_are_summarised(kafka, prefix, tmp_path, chdb_client, 
         assert s["max_gpus"] == len(fleet.workflow(wf).gpus)
     idle = [w.workflow_id for w in fleet.workflows if w.profile.name == "idle"]
     assert got[idle[0]]["alerts_fired"] == ["idle_allocated", "low_utilization"]
+
+
+def test_a_workflow_its_agent_reported_ended_is_summarised(kafka, prefix, tmp_path):
+    fleet = build_fleet(seed=21, hosts=3, gpus_per_host=4, workflows=6)
+    idle = next(w for w in fleet.workflows if w.profile.name == "idle")
+    continuing = {w.workflow_id for w in fleet.workflows if w.profile is HEALTHY}
+    pub = Publisher(kafka.bootstrap, CODEC)
+    first = [s for t in range(180) for s in fleet.samples_at(t, BASE_MS, 1000)]
+    later = [s for t in range(180, 300) for s in fleet.samples_at(t, BASE_MS, 1000) if s["workflow_id"] in continuing]
+    pub.publish(GPU_SAMPLES, first + later, topic=prefix + GPU_SAMPLES.name)
+    host = idle.gpus[0].host
+    event = {"workflow_id": idle.workflow_id, "host": host, "owner": idle.owner, "team": idle.team,
+             "gpu_uuids": [g.uuid for g in idle.gpus], "pids": [1], "cmdline": None, "framework": None,
+             "framework_version": None, "scheduler_job_id": None, "attribution": "env:GPUFLEET_WORKFLOW_ID"}
+    pub.publish(WORKFLOW_EVENTS, [{**event, "event": "STARTED", "event_time": BASE_MS},
+                                  {**event, "event": "ENDED", "event_time": BASE_MS + 181_000}],
+                topic=prefix + WORKFLOW_EVENTS.name)
+    assert pub.flush() == 0
+
+    def summaries():
+        got = {r["workflow_id"]: r for *_, n, r in read_topic(
+            kafka.bootstrap, prefix + WORKFLOW_SUMMARIES.name, WORKFLOW_SUMMARIES.partitions) if n == "WorkflowSummary"}
+        return got or None
+
+    # Silence alone would take 10 minutes of event time: only the reported end summarises now.
+    with worker_process(kafka.bootstrap, prefix, tmp_path, f"{prefix}worker", "--idle-partition-s", "2") as worker:
+        got = wait_until(summaries, 120, "the summary of the workflow whose agent said ENDED")
+        assert worker.poll() is None
+    assert set(got) == {idle.workflow_id}
+    s = got[idle.workflow_id]
+    assert s["end_reason"] == "its hosts reported it ended" and s["windows"] == 3
+    assert s["utilization_mean_pct"] == 0.0 and s["wasted_gpu_seconds"] == pytest.approx(180 * len(idle.gpus))

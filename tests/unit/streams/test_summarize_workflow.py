@@ -49,3 +49,12 @@ def test_an_idle_partition_follows_the_busy_ones():
     assert [(w["workflow_id"], w["window_start"]) for w in result.closed] == [("wf-a", BASE_MS)]
     assert agg.ended(0, 60_000) == ["wf-a"]
     assert agg.advance(1, agg.newest(0), closed_at=0).closed == []  # never backwards
+
+
+def test_a_workflow_its_hosts_ended_is_summarised_once_its_windows_close():
+    agg = WindowAggregator(CFG, {})
+    feed(agg, 0, [sample(workflow_id="wf-a", event_time=BASE_MS + t * 1000) for t in range(50)])
+    agg.store["wf-a"]["ending"] = True
+    assert agg.ended(0, 600_000) == []  # its window [0, 60 s) is still open
+    feed(agg, 0, [sample(workflow_id="wf-b", event_time=BASE_MS + t * 1000) for t in range(50, 75)], first=100)
+    assert agg.ended(0, 600_000) == ["wf-a"]
