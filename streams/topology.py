@@ -79,7 +79,6 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
     @app.on_partitions_assigned.connect
     async def _reindex(*args, **kwargs) -> None:
         aggregator.forget_partitions()
-        last_batch.clear()
 
     async def finish(partition: int, result, now: int) -> None:
         """Alerts and job totals for the windows ``result`` closed, summaries of workflows that
@@ -168,6 +167,7 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
                         hosts.discard(event["host"])
                         if not hosts:
                             state["ending"] = True
+                            log.info("workflow %s ended on its last host (%s)", event["workflow_id"], event["host"])
                     else:
                         hosts.add(event["host"])
                         state.pop("ending", None)
@@ -181,10 +181,11 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
         if not last_batch:
             return
         newest = max(aggregator.newest(p) for p in last_batch)
-        quiet = [p for p, t in last_batch.items() if time.monotonic() - t > settings.idle_partition_s]
         now = int(time.time() * 1000)
-        for p in quiet:
-            result = aggregator.advance(p, newest, closed_at=now)
+        for p, t in list(last_batch.items()):
+            quiet = time.monotonic() - t > settings.idle_partition_s
+            # Also for busy partitions: an ending decided elsewhere (the life cycle) is picked up here.
+            result = aggregator.advance(p, newest, closed_at=now) if quiet else BatchResult()
             await finish(p, result, now)
 
     @app.timer(interval=10.0)

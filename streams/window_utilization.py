@@ -186,9 +186,14 @@ class WindowAggregator:
         yet marked ``ended``."""
         self._load_partition(partition)
         horizon = self._max_event_time[partition] - silent_ms
-        return sorted(wf for wf in self._idle[partition]
-                      if (self.store[wf]["max_event_time"] < horizon or self.store[wf].get("ending"))
-                      and not self.store[wf].get("ended"))
+        out = []
+        for wf in self._idle[partition]:
+            state = self.store[wf]
+            if state["max_event_time"] < 0 or state.get("ended"):
+                continue  # no sample yet (its life cycle came first), or summarised already
+            if state["max_event_time"] < horizon or state.get("ending"):
+                out.append(wf)
+        return sorted(out)
 
     def process(self, partition: int, batch: Iterable[Incoming], closed_at: int) -> BatchResult:
         """Apply ``batch`` (in offset order) and close every window the watermark has passed."""

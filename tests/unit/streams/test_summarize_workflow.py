@@ -58,3 +58,13 @@ def test_a_workflow_its_hosts_ended_is_summarised_once_its_windows_close():
     assert agg.ended(0, 600_000) == []  # its window [0, 60 s) is still open
     feed(agg, 0, [sample(workflow_id="wf-b", event_time=BASE_MS + t * 1000) for t in range(50, 75)], first=100)
     assert agg.ended(0, 600_000) == ["wf-a"]
+
+
+def test_an_ending_heard_before_any_sample_waits_for_the_samples():
+    agg = WindowAggregator(CFG, {})
+    agg.state_of("wf-a", 0)["ending"] = True  # the agent's ENDED arrived first
+    assert agg.ended(0, 60_000) == []
+    feed(agg, 0, [sample(workflow_id="wf-a", event_time=BASE_MS + t * 1000) for t in range(60)])
+    assert agg.ended(0, 60_000) == []  # its window is still open
+    feed(agg, 0, [sample(workflow_id="wf-b", event_time=BASE_MS + 75_000)], first=100)
+    assert agg.ended(0, 60_000) == ["wf-a"]
