@@ -46,10 +46,6 @@ class Forwarder:
             self.failed += 1
             log.error("the broker refused a spooled record for good (%s); skipping it", err)
 
-    @property
-    def in_flight(self) -> int:
-        return self._batch_size
-
     def step(self, wait_s: float = 0.1) -> int:
         """Confirm the batch in flight if the producer is done with it, else send the next one;
         returns records sent."""

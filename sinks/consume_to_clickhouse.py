@@ -105,19 +105,19 @@ class ClickHouseSink:
 
     def _write(self, messages: list) -> None:
         ok, errors = self.codec.decode_many([m.value() for m in messages])
-        bad = [(messages[i], None, reason) for i, reason in errors]
+        bad = [(messages[i], reason) for i, reason in errors]
         rows: dict[str, list[Row]] = defaultdict(list)
         by_name = {}
         for i, name, record in ok:
             m = messages[i]
             table = table_for_topic(m.topic(), self.prefix)
             if name != table.topic.schema:
-                bad.append((m, None, f"expected {table.topic.schema} on {m.topic()}, got {name}"))
+                bad.append((m, f"expected {table.topic.schema} on {m.topic()}, got {name}"))
                 continue
             if name == GPU_SAMPLES.schema:
                 reason = validate_sample(record)
                 if reason:
-                    bad.append((m, None, reason))
+                    bad.append((m, reason))
                     continue
             by_name[table.name] = table
             rows[table.name].append(Row(m.partition(), m.offset(), record))
@@ -127,9 +127,9 @@ class ClickHouseSink:
             rejected = self.writer.insert(table, table_rows)
             for r in rejected:
                 m = index[(self.prefix + table.topic.name, r.row.partition, r.row.offset)]
-                bad.append((m, r.code, f"ClickHouse refused the row (code {r.code}): {r.reason}"))
+                bad.append((m, f"ClickHouse refused the row (code {r.code}): {r.reason}"))
             self.stats.rows[name] += len(table_rows) - len(rejected)
-        for m, _code, reason in bad:
+        for m, reason in bad:
             log.warning("dead-letter %s[%d]@%d: %s", m.topic(), m.partition(), m.offset(), reason)
             record = dead_letter(STAGE, reason, m.topic(), m.partition(), m.offset(), m.key(), m.value())
             self.producer.produce(self.dead_letter_topic, value=self.codec.encode(DEAD_LETTERS.schema, record))

@@ -135,8 +135,10 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
                         good.append(Incoming(messages[i].offset, record))
                 result = aggregator.process(partition, good, closed_at=now)
                 await finish(partition, result, now)
-                by_offset = {m.offset: m for m in messages}
-                late = [(by_offset[inc.offset], reason) for inc, reason in result.late]
+                late = []
+                if result.late:  # rare: index the batch only then
+                    by_offset = {m.offset: m for m in messages}
+                    late = [(by_offset[inc.offset], reason) for inc, reason in result.late]
                 for message, reason in bad + late:
                     await _dead_letter(codec, dlq_topic, STAGE, message, reason, now)
                 stats["samples"] += len(good)
