@@ -99,11 +99,19 @@ def imbalance(w: dict, c: DetectorConfig) -> Violation | None:
     return Violation(
         "imbalance", "WARNING", relative, c.imbalance_relative,
         f"The job's GPUs are unevenly busy: the per-GPU mean utilisation spans {gap:.0f} points "
-        f"({relative:.0%} of the busiest).",
+        f"({relative:.0%} of the busiest){_straggler(w)}.",
         "A straggling rank slows every collective: balance the data shards and sequence lengths, "
         "and check the slow rank's host (CPU, input, thermals).",
         c.imbalance_min_s,
     )
+
+
+def _straggler(w: dict) -> str:
+    slowest = w.get("slowest_gpu")
+    if not slowest:
+        return ""
+    low = w["slowest_gpu_pct"]
+    return f"; the straggler is {slowest} at {low:.0f}% against {low + w['gpu_imbalance_pct']:.0f}% on the busiest"
 
 
 def memory_underuse(w: dict, c: DetectorConfig) -> Violation | None:

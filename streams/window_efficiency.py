@@ -45,7 +45,8 @@ def add_efficiency(e: dict, r: dict, w: float) -> None:
         e["mem_peak"] = fraction if e["mem_peak"] is None else max(e["mem_peak"], fraction)
         e["mem_frac"][0] += fraction * w
         e["mem_frac"][1] += w
-    gpu = e["per_gpu"].setdefault(r["gpu_uuid"], [0.0, 0.0])
+    # With where the GPU is, so an imbalance can name the straggler (a rank's host and GPU).
+    gpu = e["per_gpu"].setdefault(r["gpu_uuid"], [0.0, 0.0, f'{r.get("host")}/gpu{r.get("gpu_index")}'])
     gpu[0] += util * w
     gpu[1] += w
     if (r.get("clock_event_reasons") or 0) & THROTTLE_MASK:
@@ -73,7 +74,9 @@ def _mean(pair: list[float]) -> float | None:
 
 
 def efficiency_fields(e: dict) -> dict:
-    per_gpu = [u / w for u, w in e["per_gpu"].values() if w > 0]
+    means = {uuid: g[0] / g[1] for uuid, g in e["per_gpu"].items() if g[1] > 0}
+    per_gpu = list(means.values())
+    slowest = min(means, key=means.get) if means else None
     return {
         "active_gpu_seconds": e["active_ms"] / 1000.0,
         "wasted_gpu_seconds": e["wasted_ms"] / 1000.0,
@@ -87,6 +90,9 @@ def efficiency_fields(e: dict) -> dict:
         "power_mean_watts": _mean(e["power"]),
         "gpu_imbalance_pct": (max(per_gpu) - min(per_gpu)) if per_gpu else None,
         "idle_gpus": sum(1 for u in per_gpu if u == 0),
+        # Not in the WorkflowWindow schema: for the detectors' evidence only.
+        "slowest_gpu": None if slowest is None else (e["per_gpu"][slowest][2:] or [slowest])[0],
+        "slowest_gpu_pct": None if slowest is None else means[slowest],
         "throttled_gpu_seconds": e["throttled_ms"] / 1000.0,
         "xid_count": e["xids"],
         "ecc_uncorrected_max": e["ecc"],

@@ -59,3 +59,17 @@ def test_workflow_cpu_and_host_iowait_are_averaged():
     w = close_one(samples)
     assert w["workflow_cpu_mean_pct"] == 100.0 and w["host_iowait_mean_pct"] == 10.0
     assert close_one([sample(event_time=BASE_MS + t * 1000) for t in range(60)])["workflow_cpu_mean_pct"] is None
+
+
+def test_imbalance_names_the_straggling_gpu():
+    samples = []
+    for t in range(60):
+        for index, util in enumerate((80.0, 82.0, 20.0, 79.0)):
+            samples.append(sample(event_time=BASE_MS + t * 1000, host="gpu-host-007", gpu_index=index,
+                                  gpu_uuid=f"GPU-{index}", utilization_pct=util))
+    w = close_one(samples)
+    assert w["gpu_imbalance_pct"] == 62.0
+    assert w["slowest_gpu"] == "gpu-host-007/gpu2" and w["slowest_gpu_pct"] == 20.0
+    from streams.detect_waste import DetectorConfig, imbalance
+    violation = imbalance(w, DetectorConfig())
+    assert "the straggler is gpu-host-007/gpu2 at 20% against 82% on the busiest" in violation.message
