@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import faust
 
 from schemas.topics import GPU_SAMPLES, KERNEL_EVENTS, WORKFLOW_EVENTS
+from streams import faust_fixes
 from streams.raise_alerts import AlertConfig
 from streams.trace_sessions import TraceSessionConfig
 from streams.window_utilization import WindowConfig
@@ -56,6 +57,7 @@ def changelog_topics(settings: StreamSettings) -> list[tuple[str, int, bool]]:
 def create_app(settings: StreamSettings) -> faust.App:
     """A Faust app with at-least-once processing, in-memory table store (restored from
     its changelog topic on start), and no web server."""
+    faust_fixes.apply()
     app = faust.App(
         settings.app_id,
         broker=f"kafka://{settings.bootstrap}",

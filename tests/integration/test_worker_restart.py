@@ -47,6 +47,9 @@ def test_killed_worker_resumes_mid_window(kafka, prefix, tmp_path):
     with worker_process(kafka.bootstrap, prefix, tmp_path, app_id) as worker:
         n = len(fleet.workflows) * 3
         wait_until(lambda: len(windows_on_topic(kafka, prefix)) >= n, 120, "windows 1 and 2 after restart")
+        # ... and its consumer lag drains: a restarted worker once committed one offset per second.
+        wait_until(lambda: committed_everything(kafka.bootstrap, app_id, GPU_SAMPLES, topic), 60,
+                   "the restarted worker to commit every sample")
         assert worker.poll() is None
 
     seen = [CODEC.decode(CODEC.encode("GpuSample", s))[1] for s in first + rest]
