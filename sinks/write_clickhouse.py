@@ -121,6 +121,9 @@ class ClickHouseWriter:
             return self.insert(table, rows[:mid]) + self.insert(table, rows[mid:])
 
     def _insert_with_retry(self, table: Table, rows: Sequence[Row]) -> None:
+        # A retry after an ambiguous failure (the server stored the block, the answer was
+        # lost) must not store it twice: the same rows always carry the same token.
+        settings = {"insert_deduplication_token": deduplication_token(table, rows)}
         records = [r.record for r in rows]
         if table.prepare is not None:
             records = [table.prepare(r) for r in records]
@@ -130,8 +133,8 @@ class ClickHouseWriter:
         names = [*table.columns, *KAFKA_COLUMNS]
         for attempt in range(self.retries + 1):
             try:
-                self.client.insert(table.name, columns, column_names=names,
-                                   column_oriented=True, database=self.database)
+                self.client.insert(table.name, columns, column_names=names, column_oriented=True,
+                                   database=self.database, settings=settings)
                 return
             except ClickHouseError as exc:
                 if attempt == self.retries or not is_transient(exc):
@@ -139,6 +142,17 @@ class ClickHouseWriter:
                 delay = self.backoff_s * 2**attempt
                 log.warning("insert into %s failed (%s), retry %d in %.1fs", table.name, exc, attempt + 1, delay)
                 time.sleep(delay)
+
+
+def deduplication_token(table: Table, rows: Sequence[Row]) -> str:
+    """The table and the Kafka offset ranges of ``rows``, per partition: the same batch read
+    again after a crash or retried after a lost answer gets the same token."""
+    ranges: dict[int, list[int]] = {}
+    for r in rows:
+        span = ranges.setdefault(r.partition, [r.offset, r.offset, 0])
+        span[0], span[1], span[2] = min(span[0], r.offset), max(span[1], r.offset), span[2] + 1
+    parts = ",".join(f"{p}:{lo}-{hi}x{n}" for p, (lo, hi, n) in sorted(ranges.items()))
+    return f"{table.topic.name}/{parts}"
 
 
 def table_for_topic(topic: str, prefix: str = "") -> Table:

@@ -9,7 +9,13 @@ from sinks.clickhouse_ddl import (
     TRACE_ANALYSES_TABLE,
     WORKFLOW_WINDOWS_TABLE,
 )
-from sinks.write_clickhouse import ClickHouseWriter, Row, is_transient, table_for_topic
+from sinks.write_clickhouse import (
+    ClickHouseWriter,
+    Row,
+    deduplication_token,
+    is_transient,
+    table_for_topic,
+)
 from tests.unit.samples import BASE_MS, sample, window
 
 
@@ -29,7 +35,9 @@ def count(writer, table, final=False):
 def test_tables_are_created_idempotently(writer):
     writer.ensure_tables()  # second time: no error, nothing changes
     names = {r[0] for r in writer.client.query(f"SHOW TABLES FROM {writer.database}").result_rows}
-    assert names == {t.name for t in TABLES}
+    derived = {"workflows", "workflows_mv", "gpu_hours_hourly", "gpu_hours_hourly_mv", "gpu_hours_daily",
+               "gpu_hours_daily_mv", "waste"}
+    assert names == {t.name for t in TABLES} | derived
 
 
 def test_samples_land_with_their_kafka_positions_and_resume_after_them(writer):
@@ -42,6 +50,22 @@ def test_samples_land_with_their_kafka_positions_and_resume_after_them(writer):
         f"FROM {writer.database}.gpu_samples ORDER BY event_time LIMIT 1"
     ).result_rows[0]
     assert got == (BASE_MS, 50.0, 80 * 1024**3)
+
+
+def test_a_batch_inserted_again_is_stored_once(writer):
+    """As when the server stored a block but its answer was lost, and the insert is retried."""
+    rows = [Row(p, 100 + i, sample(event_time=BASE_MS + i * 1000)) for i, p in enumerate([0, 1, 1, 3])]
+    assert writer.insert(GPU_SAMPLES_TABLE, rows) == []
+    assert writer.insert(GPU_SAMPLES_TABLE, rows) == []
+    assert count(writer, GPU_SAMPLES_TABLE) == 4
+    # The same samples at other offsets are another batch: the token is the Kafka position.
+    assert writer.insert(GPU_SAMPLES_TABLE, [Row(0, 200 + i, r.record) for i, r in enumerate(rows)]) == []
+    assert count(writer, GPU_SAMPLES_TABLE) == 8
+
+
+def test_deduplication_tokens_name_the_offset_ranges():
+    rows = [Row(1, 7, {}), Row(0, 3, {}), Row(1, 5, {})]
+    assert deduplication_token(GPU_SAMPLES_TABLE, rows) == "gpufleet.gpu-samples.v1/0:3-3x1,1:5-7x2"
 
 
 def test_a_window_emitted_twice_is_one_row(writer):
