@@ -291,6 +291,25 @@ def _client(args: argparse.Namespace, read_only: bool = True):
                  "sink is running on it, wait for it to finish, or point --clickhouse-dsn at a server.")
 
 
+def cmd_opportunities(args: argparse.Namespace) -> int:
+    from clickhouse_connect.driver.exceptions import ClickHouseError
+
+    from gpufleet.opportunities import opportunities
+    from gpufleet.sql import FORMATS
+
+    try:
+        columns, rows = opportunities(_client(args), args.database, args.by, args.since, args.limit)
+    except ValueError as exc:
+        sys.exit(str(exc))
+    except ClickHouseError as exc:
+        sys.exit(f"query failed: {str(exc).splitlines()[0]}")
+    if not rows and args.format == "table":
+        print(f"no wasted GPU-hours recorded (--since {args.since})")
+        return 0
+    print(FORMATS[args.format](columns, rows))
+    return 0
+
+
 def cmd_workflows(args: argparse.Namespace) -> int:
     from gpufleet.sql import format_table
     from gpufleet.workflows import list_workflows
@@ -418,6 +437,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("workflow_id")
     _clickhouse_args(p)
     p.set_defaults(func=cmd_workflow)
+
+    p = sub.add_parser("opportunities", help="rank where the fleet loses the most GPU-hours, and to what")
+    _clickhouse_args(p)
+    p.add_argument("--by", default="cause",
+                   choices=["cause", "team", "owner", "workflow", "framework", "gpu-model", "antipattern"])
+    p.add_argument("--since", default="7d", help="how far back: 7d, 12h, 30m, or all")
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    p.set_defaults(func=cmd_opportunities)
 
     p = sub.add_parser("sql", help="run a SQL query on gpufleet's ClickHouse (read-only by default)")
     p.add_argument("query")

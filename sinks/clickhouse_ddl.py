@@ -399,6 +399,118 @@ TABLES: tuple[Table, ...] = (
 )
 
 
+# Objects derived from the tables above: created after them, in this order, idempotently.
+# Rollups are fed by materialized views from the raw samples, which land exactly once (the
+# sink resumes after the stored offsets and tokens its inserts), so their sums are exact.
+DERIVED = (
+    # Latest metadata per workflow (owner, team, framework and version, job id) from the agents.
+    """
+    CREATE TABLE IF NOT EXISTS {db}.workflows (
+        workflow_id LowCardinality(String),
+        event LowCardinality(String),
+        event_time DateTime64(3, 'UTC'),
+        host LowCardinality(String),
+        owner LowCardinality(Nullable(String)),
+        team LowCardinality(Nullable(String)),
+        cmdline Nullable(String),
+        framework LowCardinality(Nullable(String)),
+        framework_version LowCardinality(Nullable(String)),
+        scheduler_job_id Nullable(String)
+    )
+    ENGINE = ReplacingMergeTree(event_time)
+    ORDER BY workflow_id
+    """,
+    """
+    CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.workflows_mv TO {db}.workflows AS
+    SELECT workflow_id, event, event_time, host, owner, team, cmdline, framework, framework_version,
+           scheduler_job_id
+    FROM {db}.workflow_events
+    """,
+    # GPU-hours per hour, workflow, team, owner and GPU model (framework joins from workflows).
+    """
+    CREATE TABLE IF NOT EXISTS {db}.gpu_hours_hourly (
+        hour DateTime('UTC'),
+        workflow_id LowCardinality(String),
+        team LowCardinality(String),
+        owner LowCardinality(String),
+        gpu_model LowCardinality(String),
+        samples SimpleAggregateFunction(sum, UInt64),
+        gpu_seconds SimpleAggregateFunction(sum, Float64),
+        busy_gpu_seconds SimpleAggregateFunction(sum, Float64),
+        zero_util_gpu_seconds SimpleAggregateFunction(sum, Float64),
+        energy_joules SimpleAggregateFunction(sum, Float64),
+        memory_peak_fraction SimpleAggregateFunction(max, Float64)
+    )
+    ENGINE = AggregatingMergeTree
+    PARTITION BY toYYYYMM(hour)
+    ORDER BY (hour, team, owner, gpu_model, workflow_id)
+    """,
+    """
+    CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.gpu_hours_hourly_mv TO {db}.gpu_hours_hourly AS
+    SELECT toStartOfHour(event_time) AS hour, workflow_id, ifNull(team, '') AS team,
+           ifNull(owner, '') AS owner, gpu_model,
+           count() AS samples,
+           sum(interval_ms / 1000 * ifNull(share, 1)) AS gpu_seconds,
+           sum(interval_ms / 1000 * ifNull(share, 1) * utilization_pct / 100) AS busy_gpu_seconds,
+           sum(if(utilization_pct = 0, interval_ms / 1000 * ifNull(share, 1), 0)) AS zero_util_gpu_seconds,
+           sum(interval_ms / 1000 * ifNull(share, 1) * ifNull(power_watts, 0)) AS energy_joules,
+           max(if(memory_total_bytes > 0, memory_used_bytes / memory_total_bytes, 0)) AS memory_peak_fraction
+    FROM {db}.gpu_samples
+    GROUP BY hour, workflow_id, team, owner, gpu_model
+    """,
+    # The same per day and team, owner and GPU model, with the number of workflows.
+    """
+    CREATE TABLE IF NOT EXISTS {db}.gpu_hours_daily (
+        day Date,
+        team LowCardinality(String),
+        owner LowCardinality(String),
+        gpu_model LowCardinality(String),
+        gpu_seconds SimpleAggregateFunction(sum, Float64),
+        busy_gpu_seconds SimpleAggregateFunction(sum, Float64),
+        zero_util_gpu_seconds SimpleAggregateFunction(sum, Float64),
+        workflows AggregateFunction(uniq, String)
+    )
+    ENGINE = AggregatingMergeTree
+    PARTITION BY toYYYYMM(day)
+    ORDER BY (day, team, owner, gpu_model)
+    """,
+    """
+    CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.gpu_hours_daily_mv TO {db}.gpu_hours_daily AS
+    SELECT toDate(event_time) AS day, ifNull(team, '') AS team, ifNull(owner, '') AS owner, gpu_model,
+           sum(interval_ms / 1000 * ifNull(share, 1)) AS gpu_seconds,
+           sum(interval_ms / 1000 * ifNull(share, 1) * utilization_pct / 100) AS busy_gpu_seconds,
+           sum(if(utilization_pct = 0, interval_ms / 1000 * ifNull(share, 1), 0)) AS zero_util_gpu_seconds,
+           uniqState(toString(workflow_id)) AS workflows
+    FROM {db}.gpu_samples
+    GROUP BY day, team, owner, gpu_model
+    """,
+    # Where GPU-seconds are lost, one row per (workflow, window or finding, cause): what
+    # `gpufleet opportunities` ranks. Idle = allocated at 0 %; low utilisation = the rest of
+    # the wasted GPU-seconds; each antipattern finding with the GPU-seconds it puts at stake
+    # (these explain part of the same waste, so causes are ranked, never summed together).
+    """
+    CREATE OR REPLACE VIEW {db}.waste AS
+    SELECT workflow_id, ifNull(team, '') AS team, ifNull(owner, '') AS owner, window_end AS at,
+           'idle_allocated' AS cause, zero_util_gpu_seconds AS gpu_seconds
+    FROM {db}.workflow_windows FINAL
+    UNION ALL
+    SELECT workflow_id, ifNull(team, ''), ifNull(owner, ''), window_end, 'low_utilization',
+           greatest(wasted_gpu_seconds - zero_util_gpu_seconds, 0)
+    FROM {db}.workflow_windows FINAL
+    UNION ALL
+    SELECT f.workflow_id, ifNull(w.team, ''), ifNull(w.owner, ''), f.detected_at, concat('antipattern:', f.rule),
+           f.gpu_seconds_at_stake
+    FROM {db}.findings AS f FINAL
+    LEFT JOIN (SELECT workflow_id, argMax(team, event_time) AS team, argMax(owner, event_time) AS owner
+               FROM {db}.workflows GROUP BY workflow_id) AS w ON w.workflow_id = f.workflow_id
+    """,
+)
+
+# Inserts carry a deduplication token (sinks/write_clickhouse.py); a table without
+# replication only remembers the last this many of them.
+DEDUPLICATION_WINDOW = 10_000
+
+
 def create_statements(database: str) -> list[str]:
     """Everything to run, in order, to bring ``database`` to the current tables (idempotent)."""
     statements = [f"CREATE DATABASE IF NOT EXISTS {database}"]
@@ -406,4 +518,7 @@ def create_statements(database: str) -> list[str]:
         statements.append(t.ddl.format(db=database, name=t.name).strip())
         statements += [f"ALTER TABLE {database}.{t.name} ADD COLUMN IF NOT EXISTS {c} {typ}"
                        for c, typ in t.added_columns]
+        statements.append(f"ALTER TABLE {database}.{t.name} "
+                          f"MODIFY SETTING non_replicated_deduplication_window = {DEDUPLICATION_WINDOW}")
+    statements += [d.format(db=database).strip() for d in DERIVED]
     return statements

@@ -1,0 +1,286 @@
+"""The stream stage on a real broker: throughput, keeping up with 10,000 GPUs, alert latency.
+
+Starts its own Kafka (``gpufleet/local_kafka.py``) in a temporary directory and measures,
+in one run so that the ratios mean something on a noisy machine:
+
+1. throughput over the same pre-published messages (10,000 GPUs x N ticks):
+   - baseline: a bare confluent-kafka consumer that only decodes the Avro;
+   - ``gpufleet worker`` (batch decode, validate, windows, detectors, changelog);
+   - a naive Faust agent: one ``faust.Record`` and one windowed-table update per message
+     (``benchmarks/naive_record_agent.py``).
+   Goals (issue 4): worker >= 50 % of the baseline, >= 10x the naive agent.
+2. 10,000 GPUs at 1 Hz in real time for ``--live-s`` seconds: the worker's consumer lag,
+   sampled every 5 s, must stay flat (not grow with time).
+3. Alert latency: a workflow that is idle from its first sample, published in real time;
+   from that sample's event time to the webhook receiving the alert. Goal: within the
+   detector's required duration + one window + 10 s (run with a 10 s window and 20 s
+   duration so that the benchmark takes a minute, not the default 11).
+
+    python benchmarks/bench_stream.py [--ticks 40] [--live-s 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+ROOT = Path(__file__).resolve().parents[1]
+from gpufleet import local_kafka
+from producers.simulate_fleet import build_fleet
+from schemas.admin import create_topics, ensure_topics
+from schemas.codec import Codec
+from schemas.kafka_config import consumer_config, producer_config
+from schemas.topics import GPU_SAMPLES, key_of
+from sinks.consume_alerts import AlertNotifier
+from sinks.route_alerts import load_routing
+
+CODEC = Codec()
+GPUS_PER_HOST = 8
+
+
+def fleet_10k(seed: int = 3):
+    return build_fleet(seed=seed, hosts=1250, gpus_per_host=GPUS_PER_HOST, workflows=600)
+
+
+def encoded_ticks(fleet, ticks, start_ms):
+    for t in ticks:
+        yield [(key_of(GPU_SAMPLES, s), CODEC.encode("GpuSample", s)) for s in fleet.samples_at(t, start_ms, 1000)]
+
+
+def produce(producer: Producer, topic: str, messages) -> int:
+    n = 0
+    for key, value in messages:
+        while True:
+            try:
+                producer.produce(topic, value=value, key=key)
+                break
+            except BufferError:
+                producer.poll(0.05)
+            except KafkaException as exc:  # a topic created a moment ago, not yet in the metadata
+                if exc.args[0].code() != KafkaError._UNKNOWN_TOPIC:
+                    raise
+                producer.poll(0.2)
+        n += 1
+    producer.poll(0)
+    return n
+
+
+def lag(bootstrap: str, group: str, topic: str, partitions: int) -> tuple[int, int]:
+    """(committed total, end total) of ``group`` on ``topic``."""
+    c = Consumer(consumer_config(bootstrap, group))
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        committed = sum(max(tp.offset, 0) for tp in c.committed(tps, timeout=10))
+        end = sum(c.get_watermark_offsets(tp, timeout=10)[1] for tp in tps)
+        return committed, end
+    finally:
+        c.close()
+
+
+def rate_from_commits(bootstrap, group, topic, partitions, total, proc, timeout=600.0, measure_s=60.0) -> float:
+    """Messages/s between the group's first commit on ``topic`` and its last, or the last
+    within ``measure_s`` of the first (a slow consumer need not read everything)."""
+    first = None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
+        committed, _ = lag(bootstrap, group, topic, partitions)
+        now = time.monotonic()
+        if committed and first is None:
+            first = (now, committed)
+        if committed >= total or (first and now - first[0] >= measure_s):
+            if first[1] >= total:
+                raise RuntimeError("everything was committed at once: publish more ticks")
+            return (committed - first[1]) / (now - first[0])
+        time.sleep(0.2)
+    raise RuntimeError(f"{group} did not commit {total} messages within {timeout:.0f}s")
+
+
+def worker(bootstrap, prefix, data_dir, app_id, *options) -> subprocess.Popen:
+    with open(data_dir / f"{app_id}.log", "ab") as log:  # the child keeps its own descriptor
+        return subprocess.Popen(
+            [sys.executable, "-m", "gpufleet", "--data-dir", str(data_dir), "--log-level", "warning", "worker",
+             "--bootstrap", bootstrap, "--topic-prefix", prefix, "--app-id", app_id, *options],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def bare_consume(bootstrap, topic, total) -> float:
+    c = Consumer(consumer_config(bootstrap, f"bare-{time.time_ns()}"))
+    c.subscribe([topic])
+    n, t0 = 0, None
+    try:
+        while n < total:
+            messages = c.consume(num_messages=5000, timeout=1.0)
+            if messages and t0 is None:
+                t0 = time.perf_counter()
+            ok, errors = CODEC.decode_many([m.value() for m in messages if m.error() is None])
+            n += len(ok) + len(errors)
+        return n / (time.perf_counter() - t0)
+    finally:
+        c.close()
+
+
+def throughput(bootstrap, data_dir, ticks) -> dict:
+    prefix = "tp."
+    ensure_topics(bootstrap, [GPU_SAMPLES], prefix=prefix)
+    topic = prefix + GPU_SAMPLES.name
+    producer = Producer(producer_config(bootstrap, **{"linger.ms": 50}))
+    total = sum(produce(producer, topic, batch) for batch in encoded_ticks(fleet_10k(), range(ticks), 1_767_225_600_000))
+    producer.flush(60)
+    print(f"throughput: {total:,} samples of 10,000 GPUs x {ticks} ticks on {GPU_SAMPLES.partitions} partitions")
+
+    bare = bare_consume(bootstrap, topic, total)
+    print(f"  bare consume + Avro decode   {bare:>10,.0f} samples/s")
+
+    proc = worker(bootstrap, prefix, data_dir, "tp-worker", "--idle-partition-s", "3600")
+    try:
+        ours = rate_from_commits(bootstrap, "tp-worker", topic, GPU_SAMPLES.partitions, total, proc)
+    finally:
+        stop(proc)
+    print(f"  gpufleet worker              {ours:>10,.0f} samples/s   {ours / bare:.2f} of bare (goal >= 0.50)")
+
+    app = "tp-naive"
+    create_topics(bootstrap, [(f"{app}-busy-gpu-ms-changelog", GPU_SAMPLES.partitions, True)])
+    env = {**os.environ, "GPUFLEET_BOOTSTRAP": bootstrap, "GPUFLEET_BENCH_TOPIC": topic,
+           "GPUFLEET_BENCH_APP": app, "GPUFLEET_BENCH_DATADIR": str(data_dir / app)}
+    with open(data_dir / "naive.log", "ab") as naive_log:
+        proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "naive_record_agent.py"), "worker",
+                                 "-l", "warn"], cwd=ROOT, env=env, stdout=naive_log, stderr=subprocess.STDOUT)
+    try:
+        naive = rate_from_commits(bootstrap, app, topic, GPU_SAMPLES.partitions, total, proc)
+    finally:
+        stop(proc)
+    print(f"  naive faust.Record agent     {naive:>10,.0f} samples/s   worker is {ours / naive:.1f}x (goal >= 10x)")
+    return {"bare": bare, "worker": ours, "naive": naive}
+
+
+def live(bootstrap, data_dir, seconds) -> list[int]:
+    prefix = "live."
+    ensure_topics(bootstrap, [GPU_SAMPLES], prefix=prefix)
+    topic = prefix + GPU_SAMPLES.name
+    fleet = fleet_10k(seed=4)
+    proc = worker(bootstrap, prefix, data_dir, "live-worker", "--idle-partition-s", "3600")
+    producer = Producer(producer_config(bootstrap))
+    lags: list[int] = []
+    start_ms = int(time.time() * 1000)
+    t0 = time.monotonic()
+    try:
+        for tick in range(int(seconds)):
+            due = t0 + tick
+            time.sleep(max(0.0, due - time.monotonic()))
+            for batch in encoded_ticks(fleet, [tick], start_ms):
+                produce(producer, topic, batch)
+            if tick % 5 == 4:
+                committed, end = lag(bootstrap, "live-worker", topic, GPU_SAMPLES.partitions)
+                lags.append(end - committed)
+        producer.flush(30)
+    finally:
+        stop(proc)
+    behind = time.monotonic() - t0 - seconds
+    print(f"live: 10,000 GPUs at 1 Hz for {seconds:.0f} s (publisher {behind:+.1f} s off its schedule);"
+          f" worker lag every 5 s: {lags}")
+    half = len(lags) // 2
+    flat = max(lags[half:]) <= max(max(lags[:half]), 3 * 10_000)
+    print(f"  lag flat (second half no higher than the first, or under 3 s of samples): {flat}")
+    return lags
+
+
+class Hook(BaseHTTPRequestHandler):
+    arrivals: ClassVar[list] = []
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        Hook.arrivals.append((time.time(), body["gpufleet_alert"]))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def alert_latency(bootstrap, data_dir, window_s=10.0, min_s=20.0) -> float:
+    prefix = "lat."
+    ensure_topics(bootstrap, prefix=prefix)
+    topic = prefix + GPU_SAMPLES.name
+    fleet = build_fleet(seed=21, hosts=4, gpus_per_host=8, workflows=8)
+    idle = next(w for w in fleet.workflows if w.profile.name == "idle")
+    http = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    routing = data_dir / "routing.toml"
+    routing.write_text(f'[default]\nwebhook = "http://127.0.0.1:{http.server_address[1]}/"\n')
+    notifier = AlertNotifier(bootstrap, load_routing(routing), data_dir / "sent.log", group_id="lat-notifier",
+                             topic_prefix=prefix)
+    stop_notifier = threading.Event()
+    threading.Thread(target=notifier.run, args=(stop_notifier,), daemon=True).start()
+    proc = worker(bootstrap, prefix, data_dir, "lat-worker", "--window-s", str(window_s), "--lateness-s", "2",
+                  "--detector-min-s", str(min_s), "--idle-partition-s", "5")
+    time.sleep(8)  # the worker joins its group before the first sample
+    producer = Producer(producer_config(bootstrap))
+    start_ms = int(time.time() * 1000)
+    t0 = time.monotonic()
+    goal = min_s + window_s + 10
+    try:
+        for tick in range(int(goal * 3)):
+            time.sleep(max(0.0, t0 + tick - time.monotonic()))
+            for batch in encoded_ticks(fleet, [tick], start_ms):
+                produce(producer, topic, batch)
+            if any(a["workflow_id"] == idle.workflow_id for _, a in Hook.arrivals):
+                break
+        producer.flush(10)
+    finally:
+        stop(proc)
+        stop_notifier.set()
+        http.shutdown()
+    mine = [(t, a) for t, a in Hook.arrivals if a["workflow_id"] == idle.workflow_id]
+    if not mine:
+        print(f"alert latency: no alert for the idle workflow within {goal * 3:.0f} s")
+        return float("inf")
+    latency = mine[0][0] - start_ms / 1000
+    print(f"alert latency: {mine[0][1]['detector']} for {idle.workflow_id} reached the webhook {latency:.1f} s after"
+          f" its first idle sample; goal <= {min_s:.0f} s required + {window_s:.0f} s window + 10 s = {goal:.0f} s")
+    return latency
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ticks", type=int, default=40, help="ticks of 10,000 GPUs for the throughput run")
+    parser.add_argument("--live-s", type=float, default=60.0)
+    parser.add_argument("--skip", nargs="*", default=[], choices=["throughput", "live", "latency"])
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="gpufleet-bench-") as tmp:
+        data_dir = Path(tmp)
+        broker = local_kafka.start(data_dir / "kafka", partitions=8)
+        try:
+            if "throughput" not in args.skip:
+                throughput(broker.bootstrap, data_dir, args.ticks)
+            if "live" not in args.skip:
+                live(broker.bootstrap, data_dir, args.live_s)
+            if "latency" not in args.skip:
+                alert_latency(broker.bootstrap, data_dir)
+        finally:
+            local_kafka.stop(data_dir / "kafka")
+
+
+if __name__ == "__main__":
+    main()
