@@ -20,6 +20,7 @@ from streams.window_utilization import Incoming, WindowAggregator, WindowConfig
 INTERVAL_MS = 10_000
 TICKS = 120  # 20 minutes
 # Planted antipatterns: (workflow number, rule, GPU-seconds at stake).
+SMALL_MEMORY = 4  # the workflow that uses a tenth of its GPUs' memory
 PLANTED_FINDINGS = ((1, "input_pipeline_stall", 5400.0), (3, "launch_bound", 900.0))
 
 
@@ -40,6 +41,10 @@ def build(seed: int = 11) -> FleetData:
     # Whole minutes, ending well before now: inside "--since 7d", outside "--since 1m".
     start_ms = (int(time.time() * 1000) - 3_600_000) // 60_000 * 60_000
     samples = [s for t in range(TICKS) for s in fleet.samples_at(t, start_ms, INTERVAL_MS)]
+    # Planted: workflow 4 never holds more than a tenth of its GPUs' memory.
+    small = fleet.workflows[SMALL_MEMORY].workflow_id
+    samples = [{**s, "memory_used_bytes": s["memory_total_bytes"] // 10} if s["workflow_id"] == small else s
+               for s in samples]
     agg = WindowAggregator(WindowConfig(size_ms=60_000, allowed_lateness_ms=0, retention_ms=3_600_000), {})
     sentinel = {**samples[0], "workflow_id": "wf-sentinel", "event_time": start_ms + 7_200_000}
     batch = [Incoming(i, s) for i, s in enumerate([*samples, sentinel])]

@@ -1,0 +1,151 @@
+"""Every query of docs/queries.md runs on the embedded engine against a simulated fleet, and
+its answer equals what Python computes from the same samples."""
+
+import re
+from collections import defaultdict
+from datetime import date
+from pathlib import Path
+
+import pytest
+
+from sinks.clickhouse_ddl import ALERTS_TABLE
+from sinks.write_clickhouse import ClickHouseWriter, Row
+from tests.unit.sinks.fleet_data import PLANTED_FINDINGS, SMALL_MEMORY, build, store
+
+COOKBOOK = Path(__file__).resolve().parents[2] / "docs" / "queries.md"
+
+
+def recipes() -> dict[str, str]:
+    text = COOKBOOK.read_text()
+    found = re.findall(r"^### (.+?)\n.*?```sql\n(.*?)```", text, flags=re.DOTALL | re.MULTILINE)
+    return {title.strip(): sql for title, sql in found}
+
+
+@pytest.fixture(scope="module")
+def fleet(chdb_client):
+    client = chdb_client  # one embedded engine per process: the session's
+    data = build()
+    writer = ClickHouseWriter(client, "cookbook")
+    store(writer, data)
+    wf = data.fleet.workflows
+    alert = {"detector": "low_utilization", "severity": "CRITICAL", "notify": True, "observed": 9.0, "threshold": 15.0,
+             "message": "low", "advice": "fix", "window_start": data.start_ms + 540_000, "since": data.start_ms,
+             "window_end": data.start_ms + 600_000, "fired_at": data.start_ms + 610_000, "wasted_gpu_hours_so_far": 1.5}
+    alerts = [
+        {**alert, "alert_id": "a1", "status": "FIRING", "workflow_id": wf[0].workflow_id, "owner": wf[0].owner,
+         "team": wf[0].team},
+        {**alert, "alert_id": "a2", "status": "FIRING", "workflow_id": wf[1].workflow_id, "owner": wf[1].owner,
+         "team": wf[1].team},
+        {**alert, "alert_id": "a2", "status": "RESOLVED", "workflow_id": wf[1].workflow_id, "owner": wf[1].owner,
+         "team": wf[1].team, "window_end": data.start_ms + 660_000},
+    ]
+    assert writer.insert(ALERTS_TABLE, [Row(0, i, a) for i, a in enumerate(alerts)]) == []
+    yield client, data
+    client.command("DROP DATABASE IF EXISTS cookbook")
+
+
+def run(fleet, title):
+    client, _ = fleet
+    sql = recipes()[title].replace("gpufleet.", "cookbook.")
+    return client.query(sql).result_rows
+
+
+def seconds(s):
+    return s["interval_ms"] / 1000 * (s.get("share") or 1.0)
+
+
+def test_the_cookbook_has_the_questions_operators_ask():
+    titles = list(recipes())
+    assert len(titles) == 7
+    assert "Who wasted the most GPU-hours this week?" in titles
+
+
+def test_who_wasted_the_most(fleet):
+    _, data = fleet
+    want = defaultdict(lambda: [0.0, 0.0, set()])
+    for s in data.samples:
+        w = want[(s["owner"], s["team"])]
+        w[0] += seconds(s) * (1 - s["utilization_pct"] / 100)
+        w[1] += seconds(s)
+        w[2].add(s["workflow_id"])
+    rows = run(fleet, "Who wasted the most GPU-hours this week?")
+    assert [r[2] for r in rows] == sorted((r[2] for r in rows), reverse=True)
+    assert {(o, t): (wasted, hours, n) for o, t, wasted, hours, n in rows} == {
+        k: (pytest.approx(round(v[0] / 3600, 2), abs=0.011), pytest.approx(round(v[1] / 3600, 2), abs=0.011),
+            len(v[2])) for k, v in want.items()}
+
+
+def test_which_framework_version_regressed(fleet):
+    _, data = fleet
+    want = defaultdict(lambda: [0.0, 0.0])
+    for s in data.samples:
+        framework, version = data.frameworks[s["workflow_id"]].split()
+        day = date.fromtimestamp(s["event_time"] // 1000)
+        key = (framework, version, s["gpu_model"])
+        want[key][0] += seconds(s) * s["utilization_pct"] / 100
+        want[key][1] += seconds(s)
+    rows = run(fleet, "Which framework version regressed?")
+    got = defaultdict(lambda: [0.0, 0])
+    for day, framework, version, model, pct, _ in rows:
+        got[(framework, version, model)][0] = pct  # one simulated day (or two around midnight)
+    assert set(got) == set(want)
+    if len({r[0] for r in rows}) == 1:
+        for key, (pct, _) in got.items():
+            assert pct == pytest.approx(round(100 * want[key][0] / want[key][1], 1), abs=0.051)
+    assert day >= date(2026, 1, 1)
+
+
+def test_jobs_that_never_used_a_fifth_of_gpu_memory(fleet):
+    _, data = fleet
+    peak = defaultdict(float)
+    for s in data.samples:
+        peak[s["workflow_id"]] = max(peak[s["workflow_id"]], s["memory_used_bytes"] / s["memory_total_bytes"])
+    rows = run(fleet, "Which jobs never used more than 20 % of GPU memory?")
+    assert {r[0] for r in rows} == {wf for wf, p in peak.items() if p < 0.2} == {
+        data.fleet.workflows[SMALL_MEMORY].workflow_id}
+    assert rows[0][3] == pytest.approx(0.1, abs=0.001)
+
+
+def test_gpus_allocated_but_idle_now(fleet):
+    _, data = fleet
+    last = max(s["event_time"] for s in data.samples)
+    busy = defaultdict(float)
+    for s in data.samples:
+        if s["event_time"] >= last - 300_000:
+            busy[(s["host"], s["gpu_index"])] = max(busy[(s["host"], s["gpu_index"])], s["utilization_pct"])
+    rows = run(fleet, "Which GPUs are allocated but idle right now?")
+    idle = {gpu for gpu, top in busy.items() if top == 0}
+    assert {(h, i) for h, i, *_ in rows} == idle
+    zombie = data.fleet.workflows[0]
+    assert {(g.host, g.index) for g in zombie.gpus} <= idle
+
+
+def test_team_by_gpu_model(fleet):
+    _, data = fleet
+    want = defaultdict(lambda: [0.0, 0.0, 0.0])
+    for s in data.samples:
+        w = want[(s["team"], s["gpu_model"])]
+        w[0] += seconds(s)
+        w[1] += seconds(s) * s["utilization_pct"] / 100
+        w[2] += seconds(s) if s["utilization_pct"] == 0 else 0
+    rows = run(fleet, "How busy is each team on each GPU model?")
+    for team, model, hours, pct, idle_pct in rows:
+        g, b, z = want[(team, model)]
+        assert hours == pytest.approx(round(g / 3600, 2), abs=0.011)
+        assert pct == pytest.approx(round(100 * b / g, 1), abs=0.051)
+        assert idle_pct == pytest.approx(round(100 * z / g, 1), abs=0.051)
+    assert len(rows) == len(want)
+
+
+def test_antipatterns_that_cost_the_most(fleet):
+    _, data = fleet
+    rows = run(fleet, "Which antipatterns cost the fleet the most?")
+    assert [(r[0], r[1], r[2]) for r in rows] == [
+        (rule, round(at_stake / 3600, 2), 1) for _, rule, at_stake in sorted(PLANTED_FINDINGS, key=lambda f: -f[2])]
+    assert rows[0][3] == [data.fleet.workflows[PLANTED_FINDINGS[0][0]].workflow_id]
+
+
+def test_alerts_firing_now(fleet):
+    _, data = fleet
+    rows = run(fleet, "Which alerts are firing, and for how long?")
+    assert [(r[0], r[1], r[5]) for r in rows] == [(data.fleet.workflows[0].workflow_id, "low_utilization", 10)]
