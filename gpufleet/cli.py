@@ -310,6 +310,18 @@ def cmd_opportunities(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from gpufleet.report import gather, render
+
+    try:
+        numbers = gather(_client(args), args.database, args.since)
+    except ValueError as exc:
+        sys.exit(str(exc))
+    args.html.write_text(render(numbers))
+    print(f"wrote {args.html} ({numbers['gpu_hours']:,.1f} GPU-hours, {numbers['workflows']} workflows)")
+    return 0
+
+
 def cmd_workflows(args: argparse.Namespace) -> int:
     from gpufleet.sql import format_table
     from gpufleet.workflows import list_workflows
@@ -446,6 +458,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=20)
     p.add_argument("--format", choices=["table", "csv", "json"], default="table")
     p.set_defaults(func=cmd_opportunities)
+
+    p = sub.add_parser("report", help="write the fleet report: one self-contained HTML file with charts")
+    _clickhouse_args(p)
+    p.add_argument("--html", type=Path, required=True, help="where to write it")
+    p.add_argument("--since", default="7d", help="how far back: 7d, 12h, 30m, or all")
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("sql", help="run a SQL query on gpufleet's ClickHouse (read-only by default)")
     p.add_argument("query")
