@@ -116,12 +116,22 @@ def cmd_sink(args: argparse.Namespace) -> int:
 
     bootstrap = _resolve_bootstrap(args)
     ensure_topics(bootstrap, prefix=args.topic_prefix)
-    writer = ClickHouseWriter(connect(_dsn(args)), args.database)
+    dsn = _dsn(args)
+    writer = ClickHouseWriter(connect(dsn), args.database)
     sink = ClickHouseSink(bootstrap, writer, group_id=args.group_id, topic_prefix=args.topic_prefix)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    stats = sink.run(stop)
+    queries = None
+    if dsn.startswith("chdb://"):  # let gpufleet sql & co. read while this process owns the engine
+        from gpufleet.query_server import QueryServer
+
+        queries = QueryServer(Path(dsn[len("chdb://"):])).start()
+    try:
+        stats = sink.run(stop)
+    finally:
+        if queries is not None:
+            queries.stop()
     print(f"sink stopped: {dict(stats.rows)} rows, {stats.dead_letters} dead letters")
     return 0
 
@@ -281,6 +291,12 @@ def _client(args: argparse.Namespace, read_only: bool = True):
     from sinks.write_clickhouse import connect
 
     dsn = _dsn(args)
+    if dsn.startswith("chdb://") and read_only:
+        from gpufleet.query_server import find_server
+
+        remote = find_server(Path(dsn[len("chdb://"):]))
+        if remote is not None:  # a sink or demo owns the engine: ask it
+            return remote
     try:
         return connect(dsn, read_only=read_only)
     except Exception as exc:

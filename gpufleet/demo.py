@@ -20,6 +20,8 @@ from pathlib import Path
 from confluent_kafka import Consumer, TopicPartition
 
 from gpufleet import local_kafka
+from gpufleet.opportunities import opportunities
+from gpufleet.query_server import QueryServer
 from gpufleet.sql import format_table, run_query
 from producers.publish_kafka import Publisher
 from producers.run_simulation import SimulationPlan, SimulationProgress, run_simulation
@@ -130,6 +132,7 @@ def run_demo(opts: DemoOptions) -> int:
     print(f"  broker on {broker.bootstrap} (log {broker.log_file})")
     worker = None
     sink_thread = None
+    queries = None
     stop = threading.Event()
     try:
         ensure_topics(broker.bootstrap)
@@ -145,7 +148,8 @@ def run_demo(opts: DemoOptions) -> int:
         sink = ClickHouseSink(broker.bootstrap, writer, group_id=SINK_GROUP)
         sink_thread = threading.Thread(target=sink.run, args=(stop,), name="sink", daemon=True)
         sink_thread.start()
-        print(f"  sink writing to {dsn}")
+        queries = QueryServer(Path(dsn[len("chdb://"):])).start()
+        print(f"  sink writing to {dsn} (while it runs, `gpufleet sql` queries go through it)")
 
         fleet = build_fleet(opts.seed, opts.hosts, opts.gpus_per_host, opts.workflows)
         ticks = int(opts.sim_minutes * 60)
@@ -196,6 +200,8 @@ def run_demo(opts: DemoOptions) -> int:
                 worker.kill()
         if sink_thread is not None:
             sink_thread.join(60)
+        if queries is not None:
+            queries.stop()
         if not opts.keep_kafka:
             local_kafka.stop(data_dir / "kafka")
     print("\n\nPer-workflow summary (from ClickHouse, closed windows only):\n")
@@ -204,7 +210,11 @@ def run_demo(opts: DemoOptions) -> int:
     counts = {t: run_query(writer.client, f"SELECT count() FROM {DATABASE}.{t}")[1][0][0]
               for t in ("gpu_samples", "workflow_windows", "alerts", "dead_letters")}
     print("\nrows stored: " + ", ".join(f"{t} {n}" for t, n in counts.items()))
+    print("\nWhere the fleet lost GPU-hours (gpufleet opportunities):\n")
+    print(format_table(*opportunities(writer.client, DATABASE, "cause", "all", limit=10)))
     print(f"\nData: ClickHouse {dsn} (database {DATABASE}); Kafka log dirs {data_dir / 'kafka'}"
           f"{' (broker still running)' if opts.keep_kafka else ''}.")
-    print(f"Try:\n  {_self_command(data_dir)} sql \"{EXAMPLE_SQL}\"")
+    print(f"Try:\n  {_self_command(data_dir)} sql \"{EXAMPLE_SQL}\"\n"
+          f"  {_self_command(data_dir)} opportunities --by team --since all\n"
+          f"  {_self_command(data_dir)} report --since all --html fleet-report.html")
     return 0

@@ -1,0 +1,147 @@
+"""Read-only SQL for other processes while the embedded ClickHouse is in use.
+
+The embedded engine (``chdb://``) lets one process open a data directory. The process that
+owns it -- the sink, or ``gpufleet demo`` -- serves read-only queries on loopback through a
+second, read-only session on the same directory, and leaves the port and a secret in
+``<data path>/query-server.json`` (mode 0600). ``gpufleet sql``, ``opportunities``,
+``report`` and ``workflows`` find that file and send their queries there, so analysts can
+query while the pipeline runs. Queries run one at a time; ClickHouse refuses writes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import threading
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from datetime import date, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from clickhouse_connect.driver.exceptions import ClickHouseError, DatabaseError
+
+log = logging.getLogger(__name__)
+
+INFO_FILE = "query-server.json"
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return {"$datetime": value.isoformat()}
+    if isinstance(value, date):
+        return {"$date": value.isoformat()}
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    if isinstance(value, list | tuple):
+        return [_encode(v) for v in value]
+    return value
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, dict):
+        if "$datetime" in value:
+            return datetime.fromisoformat(value["$datetime"])
+        if "$date" in value:
+            return date.fromisoformat(value["$date"])
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    return value
+
+
+class QueryServer:
+    """Serves read-only queries on the embedded engine at ``path`` to other local processes."""
+
+    def __init__(self, path: Path) -> None:
+        from sinks.write_clickhouse import connect
+
+        self.path = Path(path)
+        self.client = connect(f"chdb://{self.path}", read_only=True)
+        self.token = secrets.token_urlsafe(24)
+        self._lock = threading.Lock()
+        self._http: ThreadingHTTPServer | None = None
+
+    def start(self) -> QueryServer:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                if self.headers.get("Authorization") != f"Bearer {server.token}":
+                    self._reply(403, {"error": "wrong or missing token"})
+                    return
+                try:
+                    request = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                    with server._lock:
+                        result = server.client.query(request["sql"], parameters=request.get("parameters"))
+                    self._reply(200, {"columns": list(result.column_names),
+                                      "rows": [_encode(list(r)) for r in result.result_rows]})
+                except (ClickHouseError, ValueError, KeyError, TypeError) as exc:  # ClickHouse's own message
+                    self._reply(400, {"error": str(exc).splitlines()[0] if str(exc) else repr(exc)})
+
+            def _reply(self, status: int, body: dict) -> None:
+                data = json.dumps(body, default=str).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self._http.serve_forever, name="query-server", daemon=True).start()
+        info = self.path / INFO_FILE
+        fd = os.open(info, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"port": self._http.server_address[1], "pid": os.getpid(), "token": self.token}, f)
+        log.info("read-only queries on 127.0.0.1:%d for %s", self._http.server_address[1], self.path)
+        return self
+
+    def stop(self) -> None:
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+            self._http = None
+        (self.path / INFO_FILE).unlink(missing_ok=True)
+
+
+@dataclass
+class RemoteResult:
+    column_names: list[str]
+    result_rows: list[tuple]
+
+
+class RemoteClient:
+    """Enough of a clickhouse-connect client for gpufleet's read-only commands."""
+
+    def __init__(self, port: int, token: str, timeout_s: float = 300.0) -> None:
+        self.url = f"http://127.0.0.1:{port}/query"
+        self.token = token
+        self.timeout_s = timeout_s
+
+    def query(self, sql: str, parameters: dict | None = None) -> RemoteResult:
+        request = urllib.request.Request(
+            self.url, data=json.dumps({"sql": sql, "parameters": parameters}).encode(),
+            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                body = json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            raise DatabaseError(json.loads(exc.read()).get("error", str(exc))) from None
+        return RemoteResult(body["columns"], [tuple(_decode(r)) for r in body["rows"]])
+
+
+def find_server(path: Path) -> RemoteClient | None:
+    """The query server of the process that owns ``path``, if one is running."""
+    info = Path(path) / INFO_FILE
+    try:
+        data = json.loads(info.read_text())
+        os.kill(data["pid"], 0)  # still running?
+    except (OSError, ValueError, KeyError):
+        return None
+    return RemoteClient(data["port"], data["token"])
