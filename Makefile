@@ -46,6 +46,8 @@ bench: setup
 	$(BIN)/python benchmarks/bench_window_utilization.py
 	$(BIN)/python benchmarks/bench_trace_analysis.py --scale 10
 	$(BIN)/python benchmarks/bench_agent.py
+	$(BIN)/python benchmarks/bench_sink.py
+	$(BIN)/python benchmarks/bench_stream.py
 
 # Holistic Trace Analysis in an environment of its own, only to compare against in benchmarks.
 bench-hta: benchmarks/.venv-hta/bin/python
