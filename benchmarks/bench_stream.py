@@ -3,7 +3,9 @@
 Starts its own Kafka (``gpufleet/local_kafka.py``) in a temporary directory and measures,
 in one run so that the ratios mean something on a noisy machine:
 
-1. throughput over the same pre-published messages (10,000 GPUs x N ticks):
+1. throughput over the same pre-published messages (10,000 GPUs x N ticks; by default each
+   workflow's samples of a host tick in one GpuSampleBatch message, as the agents send them;
+   ``--per-gpu`` for one message per GPU):
    - baseline: a bare confluent-kafka consumer that only decodes the Avro;
    - ``gpufleet worker`` (batch decode, validate, windows, detectors, changelog);
    - a naive Faust agent: one ``faust.Record`` and one windowed-table update per message
@@ -42,6 +44,7 @@ from schemas.admin import create_topics, ensure_topics
 from schemas.codec import Codec
 from schemas.kafka_config import consumer_config, producer_config
 from schemas.topics import GPU_SAMPLES, key_of
+from schemas.validate_sample import batch_samples
 from sinks.consume_alerts import AlertNotifier
 from sinks.route_alerts import load_routing
 
@@ -53,9 +56,16 @@ def fleet_10k(seed: int = 3):
     return build_fleet(seed=seed, hosts=1250, gpus_per_host=GPUS_PER_HOST, workflows=600)
 
 
+BATCHED = True  # --per-gpu: one GpuSample message per GPU instead of a GpuSampleBatch per host and workflow
+
+
 def encoded_ticks(fleet, ticks, start_ms):
     for t in ticks:
-        yield [(key_of(GPU_SAMPLES, s), CODEC.encode("GpuSample", s)) for s in fleet.samples_at(t, start_ms, 1000)]
+        samples = list(fleet.samples_at(t, start_ms, 1000))
+        if BATCHED:
+            yield [(key_of(GPU_SAMPLES, b), CODEC.encode("GpuSampleBatch", b)) for b in batch_samples(samples)]
+        else:
+            yield [(key_of(GPU_SAMPLES, s), CODEC.encode("GpuSample", s)) for s in samples]
 
 
 def produce(producer: Producer, topic: str, messages) -> int:
@@ -126,6 +136,7 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def bare_consume(bootstrap, topic, total) -> float:
+    """Messages/s of a consumer that only decodes."""
     c = Consumer(consumer_config(bootstrap, f"bare-{time.time_ns()}"))
     c.subscribe([topic])
     n, t0 = 0, None
@@ -148,14 +159,17 @@ def throughput(bootstrap, data_dir, ticks) -> dict:
     producer = Producer(producer_config(bootstrap, **{"linger.ms": 50}))
     total = sum(produce(producer, topic, batch) for batch in encoded_ticks(fleet_10k(), range(ticks), 1_767_225_600_000))
     producer.flush(60)
-    print(f"throughput: {total:,} samples of 10,000 GPUs x {ticks} ticks on {GPU_SAMPLES.partitions} partitions")
+    per_message = 10_000 * ticks / total  # samples per message; rates below are in samples/s
+    print(f"throughput: {10_000 * ticks:,} samples of 10,000 GPUs x {ticks} ticks in {total:,} messages "
+          f"({'GpuSampleBatch per host and workflow' if BATCHED else 'GpuSample per GPU'}) "
+          f"on {GPU_SAMPLES.partitions} partitions")
 
-    bare = bare_consume(bootstrap, topic, total)
+    bare = bare_consume(bootstrap, topic, total) * per_message
     print(f"  bare consume + Avro decode   {bare:>10,.0f} samples/s")
 
     proc = worker(bootstrap, prefix, data_dir, "tp-worker", "--idle-partition-s", "3600")
     try:
-        ours = rate_from_commits(bootstrap, "tp-worker", topic, GPU_SAMPLES.partitions, total, proc)
+        ours = rate_from_commits(bootstrap, "tp-worker", topic, GPU_SAMPLES.partitions, total, proc) * per_message
     finally:
         stop(proc)
     print(f"  gpufleet worker              {ours:>10,.0f} samples/s   {ours / bare:.2f} of bare (goal >= 0.50)")
@@ -168,7 +182,7 @@ def throughput(bootstrap, data_dir, ticks) -> dict:
         proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "naive_record_agent.py"), "worker",
                                  "-l", "warn"], cwd=ROOT, env=env, stdout=naive_log, stderr=subprocess.STDOUT)
     try:
-        naive = rate_from_commits(bootstrap, app, topic, GPU_SAMPLES.partitions, total, proc)
+        naive = rate_from_commits(bootstrap, app, topic, GPU_SAMPLES.partitions, total, proc) * per_message
     finally:
         stop(proc)
     print(f"  naive faust.Record agent     {naive:>10,.0f} samples/s   worker is {ours / naive:.1f}x (goal >= 10x)")
@@ -267,7 +281,10 @@ def main() -> None:
     parser.add_argument("--ticks", type=int, default=40, help="ticks of 10,000 GPUs for the throughput run")
     parser.add_argument("--live-s", type=float, default=60.0)
     parser.add_argument("--skip", nargs="*", default=[], choices=["throughput", "live", "latency"])
+    parser.add_argument("--per-gpu", action="store_true", help="one message per GPU sample, not per host+workflow")
     args = parser.parse_args()
+    global BATCHED
+    BATCHED = not args.per_gpu
     with tempfile.TemporaryDirectory(prefix="gpufleet-bench-") as tmp:
         data_dir = Path(tmp)
         broker = local_kafka.start(data_dir / "kafka", partitions=8)

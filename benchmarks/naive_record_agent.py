@@ -1,6 +1,6 @@
 """The straightforward Faust design the worker is measured against (benchmarks/bench_stream.py).
 
-One ``faust.Record`` per message and one update of a Faust tumbling-window table per record:
+One ``faust.Record`` per sample and one update of a Faust tumbling-window table per sample:
 what the Faust documentation's examples lead to. Run as a Faust worker:
 
     GPUFLEET_BOOTSTRAP=127.0.0.1:9092 GPUFLEET_BENCH_TOPIC=bench.gpu-samples.v1 \
@@ -23,7 +23,8 @@ class AvroWire(codecs.Codec):
     """Confluent-framed Avro to a dict, one message at a time."""
 
     def _loads(self, s: bytes) -> dict:
-        return CODEC.decode(s)[1]
+        name, record = CODEC.decode(s)
+        return record if name == "GpuSampleBatch" else {"workflow_id": record["workflow_id"], "samples": [record]}
 
     def _dumps(self, obj) -> bytes:
         raise NotImplementedError("read-only benchmark codec")
@@ -32,7 +33,7 @@ class AvroWire(codecs.Codec):
 codecs.register("gpufleet-avro", AvroWire())
 
 
-class GpuSampleRecord(faust.Record, serializer="gpufleet-avro"):
+class GpuSampleRecord(faust.Record):
     event_time: int
     interval_ms: int
     host: str
@@ -46,6 +47,13 @@ class GpuSampleRecord(faust.Record, serializer="gpufleet-avro"):
     share: float = None
 
 
+class GpuSampleBatchRecord(faust.Record, serializer="gpufleet-avro"):
+    """A GpuSample message is read as a batch of one."""
+
+    workflow_id: str
+    samples: list[GpuSampleRecord]
+
+
 app = faust.App(
     os.environ.get("GPUFLEET_BENCH_APP", "gpufleet-bench-naive"),
     broker=f"kafka://{os.environ['GPUFLEET_BOOTSTRAP']}",
@@ -53,14 +61,15 @@ app = faust.App(
     web_enabled=False,
     datadir=os.environ.get("GPUFLEET_BENCH_DATADIR", "/tmp/gpufleet-bench-naive"),
 )
-samples = app.topic(os.environ["GPUFLEET_BENCH_TOPIC"], value_type=GpuSampleRecord, key_serializer="raw")
+samples = app.topic(os.environ["GPUFLEET_BENCH_TOPIC"], value_type=GpuSampleBatchRecord, key_serializer="raw")
 busy = app.Table("busy-gpu-ms", default=float, partitions=8).tumbling(60, expires=3600).relative_to_stream()
 
 
 @app.agent(samples)
 async def per_record(stream):
-    async for sample in stream:
-        busy[sample.workflow_id] += sample.interval_ms * sample.utilization_pct / 100.0
+    async for batch in stream:
+        for sample in batch.samples:
+            busy[sample.workflow_id] += sample.interval_ms * sample.utilization_pct / 100.0
 
 
 if __name__ == "__main__":

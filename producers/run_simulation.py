@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from producers.publish_kafka import Publisher
 from producers.simulate_fleet import Fleet
 from schemas.topics import GPU_SAMPLES
+from schemas.validate_sample import batch_samples
 
 
 @dataclass(frozen=True)
@@ -34,16 +35,23 @@ def run_simulation(
     stop: threading.Event | None = None,
     progress: SimulationProgress | None = None,
     on_tick: Callable[[SimulationProgress], None] | None = None,
+    batched: bool = True,
 ) -> SimulationProgress:
-    """Publish ``plan.ticks`` ticks of samples, paced at ``plan.speed``, then flush."""
+    """Publish ``plan.ticks`` ticks of samples, paced at ``plan.speed``, then flush.
+
+    ``batched``: each workflow's samples of a host tick in one ``GpuSampleBatch`` message, as
+    the host agent sends them; else one ``GpuSample`` message per GPU."""
     progress = progress or SimulationProgress()
     wall_start = time.monotonic()
     for tick in range(plan.ticks):
         if stop is not None and stop.is_set():
             break
-        progress.samples += publisher.publish(
-            GPU_SAMPLES, fleet.samples_at(tick, plan.start_ms, plan.interval_ms), topic=topic
-        )
+        samples = list(fleet.samples_at(tick, plan.start_ms, plan.interval_ms))
+        if batched:
+            publisher.publish(GPU_SAMPLES, batch_samples(samples), topic=topic, schema="GpuSampleBatch")
+        else:
+            publisher.publish(GPU_SAMPLES, samples, topic=topic)
+        progress.samples += len(samples)
         progress.ticks_done = tick + 1
         if on_tick is not None:
             on_tick(progress)

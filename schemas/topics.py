@@ -24,8 +24,9 @@ class TopicSpec:
 
 
 GPU_SAMPLES = TopicSpec(
-    "gpufleet.gpu-samples.v1", "GpuSample", "workflow_id", 8,
-    doc="Host agents' GPU samples; keyed by workflow so a workflow's samples stay in order.",
+    "gpufleet.gpu-samples.v1", "GpuSample", "workflow_id", 8, other_schemas=("GpuSampleBatch",),
+    doc="Host agents' GPU samples, one per message or one workflow's samples of a host tick per "
+        "message (GpuSampleBatch); keyed by workflow so a workflow's samples stay in order.",
 )
 HOST_SAMPLES = TopicSpec(
     "gpufleet.host-samples.v1", "HostSample", "host", 8,

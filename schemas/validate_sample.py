@@ -43,3 +43,34 @@ def validate_sample(r: dict) -> str | None:
     if share is not None and not 0.0 < share <= 1.0:
         return f"share {share} is outside (0, 1]"
     return None
+
+
+def batch_samples(samples: list[dict]) -> list[dict]:
+    """Group samples into ``GpuSampleBatch`` records: one per (host, workflow, event time), in
+    the order each group first appears."""
+    groups: dict[tuple, list[dict]] = {}
+    for s in samples:
+        groups.setdefault((s["host"], s["workflow_id"], s["event_time"]), []).append(s)
+    return [{"host": host, "workflow_id": wf, "event_time": t, "samples": members}
+            for (host, wf, t), members in groups.items()]
+
+
+def samples_of(name: str, record: dict) -> list[tuple[dict, str | None]]:
+    """The samples a ``GpuSample`` or ``GpuSampleBatch`` message carries, each with the reason
+    it is unusable (or None). A batch's sample must belong to the batch's workflow: the
+    message key, and so the partition, is the batch's."""
+    if name == "GpuSample":
+        return [(record, validate_sample(record))]
+    if not record["samples"]:
+        return []
+    out = []
+    for i, s in enumerate(record["samples"]):
+        if s["workflow_id"] != record["workflow_id"]:
+            reason = (f"sample {i} of a batch for workflow {record['workflow_id']!r} belongs to "
+                      f"{s['workflow_id']!r}")
+        else:
+            reason = validate_sample(s)
+            if reason:
+                reason = f"sample {i} of the batch: {reason}"
+        out.append((s, reason))
+    return out

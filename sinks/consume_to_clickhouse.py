@@ -20,7 +20,7 @@ from schemas.codec import Codec
 from schemas.dead_letter import dead_letter
 from schemas.kafka_config import consumer_config, producer_config
 from schemas.topics import DEAD_LETTERS, GPU_SAMPLES
-from schemas.validate_sample import validate_sample
+from schemas.validate_sample import samples_of
 from sinks.clickhouse_ddl import TABLES, Table
 from sinks.write_clickhouse import ClickHouseWriter, Row, table_for_topic
 
@@ -111,15 +111,17 @@ class ClickHouseSink:
         for i, name, record in ok:
             m = messages[i]
             table = table_for_topic(m.topic(), self.prefix)
-            if name != table.topic.schema:
+            if not table.topic.carries(name) or (name != table.topic.schema and table.topic is not GPU_SAMPLES):
                 bad.append((m, f"expected {table.topic.schema} on {m.topic()}, got {name}"))
                 continue
-            if name == GPU_SAMPLES.schema:
-                reason = validate_sample(record)
-                if reason:
-                    bad.append((m, reason))
-                    continue
             by_name[table.name] = table
+            if table.topic is GPU_SAMPLES:  # a sample, or a batch of them: one row each
+                for sample, reason in samples_of(name, record):
+                    if reason:
+                        bad.append((m, reason))
+                    else:
+                        rows[table.name].append(Row(m.partition(), m.offset(), sample))
+                continue
             rows[table.name].append(Row(m.partition(), m.offset(), record))
         index = {(m.topic(), m.partition(), m.offset()): m for m in messages}
         for name, table_rows in rows.items():

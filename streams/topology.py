@@ -23,7 +23,7 @@ from schemas.topics import (
     WORKFLOW_WINDOWS,
     key_of,
 )
-from schemas.validate_sample import validate_sample
+from schemas.validate_sample import samples_of
 from streams.raise_alerts import raise_alerts
 from streams.summarize_workflow import accumulate, summary
 from streams.trace_sessions import TraceSessions
@@ -125,20 +125,21 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
                 ok, errors = codec.decode_many([m.value for m in messages])
                 bad = [(messages[i], reason) for i, reason in errors]
                 for i, name, record in ok:
-                    if name != GPU_SAMPLES.schema:
+                    if not GPU_SAMPLES.carries(name):
                         bad.append((messages[i], f"expected {GPU_SAMPLES.schema}, got {name}"))
                         continue
-                    reason = validate_sample(record)
-                    if reason:
-                        bad.append((messages[i], reason))
-                    else:
-                        good.append(Incoming(messages[i].offset, record))
+                    for j, (sample, reason) in enumerate(samples_of(name, record)):
+                        if reason:
+                            bad.append((messages[i], reason))
+                        else:
+                            good.append(Incoming(messages[i].offset, sample, j))
                 result = aggregator.process(partition, good, closed_at=now)
                 await finish(partition, result, now)
                 late = []
                 if result.late:  # rare: index the batch only then
                     by_offset = {m.offset: m for m in messages}
-                    late = [(by_offset[inc.offset], reason) for inc, reason in result.late]
+                    late = [(by_offset[inc.offset], f"sample {inc.index} of the batch: {reason}" if inc.index
+                             else reason) for inc, reason in result.late]
                 for message, reason in bad + late:
                     await _dead_letter(codec, dlq_topic, STAGE, message, reason, now)
                 stats["samples"] += len(good)

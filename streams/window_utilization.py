@@ -39,10 +39,12 @@ class WindowConfig:
 
 @dataclass(frozen=True)
 class Incoming:
-    """One decoded sample with where it came from."""
+    """One decoded sample with where it came from: its message's offset and, for a message
+    that carries several samples (GpuSampleBatch), its index in that message."""
 
     offset: int
     record: Record
+    index: int = 0
 
 
 @dataclass
@@ -212,10 +214,10 @@ class WindowAggregator:
             if state is None:
                 state = self.state_of(wf, partition, r.get("owner"), r.get("team"))
                 idle.add(wf)
-            elif item.offset <= state["last_offset"]:
+            elif (item.offset, item.index) <= (state["last_offset"], state.get("last_index", 0)):
                 result.replayed += 1  # applied before a restart; at-least-once replay
                 continue
-            state["last_offset"] = item.offset
+            state["last_offset"], state["last_index"] = item.offset, item.index
             if state.pop("ended", None):
                 state.pop("ending", None)  # it came back after it ended: a new life
             self.store[wf] = state

@@ -24,8 +24,8 @@ def test_sim_agent_publishes_and_flushes_on_sigterm(kafka, prefix, tmp_path):
     assert proc.returncode == 0, out
     ticks = int(out.split("agent stopped after ")[1].split(" ticks")[0])
     assert ticks >= 5
-    samples = [r for *_, n, r in read_topic(kafka.bootstrap, prefix + GPU_SAMPLES.name, GPU_SAMPLES.partitions)
-               if n == "GpuSample"]
+    samples = [s for *_, n, r in read_topic(kafka.bootstrap, prefix + GPU_SAMPLES.name, GPU_SAMPLES.partitions)
+               if n == "GpuSampleBatch" for s in r["samples"]]
     assert len(samples) == 4 * ticks and {s["host"] for s in samples} == {"gpu-host-001"}
     hosts = read_topic(kafka.bootstrap, prefix + HOST_SAMPLES.name, HOST_SAMPLES.partitions)
     assert len(hosts) == ticks

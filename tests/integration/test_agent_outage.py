@@ -54,8 +54,8 @@ def test_samples_survive_a_broker_outage(tmp_path, chdb_client, database):
         assert not thread.is_alive()
         assert spool.pending() == 0 and spool.dropped == 0
 
-        samples = [r for *_, n, r in read_topic(broker.bootstrap, prefix + GPU_SAMPLES.name, GPU_SAMPLES.partitions)
-                   if n == "GpuSample"]
+        samples = [s for *_, n, r in read_topic(broker.bootstrap, prefix + GPU_SAMPLES.name, GPU_SAMPLES.partitions)
+                   if n == "GpuSampleBatch" for s in r["samples"]]
         assert len(samples) == agent.samples == 2 * agent.ticks
         for gpu in ("GPU-0", "GPU-1"):
             times = [s["event_time"] for s in samples if s["gpu_uuid"] == gpu]  # topic order per partition

@@ -28,6 +28,8 @@ def spooled(spool):
     for r in spool.read(spool.cursor(), limit=100_000):
         name, record = CODEC.decode(r.value)
         out.setdefault(name, []).append((r.topic, r.key, record))
+        if name == "GpuSampleBatch":  # the samples it carries, as if sent one by one
+            out.setdefault("GpuSample", []).extend((r.topic, r.key, s) for s in record["samples"])
     return out
 
 
