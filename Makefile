@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 JARS   := docker/kafka/libs/.fetched
 
-.PHONY: setup demo test test-unit lint bench bench-hta chromium clean
+.PHONY: setup demo test test-unit lint bench bench-hta chromium torch-env clean
 
 setup: $(BIN)/.installed $(JARS)
 
@@ -26,8 +26,14 @@ $(JARS): docker/kafka/pom.xml
 demo: setup
 	$(BIN)/gpufleet demo
 
-test: setup chromium
+test: setup chromium torch-env
 	$(BIN)/pytest
+
+# PyTorch for the training process of the profiling tests only (never a gpufleet dependency:
+# it is the optional 'profiling' extra); where it cannot be installed those tests are skipped.
+torch-env:
+	@[ -x .venv-torch/bin/python ] || { $(PYTHON) -m venv .venv-torch && .venv-torch/bin/pip install -q 'torch>=2.2'; } \
+		|| { rm -rf .venv-torch; echo "note: PyTorch could not be installed; the profiling tests will be skipped"; }
 
 # Headless Chromium renders the fleet report in a test; installed from Debian's packages
 # where this machine allows it, else that one test is skipped (and says why).
@@ -56,4 +62,4 @@ benchmarks/.venv-hta/bin/python:
 	benchmarks/.venv-hta/bin/pip install -q holistictraceanalysis==0.5.0
 
 clean:
-	rm -rf $(VENV) docker/kafka/libs data .pytest_cache
+	rm -rf $(VENV) .venv-torch docker/kafka/libs data .pytest_cache

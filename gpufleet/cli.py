@@ -204,6 +204,9 @@ def cmd_agent(args: argparse.Namespace) -> int:
     from producers.attribute_process import AttributionKeys, ProcessAttributor
     from producers.forward_spool import Forwarder
     from producers.host_agent import AgentSettings, HostAgent, SimulatedGpus, run_agent
+    from producers.profile_agent import ProfileCoordinator, ProfileListener
+    from producers.profile_hook import profile_dir
+    from producers.publish_kafka import Publisher
     from producers.sample_nvml import NvmlSampler, NvmlUnavailable
     from producers.simulate_fleet import build_fleet
     from producers.spool import Spool
@@ -242,9 +245,17 @@ def cmd_agent(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    # Profile requests for this host's workflows, answered beside the sampling loop.
+    coordinator = ProfileCoordinator(host, Publisher(bootstrap, Codec()), args.profile_dir or profile_dir(),
+                                     topic_prefix=args.topic_prefix)
+    listener = ProfileListener(bootstrap, coordinator, topic_prefix=args.topic_prefix)
+    profiles = threading.Thread(target=listener.run, args=(stop,), name="profiles", daemon=True)
+    profiles.start()
     try:
         run_agent(agent, Forwarder(spool, bootstrap), stop)
     finally:
+        stop.set()
+        profiles.join(10)
         if nvml is not None:
             nvml.close()
     print(f"agent stopped after {agent.ticks} ticks, {agent.samples} GPU samples; "
@@ -335,6 +346,53 @@ def cmd_report(args: argparse.Namespace) -> int:
         sys.exit(str(exc))
     args.html.write_text(render(numbers))
     print(f"wrote {args.html} ({numbers['gpu_hours']:,.1f} GPU-hours, {numbers['workflows']} workflows)")
+    return 0
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from gpufleet.opportunities import parse_since
+    from gpufleet.profile import hosts_of, profile
+    from schemas.admin import ensure_topics
+
+    bootstrap = _resolve_bootstrap(args)
+    ensure_topics(bootstrap, prefix=args.topic_prefix)
+    hosts = args.host or hosts_of(bootstrap, args.workflow_id, args.topic_prefix)
+    if not hosts:
+        sys.exit(f"workflow {args.workflow_id} is not running on any host (no agent reported it without "
+                 "ending it); name hosts with --host to ask anyway")
+    duration_ms = None if args.duration is None else int(parse_since(args.duration) * 1000)
+    steps = None if duration_ms is not None else args.steps
+    what = f"{duration_ms / 1000:g} s" if duration_ms is not None else f"{steps} steps"
+    print(f"profiling {args.workflow_id} for {what} on {', '.join(hosts)} (timeout {args.timeout:g} s)", flush=True)
+
+    def show(status: dict) -> None:
+        where = status["host"] + ("" if status["rank"] is None else f" rank {status['rank']}")
+        detail = status["reason"] or status["trace_id"] or ""
+        print(f"  {where}: {status['state'].lower().replace('_', ' ')}{' - ' + detail if detail else ''}", flush=True)
+
+    outcome = profile(bootstrap, args.workflow_id, hosts, steps=steps, duration_ms=duration_ms,
+                      timeout_s=args.timeout, prefix=args.topic_prefix, requester=os.environ.get("USER", "cli"),
+                      on_status=show)
+    for a in sorted(outcome.analyses, key=lambda a: a["trace_id"]):
+        partial = " (partial trace)" if a["partial"] else ""
+        if a["idle_pct"] is None:  # e.g. a CPU-only process
+            print(f"\n{a['trace_id']}: GPU idle n/a: no GPU activity in {a['events']} events{partial}")
+        else:
+            print(f"\n{a['trace_id']}: GPU idle {a['idle_pct']:.1f}%, compute {a['compute_pct']:.1f}%, "
+                  f"non-compute {a['non_compute_pct']:.1f}% of {a['kernel_time_us'] / 1e6:.3f} s of kernel "
+                  f"time{partial}")
+    if outcome.findings:
+        print("\nFindings:")
+        for f in sorted(outcome.findings, key=lambda f: -f["gpu_seconds_at_stake"]):
+            print(f"  [{f['severity'].lower()}] {f['title']} ({f['gpu_seconds_at_stake']:.3f} GPU-s at stake)\n"
+                  f"      {f['evidence']}\n      try: {f['recommendation']}")
+    elif outcome.analyses:
+        print("\nNo antipattern found in these traces.")
+    if outcome.failed:
+        print("\nFailed:")
+        for where, reason in sorted(outcome.failed.items()):
+            print(f"  {where}: {reason}")
+        return 1
     return 0
 
 
@@ -442,6 +500,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--team-keys", default="GPUFLEET_TEAM,SLURM_JOB_ACCOUNT")
     p.add_argument("--spool-dir", type=Path, default=None, help="default: <data dir>/agent-spool")
     p.add_argument("--spool-max-mb", type=int, default=256)
+    p.add_argument("--profile-dir", type=Path, default=None,
+                   help="where training processes with gpufleet's profiling hook meet the agent "
+                        "(env GPUFLEET_PROFILE_DIR; default /tmp/gpufleet-profile)")
     _fleet_args(p)
     p.set_defaults(func=cmd_agent)
 
@@ -474,6 +535,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=20)
     p.add_argument("--format", choices=["table", "csv", "json"], default="table")
     p.set_defaults(func=cmd_opportunities)
+
+    p = sub.add_parser("profile", help="profile a running workflow now (torch.profiler via the agents) "
+                                       "and print the findings")
+    _bootstrap_arg(p)
+    p.add_argument("workflow_id")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--steps", type=int, default=20, help="optimizer steps to capture (default 20)")
+    group.add_argument("--duration", default=None, help="or a duration: 10s, 1m")
+    p.add_argument("--host", action="append", default=[], help="ask this host (repeatable; default: every host "
+                                                                 "the agents report the workflow on)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for every host's result")
+    p.set_defaults(func=cmd_profile)
 
     p = sub.add_parser("report", help="write the fleet report: one self-contained HTML file with charts")
     _clickhouse_args(p)

@@ -65,10 +65,18 @@ FINDINGS = TopicSpec(
     "gpufleet.findings.v1", "Finding", "workflow_id", 4,
     doc="Antipatterns found in traces, with evidence, GPU time at stake and the fix.",
 )
+PROFILE_REQUESTS = TopicSpec(
+    "gpufleet.profile-requests.v1", "ProfileRequest", "workflow_id", 4,
+    doc="Control plane: profile this workflow (periodic, on demand, or automatic on an alert).",
+)
+PROFILE_STATUSES = TopicSpec(
+    "gpufleet.profile-statuses.v1", "ProfileStatus", "request_id", 4,
+    doc="Progress of each profile request per host and rank: accepted ... analysed, or failed with why.",
+)
 
 ALL_TOPICS: tuple[TopicSpec, ...] = (
     GPU_SAMPLES, HOST_SAMPLES, WORKFLOW_EVENTS, WORKFLOW_WINDOWS, WORKFLOW_SUMMARIES, ALERTS, DEAD_LETTERS,
-    KERNEL_EVENTS, TRACE_ANALYSES, FINDINGS,
+    KERNEL_EVENTS, TRACE_ANALYSES, FINDINGS, PROFILE_REQUESTS, PROFILE_STATUSES,
 )
 
 
@@ -84,3 +92,18 @@ def key_of(spec: TopicSpec, record: dict) -> bytes | None:
     if spec.key_field is None:
         return None
     return str(record[spec.key_field]).encode()
+
+
+def trace_id_of(request_id: str, host: str, rank: int) -> str:
+    """Parsed back by the worker (``request_of_trace``) to report the analysis on the request."""
+    return f"profile/{request_id}/{host}/rank{rank}"
+
+
+def request_of_trace(trace_id: str) -> tuple[str, str, int] | None:
+    parts = trace_id.split("/")
+    if len(parts) < 4 or parts[0] != "profile" or not parts[-1].startswith("rank"):
+        return None
+    try:
+        return "/".join(parts[1:-2]), parts[-2], int(parts[-1][4:])
+    except ValueError:
+        return None

@@ -17,11 +17,13 @@ from schemas.topics import (
     FINDINGS,
     GPU_SAMPLES,
     KERNEL_EVENTS,
+    PROFILE_STATUSES,
     TRACE_ANALYSES,
     WORKFLOW_EVENTS,
     WORKFLOW_SUMMARIES,
     WORKFLOW_WINDOWS,
     key_of,
+    request_of_trace,
 )
 from schemas.validate_sample import samples_of
 from streams.raise_alerts import raise_alerts
@@ -200,6 +202,7 @@ def _register_trace_analysis(app: faust.App, settings, codec: Codec) -> None:
     events_topic = app.topic(settings.topic(KERNEL_EVENTS.name), partitions=KERNEL_EVENTS.partitions)
     analyses_topic = app.topic(settings.topic(TRACE_ANALYSES.name))
     findings_topic = app.topic(settings.topic(FINDINGS.name))
+    statuses_topic = app.topic(settings.topic(PROFILE_STATUSES.name))
     dlq_topic = app.topic(settings.topic(DEAD_LETTERS.name))
     # One entry per trace; the changelog partition is the trace's source partition.
     table = app.Table("trace-state", default=None, partitions=KERNEL_EVENTS.partitions, key_type=str)
@@ -221,6 +224,14 @@ def _register_trace_analysis(app: faust.App, settings, codec: Codec) -> None:
             await _send(codec, analyses_topic, TRACE_ANALYSES, analysis)
         for finding in result.findings:
             await _send(codec, findings_topic, FINDINGS, finding)
+        for analysis in result.analyses:  # a requested profile: tell the requester it is analysed
+            origin = request_of_trace(analysis["trace_id"])
+            if origin is not None:
+                request_id, host, rank = origin
+                await _send(codec, statuses_topic, PROFILE_STATUSES, {
+                    "request_id": request_id, "workflow_id": analysis["workflow_id"], "host": host, "rank": rank,
+                    "pid": None, "state": "ANALYSED", "reason": analysis.get("error"),
+                    "trace_id": analysis["trace_id"], "at": int(time.time() * 1000)})
 
     @app.agent(events_topic, name="trace-analysis")
     async def analyze_traces(stream: faust.StreamT) -> None:

@@ -1,0 +1,178 @@
+"""The agent's half of profiling: answers ``ProfileRequest`` records for workflows on its host.
+
+For each request that concerns this host, the coordinator finds the workflow's ranks among
+the processes that enabled the profiling hook (``producers/profile_hook.py`` announces them
+in the profile directory), asks each to capture, and publishes a ``ProfileStatus`` per rank
+as it goes: ACCEPTED, TRACE_PUBLISHED (with the trace id, after the trace went out as
+kernel events for the worker to analyse), or FAILED with the reason -- the workflow does not
+run here, no rank has the hook, the process exited, the hook reported an error, or no trace
+came before the request's deadline. Nothing waits forever.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from producers.profile_hook import safe_name
+from producers.publish_kafka import Publisher
+from producers.publish_trace import publish_trace
+from schemas.topics import PROFILE_STATUSES, trace_id_of
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Capture:
+    request: dict
+    pid: int
+    rank: int
+    done: bool = False
+
+
+@dataclass
+class ProfileCoordinator:
+    host: str
+    publisher: Publisher
+    directory: Path
+    topic_prefix: str = ""
+    clock: object = time.time
+    captures: list[_Capture] = field(default_factory=list)
+
+    def hooks(self) -> list[dict]:
+        """The processes on this host that enabled the hook and are still alive."""
+        out = []
+        for path in self.directory.glob("hook-*.json"):
+            try:
+                info = json.loads(path.read_text())
+                os.kill(info["pid"], 0)
+            except (OSError, ValueError, KeyError):
+                continue
+            out.append(info)
+        return out
+
+    def handle(self, request: dict) -> None:
+        """A request from the control topic."""
+        if request["hosts"] and self.host not in request["hosts"]:
+            return  # for other hosts
+        if request["deadline_ms"] <= int(self.clock() * 1000):
+            return  # stale: its requester has given up
+        ranks = [h for h in self.hooks() if h.get("workflow_id") == request["workflow_id"]
+                 and (not request["ranks"] or h["rank"] in request["ranks"])]
+        if not ranks:
+            if request["hosts"]:  # we were named: say why nothing will come
+                self._status(request, "FAILED", reason=(
+                    f"workflow {request['workflow_id']} has no process with gpufleet's profiling hook on "
+                    f"{self.host}: it no longer runs here, or its training script does not call "
+                    "producers.profile_hook.enable()"))
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for h in sorted(ranks, key=lambda h: h["rank"]):
+            ask = {"request_id": request["request_id"], "steps": request.get("steps"),
+                   "duration_ms": request.get("duration_ms")}
+            tmp = self.directory / f".request-{h['pid']}.json.part"
+            tmp.write_text(json.dumps(ask))
+            os.replace(tmp, self.directory / f"request-{h['pid']}.json")
+            self.captures.append(_Capture(request, h["pid"], h["rank"]))
+            self._status(request, "ACCEPTED", rank=h["rank"], pid=h["pid"])
+
+    def check(self) -> None:
+        """Publish what has become of each capture in progress."""
+        now_ms = int(self.clock() * 1000)
+        for c in self.captures:
+            name = f"{safe_name(c.request['request_id'])}-{c.pid}"
+            trace = self.directory / f"trace-{name}.json"
+            error = self.directory / f"error-{name}.txt"
+            if trace.exists():
+                trace_id = trace_id_of(c.request["request_id"], self.host, c.rank)
+                end = publish_trace(trace, c.request["workflow_id"], self.publisher, self.topic_prefix, trace_id)
+                if end.get("error") and not end["events"]:
+                    self._status(c.request, "FAILED", rank=c.rank, pid=c.pid,
+                                 reason=f"the trace could not be read: {end['error']}")
+                else:
+                    self._status(c.request, "TRACE_PUBLISHED", rank=c.rank, pid=c.pid, trace_id=trace_id)
+                trace.unlink(missing_ok=True)
+                c.done = True
+            elif error.exists():
+                self._status(c.request, "FAILED", rank=c.rank, pid=c.pid,
+                             reason=f"the profiling hook failed: {error.read_text().strip()}")
+                error.unlink(missing_ok=True)
+                c.done = True
+            elif not _alive(c.pid):
+                self._status(c.request, "FAILED", rank=c.rank, pid=c.pid,
+                             reason=f"process {c.pid} exited before its trace was written")
+                c.done = True
+            elif now_ms > c.request["deadline_ms"]:
+                self._status(c.request, "FAILED", rank=c.rank, pid=c.pid, reason=(
+                    "no trace before the deadline: the process made no optimizer step, or is stuck"))
+                (self.directory / f"request-{c.pid}.json").unlink(missing_ok=True)
+                c.done = True
+        self.captures = [c for c in self.captures if not c.done]
+        self.publisher.flush(10)
+
+    def _status(self, request: dict, state: str, rank: int | None = None, pid: int | None = None,
+                reason: str | None = None, trace_id: str | None = None) -> None:
+        record = {"request_id": request["request_id"], "workflow_id": request["workflow_id"], "host": self.host,
+                  "rank": rank, "pid": pid, "state": state, "reason": reason, "trace_id": trace_id,
+                  "at": int(self.clock() * 1000)}
+        if state == "FAILED":
+            log.warning("profile %s on %s rank %s failed: %s", request["request_id"], self.host, rank, reason)
+        self.publisher.publish(PROFILE_STATUSES, [record], topic=self.topic_prefix + PROFILE_STATUSES.name)
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie: a crashed rank stays a zombie until its launcher reaps it."""
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no procfs: trust the signal check
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+class ProfileListener:
+    """Reads the control topic for the agent (a consumer group per host: every host sees every
+    request) and drives the coordinator; runs in its own thread beside the sampling loop."""
+
+    def __init__(self, bootstrap: str, coordinator: ProfileCoordinator, topic_prefix: str = "") -> None:
+        from confluent_kafka import Consumer
+
+        from schemas.codec import Codec
+        from schemas.kafka_config import consumer_config
+        from schemas.topics import PROFILE_REQUESTS
+
+        self.coordinator = coordinator
+        self.codec = Codec()
+        # A new host reads the topic from the start but skips requests past their deadline, so
+        # none is missed while it joins; commits as it reads (a request lost to a crash ends at
+        # the requester's deadline, with this host named).
+        self.consumer = Consumer(consumer_config(
+            bootstrap, f"gpufleet-agent-profiles-{coordinator.host}", **{"enable.auto.commit": True}))
+        self.assigned = threading.Event()
+        self.consumer.subscribe([topic_prefix + PROFILE_REQUESTS.name],
+                                on_assign=lambda consumer, partitions: self.assigned.set())
+
+    def run(self, stop) -> None:
+        try:
+            while not stop.is_set():
+                for m in self.consumer.consume(num_messages=100, timeout=0.5):
+                    if m.error():
+                        continue
+                    try:
+                        name, request = self.codec.decode(m.value())
+                    except ValueError as exc:
+                        log.warning("unreadable profile request at offset %d: %s", m.offset(), exc)
+                        continue
+                    if name == "ProfileRequest":
+                        self.coordinator.handle(request)
+                self.coordinator.check()
+        finally:
+            self.consumer.close()

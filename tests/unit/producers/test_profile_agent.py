@@ -1,0 +1,105 @@
+"""The agent's side of a profile request, through the profile directory, against live
+processes (a stand-in that has announced the hook) and a recorded trace."""
+
+import gzip
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from producers.profile_agent import ProfileCoordinator
+from schemas.topics import request_of_trace, trace_id_of
+from tests.unit.traces import SHARED_TRACES
+
+
+class Recorder:
+    """Stands in for the Kafka publisher: keeps what would have been published."""
+
+    def __init__(self):
+        self.records = []
+
+    def publish(self, spec, records, topic=None, schema=None):
+        records = list(records)
+        self.records += [(topic, schema or spec.schema, r) for r in records]
+        return len(records)
+
+    def flush(self, timeout=None):
+        return 0
+
+    def statuses(self):
+        return [(r["rank"], r["state"], r["reason"]) for _, name, r in self.records if name == "ProfileStatus"]
+
+
+@pytest.fixture
+def process():
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def request(**overrides):
+    r = {"request_id": "od-1", "workflow_id": "wf-a", "hosts": ["h1"], "ranks": [], "duration_ms": None,
+         "steps": 5, "reason": "ON_DEMAND", "requester": "ana", "requested_at": 0,
+         "deadline_ms": int(time.time() * 1000) + 60_000}
+    r.update(overrides)
+    return r
+
+
+def announce(directory, pid, rank=0, workflow="wf-a"):
+    (directory / f"hook-{pid}.json").write_text(json.dumps({"pid": pid, "rank": rank, "workflow_id": workflow}))
+
+
+def test_a_rank_with_the_hook_is_asked_and_its_trace_published(tmp_path, process):
+    rec = Recorder()
+    c = ProfileCoordinator("h1", rec, tmp_path)
+    announce(tmp_path, process.pid, rank=3)
+    announce(tmp_path, 2**22 + 4321, rank=4)  # an exited process: its announcement is ignored
+    c.handle(request())
+    assert json.loads((tmp_path / f"request-{process.pid}.json").read_text())["steps"] == 5
+    assert rec.statuses() == [(3, "ACCEPTED", None)]
+    c.check()
+    assert len(rec.statuses()) == 1  # nothing yet
+    with gzip.open(SHARED_TRACES / "simple_add__benchmark_result_493459_1694039959_trace.json.gz") as recorded:
+        (tmp_path / f"trace-od-1-{process.pid}.json").write_bytes(recorded.read())  # as the hook leaves it
+    c.check()
+    (_, _, published), = [r for r in rec.records if r[1] == "ProfileStatus" and r[2]["state"] == "TRACE_PUBLISHED"]
+    assert published["trace_id"] == trace_id_of("od-1", "h1", 3)
+    assert request_of_trace(published["trace_id"]) == ("od-1", "h1", 3)
+    ends = [r for _, name, r in rec.records if name == "TraceEnd"]
+    assert len(ends) == 1 and ends[0]["trace_id"] == published["trace_id"] and ends[0]["events"] > 0
+    assert not c.captures
+
+
+def test_failures_end_with_a_reason(tmp_path, process):
+    rec = Recorder()
+    c = ProfileCoordinator("h1", rec, tmp_path)
+    c.handle(request(workflow_id="wf-gone"))  # no hook for it here, and this host was named
+    c.handle(request(hosts=["h2"]))  # not for us: silence
+    c.handle(request(hosts=[], workflow_id="wf-gone"))  # for every host: only hosts that run it answer
+    (failed,) = rec.statuses()
+    assert failed[1] == "FAILED" and "no process with gpufleet's profiling hook on h1" in failed[2]
+
+    announce(tmp_path, process.pid)
+    c.handle(request(request_id="od-2"))
+    (tmp_path / f"error-od-2-{process.pid}.txt").write_text("torch.profiler could not start: RuntimeError()")
+    c.check()
+    assert rec.statuses()[-1] == (0, "FAILED", ("the profiling hook failed: torch.profiler could not start: "
+                                                "RuntimeError()"))
+
+    c.handle(request(request_id="od-3", deadline_ms=int(time.time() * 1000) + 300))
+    time.sleep(0.4)
+    c.check()
+    assert rec.statuses()[-1][1:] == ("FAILED", ("no trace before the deadline: the process made no optimizer "
+                                               "step, or is stuck"))
+    assert not (tmp_path / f"request-{process.pid}.json").exists()  # withdrawn
+
+    c.handle(request(request_id="od-4"))
+    process.kill()
+    process.wait()
+    c.check()
+    assert rec.statuses()[-1] == (0, "FAILED", f"process {process.pid} exited before its trace was written")
+    c.handle(request(request_id="od-5", deadline_ms=0))  # stale: ignored
+    assert len(rec.statuses()) == 7  # 1 + (ACCEPTED, FAILED) x 3: nothing for the stale one
