@@ -16,6 +16,8 @@ from schemas.topics import (
     FINDINGS,
     GPU_SAMPLES,
     HOST_SAMPLES,
+    PROFILE_REQUESTS,
+    PROFILE_STATUSES,
     TRACE_ANALYSES,
     WORKFLOW_EVENTS,
     WORKFLOW_SUMMARIES,
@@ -393,9 +395,57 @@ WORKFLOW_SUMMARIES_TABLE = Table(
     """,
 )
 
+PROFILE_REQUESTS_TABLE = Table(
+    "profile_requests", PROFILE_REQUESTS,
+    ("request_id", "workflow_id", "hosts", "ranks", "duration_ms", "steps", "reason", "requester", "requested_at",
+     "deadline_ms"),
+    """
+    CREATE TABLE IF NOT EXISTS {db}.{name} (
+        request_id String,
+        workflow_id LowCardinality(String),
+        hosts Array(String),
+        ranks Array(Int32),
+        duration_ms Nullable(Int64),
+        steps Nullable(Int32),
+        reason LowCardinality(String),
+        requester String,
+        requested_at DateTime64(3, 'UTC'),
+        deadline_ms Int64,
+        kafka_partition UInt32,
+        kafka_offset UInt64
+    )
+    ENGINE = ReplacingMergeTree
+    ORDER BY request_id
+    """,
+)
+
+PROFILE_STATUSES_TABLE = Table(
+    "profile_statuses", PROFILE_STATUSES,
+    ("request_id", "workflow_id", "host", "rank", "pid", "state", "reason", "trace_id", "at"),
+    """
+    CREATE TABLE IF NOT EXISTS {db}.{name} (
+        request_id String,
+        workflow_id LowCardinality(String),
+        host LowCardinality(Nullable(String)),
+        rank Nullable(Int32),
+        pid Nullable(Int32),
+        state LowCardinality(String),
+        reason Nullable(String),
+        trace_id Nullable(String),
+        at DateTime64(3, 'UTC'),
+        kafka_partition UInt32,
+        kafka_offset UInt64
+    )
+    -- Every transition is kept (the history of a request); a replayed one collapses.
+    ENGINE = ReplacingMergeTree
+    ORDER BY (request_id, kafka_partition, kafka_offset)
+    """,
+)
+
 TABLES: tuple[Table, ...] = (
     GPU_SAMPLES_TABLE, HOST_SAMPLES_TABLE, WORKFLOW_EVENTS_TABLE, WORKFLOW_WINDOWS_TABLE, WORKFLOW_SUMMARIES_TABLE,
-    ALERTS_TABLE, DEAD_LETTERS_TABLE, TRACE_ANALYSES_TABLE, FINDINGS_TABLE,
+    ALERTS_TABLE, DEAD_LETTERS_TABLE, TRACE_ANALYSES_TABLE, FINDINGS_TABLE, PROFILE_REQUESTS_TABLE,
+    PROFILE_STATUSES_TABLE,
 )
 
 

@@ -63,6 +63,22 @@ def test_a_batch_inserted_again_is_stored_once(writer):
     assert count(writer, GPU_SAMPLES_TABLE) == 8
 
 
+def test_profile_requests_and_statuses_are_stored(writer):
+    from sinks.clickhouse_ddl import PROFILE_REQUESTS_TABLE, PROFILE_STATUSES_TABLE
+
+    req = {"request_id": "od-1", "workflow_id": "wf-a", "hosts": ["h1"], "ranks": [], "duration_ms": None, "steps": 5,
+           "reason": "ON_DEMAND", "requester": "ana", "requested_at": BASE_MS, "deadline_ms": BASE_MS + 60_000}
+    status = {"request_id": "od-1", "workflow_id": "wf-a", "host": "h1", "rank": 0, "pid": 42, "reason": None,
+              "trace_id": None, "at": BASE_MS}
+    assert writer.insert(PROFILE_REQUESTS_TABLE, [Row(0, 0, req)]) == []
+    assert writer.insert(PROFILE_STATUSES_TABLE, [Row(0, 0, {**status, "state": "ACCEPTED"}),
+                                                  Row(0, 1, {**status, "state": "FAILED", "reason": "exited"})]) == []
+    rows = writer.client.query(
+        f"SELECT r.requester, groupArray(s.state) FROM {writer.database}.profile_requests AS r "
+        f"JOIN {writer.database}.profile_statuses AS s ON s.request_id = r.request_id GROUP BY r.requester").result_rows
+    assert rows == [("ana", ["ACCEPTED", "FAILED"])]
+
+
 def test_deduplication_tokens_name_the_offset_ranges():
     rows = [Row(1, 7, {}), Row(0, 3, {}), Row(1, 5, {})]
     assert deduplication_token(GPU_SAMPLES_TABLE, rows) == "gpufleet.gpu-samples.v1/0:3-3x1,1:5-7x2"
