@@ -216,7 +216,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     bootstrap = _resolve_bootstrap(args)
     host = args.host or socket.gethostname()
     settings = AgentSettings(host=host, interval_s=args.interval, heartbeat_s=args.heartbeat_s,
-                             topic_prefix=args.topic_prefix)
+                             topic_prefix=args.topic_prefix, cluster=args.cluster)
     nvml = simulated = None
     if args.source == "nvml":
         nvml = NvmlSampler()
@@ -229,7 +229,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         fleet = build_fleet(args.seed, args.hosts, args.gpus_per_host, args.workflows)
         host = args.host or "gpu-host-000"
         settings = AgentSettings(host=host, interval_s=args.interval, heartbeat_s=args.heartbeat_s,
-                                 topic_prefix=args.topic_prefix)
+                                 topic_prefix=args.topic_prefix, cluster=args.cluster)
         simulated = SimulatedGpus(fleet, host, int(time.time() * 1000))
         print(f"simulating host {host} of a {args.hosts}-host fleet every {args.interval:g}s")
     try:
@@ -238,7 +238,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         print(f"could not check the topics ({exc}); spooling until the broker answers")
     keys = AttributionKeys(
         workflow=tuple(args.workflow_keys.split(",")), owner=tuple(args.owner_keys.split(",")),
-        team=tuple(args.team_keys.split(",")),
+        team=tuple(args.team_keys.split(",")), model=tuple(args.model_keys.split(",")),
     )
     spool = Spool(args.spool_dir or args.data_dir / "agent-spool", max_bytes=args.spool_max_mb << 20)
     agent = HostAgent(settings, spool, Codec(), nvml=nvml, simulated=simulated, attributor=ProcessAttributor(keys))
@@ -498,6 +498,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="environment variables naming a process's workflow, first found wins")
     p.add_argument("--owner-keys", default="GPUFLEET_OWNER,SLURM_JOB_USER,USER")
     p.add_argument("--team-keys", default="GPUFLEET_TEAM,SLURM_JOB_ACCOUNT")
+    p.add_argument("--model-keys", default="GPUFLEET_MODEL", help="environment variables naming the job's model")
+    p.add_argument("--cluster", default=os.environ.get("GPUFLEET_CLUSTER"),
+                   help="the cluster this host belongs to, on every workflow event (env GPUFLEET_CLUSTER)")
     p.add_argument("--spool-dir", type=Path, default=None, help="default: <data dir>/agent-spool")
     p.add_argument("--spool-max-mb", type=int, default=256)
     p.add_argument("--profile-dir", type=Path, default=None,
@@ -530,7 +533,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("opportunities", help="rank where the fleet loses the most GPU-hours, and to what")
     _clickhouse_args(p)
     p.add_argument("--by", default="cause",
-                   choices=["cause", "team", "owner", "workflow", "framework", "gpu-model", "antipattern"])
+                   choices=["cause", "team", "owner", "workflow", "framework", "model", "cluster", "gpu-model",
+                            "antipattern"])
     p.add_argument("--since", default="7d", help="how far back: 7d, 12h, 30m, or all")
     p.add_argument("--limit", type=int, default=20)
     p.add_argument("--format", choices=["table", "csv", "json"], default="table")

@@ -3,7 +3,7 @@
 Ranks the rows of the ``waste`` view (sinks/clickhouse_ddl.py) -- GPUs allocated at 0 %,
 the rest of the wasted GPU-seconds of low utilisation, and each antipattern that trace
 analysis found with the GPU-seconds it puts at stake -- summed across workflows, per cause
-and optionally per team, owner, workflow, framework or GPU model, with the number of
+and optionally per team, owner, workflow, framework, model, cluster or GPU model, with the number of
 workflows affected and the ones to look at first.
 """
 
@@ -20,6 +20,8 @@ DIMENSIONS = {
     "owner": "owner",
     "workflow": "workflow_id",
     "framework": "framework",
+    "model": "model",
+    "cluster": "cluster",
     "gpu-model": "gpu_model",
     "antipattern": "''",
 }
@@ -56,12 +58,14 @@ def opportunities_sql(database: str, by: str, since_s: float | None, examples: i
     FROM (
         SELECT loss.workflow_id AS workflow_id, loss.cause AS cause, any(loss.team) AS team,
                any(loss.owner) AS owner, any(ifNull(meta.framework, '')) AS framework,
+               any(ifNull(meta.model, '')) AS model, any(ifNull(meta.cluster, '')) AS cluster,
                any(ifNull(hw.gpu_model, '')) AS gpu_model, sum(loss.gpu_seconds) AS s
         FROM {database}.waste AS loss
         LEFT JOIN (
             SELECT workflow_id,
                    argMax(concat(ifNull(framework, ''), if(framework_version IS NULL, '', concat(' ', framework_version))),
-                          event_time) AS framework
+                          event_time) AS framework,
+                   argMax(model, event_time) AS model, argMax(cluster, event_time) AS cluster
             FROM {database}.workflows GROUP BY workflow_id
         ) AS meta ON meta.workflow_id = loss.workflow_id
         LEFT JOIN (

@@ -29,6 +29,7 @@ class AttributionKeys:
     workflow: tuple[str, ...] = ("GPUFLEET_WORKFLOW_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
     owner: tuple[str, ...] = ("GPUFLEET_OWNER", "SLURM_JOB_USER", "USER")
     team: tuple[str, ...] = ("GPUFLEET_TEAM", "SLURM_JOB_ACCOUNT")
+    model: tuple[str, ...] = ("GPUFLEET_MODEL",)
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class ProcessInfo:
     cmdline: str | None = None
     framework: str | None = None
     framework_version: str | None = None
+    model: str | None = None
     source: str = "none"  # how the workflow was found: env:<KEY>, slurm-cgroup, k8s-cgroup, none
 
 
@@ -75,7 +77,7 @@ class ProcessAttributor:
                 break
         job = env.get("SLURM_JOB_ID")
         common = {"owner": owner, "team": team, "cmdline": cmdline, "framework": framework,
-                  "framework_version": version}
+                  "framework_version": version, "model": _first(env, self.keys.model)}
         for k in self.keys.workflow:
             if env.get(k):
                 # A Slurm job is "slurm-<id>" whether its id comes from the environment or the cgroup.

@@ -40,6 +40,7 @@ class AgentSettings:
     heartbeat_s: float = 60.0
     ended_after_ticks: int = 3  # a workflow absent this many ticks in a row has ended on this host
     topic_prefix: str = ""
+    cluster: str | None = None  # reported on every workflow event
 
 
 @dataclass
@@ -179,6 +180,7 @@ class HostAgent:
             "owner": info.owner, "team": info.team, "gpu_uuids": sorted(entry.gpus), "pids": sorted(entry.pids),
             "cmdline": info.cmdline, "framework": info.framework, "framework_version": info.framework_version,
             "scheduler_job_id": info.scheduler_job_id, "attribution": info.source,
+            "model": info.model, "cluster": self.settings.cluster,
         }
 
 

@@ -334,7 +334,7 @@ HOST_SAMPLES_TABLE = Table(
 WORKFLOW_EVENTS_TABLE = Table(
     "workflow_events", WORKFLOW_EVENTS,
     ("workflow_id", "event", "event_time", "host", "owner", "team", "gpu_uuids", "pids", "cmdline",
-     "framework", "framework_version", "scheduler_job_id", "attribution"),
+     "framework", "framework_version", "scheduler_job_id", "attribution", "model", "cluster"),
     """
     CREATE TABLE IF NOT EXISTS {db}.{name} (
         workflow_id String,
@@ -357,6 +357,7 @@ WORKFLOW_EVENTS_TABLE = Table(
     ENGINE = ReplacingMergeTree
     ORDER BY (workflow_id, host, event_time, event)
     """,
+    added_columns=(("model", "LowCardinality(Nullable(String))"), ("cluster", "LowCardinality(Nullable(String))")),
 )
 
 WORKFLOW_SUMMARIES_TABLE = Table(
@@ -449,6 +450,13 @@ TABLES: tuple[Table, ...] = (
 )
 
 
+WORKFLOWS_MV = """
+    CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.workflows_mv TO {db}.workflows AS
+    SELECT workflow_id, event, event_time, host, owner, team, cmdline, framework, framework_version,
+           scheduler_job_id, model, cluster
+    FROM {db}.workflow_events
+    """
+
 # Objects derived from the tables above: created after them, in this order, idempotently.
 # Rollups are fed by materialized views from the raw samples, which land exactly once (the
 # sink resumes after the stored offsets and tokens its inserts), so their sums are exact.
@@ -465,17 +473,17 @@ DERIVED = (
         cmdline Nullable(String),
         framework LowCardinality(Nullable(String)),
         framework_version LowCardinality(Nullable(String)),
-        scheduler_job_id Nullable(String)
+        scheduler_job_id Nullable(String),
+        model LowCardinality(Nullable(String)),
+        cluster LowCardinality(Nullable(String))
     )
     ENGINE = ReplacingMergeTree(event_time)
     ORDER BY workflow_id
     """,
-    """
-    CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.workflows_mv TO {db}.workflows AS
-    SELECT workflow_id, event, event_time, host, owner, team, cmdline, framework, framework_version,
-           scheduler_job_id
-    FROM {db}.workflow_events
-    """,
+    # Added with WorkflowEvent v2; before the view that fills them (MIGRATIONS replaces an old view).
+    "ALTER TABLE {db}.workflows ADD COLUMN IF NOT EXISTS model LowCardinality(Nullable(String))",
+    "ALTER TABLE {db}.workflows ADD COLUMN IF NOT EXISTS cluster LowCardinality(Nullable(String))",
+    WORKFLOWS_MV,
     # GPU-hours per hour, workflow, team, owner and GPU model (framework joins from workflows).
     """
     CREATE TABLE IF NOT EXISTS {db}.gpu_hours_hourly (
@@ -572,3 +580,24 @@ def create_statements(database: str) -> list[str]:
                           f"MODIFY SETTING non_replicated_deduplication_window = {DEDUPLICATION_WINDOW}")
     statements += [d.format(db=database).strip() for d in DERIVED]
     return statements
+
+
+# Changes that CREATE ... IF NOT EXISTS cannot make to an existing database, applied once each,
+# in order, and recorded in schema_migrations. A fresh database gets the current definitions
+# from create_statements() and then runs these too, so each must be harmless there.
+MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
+    (1, "workflows_mv fills model and cluster (WorkflowEvent v2)", (
+        "DROP VIEW IF EXISTS {db}.workflows_mv",
+        WORKFLOWS_MV,
+    )),
+)
+
+MIGRATIONS_TABLE = """
+    CREATE TABLE IF NOT EXISTS {db}.schema_migrations (
+        version UInt32,
+        description String,
+        applied_at DateTime DEFAULT now()
+    )
+    ENGINE = ReplacingMergeTree
+    ORDER BY version
+    """

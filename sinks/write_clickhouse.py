@@ -18,7 +18,14 @@ import clickhouse_connect
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError, DatabaseError, OperationalError
 
-from sinks.clickhouse_ddl import KAFKA_COLUMNS, TABLES, Table, create_statements
+from sinks.clickhouse_ddl import (
+    KAFKA_COLUMNS,
+    MIGRATIONS,
+    MIGRATIONS_TABLE,
+    TABLES,
+    Table,
+    create_statements,
+)
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +97,21 @@ class ClickHouseWriter:
         self.backoff_s = backoff_s
 
     def ensure_tables(self) -> None:
-        """Create the database and tables if they do not exist (idempotent)."""
+        """Create the database and tables if they do not exist, then apply the migrations this
+        database has not had yet (idempotent)."""
         for statement in create_statements(self.database):
             self.client.command(statement)
+        db = self.database
+        self.client.command(MIGRATIONS_TABLE.format(db=db))
+        done = {r[0] for r in self.client.query(f"SELECT version FROM {db}.schema_migrations").result_rows}
+        for version, description, statements in MIGRATIONS:
+            if version in done:
+                continue
+            for statement in statements:
+                self.client.command(statement.format(db=db).strip())
+            self.client.insert("schema_migrations", [[version, description]], column_names=["version", "description"],
+                               database=db)
+            log.info("applied migration %d to %s: %s", version, db, description)
 
     def resume_offsets(self, table: Table) -> dict[int, int]:
         """Next Kafka offset per partition after the rows already stored in ``table``."""

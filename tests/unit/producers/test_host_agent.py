@@ -36,7 +36,8 @@ def spooled(spool):
 @pytest.fixture
 def world(tmp_path):
     proc = tmp_path / "proc"
-    make_process(proc, 101, {"GPUFLEET_WORKFLOW_ID": "wf-a", "GPUFLEET_OWNER": "ana", "GPUFLEET_TEAM": "nlp"})
+    make_process(proc, 101, {"GPUFLEET_WORKFLOW_ID": "wf-a", "GPUFLEET_OWNER": "ana", "GPUFLEET_TEAM": "nlp",
+                             "GPUFLEET_MODEL": "bert-large"})
     make_process(proc, 102, {"GPUFLEET_WORKFLOW_ID": "wf-a", "GPUFLEET_OWNER": "ana"})
     make_process(proc, 201, {"SLURM_JOB_ID": "77"})
     make_process(proc, 301, {"HOME": "/"})
@@ -51,7 +52,7 @@ def world(tmp_path):
     sampler.open()
     spool = Spool(tmp_path / "spool")
     clock = Clock()
-    agent = HostAgent(AgentSettings("node-7", heartbeat_s=10, ended_after_ticks=2), spool, CODEC,
+    agent = HostAgent(AgentSettings("node-7", heartbeat_s=10, ended_after_ticks=2, cluster="east-1"), spool, CODEC,
                       nvml=sampler, attributor=ProcessAttributor(proc=proc), clock=clock)
     return agent, spool, gpus, clock
 
@@ -93,6 +94,7 @@ def test_workflow_life_cycle(world):
     wf_a = next(e for e in started if e["workflow_id"] == "wf-a")
     assert wf_a["gpu_uuids"] == ["GPU-0", "GPU-1"] and wf_a["pids"] == [101, 102]
     assert (wf_a["owner"], wf_a["team"], wf_a["attribution"]) == ("ana", "nlp", "env:GPUFLEET_WORKFLOW_ID")
+    assert (wf_a["model"], wf_a["cluster"]) == ("bert-large", "east-1")
 
     sent = spool.read(spool.cursor(), limit=100_000)
     spool.acknowledge(sent[-1].position, len(sent))

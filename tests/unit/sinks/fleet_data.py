@@ -84,5 +84,6 @@ def store(writer: ClickHouseWriter, data: FleetData) -> None:
                 "owner": w.owner, "team": w.team, "gpu_uuids": [g.uuid for g in w.gpus], "pids": [100],
                 "cmdline": "python train.py", "framework": framework if event == "heartbeat" else None,
                 "framework_version": version if event == "heartbeat" else None,
-                "scheduler_job_id": None, "attribution": "env"})
+                "scheduler_job_id": None, "attribution": "env", "model": f"model-{w.workflow_id[-1]}",
+                "cluster": "east" if w.gpus[0].host < "gpu-host-002" else "west"})
     assert writer.insert(WORKFLOW_EVENTS_TABLE, [Row(0, i, e) for i, e in enumerate(events)]) == []

@@ -48,10 +48,10 @@ def test_hourly_and_daily_rollups_equal_the_samples(writer, data):
 
 
 def test_workflows_keep_the_latest_metadata(writer, data):
-    rows = query(writer, "SELECT workflow_id, event, framework, framework_version FROM {db}.workflows FINAL")
+    rows = query(writer, "SELECT workflow_id, event, framework, framework_version, model FROM {db}.workflows FINAL")
     assert len(rows) == len(data.fleet.workflows)
-    for wf, event, framework, version in rows:
-        assert event == "heartbeat" and f"{framework} {version}" == data.frameworks[wf]
+    for wf, event, framework, version, model in rows:
+        assert event == "heartbeat" and f"{framework} {version}" == data.frameworks[wf] and model == f"model-{wf[-1]}"
 
 
 def test_opportunities_rank_the_planted_causes_with_their_gpu_hours(writer, data):
@@ -82,6 +82,13 @@ def test_opportunities_by_team_framework_gpu_model_and_antipattern(writer, data)
 
     _, rows = opportunities(writer.client, writer.database, by="framework", since="all", limit=100)
     assert {r[0] for r in rows} == set(data.frameworks.values())
+
+    for by, want in (("model", {f"model-{w.workflow_id[-1]}" for w in data.fleet.workflows}),
+                     ("cluster", {"east" if w.gpus[0].host < "gpu-host-002" else "west" for w in data.fleet.workflows})):
+        _, rows = opportunities(writer.client, writer.database, by=by, since="all", limit=100)
+        assert {r[0] for r in rows} == want
+        assert sum(r[2] for r in rows if r[1] == "idle_allocated") == pytest.approx(
+            sum(data.waste["idle_allocated"].values()) / 3600, abs=0.002)
 
     _, rows = opportunities(writer.client, writer.database, by="gpu-model", since="all", limit=100)
     assert {r[0] for r in rows} == {s["gpu_model"] for s in data.samples}

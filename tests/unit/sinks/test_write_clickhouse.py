@@ -36,7 +36,9 @@ def test_tables_are_created_idempotently(writer):
     writer.ensure_tables()  # second time: no error, nothing changes
     names = {r[0] for r in writer.client.query(f"SHOW TABLES FROM {writer.database}").result_rows}
     derived = {"workflows", "workflows_mv", "gpu_hours_hourly", "gpu_hours_hourly_mv", "gpu_hours_daily",
-               "gpu_hours_daily_mv", "waste"}
+               "gpu_hours_daily_mv", "waste", "schema_migrations"}
+    applied = writer.client.query(f"SELECT version FROM {writer.database}.schema_migrations FINAL").result_rows
+    assert applied == [(1,)]  # once, though ensure_tables ran twice
     assert names == {t.name for t in TABLES} | derived
 
 
@@ -50,6 +52,33 @@ def test_samples_land_with_their_kafka_positions_and_resume_after_them(writer):
         f"FROM {writer.database}.gpu_samples ORDER BY event_time LIMIT 1"
     ).result_rows[0]
     assert got == (BASE_MS, 50.0, 80 * 1024**3)
+
+
+def test_a_database_of_the_previous_release_is_migrated(chdb_client, database):
+    """workflows and its view as they were before WorkflowEvent v2: the migration adds model
+    and cluster, replaces the view, and the new fields flow through."""
+    from sinks.clickhouse_ddl import WORKFLOW_EVENTS_TABLE
+
+    db = database
+    chdb_client.command(f"CREATE DATABASE {db}")
+    chdb_client.command(WORKFLOW_EVENTS_TABLE.ddl.format(db=db, name="workflow_events"))
+    chdb_client.command(f"""CREATE TABLE {db}.workflows (workflow_id LowCardinality(String), event LowCardinality(String),
+        event_time DateTime64(3, 'UTC'), host LowCardinality(String), owner LowCardinality(Nullable(String)),
+        team LowCardinality(Nullable(String)), cmdline Nullable(String), framework LowCardinality(Nullable(String)),
+        framework_version LowCardinality(Nullable(String)), scheduler_job_id Nullable(String))
+        ENGINE = ReplacingMergeTree(event_time) ORDER BY workflow_id""")
+    chdb_client.command(f"""CREATE MATERIALIZED VIEW {db}.workflows_mv TO {db}.workflows AS
+        SELECT workflow_id, event, event_time, host, owner, team, cmdline, framework, framework_version,
+        scheduler_job_id FROM {db}.workflow_events""")
+    writer = ClickHouseWriter(chdb_client, db)
+    writer.ensure_tables()
+    event = {"workflow_id": "wf-a", "event": "STARTED", "event_time": BASE_MS, "host": "h1", "owner": "ana",
+             "team": "nlp", "gpu_uuids": ["GPU-0"], "pids": [1], "cmdline": "python train.py", "framework": "pytorch",
+             "framework_version": "2.5", "scheduler_job_id": None, "attribution": "env", "model": "llama-8b",
+             "cluster": "east"}
+    assert writer.insert(WORKFLOW_EVENTS_TABLE, [Row(0, 0, event)]) == []
+    assert chdb_client.query(f"SELECT model, cluster FROM {db}.workflows").result_rows == [("llama-8b", "east")]
+    assert chdb_client.query(f"SELECT version FROM {db}.schema_migrations").result_rows == [(1,)]
 
 
 def test_a_batch_inserted_again_is_stored_once(writer):
