@@ -61,6 +61,7 @@ class ClickHouseSink:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         committed = {(tp.topic, tp.partition): tp.offset for tp in consumer.committed(partitions, timeout=30)}
         stored: dict[str, dict[int, int]] = {}
+        ahead = []
         for tp in partitions:
             table = table_for_topic(tp.topic, self.prefix)
             if table.name not in stored:
@@ -71,7 +72,12 @@ class ClickHouseSink:
                 log.info("%s[%d]: resuming at %d after rows already in ClickHouse (committed %d)",
                          tp.topic, tp.partition, resume, kafka)
                 tp.offset = resume
+                ahead.append(TopicPartition(tp.topic, tp.partition, resume))
         consumer.assign(partitions)
+        if ahead:
+            # Commit what ClickHouse already holds: a partition with nothing new to read would
+            # otherwise keep the crashed run's lag (and its replay) forever.
+            consumer.commit(offsets=ahead, asynchronous=False)
 
     def run(self, stop: threading.Event) -> SinkStats:
         """Consume until ``stop`` is set; everything consumed by then is inserted and committed."""

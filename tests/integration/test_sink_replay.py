@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 from producers.publish_kafka import Publisher
 from schemas.topics import GPU_SAMPLES
@@ -42,7 +43,9 @@ def test_replayed_batch_is_not_inserted_twice(kafka, prefix, chdb_client, databa
     writer.ensure_tables()
     crashing.consumer.subscribe([topic], on_assign=crashing._on_assign)
     try:
-        crashing.run_batch(threading.Event())
+        deadline = time.monotonic() + 60  # the first batches may come up empty while the group forms
+        while time.monotonic() < deadline:
+            crashing.run_batch(threading.Event())
         raise AssertionError("the sink should have crashed")
     except SystemExit:
         pass

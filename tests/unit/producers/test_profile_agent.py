@@ -1,7 +1,6 @@
 """The agent's side of a profile request, through the profile directory, against live
 processes (a stand-in that has announced the hook) and a recorded trace."""
 
-import gzip
 import json
 import subprocess
 import sys
@@ -11,7 +10,7 @@ import pytest
 
 from producers.profile_agent import ProfileCoordinator
 from schemas.topics import request_of_trace, trace_id_of
-from tests.unit.traces import SHARED_TRACES
+from tests.unit.traces import kernel, runtime, write_trace
 
 
 class Recorder:
@@ -62,8 +61,9 @@ def test_a_rank_with_the_hook_is_asked_and_its_trace_published(tmp_path, process
     assert rec.statuses() == [(3, "ACCEPTED", None)]
     c.check()
     assert len(rec.statuses()) == 1  # nothing yet
-    with gzip.open(SHARED_TRACES / "simple_add__benchmark_result_493459_1694039959_trace.json.gz") as recorded:
-        (tmp_path / f"trace-od-1-{process.pid}.json").write_bytes(recorded.read())  # as the hook leaves it
+    write_trace(tmp_path / f"trace-od-1-{process.pid}.json", [  # as the hook leaves it
+        runtime("cudaLaunchKernel", 0, 5, corr=1), kernel("sgemm", 10, 100, corr=1),
+        runtime("cudaLaunchKernel", 6, 5, corr=2), kernel("relu", 120, 20, corr=2)])
     c.check()
     (_, _, published), = [r for r in rec.records if r[1] == "ProfileStatus" and r[2]["state"] == "TRACE_PUBLISHED"]
     assert published["trace_id"] == trace_id_of("od-1", "h1", 3)
