@@ -8,6 +8,7 @@ import faust
 
 from schemas.topics import GPU_SAMPLES, KERNEL_EVENTS, WORKFLOW_EVENTS
 from streams import faust_fixes
+from streams.auto_profile import AutoProfileConfig
 from streams.raise_alerts import AlertConfig
 from streams.trace_sessions import TraceSessionConfig
 from streams.window_utilization import WindowConfig
@@ -27,6 +28,7 @@ class StreamSettings:
     window: WindowConfig = field(default_factory=WindowConfig)
     alerts: AlertConfig = field(default_factory=AlertConfig)
     trace_sessions: TraceSessionConfig = field(default_factory=TraceSessionConfig)
+    auto_profile: AutoProfileConfig = field(default_factory=AutoProfileConfig)
     # A workflow with no sample for this long (event time) has ended: its WorkflowSummary goes out.
     workflow_ended_s: float = 600.0
     # A partition with no sample for this long (wall time) follows the busiest partition's clock.

@@ -17,6 +17,7 @@ from schemas.topics import (
     FINDINGS,
     GPU_SAMPLES,
     KERNEL_EVENTS,
+    PROFILE_REQUESTS,
     PROFILE_STATUSES,
     TRACE_ANALYSES,
     WORKFLOW_EVENTS,
@@ -26,6 +27,7 @@ from schemas.topics import (
     request_of_trace,
 )
 from schemas.validate_sample import samples_of
+from streams.auto_profile import auto_profile_requests
 from streams.raise_alerts import raise_alerts
 from streams.summarize_workflow import accumulate, summary
 from streams.trace_sessions import TraceSessions
@@ -70,6 +72,7 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
     windows_topic = app.topic(settings.topic(WORKFLOW_WINDOWS.name))
     summaries_topic = app.topic(settings.topic(WORKFLOW_SUMMARIES.name))
     alerts_topic = app.topic(settings.topic(ALERTS.name))
+    requests_topic = app.topic(settings.topic(PROFILE_REQUESTS.name))
     dlq_topic = app.topic(settings.topic(DEAD_LETTERS.name))
     # One entry per workflow; the changelog partition is the workflow's source partition.
     table = app.Table("window-state", default=None, partitions=GPU_SAMPLES.partitions, key_type=str)
@@ -85,13 +88,14 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
     async def finish(partition: int, result, now: int) -> None:
         """Alerts and job totals for the windows ``result`` closed, summaries of workflows that
         ended, then the state to the changelog and the records to their topics."""
-        alerts = []
+        alerts, requests = [], []
         for window in result.closed:
             state = table.data.get(window["workflow_id"])
             if state is not None:  # (a workflow forgotten in this batch has no more alerts)
                 raised = raise_alerts(state, window, settings.alerts, now)
                 accumulate(state, window, raised)
                 alerts += raised
+                requests += auto_profile_requests(state, raised, settings.auto_profile, now)
         summaries = []
         for wf in aggregator.ended(partition, ended_after_ms):
             state = table.data[wf]
@@ -111,6 +115,8 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
             await _send(codec, windows_topic, WORKFLOW_WINDOWS, window)
         for alert in alerts:
             await _send(codec, alerts_topic, ALERTS, alert)
+        for request in requests:  # the root cause of the waste, while the owner reads the alert
+            await _send(codec, requests_topic, PROFILE_REQUESTS, request)
         for record in summaries:
             await _send(codec, summaries_topic, WORKFLOW_SUMMARIES, record)
         stats["windows"] += len(result.closed)

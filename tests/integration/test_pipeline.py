@@ -9,6 +9,7 @@ from producers.run_simulation import SimulationPlan, run_simulation
 from producers.simulate_fleet import IDLE, UNDERUTILIZED, build_fleet
 from schemas.topics import GPU_SAMPLES, WORKFLOW_WINDOWS
 from schemas.validate_sample import batch_samples
+from streams.auto_profile import request_id_for
 from tests.integration.helpers import CODEC, read_topic, running_sink, wait_until, worker_process
 from tests.unit.samples import BASE_MS, assert_window_matches, expected_windows
 
@@ -74,3 +75,12 @@ def test_samples_become_windows_and_alerts_in_clickhouse(kafka, prefix, sink, tm
     assert all(status == "FIRING" and notify for _, _, status, _, notify in alerts)
     assert {sev for wf, d, _, sev, _ in alerts if d == "low_utilization"} == {"CRITICAL"}  # 0 % and ~12 %
     assert q(sink, "SELECT count() FROM {db}.dead_letters")[0][0] == 0
+
+    # The closed loop: each workflow with a firing low-utilisation alert is profiled automatically,
+    # once, linked to its alert.
+    wait_until(lambda: q(sink, "SELECT count() FROM {db}.profile_requests")[0][0] >= 1, 30, "automatic profiles")
+    requests = q(sink, "SELECT workflow_id, reason, requester, request_id FROM {db}.profile_requests FINAL")
+    low = {wf for wf, d in expected if d == "low_utilization"}
+    assert sorted(wf for wf, *_ in requests) == sorted(low)
+    assert all(reason == "AUTO" and requester.startswith("low_utilization:") and request_id == request_id_for(requester)
+               for _, reason, requester, request_id in requests)

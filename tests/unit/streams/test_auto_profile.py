@@ -1,0 +1,30 @@
+"""Firing low-utilisation and input-bound alerts ask for one profile per workflow per 6 hours."""
+
+from streams.auto_profile import AutoProfileConfig, auto_profile_requests, request_id_for
+from tests.unit.samples import BASE_MS
+
+HOUR = 3_600_000
+
+
+def alert(detector="low_utilization", status="FIRING", end=BASE_MS, wf="wf-a"):
+    return {"alert_id": f"{detector}:{wf}:{BASE_MS}", "detector": detector, "status": status, "workflow_id": wf,
+            "window_end": end}
+
+
+def test_one_profile_per_workflow_per_interval_for_the_right_alerts():
+    state, config = {}, AutoProfileConfig()
+    (request,) = auto_profile_requests(state, [alert(), alert("input_bound")], config, now_ms=42)
+    assert request["reason"] == "AUTO" and request["hosts"] == [] and request["steps"] == 20
+    assert request["requester"] == f"low_utilization:wf-a:{BASE_MS}"
+    assert request["request_id"] == request_id_for(request["requester"]) == f"auto-low_utilization_wf-a_{BASE_MS}"
+    assert request["deadline_ms"] == 42 + 600_000
+    assert auto_profile_requests(state, [alert("input_bound", end=BASE_MS + 5 * HOUR)], config, 0) == []
+    assert len(auto_profile_requests(state, [alert(end=BASE_MS + 6 * HOUR)], config, 0)) == 1
+
+
+def test_other_detectors_resolutions_and_a_disabled_loop_ask_for_nothing():
+    state = {}
+    assert auto_profile_requests(state, [alert("idle_allocated"), alert("throttling"), alert(status="RESOLVED")],
+                                 AutoProfileConfig(), 0) == []
+    assert auto_profile_requests(state, [alert()], AutoProfileConfig(enabled=False), 0) == []
+    assert state == {}
