@@ -56,13 +56,12 @@ def fleet_10k(seed: int = 3):
     return build_fleet(seed=seed, hosts=1250, gpus_per_host=GPUS_PER_HOST, workflows=600)
 
 
-BATCHED = True  # --per-gpu: one GpuSample message per GPU instead of a GpuSampleBatch per host and workflow
-
-
-def encoded_ticks(fleet, ticks, start_ms):
+def encoded_ticks(fleet, ticks, start_ms, batched=True):
+    """Per tick, (key, value) messages: a GpuSampleBatch per host and workflow, or
+    (``batched=False``) a GpuSample per GPU."""
     for t in ticks:
         samples = list(fleet.samples_at(t, start_ms, 1000))
-        if BATCHED:
+        if batched:
             yield [(key_of(GPU_SAMPLES, b), CODEC.encode("GpuSampleBatch", b)) for b in batch_samples(samples)]
         else:
             yield [(key_of(GPU_SAMPLES, s), CODEC.encode("GpuSample", s)) for s in samples]
@@ -152,16 +151,17 @@ def bare_consume(bootstrap, topic, total) -> float:
         c.close()
 
 
-def throughput(bootstrap, data_dir, ticks) -> dict:
+def throughput(bootstrap, data_dir, ticks, batched=True) -> dict:
     prefix = "tp."
     ensure_topics(bootstrap, [GPU_SAMPLES], prefix=prefix)
     topic = prefix + GPU_SAMPLES.name
     producer = Producer(producer_config(bootstrap, **{"linger.ms": 50}))
-    total = sum(produce(producer, topic, batch) for batch in encoded_ticks(fleet_10k(), range(ticks), 1_767_225_600_000))
+    ticks_out = encoded_ticks(fleet_10k(), range(ticks), 1_767_225_600_000, batched)
+    total = sum(produce(producer, topic, batch) for batch in ticks_out)
     producer.flush(60)
     per_message = 10_000 * ticks / total  # samples per message; rates below are in samples/s
     print(f"throughput: {10_000 * ticks:,} samples of 10,000 GPUs x {ticks} ticks in {total:,} messages "
-          f"({'GpuSampleBatch per host and workflow' if BATCHED else 'GpuSample per GPU'}) "
+          f"({'GpuSampleBatch per host and workflow' if batched else 'GpuSample per GPU'}) "
           f"on {GPU_SAMPLES.partitions} partitions")
 
     bare = bare_consume(bootstrap, topic, total) * per_message
@@ -189,7 +189,7 @@ def throughput(bootstrap, data_dir, ticks) -> dict:
     return {"bare": bare, "worker": ours, "naive": naive}
 
 
-def live(bootstrap, data_dir, seconds) -> list[int]:
+def live(bootstrap, data_dir, seconds, batched=True) -> list[int]:
     prefix = "live."
     ensure_topics(bootstrap, [GPU_SAMPLES], prefix=prefix)
     topic = prefix + GPU_SAMPLES.name
@@ -203,7 +203,7 @@ def live(bootstrap, data_dir, seconds) -> list[int]:
         for tick in range(int(seconds)):
             due = t0 + tick
             time.sleep(max(0.0, due - time.monotonic()))
-            for batch in encoded_ticks(fleet, [tick], start_ms):
+            for batch in encoded_ticks(fleet, [tick], start_ms, batched):
                 produce(producer, topic, batch)
             if tick % 5 == 4:
                 committed, end = lag(bootstrap, "live-worker", topic, GPU_SAMPLES.partitions)
@@ -283,16 +283,14 @@ def main() -> None:
     parser.add_argument("--skip", nargs="*", default=[], choices=["throughput", "live", "latency"])
     parser.add_argument("--per-gpu", action="store_true", help="one message per GPU sample, not per host+workflow")
     args = parser.parse_args()
-    global BATCHED
-    BATCHED = not args.per_gpu
     with tempfile.TemporaryDirectory(prefix="gpufleet-bench-") as tmp:
         data_dir = Path(tmp)
         broker = local_kafka.start(data_dir / "kafka", partitions=8)
         try:
             if "throughput" not in args.skip:
-                throughput(broker.bootstrap, data_dir, args.ticks)
+                throughput(broker.bootstrap, data_dir, args.ticks, not args.per_gpu)
             if "live" not in args.skip:
-                live(broker.bootstrap, data_dir, args.live_s)
+                live(broker.bootstrap, data_dir, args.live_s, not args.per_gpu)
             if "latency" not in args.skip:
                 alert_latency(broker.bootstrap, data_dir)
         finally:

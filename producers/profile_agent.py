@@ -19,10 +19,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from confluent_kafka import Consumer
+
 from producers.profile_hook import safe_name
 from producers.publish_kafka import Publisher
 from producers.publish_trace import publish_trace
-from schemas.topics import PROFILE_STATUSES, trace_id_of
+from schemas.codec import Codec
+from schemas.kafka_config import consumer_config
+from schemas.topics import PROFILE_REQUESTS, PROFILE_STATUSES, trace_id_of
 
 log = logging.getLogger(__name__)
 
@@ -143,12 +147,6 @@ class ProfileListener:
     request) and drives the coordinator; runs in its own thread beside the sampling loop."""
 
     def __init__(self, bootstrap: str, coordinator: ProfileCoordinator, topic_prefix: str = "") -> None:
-        from confluent_kafka import Consumer
-
-        from schemas.codec import Codec
-        from schemas.kafka_config import consumer_config
-        from schemas.topics import PROFILE_REQUESTS
-
         self.coordinator = coordinator
         self.codec = Codec()
         # A new host reads the topic from the start but skips requests past their deadline, so

@@ -114,9 +114,12 @@ class ClickHouseSink:
         bad = [(messages[i], reason) for i, reason in errors]
         rows: dict[str, list[Row]] = defaultdict(list)
         by_name = {}
+        tables: dict[str, Table] = {}  # topic -> table, looked up once per batch
         for i, name, record in ok:
             m = messages[i]
-            table = table_for_topic(m.topic(), self.prefix)
+            table = tables.get(m.topic())
+            if table is None:
+                table = tables[m.topic()] = table_for_topic(m.topic(), self.prefix)
             if not table.topic.carries(name) or (name != table.topic.schema and table.topic is not GPU_SAMPLES):
                 bad.append((m, f"expected {table.topic.schema} on {m.topic()}, got {name}"))
                 continue
