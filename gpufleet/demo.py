@@ -7,6 +7,7 @@ per-workflow summary read back from ClickHouse.
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import shutil
@@ -17,7 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from gpufleet import local_kafka
 from gpufleet.opportunities import opportunities
@@ -33,6 +34,8 @@ from schemas.topics import ALERTS, DEAD_LETTERS, GPU_SAMPLES, WORKFLOW_WINDOWS
 from sinks.clickhouse_ddl import TABLES
 from sinks.consume_to_clickhouse import ClickHouseSink
 from sinks.write_clickhouse import ClickHouseWriter, connect, default_dsn
+
+log = logging.getLogger(__name__)
 
 WORKER_GROUP = "gpufleet-worker"
 SINK_GROUP = "gpufleet-clickhouse-sink"
@@ -176,12 +179,20 @@ def run_demo(opts: DemoOptions) -> int:
             now = time.monotonic()
             rate = (progress.samples - last_samples) / (now - last_t)
             last_samples, last_t = progress.samples, now
-            worker_lag = watch.lag(WORKER_GROUP, [GPU_SAMPLES])
-            sink_lag = watch.lag(SINK_GROUP, [t.topic for t in TABLES])
-            _line(f"[{now - t0:5.0f}s] sim {progress.ticks_done / 60:5.1f}/{opts.sim_minutes:g} min | "
-                  f"samples {progress.samples:>8} ({rate:6.0f}/s) | windows {watch.total(WORKFLOW_WINDOWS):>5} | "
-                  f"alerts {watch.total(ALERTS):>4} | dead letters {watch.total(DEAD_LETTERS):>3} | "
-                  f"lag worker {worker_lag:>6} sink {sink_lag:>6} | rows {sum(sink.stats.rows.values()):>8}")
+            try:
+                worker_lag = watch.lag(WORKER_GROUP, [GPU_SAMPLES])
+                sink_lag = watch.lag(SINK_GROUP, [t.topic for t in TABLES])
+                counts = [watch.total(spec) for spec in (WORKFLOW_WINDOWS, ALERTS, DEAD_LETTERS)]
+            except KafkaException as exc:
+                # A broker that is still electing leaders or loading its coordinator answers
+                # with retriable errors; the progress line waits for the next second.
+                log.debug("offsets not readable yet: %s", exc)
+                worker_lag = sink_lag = None
+            if worker_lag is not None:
+                _line(f"[{now - t0:5.0f}s] sim {progress.ticks_done / 60:5.1f}/{opts.sim_minutes:g} min | "
+                      f"samples {progress.samples:>8} ({rate:6.0f}/s) | windows {counts[0]:>5} | "
+                      f"alerts {counts[1]:>4} | dead letters {counts[2]:>3} | "
+                      f"lag worker {worker_lag:>6} sink {sink_lag:>6} | rows {sum(sink.stats.rows.values()):>8}")
             done = not sim_thread.is_alive() and worker_lag == 0 and sink_lag == 0
             caught_up_since = (caught_up_since or now) if done else None
             if caught_up_since and now - caught_up_since >= 2.0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 
 from confluent_kafka import KafkaException
@@ -29,7 +30,30 @@ def create_topics(bootstrap: str, topics: Iterable[tuple[str, int, bool]], timeo
         except KafkaException as exc:
             if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
                 raise
+    wait_for_leaders(admin, [t.topic for t in wanted], timeout)
     return created
+
+
+def wait_for_leaders(admin: AdminClient, names: list[str], timeout: float = 30.0) -> None:
+    """Return once every partition of ``names`` has a leader.
+
+    A topic exists as soon as ``create_topics`` answers, but its partitions may not have a
+    leader yet: a client that asks for offsets in that instant is told NOT_LEADER_FOR_PARTITION.
+    """
+    deadline = time.monotonic() + timeout
+    pending = set(names)
+    while pending:
+        topics = admin.list_topics(timeout=max(deadline - time.monotonic(), 1.0)).topics
+        pending = {
+            name for name in pending
+            if name not in topics or topics[name].error is not None or not topics[name].partitions
+            or any(p.leader < 0 or p.error is not None for p in topics[name].partitions.values())
+        }
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"partitions without a leader after {timeout:g}s: {sorted(pending)}")
+        time.sleep(0.1)
 
 
 def ensure_topics(

@@ -25,3 +25,21 @@ def test_a_broker_that_cannot_start_names_its_log(kafka, tmp_path):
 def test_stop_and_status_without_a_broker(tmp_path):
     assert local_kafka.status(tmp_path) is None
     assert local_kafka.stop(tmp_path) is False
+
+
+def test_created_topics_have_leaders_when_create_topics_returns(kafka, prefix):
+    from confluent_kafka import Consumer, TopicPartition
+
+    from schemas.admin import create_topics
+
+    names = [f"{prefix}leaders-{i}" for i in range(3)]
+    assert sorted(create_topics(kafka.bootstrap, [(n, 4, False) for n in names])) == names
+    consumer = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": f"{prefix}leaders"})
+    try:
+        # No retry here: offsets of every partition are readable at once.
+        for name in names:
+            for p in range(4):
+                assert consumer.get_watermark_offsets(TopicPartition(name, p), timeout=5) == (0, 0)
+    finally:
+        consumer.close()
+    assert create_topics(kafka.bootstrap, [(n, 4, False) for n in names]) == []
