@@ -43,6 +43,34 @@ def _fmt(reading) -> str:
     return "\n".join(lines)
 
 
+class TimedNvml:
+    """The pynvml module with a stopwatch on every ``nvml*`` function: which calls a tick pays for."""
+
+    def __init__(self, module) -> None:
+        self._module = module
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+
+    def __getattr__(self, name: str):
+        value = getattr(self._module, name)
+        if not (name.startswith("nvml") and callable(value)):
+            return value
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return value(*args, **kwargs)
+            finally:
+                self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+                self.calls[name] = self.calls.get(name, 0) + 1
+        return timed
+
+    def slowest(self, ticks: int, top: int = 6) -> list[str]:
+        ranked = sorted(self.seconds.items(), key=lambda kv: -kv[1])[:top]
+        return [f"  {name}: {1000 * total / max(ticks, 1):.2f} ms per tick ({self.calls[name]} calls)"
+                for name, total in ranked]
+
+
 def main(argv: list[str] | None = None, nvml=None) -> int:
     """Run the check; ``nvml`` replaces the pynvml module (tests)."""
     parser = argparse.ArgumentParser(description=__doc__)
@@ -50,7 +78,13 @@ def main(argv: list[str] | None = None, nvml=None) -> int:
     parser.add_argument("--interval", type=float, default=1.0)
     parser.add_argument("--no-load", action="store_true")
     args = parser.parse_args(argv)
-    sampler = NvmlSampler(nvml)
+    if nvml is None:
+        try:
+            import pynvml as nvml
+        except ImportError:
+            nvml = None  # the sampler says what is missing
+    timed = TimedNvml(nvml) if nvml is not None else None
+    sampler = NvmlSampler(timed)
     try:
         devices = sampler.open()
     except NvmlUnavailable as exc:
@@ -68,9 +102,15 @@ def main(argv: list[str] | None = None, nvml=None) -> int:
     seen: dict[str, dict] = {r.uuid: {"util": [], "sm_active": [], "power": [], "workflows": set()} for r in sampler.tick()}
     t_end = time.monotonic() + args.seconds
     ticks = 0
+    tick_s: list[float] = []
+    timed.seconds.clear()
+    timed.calls.clear()
+    cpu0 = time.process_time()
     while time.monotonic() < t_end:
         t0 = time.monotonic()
-        for r in sampler.tick():
+        readings = sampler.tick()
+        tick_s.append(time.monotonic() - t0)
+        for r in readings:
             s = seen[r.uuid]
             s["util"].append(r.utilization_pct or 0.0)
             if r.sm_active_pct is not None:
@@ -83,7 +123,11 @@ def main(argv: list[str] | None = None, nvml=None) -> int:
     if load is not None:
         load.wait(30)
     sampler.close()
-    print(f"\nsampled {ticks} ticks in {args.seconds:g}s")
+    cpu = time.process_time() - cpu0
+    print(f"\nsampled {ticks} ticks in {args.seconds:g}s; one NVML tick took {1000 * sum(tick_s) / len(tick_s):.1f} ms "
+          f"on average, {1000 * max(tick_s):.1f} ms at most; this process used {100 * cpu / args.seconds:.2f}% "
+          "of one core (sampling and attribution); the NVML calls that cost most:")
+    print("\n".join(timed.slowest(ticks)))
     ok = True
     for uuid, s in seen.items():
         mean = sum(s["util"]) / max(1, len(s["util"]))

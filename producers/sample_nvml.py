@@ -83,6 +83,7 @@ class _Device:
     gpm_samples: list[Any] | None = None  # [previous, current] when GPM is supported
     gpm_primed: bool = False
     last_process_ts: int = 0
+    max_clocks: tuple[int | None, int | None] | None = None  # (SM, memory): fixed, read once
 
 
 class NvmlSampler:
@@ -199,13 +200,18 @@ class NvmlSampler:
         r.temperature_c = None if temp is None else float(temp)
         r.sm_clock_mhz = self._try(d, "clocks", lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM))
         r.mem_clock_mhz = self._try(d, "clocks", lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM))
-        r.sm_clock_max_mhz = self._try(d, "max_clocks", lambda: n.nvmlDeviceGetMaxClockInfo(h, n.NVML_CLOCK_SM))
-        r.mem_clock_max_mhz = self._try(d, "max_clocks", lambda: n.nvmlDeviceGetMaxClockInfo(h, n.NVML_CLOCK_MEM))
+        if d.max_clocks is None:  # about 1.6 ms a call on an H200, and they never change
+            d.max_clocks = (self._try(d, "max_clocks", lambda: n.nvmlDeviceGetMaxClockInfo(h, n.NVML_CLOCK_SM)),
+                            self._try(d, "max_clocks", lambda: n.nvmlDeviceGetMaxClockInfo(h, n.NVML_CLOCK_MEM)))
+        r.sm_clock_max_mhz, r.mem_clock_max_mhz = d.max_clocks
         r.clock_event_reasons = self._try(d, "clock_events", lambda: n.nvmlDeviceGetCurrentClocksEventReasons(h))
-        r.pcie_tx_bytes_per_s = _scale(self._try(d, "pcie", lambda: n.nvmlDeviceGetPcieThroughput(
-            h, n.NVML_PCIE_UTIL_TX_BYTES)), 1024, int)
-        r.pcie_rx_bytes_per_s = _scale(self._try(d, "pcie", lambda: n.nvmlDeviceGetPcieThroughput(
-            h, n.NVML_PCIE_UTIL_RX_BYTES)), 1024, int)
+        if not d.gpm_samples:
+            # Each of these blocks for about 20 ms while NVML counts bytes; GPM devices report
+            # the same rates from their two samples instead (``_gpm``), at no cost.
+            r.pcie_tx_bytes_per_s = _scale(self._try(d, "pcie", lambda: n.nvmlDeviceGetPcieThroughput(
+                h, n.NVML_PCIE_UTIL_TX_BYTES)), 1024, int)
+            r.pcie_rx_bytes_per_s = _scale(self._try(d, "pcie", lambda: n.nvmlDeviceGetPcieThroughput(
+                h, n.NVML_PCIE_UTIL_RX_BYTES)), 1024, int)
         r.ecc_uncorrected_volatile = self._try(d, "ecc", lambda: n.nvmlDeviceGetTotalEccErrors(
             h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC))
         rows = self._try(d, "remapped_rows", lambda: n.nvmlDeviceGetRemappedRows(h))
@@ -244,14 +250,18 @@ class NvmlSampler:
             get.version = n.NVML_GPM_METRICS_GET_VERSION
             get.sample1, get.sample2 = previous, current
             ids = (n.NVML_GPM_METRIC_SM_UTIL, n.NVML_GPM_METRIC_SM_OCCUPANCY,
-                   n.NVML_GPM_METRIC_ANY_TENSOR_UTIL, n.NVML_GPM_METRIC_DRAM_BW_UTIL)
+                   n.NVML_GPM_METRIC_ANY_TENSOR_UTIL, n.NVML_GPM_METRIC_DRAM_BW_UTIL,
+                   n.NVML_GPM_METRIC_PCIE_TX_PER_SEC, n.NVML_GPM_METRIC_PCIE_RX_PER_SEC)
             get.numMetrics = len(ids)
             for i, metric in enumerate(ids):
                 get.metrics[i].metricId = metric
             got = self._try(d, "gpm", lambda: n.nvmlGpmMetricsGet(get))
             if got is not None:
                 values = [m.value if m.nvmlReturn == 0 else None for m in list(got.metrics)[:len(ids)]]
-                r.sm_active_pct, r.sm_occupancy_pct, r.tensor_active_pct, r.dram_bw_pct = values
+                r.sm_active_pct, r.sm_occupancy_pct, r.tensor_active_pct, r.dram_bw_pct = values[:4]
+                # GPM counts PCIe traffic in MiB/s.
+                r.pcie_tx_bytes_per_s, r.pcie_rx_bytes_per_s = (
+                    None if v is None else int(v * (1 << 20)) for v in values[4:])
         d.gpm_samples = [current, previous]
         d.gpm_primed = True
 

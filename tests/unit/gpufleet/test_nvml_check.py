@@ -8,6 +8,7 @@ def test_check_prints_every_gpu_and_its_processes(capsys):
     out = capsys.readouterr().out
     assert "2 device(s)" in out and "uuid=GPU-a" in out and "process 4242" in out
     assert "GPU-b: utilisation mean 50.0%" in out
+    assert "the NVML calls that cost most:" in out and "  nvmlDeviceGetUtilizationRates: " in out
 
 
 def test_check_without_a_driver_says_so(capsys):

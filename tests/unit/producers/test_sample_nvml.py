@@ -48,6 +48,22 @@ def test_gpm_metrics_need_two_samples():
         91.0, 40.0, 55.0, 30.0)
 
 
+def test_gpm_devices_take_pcie_rates_from_gpm_not_from_the_blocking_call():
+    """nvmlDeviceGetPcieThroughput counts bytes for ~20 ms per call; GPM has the rates for free."""
+    gpu = FakeGpu("GPU-h", name="NVIDIA H200", gpm={"sm": 1.0, "occupancy": 1.0, "tensor": 1.0, "dram": 1.0,
+                                                   "pcie_tx_mib": 1.5, "pcie_rx_mib": 3.0})
+    nvml = FakeNvml([gpu, FakeGpu("GPU-a100")])
+    s = NvmlSampler(nvml)
+    s.open()
+    s.tick()
+    h200, a100 = s.tick()
+    assert (h200.pcie_tx_bytes_per_s, h200.pcie_rx_bytes_per_s) == (int(1.5 * 2**20), 3 * 2**20)
+    assert (a100.pcie_tx_bytes_per_s, a100.pcie_rx_bytes_per_s) == (1000 * 1024, 2000 * 1024)
+    assert nvml.calls["nvmlDeviceGetPcieThroughput"] == 2 * 2  # the A100's two per tick, none for the H200
+    assert (a100.sm_clock_max_mhz, a100.mem_clock_max_mhz) == (1410, 1593)
+    assert nvml.calls["nvmlDeviceGetMaxClockInfo"] == 2 * 2  # once per device: maxima do not change
+
+
 def test_a_failing_call_is_logged_once_and_leaves_the_field_empty(caplog):
     bad = FakeGpu("GPU-bad", failing={"nvmlDeviceGetPowerUsage"})
     good = FakeGpu("GPU-good")
