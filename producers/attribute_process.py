@@ -23,6 +23,13 @@ FRAMEWORK_KEYS = (  # environment variables that official containers set
     ("TENSORFLOW_VERSION", "tensorflow"), ("JAX_VERSION", "jax"),
 )
 
+# (package directory, start of its native library's path inside it, framework)
+FRAMEWORK_LIBRARIES = (
+    ("torch", "lib/libtorch", "pytorch"),
+    ("tensorflow", "libtensorflow", "tensorflow"),
+    ("jaxlib", "", "jax"),
+)
+
 
 @dataclass(frozen=True)
 class AttributionKeys:
@@ -75,6 +82,8 @@ class ProcessAttributor:
             if env.get(key):
                 framework, version = name, env[key]
                 break
+        else:
+            framework, version = self._framework_from_maps(pid)
         job = env.get("SLURM_JOB_ID")
         common = {"owner": owner, "team": team, "cmdline": cmdline, "framework": framework,
                   "framework_version": version, "model": _first(env, self.keys.model)}
@@ -97,6 +106,36 @@ class ProcessAttributor:
             return (self.proc / str(pid) / name).read_bytes().decode(errors="replace")
         except OSError:  # gone, or not ours to read (another user's process)
             return ""
+
+    def _framework_from_maps(self, pid: int) -> tuple[str | None, str | None]:
+        """The framework whose native library the process has loaded, and its installed version.
+
+        Most jobs outside the official containers set no version variable, but a process that
+        uses a GPU through a framework has that framework's library mapped: the version is in
+        the ``<package>-<version>.dist-info`` beside it (read through the process's own root,
+        which differs from ours in a container).
+        """
+        maps = self._read(pid, "maps")
+        for line in maps.splitlines():
+            path = line.partition("/")[2]
+            if not path:
+                continue
+            path = "/" + path
+            for package, library, name in FRAMEWORK_LIBRARIES:
+                marker = f"/{package}/{library}"
+                if marker in path:
+                    site = path[: path.rindex(marker)]
+                    return name, self._dist_version(pid, site, package)
+        return None, None
+
+    def _dist_version(self, pid: int, site: str, package: str) -> str | None:
+        for root in (self.proc / str(pid) / "root", Path("/")):
+            try:
+                for entry in (root / site.lstrip("/")).glob(f"{package}-*.dist-info"):
+                    return entry.name[len(package) + 1: -len(".dist-info")]
+            except OSError:
+                continue
+        return None
 
     def _environ(self, pid: int) -> dict[str, str]:
         env = {}

@@ -40,3 +40,23 @@ def test_a_reused_pid_is_looked_up_again(tmp_path):
     shutil.rmtree(tmp_path / "50")
     make_process(tmp_path, 50, {"GPUFLEET_WORKFLOW_ID": "second"}, start_time=200)
     assert a.attribute(50).workflow_id == "second"
+
+
+def test_framework_from_the_library_a_process_has_loaded(tmp_path):
+    """No version variable: the framework is the one whose library is mapped, its version the
+    dist-info beside it, read through the process's root (a container's files)."""
+    proc = tmp_path / "proc"
+    make_process(proc, 60, {"GPUFLEET_WORKFLOW_ID": "wf"})
+    site = "opt/venv/lib/python3.12/site-packages"
+    (proc / "60" / "root" / site / "torch-2.11.0+cu130.dist-info").mkdir(parents=True)
+    (proc / "60" / "maps").write_text(
+        "7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6\n"
+        "7f02-7f03 rw-p 00000000 00:00 0 \n"
+        f"7f04-7f05 r-xp 00000000 08:01 2 /{site}/torch/lib/libtorch_cuda.so\n")
+    make_process(proc, 61, {"GPUFLEET_WORKFLOW_ID": "wf", "PYTORCH_VERSION": "2.4.0"})
+    (proc / "61" / "maps").write_text(f"7f04-7f05 r-xp 00000000 08:01 2 /{site}/torch/lib/libtorch_cuda.so\n")
+    make_process(proc, 62, {"GPUFLEET_WORKFLOW_ID": "wf"})  # no maps readable: nothing known
+    a = ProcessAttributor(proc=proc)
+    assert (a.attribute(60).framework, a.attribute(60).framework_version) == ("pytorch", "2.11.0+cu130")
+    assert (a.attribute(61).framework, a.attribute(61).framework_version) == ("pytorch", "2.4.0")  # the env wins
+    assert (a.attribute(62).framework, a.attribute(62).framework_version) == (None, None)
