@@ -73,10 +73,15 @@ PROFILE_STATUSES = TopicSpec(
     "gpufleet.profile-statuses.v1", "ProfileStatus", "request_id", 4,
     doc="Progress of each profile request per host and rank: accepted ... analysed, or failed with why.",
 )
+PROFILE_RESULTS = TopicSpec(
+    "gpufleet.profile-results.v1", "ProfileResult", "workflow_id", 8,
+    doc="What each rank's trace of a requested profile showed; partitioned like the GPU samples so the "
+        "workflow's alerts can take in the root cause.",
+)
 
 ALL_TOPICS: tuple[TopicSpec, ...] = (
     GPU_SAMPLES, HOST_SAMPLES, WORKFLOW_EVENTS, WORKFLOW_WINDOWS, WORKFLOW_SUMMARIES, ALERTS, DEAD_LETTERS,
-    KERNEL_EVENTS, TRACE_ANALYSES, FINDINGS, PROFILE_REQUESTS, PROFILE_STATUSES,
+    KERNEL_EVENTS, TRACE_ANALYSES, FINDINGS, PROFILE_REQUESTS, PROFILE_STATUSES, PROFILE_RESULTS,
 )
 
 

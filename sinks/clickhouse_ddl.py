@@ -160,10 +160,21 @@ WORKFLOW_WINDOWS_TABLE = Table(
     added_columns=WORKFLOW_WINDOW_ADDED_COLUMNS,
 )
 
+# Alert v3: the automatic profile an episode caused and, once analysed, its root cause. Its
+# traces are profile/<profile_request_id>/<host>/rank<r> in trace_analyses and findings.
+ALERT_FINDING_FIELDS = ("rule", "severity", "title", "evidence", "recommendation", "gpu_seconds_at_stake", "ranks")
+ALERT_ADDED_COLUMNS = (
+    ("profile_request_id", "Nullable(String)"),
+    ("root_cause", "Nullable(String)"),
+    ("findings", ("Array(Tuple(rule String, severity String, title String, evidence String, "
+                 "recommendation String, gpu_seconds_at_stake Float64, ranks Int32))")),
+)
+
 ALERTS_TABLE = Table(
     "alerts", ALERTS,
     ("alert_id", "detector", "severity", "status", "notify", "workflow_id", "owner", "team", "window_start",
-     "window_end", "since", "observed", "threshold", "wasted_gpu_hours_so_far", "message", "advice", "fired_at"),
+     "window_end", "since", "observed", "threshold", "wasted_gpu_hours_so_far", "message", "advice", "fired_at",
+     *(name for name, _ in ALERT_ADDED_COLUMNS)),
     """
     CREATE TABLE IF NOT EXISTS {db}.{name} (
         alert_id String,
@@ -186,10 +197,13 @@ ALERTS_TABLE = Table(
         kafka_partition UInt32,
         kafka_offset UInt64
     )
-    -- One row per episode: its latest transition (RESOLVED comes in a later window than FIRING).
+    -- One row per episode: its latest transition (RESOLVED comes in a later window than FIRING;
+    -- a root-cause update repeats its transition's window_end and, inserted later, replaces it).
     ENGINE = ReplacingMergeTree(window_end)
     ORDER BY alert_id
     """,
+    prepare=lambda r: {**r, "findings": [tuple(f[k] for k in ALERT_FINDING_FIELDS) for f in r.get("findings") or []]},
+    added_columns=ALERT_ADDED_COLUMNS,
 )
 
 DEAD_LETTERS_TABLE = Table(

@@ -21,7 +21,7 @@ from schemas.codec import Codec, CodecError
 from schemas.dead_letter import dead_letter
 from schemas.kafka_config import consumer_config, producer_config
 from schemas.topics import ALERTS, DEAD_LETTERS
-from sinks.notify_owner import NotifyError, send_email, send_webhook
+from sinks.notify_owner import NotifyError, is_root_cause, send_email, send_webhook
 from sinks.route_alerts import Routing
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,9 @@ class AlertNotifier:
         if alert["status"] == "FIRING":
             if not alert["notify"]:
                 return  # within the rate limit: on the topic and in ClickHouse, not in anyone's inbox
-            self._send(m, alert, firing_key, email=True)
+            # The root cause comes as a second FIRING of the same alert: a message of its own.
+            key = f"{alert['alert_id']}:ROOT_CAUSE" if is_root_cause(alert) else firing_key
+            self._send(m, alert, key, email=True)
         elif firing_key in self.sent:  # RESOLVED of an alert its owner heard about
             self._send(m, alert, f"{alert['alert_id']}:RESOLVED", email=False)
 

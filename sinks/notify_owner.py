@@ -20,8 +20,18 @@ class NotifyError(RuntimeError):
     """A channel refused the message for good (after retries where a retry could help)."""
 
 
+def is_root_cause(alert: dict) -> bool:
+    """A FIRING alert sent again with what its automatic profile found."""
+    return alert["status"] == "FIRING" and bool(alert.get("root_cause"))
+
+
 def subject(alert: dict) -> str:
-    verb = "resolved" if alert["status"] == "RESOLVED" else alert["severity"].lower()
+    if alert["status"] == "RESOLVED":
+        verb = "resolved"
+    elif is_root_cause(alert):
+        verb = "root cause"
+    else:
+        verb = alert["severity"].lower()
     return f"[gpufleet {verb}] {alert['detector'].replace('_', ' ')}: {alert['workflow_id']}"
 
 
@@ -29,6 +39,12 @@ def text(alert: dict) -> str:
     lines = [subject(alert), "", alert["message"]]
     if alert["status"] != "RESOLVED":
         lines += ["", f"What to try: {alert['advice']}"]
+    findings = alert.get("findings") or []
+    if findings and alert["status"] != "RESOLVED":
+        lines += ["", f"What the automatic profile ({alert.get('profile_request_id')}) found:"]
+        for f in findings:
+            at_stake = f"{f['gpu_seconds_at_stake']:.2f} GPU-s at stake"
+            lines += [f"- {f['title']} [{f['severity']}, {at_stake}]: {f['evidence']}", f"  try: {f['recommendation']}"]
     who = f"owner {alert.get('owner') or '?'}, team {alert.get('team') or '?'}"
     lines += ["", f"Workflow {alert['workflow_id']} ({who}); alert {alert['alert_id']}."]
     return "\n".join(lines)

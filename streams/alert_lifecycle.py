@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from streams.detect_waste import Violation
 
 FIRING, RESOLVED = "FIRING", "RESOLVED"
+# What belongs to one episode (its automatic profile and root cause, its last alert record):
+# a new episode starts without them.
+EPISODE_KEYS = ("profile_request_id", "profile_ranks", "root_cause", "findings", "root_cause_notified", "last_alert")
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,8 @@ def step(
         return {**state, "last_violation": last}, None
     if status == "resolved" and end - state["resolved_at"] < config.cooldown_s * 1000:
         return state, None  # cooling down
+    if status != "pending":  # a new episode
+        state = {k: v for k, v in state.items() if k not in EPISODE_KEYS}
     since = state["since"] if status == "pending" else window["window_start"]
     if end - since < violation.min_duration_s * 1000:
         return {**state, "status": "pending", "since": since, "last_violation": last}, None
@@ -85,4 +90,7 @@ def _alert(state: dict, detector: str, status: str, v: dict, window: dict, waste
         "message": message,
         "advice": v["advice"],
         "fired_at": now_ms,
+        "profile_request_id": state.get("profile_request_id"),
+        "root_cause": state.get("root_cause"),
+        "findings": state.get("findings", []),
     }

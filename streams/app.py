@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import faust
 
-from schemas.topics import GPU_SAMPLES, KERNEL_EVENTS, WORKFLOW_EVENTS
+from schemas.topics import GPU_SAMPLES, KERNEL_EVENTS, PROFILE_RESULTS, WORKFLOW_EVENTS
 from streams import faust_fixes
 from streams.auto_profile import AutoProfileConfig
 from streams.raise_alerts import AlertConfig
@@ -45,8 +45,9 @@ class StreamSettings:
 
 # The worker's tables: name -> partitions (each co-partitioned with the topic it is built from).
 TABLES = {"window-state": GPU_SAMPLES.partitions, "trace-state": KERNEL_EVENTS.partitions}
-if GPU_SAMPLES.partitions != WORKFLOW_EVENTS.partitions:  # the window state serves both topics
-    raise RuntimeError("gpu-samples and workflow-events must have the same partitions")
+if not GPU_SAMPLES.partitions == WORKFLOW_EVENTS.partitions == PROFILE_RESULTS.partitions:
+    # the window state serves all three topics
+    raise RuntimeError("gpu-samples, workflow-events and profile-results must have the same partitions")
 
 
 def changelog_topics(settings: StreamSettings) -> list[tuple[str, int, bool]]:

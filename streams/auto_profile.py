@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from streams.root_cause import FOLLOWS
+
 DETECTORS = ("low_utilization", "input_bound")
 
 
@@ -38,8 +40,14 @@ def auto_profile_requests(state: dict, alerts: list[dict], config: AutoProfileCo
         if last is not None and alert["window_end"] - last < config.every_s * 1000:
             continue
         state["auto_profiled_at"] = alert["window_end"]
+        request_id = request_id_for(alert["alert_id"])
+        # The episode knows its profile: the analysis, when it lands, updates this alert
+        # (streams.root_cause). The alert record is the episode's last_alert: one object.
+        state.setdefault("alerts", {}).setdefault(alert["detector"], {})["profile_request_id"] = request_id
+        alert["profile_request_id"] = request_id
+        alert["message"] += FOLLOWS
         out.append({
-            "request_id": request_id_for(alert["alert_id"]), "workflow_id": alert["workflow_id"], "hosts": [],
+            "request_id": request_id, "workflow_id": alert["workflow_id"], "hosts": [],
             "ranks": [], "duration_ms": None, "steps": config.steps, "reason": "AUTO",
             "requester": alert["alert_id"], "requested_at": now_ms,
             "deadline_ms": now_ms + int(config.deadline_s * 1000),

@@ -56,10 +56,11 @@ def raise_alerts(state: dict, window: dict, config: AlertConfig, now_ms: int) ->
         if v is not None and config.min_duration_s is not None:
             v = replace(v, min_duration_s=config.min_duration_s)
         new, alert = step(lifecycles.get(name, {}), name, v, window, state["wasted_s"], config.lifecycle, now_ms)
+        if alert is not None:
+            new["last_alert"] = alert  # a root cause that lands later updates this record
+            out.append(alert)
         if new:
             lifecycles[name] = new
         else:
             lifecycles.pop(name, None)
-        if alert is not None:
-            out.append(alert)
     return out

@@ -18,6 +18,7 @@ from schemas.topics import (
     GPU_SAMPLES,
     KERNEL_EVENTS,
     PROFILE_REQUESTS,
+    PROFILE_RESULTS,
     PROFILE_STATUSES,
     TRACE_ANALYSES,
     WORKFLOW_EVENTS,
@@ -29,6 +30,7 @@ from schemas.topics import (
 from schemas.validate_sample import samples_of
 from streams.auto_profile import auto_profile_requests
 from streams.raise_alerts import raise_alerts
+from streams.root_cause import apply_profile_result, profile_result
 from streams.summarize_workflow import accumulate, summary
 from streams.trace_sessions import TraceSessions
 from streams.window_utilization import BatchResult, Incoming, WindowAggregator
@@ -186,6 +188,35 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
                     result.changed.add(event["workflow_id"])
                 await finish(partition, result, now)
 
+    results_topic = app.topic(settings.topic(PROFILE_RESULTS.name), partitions=PROFILE_RESULTS.partitions)
+
+    @app.agent(results_topic, name="root-cause")
+    async def root_cause(stream: faust.StreamT) -> None:
+        """Analysed ranks of requested profiles: an automatic profile's findings go into the alert
+        that asked for it. Keyed and partitioned like the samples: the workflow's alert state is here."""
+        async for events in stream.take_events(100, within=settings.batch_within_s):
+            now = int(time.time() * 1000)
+            for partition, messages in _by_partition(events).items():
+                ok, errors = codec.decode_many([m.value for m in messages])
+                for i, reason in errors:
+                    await _dead_letter(codec, dlq_topic, "root-cause", messages[i], reason, now)
+                result, updates = BatchResult(), []
+                for i, name, record in ok:
+                    if name != PROFILE_RESULTS.schema:
+                        await _dead_letter(codec, dlq_topic, "root-cause", messages[i],
+                                           f"expected {PROFILE_RESULTS.schema}, got {name}", now)
+                        continue
+                    state = table.data.get(record["workflow_id"])
+                    update = apply_profile_result(state, record, now) if state is not None else None
+                    if update is not None:
+                        updates.append(update)
+                        result.changed.add(record["workflow_id"])
+                await finish(partition, result, now)
+                for alert in updates:
+                    log.info("alert %s: root cause from profile %s", alert["alert_id"], alert["profile_request_id"])
+                    await _send(codec, alerts_topic, ALERTS, alert)
+                stats["root_causes"] += len(updates)
+
     @app.timer(interval=max(1.0, settings.idle_partition_s / 4))
     async def _idle_partitions() -> None:
         """Partitions silent for ``idle_partition_s`` follow the busiest partition's clock."""
@@ -209,6 +240,7 @@ def _register_trace_analysis(app: faust.App, settings, codec: Codec) -> None:
     analyses_topic = app.topic(settings.topic(TRACE_ANALYSES.name))
     findings_topic = app.topic(settings.topic(FINDINGS.name))
     statuses_topic = app.topic(settings.topic(PROFILE_STATUSES.name))
+    results_topic = app.topic(settings.topic(PROFILE_RESULTS.name))
     dlq_topic = app.topic(settings.topic(DEAD_LETTERS.name))
     # One entry per trace; the changelog partition is the trace's source partition.
     table = app.Table("trace-state", default=None, partitions=KERNEL_EVENTS.partitions, key_type=str)
@@ -230,10 +262,14 @@ def _register_trace_analysis(app: faust.App, settings, codec: Codec) -> None:
             await _send(codec, analyses_topic, TRACE_ANALYSES, analysis)
         for finding in result.findings:
             await _send(codec, findings_topic, FINDINGS, finding)
-        for analysis in result.analyses:  # a requested profile: tell the requester it is analysed
+        for analysis in result.analyses:  # a requested profile: its result, and the requester told
             origin = request_of_trace(analysis["trace_id"])
             if origin is not None:
                 request_id, host, rank = origin
+                now = int(time.time() * 1000)
+                findings = [f for f in result.findings if f["trace_id"] == analysis["trace_id"]]
+                await _send(codec, results_topic, PROFILE_RESULTS,
+                            profile_result(analysis, findings, request_id, host, rank, now))
                 await _send(codec, statuses_topic, PROFILE_STATUSES, {
                     "request_id": request_id, "workflow_id": analysis["workflow_id"], "host": host, "rank": rank,
                     "pid": None, "state": "ANALYSED", "reason": analysis.get("error"),

@@ -86,9 +86,16 @@ sender = "gpufleet@example.com"
 """)
         routing = load_routing(tmp_path / "routing.toml")
         pub = Publisher(kafka.bootstrap, CODEC)
+        root_cause = {**alert("a1", "FIRING", True, "nlp", "ana"), "profile_request_id": "auto-a1",
+                      "root_cause": "GPU idle 99 % of the profiled time.", "findings": [
+                          {"rule": "launch_bound", "severity": "WARNING", "title": "Launch-bound trains",
+                           "evidence": "29 runs", "recommendation": "Use CUDA graphs.", "gpu_seconds_at_stake": 0.1,
+                           "ranks": 1}]}
         pub.publish(ALERTS, [
             alert("a1", "FIRING", True, "nlp", "ana"),
             alert("a2", "FIRING", False, "nlp", "ana"),   # rate-limited: no message
+            root_cause,                                    # its automatic profile was analysed: a message
+            root_cause,                                    # the same again (a replay): nothing
             alert("a1", "RESOLVED", False, "nlp", "ana"),  # its FIRING was sent: tell the team
             alert("a3", "FIRING", True, "broken", "bo"),   # the webhook refuses it: dead letter
         ], topic=prefix + ALERTS.name)
@@ -96,13 +103,16 @@ sender = "gpufleet@example.com"
 
         notifier = AlertNotifier(kafka.bootstrap, routing, tmp_path / "sent.log", group_id=f"{prefix}n1",
                                  topic_prefix=prefix, webhook_backoff_s=0.05)
-        run_notifier(notifier, lambda: len(Webhooks.received) >= 2 and len(mailbox.messages) >= 1
+        run_notifier(notifier, lambda: len(Webhooks.received) >= 3 and len(mailbox.messages) >= 2
                      and notifier.failures >= 1)
-        assert [(path, body["gpufleet_alert"]["alert_id"], body["gpufleet_alert"]["status"])
-                for path, body in Webhooks.received] == [("/nlp", "a1", "FIRING"), ("/nlp", "a1", "RESOLVED")]
+        assert [(path, body["gpufleet_alert"]["alert_id"], body["gpufleet_alert"]["status"],
+                 bool(body["gpufleet_alert"]["root_cause"])) for path, body in Webhooks.received] == [
+            ("/nlp", "a1", "FIRING", False), ("/nlp", "a1", "FIRING", True), ("/nlp", "a1", "RESOLVED", False)]
         assert "What to try: Raise DataLoader num_workers." in Webhooks.received[0][1]["text"]
-        (to, mail), = mailbox.messages
-        assert to == ["ana@example.com"] and "[gpufleet critical] low utilization: wf-1" in mail
+        assert "Launch-bound trains [WARNING, 0.10 GPU-s at stake]: 29 runs" in Webhooks.received[1][1]["text"]
+        (to, mail), (to2, mail2) = mailbox.messages
+        assert to == to2 == ["ana@example.com"] and "[gpufleet critical] low utilization: wf-1" in mail
+        assert "[gpufleet root cause] low utilization: wf-1" in mail2
         letters = [r for *_, n, r in read_topic(kafka.bootstrap, prefix + DEAD_LETTERS.name, 1) if n == "DeadLetter"]
         assert len(letters) == 1 and "HTTP 400" in letters[0]["reason"] and letters[0]["stage"] == "notifier"
 
@@ -110,7 +120,7 @@ sender = "gpufleet@example.com"
         again = AlertNotifier(kafka.bootstrap, routing, tmp_path / "sent.log", group_id=f"{prefix}n2",
                               topic_prefix=prefix, webhook_backoff_s=0.05)
         run_notifier(again, lambda: again.failures >= 1)  # it got as far as the refused one again
-        assert len(Webhooks.received) == 2 and len(mailbox.messages) == 1 and again.messages == 0
+        assert len(Webhooks.received) == 3 and len(mailbox.messages) == 2 and again.messages == 0
     finally:
         smtp.stop()
         http.shutdown()

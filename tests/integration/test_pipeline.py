@@ -5,13 +5,15 @@ from __future__ import annotations
 import pytest
 
 from producers.publish_kafka import Publisher
+from producers.publish_trace import publish_trace
 from producers.run_simulation import SimulationPlan, run_simulation
 from producers.simulate_fleet import IDLE, UNDERUTILIZED, build_fleet
-from schemas.topics import GPU_SAMPLES, WORKFLOW_WINDOWS
+from schemas.topics import GPU_SAMPLES, WORKFLOW_WINDOWS, trace_id_of
 from schemas.validate_sample import batch_samples
 from streams.auto_profile import request_id_for
 from tests.integration.helpers import CODEC, read_topic, running_sink, wait_until, worker_process
 from tests.unit.samples import BASE_MS, assert_window_matches, expected_windows
+from tests.unit.streams.test_hook_trace import TRACE as HOOK_TRACE
 
 WINDOWS = 3
 TICKS = WINDOWS * 60 + 15  # 15 s more: the watermark (max - 10 s) passes the third window's end
@@ -41,7 +43,27 @@ def test_samples_become_windows_and_alerts_in_clickhouse(kafka, prefix, sink, tm
                    120, f"{n_windows} windows in ClickHouse")
         wait_until(lambda: q(sink, "SELECT count() FROM {db}.gpu_samples")[0][0] >= len(published),
                    60, "every sample in ClickHouse")
+
+        # The closed loop: a firing low-utilisation alert asked for a profile. Here the test plays
+        # the stalled job's agent and answers with a trace our hook recorded on an H200: the
+        # alert comes back with what that profile found.
+        wait_until(lambda: q(sink, "SELECT count() FROM {db}.profile_requests")[0][0] >= 1, 30, "automatic profiles")
+        (workflow, request_id), *_ = q(sink, "SELECT workflow_id, request_id FROM {db}.profile_requests FINAL "
+                                             "ORDER BY workflow_id")
+        publish_trace(HOOK_TRACE, workflow, Publisher(kafka.bootstrap, CODEC), prefix,
+                      trace_id_of(request_id, "host-x", 0))
+        wait_until(lambda: q(sink, "SELECT count() FROM {db}.alerts FINAL WHERE root_cause IS NOT NULL")[0][0] >= 1,
+                   60, "the root cause in the alert")
         assert worker.poll() is None
+    (alert_id, profile, root_cause, rules, message), = q(
+        sink, "SELECT alert_id, profile_request_id, root_cause, findings.rule, message FROM {db}.alerts FINAL "
+              "WHERE root_cause IS NOT NULL")
+    assert alert_id.startswith(f"low_utilization:{workflow}:") and profile == request_id
+    assert rules == ["low_utilization_chunks", "launch_bound"]
+    assert root_cause.startswith("GPU idle 99 % of the profiled time") and message.endswith(root_cause)
+    # The analysis and findings of the profile's trace are stored, joined to the alert by request id.
+    assert q(sink, "SELECT count() FROM {db}.findings FINAL WHERE trace_id LIKE concat('profile/', "
+                   "(SELECT profile_request_id FROM {db}.alerts FINAL WHERE root_cause IS NOT NULL), '/%')")[0][0] == 2
 
     # Nothing lost, nothing doubled; each workflow's samples of a host tick came in one message.
     rows, positions, points = q(sink, "SELECT count(), uniqExact(kafka_partition, kafka_offset), "
@@ -76,9 +98,7 @@ def test_samples_become_windows_and_alerts_in_clickhouse(kafka, prefix, sink, tm
     assert {sev for wf, d, _, sev, _ in alerts if d == "low_utilization"} == {"CRITICAL"}  # 0 % and ~12 %
     assert q(sink, "SELECT count() FROM {db}.dead_letters")[0][0] == 0
 
-    # The closed loop: each workflow with a firing low-utilisation alert is profiled automatically,
-    # once, linked to its alert.
-    wait_until(lambda: q(sink, "SELECT count() FROM {db}.profile_requests")[0][0] >= 1, 30, "automatic profiles")
+    # Each workflow with a firing low-utilisation alert was profiled automatically, once, linked to its alert.
     requests = q(sink, "SELECT workflow_id, reason, requester, request_id FROM {db}.profile_requests FINAL")
     low = {wf for wf, d in expected if d == "low_utilization"}
     assert sorted(wf for wf, *_ in requests) == sorted(low)

@@ -43,3 +43,16 @@ def test_message_says_what_is_wrong_and_what_to_try():
     assert "9.5% mean utilisation" in body and "What to try:" in body and "owner ana" in body
     resolved = text({**a, "status": "RESOLVED"})
     assert resolved.startswith("[gpufleet resolved]") and "What to try" not in resolved
+
+
+def test_the_root_cause_message_lists_the_findings():
+    a = {**alert("a1", "FIRING", True, "nlp", "ana"), "profile_request_id": "auto-1",
+         "root_cause": "GPU idle 99 % of the profiled time.", "findings": [
+             {"rule": "launch_bound", "severity": "WARNING", "title": "Launch-bound trains of short kernels",
+              "evidence": "29 runs of 10+ kernels", "recommendation": "Capture the step in CUDA graphs.",
+              "gpu_seconds_at_stake": 0.11, "ranks": 1}]}
+    assert subject(a) == "[gpufleet root cause] low utilization: wf-1"
+    body = text(a)
+    assert "What the automatic profile (auto-1) found:" in body
+    assert "- Launch-bound trains of short kernels [WARNING, 0.11 GPU-s at stake]: 29 runs of 10+ kernels" in body
+    assert "  try: Capture the step in CUDA graphs." in body

@@ -1,0 +1,96 @@
+"""The closed loop on plain state: an alert fires, its automatic profile is analysed (a real
+trace our hook captured on an H200), and the alert comes back with the root cause."""
+
+from pathlib import Path
+
+import pytest
+
+from gpufleet.analyze import analyze_file_with_findings
+from schemas.codec import Codec
+from schemas.topics import ALERTS, PROFILE_RESULTS, trace_id_of
+from streams.auto_profile import AutoProfileConfig, auto_profile_requests
+from streams.raise_alerts import AlertConfig, raise_alerts
+from streams.root_cause import FOLLOWS, apply_profile_result, profile_result
+from tests.unit.samples import BASE_MS, window
+
+TRACE = Path(__file__).resolve().parents[2] / "data" / "hook-trace-h200.json.gz"
+CONFIG = AlertConfig(min_duration_s=0)
+MINUTE = 60_000
+
+
+def low(i: int) -> dict:
+    return window(window_start=BASE_MS + i * MINUTE, window_end=BASE_MS + (i + 1) * MINUTE, utilization_mean_pct=9.0)
+
+
+def fire(state: dict) -> tuple[dict, dict]:
+    """A low-utilisation alert fires and asks for a profile: (the alert, the request)."""
+    alerts = raise_alerts(state, low(0), CONFIG, now_ms=1)
+    (request,) = auto_profile_requests(state, alerts, AutoProfileConfig(), now_ms=1)
+    (alert,) = [a for a in alerts if a["detector"] == "low_utilization"]
+    return alert, request
+
+
+def result_of(request: dict, host: str = "host-a", rank: int = 0) -> dict:
+    trace_id = trace_id_of(request["request_id"], host, rank)
+    analysis, findings = analyze_file_with_findings(TRACE, request["workflow_id"], trace_id)
+    return profile_result(analysis, findings, request["request_id"], host, rank, now_ms=5)
+
+
+def test_the_alert_comes_back_with_the_root_cause_of_its_profile():
+    state = {}
+    alert, request = fire(state)
+    assert alert["profile_request_id"] == request["request_id"] and alert["root_cause"] is None
+    result = result_of(request)
+    assert Codec().decode(Codec().encode(PROFILE_RESULTS.schema, result))[1] == result  # it fits its schema
+
+    updated = apply_profile_result(state, result, now_ms=10)
+    assert updated["alert_id"] == alert["alert_id"] and updated["status"] == "FIRING" and updated["notify"]
+    assert updated["fired_at"] == 10
+    assert [f["rule"] for f in updated["findings"]] == ["low_utilization_chunks", "launch_bound"]
+    assert updated["findings"][0]["ranks"] == 1
+    # The trace: 98.9 % idle, nearly all of it waiting on the host (116.3 of 116.9 ms).
+    assert updated["root_cause"].startswith("GPU idle 99 % of the profiled time, 100 % of it waiting on the host "
+                                            "(1 rank profiled).")
+    assert "Try: Profile the low chunks" in updated["root_cause"]
+    assert FOLLOWS not in updated["message"]
+    assert updated["message"].endswith(f"Automatic profile {request['request_id']}: {updated['root_cause']}")
+    assert Codec().decode(Codec().encode(ALERTS.schema, updated))[1] == updated
+
+
+def test_more_ranks_merge_without_a_second_message_and_a_replay_changes_nothing():
+    state = {}
+    _, request = fire(state)
+    first = apply_profile_result(state, result_of(request, "host-a", 0), now_ms=10)
+    assert apply_profile_result(state, result_of(request, "host-a", 0), now_ms=11) is None  # replayed
+    second = apply_profile_result(state, result_of(request, "host-b", 1), now_ms=12)
+    assert first["notify"] and not second["notify"]  # the owner is told the root cause once
+    assert [f["ranks"] for f in second["findings"]] == [2, 2]
+    assert "(2 ranks profiled)" in second["root_cause"]
+
+
+def test_the_root_cause_stays_on_the_episode_and_a_new_episode_starts_without_it():
+    state = {}
+    _, request = fire(state)
+    apply_profile_result(state, result_of(request), now_ms=10)
+    healthy = window(window_start=BASE_MS + MINUTE, window_end=BASE_MS + 2 * MINUTE, utilization_mean_pct=80.0)
+    (resolved,) = raise_alerts(state, healthy, CONFIG, now_ms=20)
+    assert resolved["status"] == "RESOLVED" and resolved["root_cause"] and resolved["findings"]
+    # A result landing after the resolution updates the resolved alert, and nobody is messaged.
+    late = apply_profile_result(state, result_of(request, "host-b", 1), now_ms=21)
+    assert late["status"] == "RESOLVED" and not late["notify"]
+    # After the cooldown the same detector fires a new episode: clean.
+    later = BASE_MS + 60 * MINUTE
+    again = raise_alerts(state, window(window_start=later, window_end=later + MINUTE, utilization_mean_pct=9.0),
+                         CONFIG, now_ms=30)
+    (fired,) = [a for a in again if a["detector"] == "low_utilization"]
+    assert fired["status"] == "FIRING" and fired["root_cause"] is None and fired["findings"] == []
+    assert fired["profile_request_id"] is None
+
+
+@pytest.mark.parametrize("request_id", ["periodic-1", "someone-else"])
+def test_results_of_other_profiles_leave_alerts_alone(request_id):
+    state = {}
+    _, request = fire(state)
+    other = {**result_of(request), "request_id": request_id}
+    assert apply_profile_result(state, other, now_ms=10) is None
+    assert apply_profile_result({}, other, now_ms=10) is None
