@@ -216,7 +216,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
     bootstrap = _resolve_bootstrap(args)
     host = args.host or socket.gethostname()
     settings = AgentSettings(host=host, interval_s=args.interval, heartbeat_s=args.heartbeat_s,
-                             topic_prefix=args.topic_prefix, cluster=args.cluster)
+                             topic_prefix=args.topic_prefix, cluster=args.cluster,
+                             profile_interval_s=args.profile_interval)
     nvml = simulated = None
     if args.source == "nvml":
         nvml = NvmlSampler()
@@ -229,7 +230,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
         fleet = build_fleet(args.seed, args.hosts, args.gpus_per_host, args.workflows)
         host = args.host or "gpu-host-000"
         settings = AgentSettings(host=host, interval_s=args.interval, heartbeat_s=args.heartbeat_s,
-                                 topic_prefix=args.topic_prefix, cluster=args.cluster)
+                                 topic_prefix=args.topic_prefix, cluster=args.cluster,
+                                 profile_interval_s=args.profile_interval)
         simulated = SimulatedGpus(fleet, host, int(time.time() * 1000))
         print(f"simulating host {host} of a {args.hosts}-host fleet every {args.interval:g}s")
     try:
@@ -252,7 +254,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     profiles = threading.Thread(target=listener.run, args=(stop,), name="profiles", daemon=True)
     profiles.start()
     try:
-        run_agent(agent, Forwarder(spool, bootstrap), stop)
+        run_agent(agent, Forwarder(spool, bootstrap), stop, profiling=coordinator.capturing)
     finally:
         stop.set()
         profiles.join(10)
@@ -492,6 +494,8 @@ def build_parser() -> argparse.ArgumentParser:
     _bootstrap_arg(p)
     p.add_argument("--source", choices=["nvml", "sim"], default="nvml")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
+    p.add_argument("--profile-interval", type=float, default=0.1,
+                   help="seconds between samples while a profile is captured on this host (default 10 Hz)")
     p.add_argument("--host", default=None, help="host name to report (default: this machine's)")
     p.add_argument("--heartbeat-s", type=float, default=60.0, help="seconds between workflow heartbeats")
     p.add_argument("--workflow-keys", default="GPUFLEET_WORKFLOW_ID,SLURM_JOB_ID,TORCHELASTIC_RUN_ID",

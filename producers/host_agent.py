@@ -41,6 +41,8 @@ class AgentSettings:
     ended_after_ticks: int = 3  # a workflow absent this many ticks in a row has ended on this host
     topic_prefix: str = ""
     cluster: str | None = None  # reported on every workflow event
+    # While a profile is captured on this host: the trace's whole-system context, at this rate.
+    profile_interval_s: float = 0.1
 
 
 @dataclass
@@ -88,10 +90,11 @@ class HostAgent:
         self.spool.append(self.settings.topic_prefix + spec.name, key_of(spec, record),
                           self.codec.encode(schema or spec.schema, record))
 
-    def tick(self) -> int:
-        """Sample once and spool the records; returns how many GPU samples were spooled."""
+    def tick(self, interval_s: float | None = None) -> int:
+        """Sample once and spool the records; returns how many GPU samples were spooled.
+        ``interval_s``: the time this tick stands for (the settings' interval by default)."""
         now = int(self.clock() * 1000)
-        interval = int(self.settings.interval_s * 1000)
+        interval = int((interval_s or self.settings.interval_s) * 1000)
         if self.simulated is not None:
             samples = self.simulated.samples(interval)
             seen: dict[str, tuple[ProcessInfo, set[str], set[int]]] = {}
@@ -205,19 +208,27 @@ def _sum_or_none(values) -> float | None:
     return float(sum(values)) if values else None
 
 
-def run_agent(agent: HostAgent, forwarder, stop, drain_timeout_s: float = 30.0) -> None:
+def run_agent(agent: HostAgent, forwarder, stop, drain_timeout_s: float = 30.0,
+              profiling: Callable[[], bool] | None = None) -> None:
     """Tick every interval until ``stop`` is set, with the forwarder sending in a thread;
-    then send everything spooled (up to ``drain_timeout_s``)."""
+    then send everything spooled (up to ``drain_timeout_s``). While ``profiling()`` says a
+    profile is being captured here, tick at the settings' ``profile_interval_s`` instead, so
+    the analysis sees GPU and host metrics at the trace's time scale."""
     import threading
 
     sending = threading.Event()
     thread = threading.Thread(target=forwarder.run, args=(sending,), name="forwarder", daemon=True)
     thread.start()
-    interval = agent.settings.interval_s
     next_tick = time.monotonic()
+    fast = False
     try:
         while not stop.is_set():
-            agent.tick()
+            was_fast, fast = fast, bool(profiling and profiling())
+            if fast != was_fast:
+                log.info("profile %s: sampling every %gs", "started" if fast else "ended",
+                         agent.settings.profile_interval_s if fast else agent.settings.interval_s)
+            interval = agent.settings.profile_interval_s if fast else agent.settings.interval_s
+            agent.tick(interval)
             next_tick += interval
             stop.wait(max(0.0, next_tick - time.monotonic()))
     finally:

@@ -85,6 +85,10 @@ class ProfileCoordinator:
             self.captures.append(_Capture(request, h["pid"], h["rank"]))
             self._status(request, "ACCEPTED", rank=h["rank"], pid=h["pid"])
 
+    def capturing(self) -> bool:
+        """Whether a capture is in progress on this host (the agent samples faster then)."""
+        return any(not c.done for c in list(self.captures))
+
     def check(self) -> None:
         """Publish what has become of each capture in progress."""
         now_ms = int(self.clock() * 1000)

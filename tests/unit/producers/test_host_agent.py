@@ -117,3 +117,35 @@ def test_simulated_source_publishes_its_hosts_gpus(tmp_path):
     assert {r["host"] for _, _, r in spooled(spool)["GpuSample"]} == {"gpu-host-001"}
     with pytest.raises(ValueError, match="no host"):
         SimulatedGpus(fleet, "gpu-host-999", 0)
+
+
+class _Forwarder:
+    def run(self, sending):
+        sending.wait()
+
+    def drain(self, timeout_s):
+        return True
+
+
+def test_the_agent_samples_faster_while_a_profile_is_captured(world):
+    """Ticks stand for the time between them: 10 fast ones while profiling, then normal ones."""
+    import dataclasses
+    import threading
+
+    from producers.host_agent import run_agent
+
+    agent, spool, _, _ = world
+    agent.settings = dataclasses.replace(agent.settings, interval_s=0.2, profile_interval_s=0.02)
+    stop, calls = threading.Event(), []
+
+    def profiling():
+        calls.append(None)
+        if len(calls) == 12:
+            stop.set()  # this tick still happens: 12 in all
+        return len(calls) <= 10
+
+    run_agent(agent, _Forwarder(), stop, profiling=profiling)  # closes the spool at the end
+    records = spooled(Spool(spool.dir))
+    intervals = [s["interval_ms"] for _, _, s in records["GpuSample"] if s["gpu_uuid"] == "GPU-1"]
+    assert intervals == [20] * 10 + [200] * 2
+    assert [r["interval_ms"] for _, _, r in records["HostSample"]] == [20] * 10 + [200] * 2

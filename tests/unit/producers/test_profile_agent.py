@@ -59,8 +59,9 @@ def test_a_rank_with_the_hook_is_asked_and_its_trace_published(tmp_path, process
     c.handle(request())
     assert json.loads((tmp_path / f"request-{process.pid}.json").read_text())["steps"] == 5
     assert rec.statuses() == [(3, "ACCEPTED", None)]
+    assert not ProfileCoordinator("h1", Recorder(), tmp_path).capturing()
     c.check()
-    assert len(rec.statuses()) == 1  # nothing yet
+    assert len(rec.statuses()) == 1 and c.capturing()  # nothing yet: the agent samples at 10 Hz meanwhile
     write_trace(tmp_path / f"trace-od-1-{process.pid}.json", [  # as the hook leaves it
         runtime("cudaLaunchKernel", 0, 5, corr=1), kernel("sgemm", 10, 100, corr=1),
         runtime("cudaLaunchKernel", 6, 5, corr=2), kernel("relu", 120, 20, corr=2)])
@@ -70,7 +71,7 @@ def test_a_rank_with_the_hook_is_asked_and_its_trace_published(tmp_path, process
     assert request_of_trace(published["trace_id"]) == ("od-1", "h1", 3)
     ends = [r for _, name, r in rec.records if name == "TraceEnd"]
     assert len(ends) == 1 and ends[0]["trace_id"] == published["trace_id"] and ends[0]["events"] > 0
-    assert not c.captures
+    assert not c.captures and not c.capturing()
 
 
 def test_failures_end_with_a_reason(tmp_path, process):
