@@ -82,6 +82,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from streams.app import StreamSettings, changelog_topics, create_app
     from streams.detect_waste import DetectorConfig
     from streams.raise_alerts import AlertConfig, load_detector_config
+    from streams.schedule_profiles import ScheduleConfig
     from streams.window_utilization import WindowConfig
 
     bootstrap = _resolve_bootstrap(args)
@@ -101,6 +102,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
         workflow_ended_s=args.workflow_ended_s,
         idle_partition_s=args.idle_partition_s,
         alerts=AlertConfig(detectors=detectors, team_detectors=team_detectors, min_duration_s=args.detector_min_s),
+        schedule=ScheduleConfig(enabled=args.periodic_profiles, interval_s=args.profile_every_s,
+                                budget_fraction=args.profile_budget, report_s=args.schedule_report_s,
+                                seed=args.schedule_seed),
     )
     create_topics(bootstrap, changelog_topics(settings))
     app = create_app(settings)
@@ -453,6 +457,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--detector-min-s", type=float, default=None,
                    help="how long every violation must last before its alert fires (default: each detector's own, "
                         "e.g. 10 minutes for low utilisation)")
+    p.add_argument("--no-periodic-profiles", dest="periodic_profiles", action="store_false",
+                   help="do not profile running workflows periodically")
+    p.add_argument("--profile-every-s", type=float, default=6 * 3600.0,
+                   help="profile each running workflow at most once per this many seconds (default 6 h)")
+    p.add_argument("--profile-budget", type=float, default=0.02,
+                   help="at most this fraction of the running workflows profiled at once (default 2 %%, at least 1)")
+    p.add_argument("--schedule-report-s", type=float, default=30.0,
+                   help="how often the window stage tells the scheduler what runs")
+    p.add_argument("--schedule-seed", type=int, default=0, help="ties in the schedule are broken by this seed")
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("sink", help="write gpufleet's topics into ClickHouse")

@@ -13,8 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-UNATTRIBUTED = "unattributed"
-IDLE = "idle"  # GPUs no process holds: capacity that is allocated to nobody
+from schemas.validate_sample import IDLE, UNATTRIBUTED  # noqa: F401 - part of this module's interface
 
 SLURM_CGROUP = re.compile(r"/job_(\d+)(?:/|$)")
 K8S_CGROUP = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")

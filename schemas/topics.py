@@ -79,9 +79,15 @@ PROFILE_RESULTS = TopicSpec(
         "workflow's alerts can take in the root cause.",
 )
 
+PROFILE_SCHEDULE = TopicSpec(
+    "gpufleet.profile-schedule.v1", "ScheduleReport", "source_partition", 1,
+    doc="Internal to the worker: what runs on each partition of the window stage, for the one periodic "
+        "profiling scheduler (one partition, so its budget is fleet-wide).",
+)
+
 ALL_TOPICS: tuple[TopicSpec, ...] = (
     GPU_SAMPLES, HOST_SAMPLES, WORKFLOW_EVENTS, WORKFLOW_WINDOWS, WORKFLOW_SUMMARIES, ALERTS, DEAD_LETTERS,
-    KERNEL_EVENTS, TRACE_ANALYSES, FINDINGS, PROFILE_REQUESTS, PROFILE_STATUSES, PROFILE_RESULTS,
+    KERNEL_EVENTS, TRACE_ANALYSES, FINDINGS, PROFILE_REQUESTS, PROFILE_STATUSES, PROFILE_RESULTS, PROFILE_SCHEDULE,
 )
 
 

@@ -9,6 +9,12 @@ from __future__ import annotations
 MIN_EVENT_TIME_MS = 946_684_800_000
 MAX_INTERVAL_MS = 3_600_000
 
+# The workflow ids of GPU samples that belong to no workflow: GPUs no process holds (idle
+# capacity), and GPUs whose memory is held by a process that names no workflow.
+IDLE = "idle"
+UNATTRIBUTED = "unattributed"
+NOT_WORKFLOWS = frozenset({IDLE, UNATTRIBUTED})
+
 
 def _pct(name: str, value: float | None) -> str | None:
     if value is None:

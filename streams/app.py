@@ -6,10 +6,17 @@ from dataclasses import dataclass, field
 
 import faust
 
-from schemas.topics import GPU_SAMPLES, KERNEL_EVENTS, PROFILE_RESULTS, WORKFLOW_EVENTS
+from schemas.topics import (
+    GPU_SAMPLES,
+    KERNEL_EVENTS,
+    PROFILE_RESULTS,
+    PROFILE_SCHEDULE,
+    WORKFLOW_EVENTS,
+)
 from streams import faust_fixes
 from streams.auto_profile import AutoProfileConfig
 from streams.raise_alerts import AlertConfig
+from streams.schedule_profiles import ScheduleConfig
 from streams.trace_sessions import TraceSessionConfig
 from streams.window_utilization import WindowConfig
 
@@ -29,6 +36,7 @@ class StreamSettings:
     alerts: AlertConfig = field(default_factory=AlertConfig)
     trace_sessions: TraceSessionConfig = field(default_factory=TraceSessionConfig)
     auto_profile: AutoProfileConfig = field(default_factory=AutoProfileConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)  # periodic profiling
     # A workflow with no sample for this long (event time) has ended: its WorkflowSummary goes out.
     workflow_ended_s: float = 600.0
     # A partition with no sample for this long (wall time) follows the busiest partition's clock.
@@ -44,7 +52,8 @@ class StreamSettings:
 
 
 # The worker's tables: name -> partitions (each co-partitioned with the topic it is built from).
-TABLES = {"window-state": GPU_SAMPLES.partitions, "trace-state": KERNEL_EVENTS.partitions}
+TABLES = {"window-state": GPU_SAMPLES.partitions, "trace-state": KERNEL_EVENTS.partitions,
+          "profile-schedule": PROFILE_SCHEDULE.partitions}
 if not GPU_SAMPLES.partitions == WORKFLOW_EVENTS.partitions == PROFILE_RESULTS.partitions:
     # the window state serves all three topics
     raise RuntimeError("gpu-samples, workflow-events and profile-results must have the same partitions")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
+from collections.abc import MutableMapping
 
 import faust
 
@@ -19,6 +20,7 @@ from schemas.topics import (
     KERNEL_EVENTS,
     PROFILE_REQUESTS,
     PROFILE_RESULTS,
+    PROFILE_SCHEDULE,
     PROFILE_STATUSES,
     TRACE_ANALYSES,
     WORKFLOW_EVENTS,
@@ -31,6 +33,7 @@ from schemas.validate_sample import samples_of
 from streams.auto_profile import auto_profile_requests
 from streams.raise_alerts import raise_alerts
 from streams.root_cause import apply_profile_result, profile_result
+from streams.schedule_profiles import FleetSchedule, is_periodic
 from streams.summarize_workflow import accumulate, summary
 from streams.trace_sessions import TraceSessions
 from streams.window_utilization import BatchResult, Incoming, WindowAggregator
@@ -46,6 +49,7 @@ def register(app: faust.App, settings) -> None:  # settings: streams.app.StreamS
     codec = Codec()
     _register_windows(app, settings, codec)
     _register_trace_analysis(app, settings, codec)
+    _register_schedule(app, settings, codec)
 
 
 async def _send(codec: Codec, topic: faust.TopicT, spec, record: dict) -> None:
@@ -200,12 +204,14 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
                 ok, errors = codec.decode_many([m.value for m in messages])
                 for i, reason in errors:
                     await _dead_letter(codec, dlq_topic, "root-cause", messages[i], reason, now)
-                result, updates = BatchResult(), []
+                result, updates, finished = BatchResult(), [], []
                 for i, name, record in ok:
                     if name != PROFILE_RESULTS.schema:
                         await _dead_letter(codec, dlq_topic, "root-cause", messages[i],
                                            f"expected {PROFILE_RESULTS.schema}, got {name}", now)
                         continue
+                    if is_periodic(record["request_id"]):
+                        finished.append(record["workflow_id"])
                     state = table.data.get(record["workflow_id"])
                     update = apply_profile_result(state, record, now) if state is not None else None
                     if update is not None:
@@ -216,6 +222,22 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
                     log.info("alert %s: root cause from profile %s", alert["alert_id"], alert["profile_request_id"])
                     await _send(codec, alerts_topic, ALERTS, alert)
                 stats["root_causes"] += len(updates)
+                if finished:  # the scheduler's slots are free again
+                    await _send(codec, schedule_topic, PROFILE_SCHEDULE, {
+                        "source_partition": None, "at": now, "running": [], "finished": sorted(set(finished))})
+
+    schedule_topic = app.topic(settings.topic(PROFILE_SCHEDULE.name))
+
+    @app.timer(interval=settings.schedule.report_s)
+    async def _report_running() -> None:
+        """Tell the periodic scheduler what runs on this worker's partitions."""
+        if not settings.schedule.enabled:
+            return
+        now = int(time.time() * 1000)
+        mine = sorted(tp.partition for tp in app.consumer.assignment() if tp.topic == samples_topic.get_topic_name())
+        for p in mine:
+            await _send(codec, schedule_topic, PROFILE_SCHEDULE, {
+                "source_partition": p, "at": now, "running": aggregator.running(p), "finished": []})
 
     @app.timer(interval=max(1.0, settings.idle_partition_s / 4))
     async def _idle_partitions() -> None:
@@ -294,3 +316,64 @@ def _register_trace_analysis(app: faust.App, settings, codec: Codec) -> None:
     @app.timer(interval=settings.trace_sessions.timeout_ms / 4000)
     async def _expire() -> None:
         await persist_and_emit(sessions.expire(int(time.time() * 1000)))
+
+
+class _Prefixed(MutableMapping):
+    """The entries of a table whose keys start with ``prefix``, without it."""
+
+    def __init__(self, data, prefix: str) -> None:
+        self.data, self.prefix = data, prefix
+
+    def __getitem__(self, key):
+        return self.data[self.prefix + key]
+
+    def __setitem__(self, key, value):
+        self.data[self.prefix + key] = value
+
+    def __delitem__(self, key):
+        del self.data[self.prefix + key]
+
+    def __iter__(self):
+        return (k[len(self.prefix):] for k in list(self.data.keys()) if k.startswith(self.prefix))
+
+    def __len__(self):
+        return sum(1 for _ in self)
+
+
+def _register_schedule(app: faust.App, settings, codec: Codec) -> None:
+    """The periodic profiling scheduler: one instance for the fleet (its topic has one partition)."""
+    reports_topic = app.topic(settings.topic(PROFILE_SCHEDULE.name), partitions=PROFILE_SCHEDULE.partitions)
+    requests_topic = app.topic(settings.topic(PROFILE_REQUESTS.name))
+    dlq_topic = app.topic(settings.topic(DEAD_LETTERS.name))
+    # "report:<partition>" -> what runs there; "wf:<workflow>" -> its schedule.
+    table = app.Table("profile-schedule", default=None, partitions=PROFILE_SCHEDULE.partitions, key_type=str)
+    schedule = FleetSchedule(settings.schedule, _Prefixed(table.data, "report:"), _Prefixed(table.data, "wf:"))
+
+    @app.agent(reports_topic, name="profile-scheduler")
+    async def scheduler(stream: faust.StreamT) -> None:
+        async for events in stream.take_events(100, within=settings.batch_within_s):
+            now = int(time.time() * 1000)
+            for partition, messages in _by_partition(events).items():
+                ok, errors = codec.decode_many([m.value for m in messages])
+                for i, reason in errors:
+                    await _dead_letter(codec, dlq_topic, "profile-scheduler", messages[i], reason, now)
+                requests = []
+                for i, name, report in ok:
+                    if name != PROFILE_SCHEDULE.schema:
+                        await _dead_letter(codec, dlq_topic, "profile-scheduler", messages[i],
+                                           f"expected {PROFILE_SCHEDULE.schema}, got {name}", now)
+                    elif settings.schedule.enabled:
+                        requests += schedule.apply(report, now)
+                changed = schedule.scheduler
+                for key in schedule.changed_reports:
+                    table.send_changelog(partition, "report:" + key, table.data["report:" + key])
+                for wf in changed.changed:
+                    table.send_changelog(partition, "wf:" + wf, table.data["wf:" + wf])
+                for wf in changed.removed:
+                    table.send_changelog(partition, "wf:" + wf, None)
+                schedule.changed_reports.clear()
+                changed.changed.clear()
+                changed.removed.clear()
+                for request in requests:
+                    log.info("periodic profile of %s (%s)", request["workflow_id"], request["request_id"])
+                    await _send(codec, requests_topic, PROFILE_REQUESTS, request)

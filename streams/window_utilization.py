@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass, field
 
+from schemas.validate_sample import NOT_WORKFLOWS
 from streams.window_efficiency import add_efficiency, efficiency_fields, new_efficiency
 
 Record = dict
@@ -165,6 +166,13 @@ class WindowAggregator:
             state = self.store[workflow_id] = {"partition": partition, "owner": owner, "team": team,
                                                "last_offset": -1, "max_event_time": -1, "windows": {}}
         return state
+
+    def running(self, partition: int) -> list[str]:
+        """The workflows of ``partition`` that have samples and have not ended (GPUs of no
+        workflow left out)."""
+        return sorted(wf for wf, s in self.store.items()
+                      if isinstance(s, dict) and s.get("partition") == partition and s["max_event_time"] >= 0
+                      and not s.get("ended") and not s.get("ending") and wf not in NOT_WORKFLOWS)
 
     def newest(self, partition: int) -> int:
         """The newest event time applied on ``partition`` (-1 before any)."""

@@ -47,9 +47,9 @@ def test_samples_become_windows_and_alerts_in_clickhouse(kafka, prefix, sink, tm
         # The closed loop: a firing low-utilisation alert asked for a profile. Here the test plays
         # the stalled job's agent and answers with a trace our hook recorded on an H200: the
         # alert comes back with what that profile found.
-        wait_until(lambda: q(sink, "SELECT count() FROM {db}.profile_requests")[0][0] >= 1, 30, "automatic profiles")
+        wait_until(lambda: q(sink, "SELECT count() FROM {db}.profile_requests WHERE reason = 'AUTO'")[0][0] >= 1, 30, "automatic profiles")
         (workflow, request_id), *_ = q(sink, "SELECT workflow_id, request_id FROM {db}.profile_requests FINAL "
-                                             "ORDER BY workflow_id")
+                                             "WHERE reason = 'AUTO' ORDER BY workflow_id")
         publish_trace(HOOK_TRACE, workflow, Publisher(kafka.bootstrap, CODEC), prefix,
                       trace_id_of(request_id, "host-x", 0))
         wait_until(lambda: q(sink, "SELECT count() FROM {db}.alerts FINAL WHERE root_cause IS NOT NULL")[0][0] >= 1,
@@ -99,7 +99,8 @@ def test_samples_become_windows_and_alerts_in_clickhouse(kafka, prefix, sink, tm
     assert q(sink, "SELECT count() FROM {db}.dead_letters")[0][0] == 0
 
     # Each workflow with a firing low-utilisation alert was profiled automatically, once, linked to its alert.
-    requests = q(sink, "SELECT workflow_id, reason, requester, request_id FROM {db}.profile_requests FINAL")
+    requests = q(sink, "SELECT workflow_id, reason, requester, request_id FROM {db}.profile_requests FINAL "
+                       "WHERE reason = 'AUTO'")
     low = {wf for wf, d in expected if d == "low_utilization"}
     assert sorted(wf for wf, *_ in requests) == sorted(low)
     assert all(reason == "AUTO" and requester.startswith("low_utilization:") and request_id == request_id_for(requester)

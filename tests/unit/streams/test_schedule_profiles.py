@@ -104,3 +104,32 @@ def test_a_profile_without_a_final_status_frees_its_slot_after_the_timeout():
     assert scheduler.due(running, 599_000) == []  # its slot is held: no status came
     assert scheduler.due(running, 600_000) == list(running - {first})  # freed by the timeout
     assert scheduler.due(running, 1_200_000) == []  # and neither is due again within the hour
+
+
+def report(partition, running, at, finished=()):
+    return {"source_partition": partition, "at": at, "running": list(running), "finished": list(finished)}
+
+
+def test_the_fleet_schedule_takes_the_union_of_fresh_partition_reports():
+    from schemas.codec import Codec
+    from streams.schedule_profiles import FleetSchedule
+
+    config = ScheduleConfig(budget_fraction=0.5, min_budget=1, report_s=30, interval_s=3600, timeout_s=600)
+    reports, workflows = {}, {}
+    fleet = FleetSchedule(config, reports, workflows)
+    (first,) = fleet.apply(report(0, ["wf-a", "wf-b"], at=0), now_ms=0)  # 2 running: a budget of one
+    assert first["reason"] == "PERIODIC" and first["requester"] == "gpufleet-scheduler" and first["steps"] == 20
+    assert first["request_id"] == f"periodic-{first['workflow_id']}-0" and first["deadline_ms"] == 600_000
+    Codec().encode("ProfileRequest", first)  # a valid record
+    # Partition 1 reports two more: four running, a budget of two, one slot free.
+    (second,) = fleet.apply(report(1, ["wf-c", "wf-d"], at=1000), now_ms=1000)
+    assert {first["workflow_id"], second["workflow_id"]} <= {"wf-a", "wf-b", "wf-c", "wf-d"}
+    assert fleet.apply(report(None, [], at=2000), now_ms=2000) == []  # both slots held
+    # A finished profile frees its slot at once.
+    (third,) = fleet.apply(report(None, [], at=3000, finished=[first["workflow_id"]]), now_ms=3000)
+    assert third["workflow_id"] not in (first["workflow_id"], second["workflow_id"])
+    # Partition 0 stops reporting (it moved): after three report intervals its workflows no longer run.
+    later = 1000 + 91_000
+    fleet.apply(report(1, ["wf-c", "wf-d"], at=later), now_ms=later)
+    assert {wf for wf, e in workflows.items() if e["first_seen"] is not None} == {"wf-c", "wf-d"}
+    assert fleet.changed_reports == {"0", "1"} and fleet.scheduler.changed
