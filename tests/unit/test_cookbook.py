@@ -56,7 +56,7 @@ def seconds(s):
 
 def test_the_cookbook_has_the_questions_operators_ask():
     titles = list(recipes())
-    assert len(titles) == 7
+    assert len(titles) == 8
     assert "Who wasted the most GPU-hours this week?" in titles
 
 
@@ -149,3 +149,33 @@ def test_alerts_firing_now(fleet):
     _, data = fleet
     rows = run(fleet, "Which alerts are firing, and for how long?")
     assert [(r[0], r[1], r[5]) for r in rows] == [(data.fleet.workflows[0].workflow_id, "low_utilization", 10)]
+
+
+def test_what_the_automatic_profile_found(chdb_client, database):
+    from sinks.clickhouse_ddl import FINDINGS_TABLE
+
+    writer = ClickHouseWriter(chdb_client, database)
+    writer.ensure_tables()
+    alert = {"detector": "low_utilization", "severity": "CRITICAL", "notify": True, "observed": 9.0,
+             "threshold": 15.0, "message": "low", "advice": "fix", "window_start": 0, "since": 0, "window_end": 60_000,
+             "fired_at": 61_000, "wasted_gpu_hours_so_far": 1.5, "owner": "ana", "team": "nlp"}
+    top = [{"rule": r, "severity": "WARNING", "title": r, "evidence": "e", "recommendation": "r",
+            "gpu_seconds_at_stake": 1.0, "ranks": 2} for r in ("input_pipeline_stall", "launch_bound")]
+    writer.insert(ALERTS_TABLE, [Row(0, i, a) for i, a in enumerate([
+        {**alert, "alert_id": "a1", "status": "FIRING", "workflow_id": "wf-1", "profile_request_id": "auto-a1"},
+        {**alert, "alert_id": "a1", "status": "FIRING", "workflow_id": "wf-1", "profile_request_id": "auto-a1",
+         "root_cause": "GPU idle 80 %.", "findings": top, "fired_at": 90_000},  # the update: replaces the row
+        {**alert, "alert_id": "a2", "status": "FIRING", "workflow_id": "wf-2", "profile_request_id": "auto-a2"},
+    ])])
+    finding = {"rank": 0, "severity": "WARNING", "title": "t", "evidence": "e", "gpu_seconds_at_stake": 1.0,
+               "recommendation": "r", "detected_at": 0, "workflow_id": "wf-1"}
+    writer.insert(FINDINGS_TABLE, [Row(0, i, {**finding, "finding_id": f"f{i}", "trace_id": t, "rule": rule})
+                                   for i, (t, rule) in enumerate([
+                                       ("profile/auto-a1/h1/rank0", "input_pipeline_stall"),
+                                       ("profile/auto-a1/h1/rank0", "launch_bound"),
+                                       ("profile/auto-a1/h2/rank1", "input_pipeline_stall"),
+                                       ("profile/auto-a2/h1/rank0", "launch_bound"),
+                                       ("wf-1/trace.json", "launch_bound")])])
+    sql = recipes()["Why is it wasting? What did the automatic profile find?"].replace("gpufleet.", f"{database}.")
+    assert chdb_client.query(sql).result_rows == [
+        ("wf-1", "low_utilization", "FIRING", "auto-a1", "GPU idle 80 %.", "input_pipeline_stall, launch_bound", 3, 2)]
