@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from schemas.topics import ALL_TOPICS, TopicSpec
 
@@ -35,24 +35,30 @@ def create_topics(bootstrap: str, topics: Iterable[tuple[str, int, bool]], timeo
 
 
 def wait_for_leaders(admin: AdminClient, names: list[str], timeout: float = 30.0) -> None:
-    """Return once every partition of ``names`` has a leader.
+    """Return once every partition of ``names`` answers for its offsets.
 
-    A topic exists as soon as ``create_topics`` answers, but its partitions may not have a
-    leader yet: a client that asks for offsets in that instant is told NOT_LEADER_FOR_PARTITION.
+    A topic exists as soon as ``create_topics`` answers, but for a moment its partitions
+    have no leader, and then a leader in the metadata that does not serve the partition yet:
+    a client asking for offsets in that instant is told NOT_LEADER_FOR_PARTITION. Asking
+    for each partition's end offset until all answer covers both.
     """
     deadline = time.monotonic() + timeout
-    pending = set(names)
-    while pending:
+    waiting_for = sorted(names)
+    while waiting_for:
         topics = admin.list_topics(timeout=max(deadline - time.monotonic(), 1.0)).topics
-        pending = {
-            name for name in pending
-            if name not in topics or topics[name].error is not None or not topics[name].partitions
-            or any(p.leader < 0 or p.error is not None for p in topics[name].partitions.values())
-        }
-        if not pending:
-            return
+        if all(n in topics and topics[n].error is None and topics[n].partitions for n in waiting_for):
+            query = {TopicPartition(n, p): OffsetSpec.latest() for n in waiting_for for p in topics[n].partitions}
+            failed = set()
+            for tp, future in admin.list_offsets(query, request_timeout=5).items():
+                try:
+                    future.result()
+                except KafkaException:
+                    failed.add(tp.topic)
+            waiting_for = sorted(failed)
+            if not waiting_for:
+                return
         if time.monotonic() > deadline:
-            raise TimeoutError(f"partitions without a leader after {timeout:g}s: {sorted(pending)}")
+            raise TimeoutError(f"partitions not served after {timeout:g}s: {waiting_for}")
         time.sleep(0.1)
 
 
