@@ -9,8 +9,8 @@ import json
 import time
 from pathlib import Path
 
-from producers.publish_trace import trace_id_for
 from producers.read_trace import TraceError, read_trace
+from schemas.topics import trace_id_for
 from streams.analyze_trace import analyze_events, findings_records, trace_analysis_record
 
 

@@ -13,15 +13,10 @@ from pathlib import Path
 from producers.publish_kafka import Publisher
 from producers.read_trace import TraceError, read_trace
 from schemas.dead_letter import dead_letter
-from schemas.topics import DEAD_LETTERS, KERNEL_EVENTS
+from schemas.topics import DEAD_LETTERS, KERNEL_EVENTS, trace_id_for
 
 STAGE = "trace-ingest"
 _EVENT_FIELDS = ("kind", "cat", "name", "stream", "device", "correlation", "bytes", "memcpy_kind", "grid", "block")
-
-
-def trace_id_for(path: str | Path, workflow_id: str) -> str:
-    """Stable per file: publishing the same file again replaces, not adds, its analysis."""
-    return f"{workflow_id}/{Path(path).name}"
 
 
 def publish_trace(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gzip
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,13 +97,6 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
     return meta
 
 
-def _is_gpu_side(e: dict) -> bool:
-    args = e.get("args") or {}
-    return (_int(args.get("stream", -1)) >= 0 and _int(args.get("correlation", -1)) >= 0) or (
-        e.get("name") in DEVICE_SYNC_NAMES
-    )
-
-
 def _int(value: Any, default: int = -1) -> int:
     try:
         return int(value)
@@ -110,15 +104,12 @@ def _int(value: Any, default: int = -1) -> int:
         return default
 
 
-def _usable(e: Any) -> bool:
-    return isinstance(e, dict) and e.get("dur") is not None and e.get("cat") is not None and e["cat"] != "Trace"
-
-
 class TraceDamaged(ValueError):
     """The trace stops making sense part-way (truncated or corrupt)."""
 
 
 _EVENT_START, _EVENT_END = b"\n  {", b"\n  }"
+_LAST_EVENT = re.compile(rb"\n  \}[ \t\r\n]*\]")
 
 
 def _events(fh: IO[bytes]) -> Iterator[dict]:
@@ -134,29 +125,49 @@ def _events(fh: IO[bytes]) -> Iterator[dict]:
 
 
 def _kineto_blocks(fh: IO[bytes], buf: bytes, block: int = 1 << 22) -> Iterator[dict]:
-    loads = orjson.loads
+    """Events of a Kineto layout, a block of the file at a time: the complete events of each
+    block are parsed in one orjson call (as a JSON array: they are separated by commas);
+    a block that does not parse is parsed event by event, so that every good event before
+    the damage is still read. ``traceEvents`` ends where an event's ``  }`` is followed by ``]``
+    (after it, top-level objects close with ``  }`` lines too)."""
     eof = False
     while True:
-        pos = 0
-        i = buf.find(_EVENT_START, pos)
-        while i >= 0:
-            j = buf.find(_EVENT_END, i + 1)
-            if j < 0:
-                break
+        m = _LAST_EVENT.search(buf)
+        close = m.start() if m else -1
+        first = buf.find(_EVENT_START)
+        last = close if m else buf.rfind(_EVENT_END)
+        rest = buf
+        if first >= 0 and last > first:
+            body = buf[first + 1:last + 4]
             try:
-                yield loads(buf[i + 1:j + 4])
-            except orjson.JSONDecodeError as exc:
-                raise TraceDamaged(f"invalid event: {exc}") from exc
-            pos = j + 4
-            i = buf.find(_EVENT_START, pos)
-        rest = buf[pos:]
-        if eof:
-            if i >= 0 or rest.lstrip(b",\r\n \t")[:1] != b"]":
-                raise TraceDamaged("the file ends inside traceEvents")
+                yield from orjson.loads(b"[" + body + b"]")
+            except orjson.JSONDecodeError:
+                yield from _one_by_one(body)
+            rest = buf[last + 4:]
+        if close >= 0:
+            if rest.lstrip(b",\r\n \t")[:1] != b"]":
+                raise TraceDamaged("an event of traceEvents is cut short")
             return
+        if eof:
+            raise TraceDamaged("the file ends inside traceEvents")
         chunk = fh.read(block)
         eof = not chunk
         buf = rest + chunk
+
+
+def _one_by_one(body: bytes) -> Iterator[dict]:
+    pos = 0
+    i = body.find(b"{")
+    while i >= 0:
+        j = body.find(_EVENT_END, i)
+        end = len(body) if j < 0 else j + 4
+        try:
+            yield orjson.loads(body[i:end])
+        except orjson.JSONDecodeError as exc:
+            raise TraceDamaged(f"invalid event: {exc}") from exc
+        pos = end
+        i = body.find(_EVENT_START, pos)
+        i = -1 if i < 0 else i + 1
 
 
 class _Prefixed:
@@ -196,26 +207,42 @@ def read_trace(path: str | Path) -> TraceRead:
     seen = 0
     try:
         with open_trace(path) as fh:
+            # The hot loop of the analysis (one pass per event): kept flat on purpose.
+            kinds = KIND_BY_CAT
             for e in _events(fh):
                 seen += 1
-                ts = e.get("ts") if isinstance(e, dict) else None
-                if ts is None or isinstance(ts, float):
+                if type(e) is not dict:
                     any_float = True
-                if not _usable(e) or ts is None:
-                    if isinstance(e, dict) and e.get("name") == "[memory]":
+                    continue
+                ts = e.get("ts")
+                if ts is None or type(ts) is float:
+                    any_float = True
+                cat = e.get("cat")
+                if ts is None or cat is None or cat == "Trace" or e.get("dur") is None:
+                    if e.get("name") == "[memory]":
                         memory.add(e.get("args") or {})
                     continue
-                gpu_side = _is_gpu_side(e)
+                args = e.get("args") or {}
+                stream = args.get("stream", -1)
+                if type(stream) is not int:
+                    stream = _int(stream)
+                corr = args.get("correlation", -1)
+                if type(corr) is not int:
+                    corr = _int(corr)
+                name = e.get("name", "")
+                gpu_side = (stream >= 0 and corr >= 0) or name in DEVICE_SYNC_NAMES
+                kind = kinds.get(cat)
                 if not gpu_side:
-                    name = e.get("name", "")
                     if "ProfilerStep" in name:
                         steps.setdefault(name, []).append(ts)
-                    corr = _int((e.get("args") or {}).get("correlation", -1))
                     if corr >= 0:
                         cpu_corr_ts[corr] = min(ts, cpu_corr_ts.get(corr, ts))
-                record = _record(e, names)
-                if record is not None:
-                    candidates.append((record, gpu_side))
+                    if kind is None and stream < 0:
+                        continue  # flow events, python functions...: not used by the analysis
+                    if (kind == "cpu_op" or kind == "annotation") and "ProfilerStep" not in name \
+                            and "DataLoader" not in name:
+                        continue  # CPU ops the analysis does not use
+                candidates.append((_record(e, kind, name, args, stream, corr, names), gpu_side))
     except (ijson.JSONError, ijson.IncompleteJSONError, TraceDamaged, EOFError, OSError, gzip.BadGzipFile) as exc:
         result.partial = True
         result.error = f"trace damaged after {seen} events: {exc}"
@@ -273,29 +300,25 @@ class _MemoryPeaks:
             self.peak[device] = now
 
 
-def _record(e: dict, names: dict[str, str]) -> dict | None:
-    cat = e["cat"]
-    kind = KIND_BY_CAT.get(cat)
-    name = e.get("name", "")
-    args = e.get("args") or {}
-    stream = _int(args.get("stream", -1))
-    correlation = _int(args.get("correlation", -1))
-    if kind is None and stream < 0:
-        return None  # flow events, python functions...: not used by the analysis
-    if kind in ("cpu_op", "annotation") and "ProfilerStep" not in name and "DataLoader" not in name:
-        return None  # CPU ops the analysis does not use
+def _record(e: dict, kind: str | None, name: str, args: dict, stream: int, correlation: int,
+            names: dict[str, str]) -> dict:
     ts, dur = e["ts"], e["dur"]
     name = names.setdefault(name, name)
-    nbytes = _int(args.get("bytes", -1))
+    nbytes = args.get("bytes", -1)
+    if type(nbytes) is not int:
+        nbytes = _int(nbytes)
+    device = args.get("device", -1)
+    if type(device) is not int:
+        device = _int(device)
     return {
         "kind": kind or "other",
-        "cat": cat,
+        "cat": e["cat"],
         "name": name,
         "ts": ts,
         "dur": dur,
         "end": ts + dur,
         "stream": stream,
-        "device": _int(args.get("device", -1)),
+        "device": device,
         "correlation": correlation,
         "bytes": nbytes if nbytes >= 0 else None,
         "memcpy_kind": name[len("Memcpy "):] if kind == "memcpy" and name.startswith("Memcpy ") else None,

@@ -7,6 +7,7 @@ Names carry a version: an incompatible change of a topic's contract gets a new t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import PurePath
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,12 @@ def key_of(spec: TopicSpec, record: dict) -> bytes | None:
     if spec.key_field is None:
         return None
     return str(record[spec.key_field]).encode()
+
+
+def trace_id_for(path: str, workflow_id: str) -> str:
+    """A trace file's id: stable per file, so publishing the same file again replaces, not
+    adds, its analysis."""
+    return f"{workflow_id}/{PurePath(path).name}"
 
 
 def trace_id_of(request_id: str, host: str, rank: int) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field, fields
+from functools import lru_cache
 
 GAP_US = 500_000
 CHUNKS = 30
@@ -38,6 +39,14 @@ TENSOR_CORE_RE = re.compile(
     r"h884|h1688|s1688|i8816|hmma|wmma|tensorop|xmma|_tc_|bf16|f16f16|fp16|half|gmma|sm80_|sm90_|884|1688|16816",
     re.IGNORECASE,
 )
+
+
+@lru_cache(maxsize=65_536)
+def _matmul_kind(name: str) -> tuple[bool, bool]:
+    """(a GEMM or convolution kernel, on tensor cores). Kernel names are long C++ templates
+    and a trace repeats a few hundred of them thousands of times: match each once."""
+    matmul = MATMUL_RE.search(name) is not None
+    return matmul, matmul and TENSOR_CORE_RE.search(name) is not None
 
 
 @dataclass
@@ -109,9 +118,10 @@ class AntipatternCollector:
             self.sync_memset_us += call["dur"]
         if e["kind"] == "kernel" and cat in ("kernel", "Kernel"):
             self.compute_kernel_us += e["dur"]
-            if MATMUL_RE.search(name):
+            matmul, tensor_core = _matmul_kind(name)
+            if matmul:
                 self.matmul_us += e["dur"]
-                if TENSOR_CORE_RE.search(name):
+                if tensor_core:
                     self.matmul_tensor_core_us += e["dur"]
             short = call is not None and call["dur"] <= SHORT_CALL_US and e["dur"] < call["dur"]
             self._train(e["stream"], ts, end, short)
