@@ -79,7 +79,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     import faust
 
     from schemas.admin import create_topics, ensure_topics
-    from streams.app import StreamSettings, changelog_topics, create_app
+    from streams.app import StreamSettings, changelog_topics, create_app, tune_gc
     from streams.detect_waste import DetectorConfig
     from streams.raise_alerts import AlertConfig, load_detector_config
     from streams.schedule_profiles import ScheduleConfig
@@ -108,6 +108,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     )
     create_topics(bootstrap, changelog_topics(settings))
     app = create_app(settings)
+    tune_gc()
     worker = faust.Worker(app, loglevel=args.log_level, quiet=True)
     worker.execute_from_commandline()
     return 0

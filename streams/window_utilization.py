@@ -78,13 +78,18 @@ def _add(acc: dict, r: Record) -> None:
     acc["gpus"][r["gpu_uuid"]] = 1
     acc["interval_ms"] += interval
     acc["util_weighted"] += util * interval
-    acc["util_min"] = util if acc["util_min"] is None else min(acc["util_min"], util)
-    acc["util_max"] = util if acc["util_max"] is None else max(acc["util_max"], util)
-    if r.get("memory_used_bytes") is not None:
-        acc["mem_sum"] += r["memory_used_bytes"]
+    low, high = acc["util_min"], acc["util_max"]
+    if low is None or util < low:
+        acc["util_min"] = util
+    if high is None or util > high:
+        acc["util_max"] = util
+    used = r.get("memory_used_bytes")
+    if used is not None:
+        acc["mem_sum"] += used
         acc["mem_n"] += 1
-    if r.get("power_watts") is not None:
-        acc["energy_j"] += r["power_watts"] * interval / 1000.0
+    power = r.get("power_watts")
+    if power is not None:
+        acc["energy_j"] += power * interval / 1000.0
         acc["energy_n"] += 1
     add_efficiency(acc["eff"], r, interval)
 
