@@ -115,7 +115,8 @@ def _straggler(w: dict) -> str:
 
 
 def memory_underuse(w: dict, c: DetectorConfig) -> Violation | None:
-    peak = w.get("memory_peak_fraction")
+    # Job to date where the caller knows it (raise_alerts does): one busy window clears the job.
+    peak = w.get("job_memory_peak_fraction", w.get("memory_peak_fraction"))
     if peak is None or peak >= c.memory_underuse_fraction:
         return None
     return Violation(

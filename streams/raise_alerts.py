@@ -48,7 +48,7 @@ def raise_alerts(state: dict, window: dict, config: AlertConfig, now_ms: int) ->
     """Advance every detector's life cycle by ``window``; return the alerts that transition."""
     lifecycles = state.setdefault("alerts", {})
     state["wasted_s"] = state.get("wasted_s", 0.0) + window["wasted_gpu_seconds"]
-    violations = detect(window, config.detectors_for(window.get("team")))
+    violations = detect(_with_job_totals(state, window), config.detectors_for(window.get("team")))
     out = []
     for fn in DETECTORS:
         name = fn.__name__
@@ -64,3 +64,11 @@ def raise_alerts(state: dict, window: dict, config: AlertConfig, now_ms: int) ->
         else:
             lifecycles.pop(name, None)
     return out
+
+
+def _with_job_totals(state: dict, window: dict) -> dict:
+    """The window with what the detectors judge over the whole job so far: the memory peak
+    (the job's totals, ``state["job"]``, hold the windows before this one)."""
+    peaks = [p for p in ((state.get("job") or {}).get("mem_peak"), window.get("memory_peak_fraction"))
+             if p is not None]
+    return {**window, "job_memory_peak_fraction": max(peaks)} if peaks else window

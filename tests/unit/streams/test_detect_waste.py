@@ -60,3 +60,29 @@ def test_team_thresholds_from_a_file(tmp_path):
     path.write_text("[teams.x]\nlow_util_pct = 1\n")
     with _pytest.raises(ValueError, match="unknown thresholds in \\[x\\]: low_util_pct"):
         load_detector_config(path)
+
+
+def test_memory_underuse_is_judged_over_the_job_so_far():
+    """Fires after 30 minutes of a job under 20 % memory; one window that used more clears the
+    job for good, even when later windows are small again."""
+    from streams.raise_alerts import AlertConfig, raise_alerts
+    from streams.summarize_workflow import accumulate
+    from tests.unit.samples import BASE_MS
+
+    config, state, fired = AlertConfig(), {}, []
+
+    def close(minute, peak):
+        w = window(window_start=BASE_MS + minute * 60_000, window_end=BASE_MS + (minute + 1) * 60_000,
+                   memory_peak_fraction=peak)
+        alerts = [a for a in raise_alerts(state, w, config, now_ms=0) if a["detector"] == "memory_underuse"]
+        accumulate(state, w, alerts)
+        fired.extend((minute, a["status"]) for a in alerts)
+
+    for minute in range(35):
+        close(minute, 0.1)
+    assert fired == [(29, "FIRING")]  # 30 minutes of windows under 20 %
+    close(35, 0.6)  # the job used its memory after all
+    assert fired[-1] == (35, "RESOLVED")
+    for minute in range(36, 120):  # past any cooldown: small windows again, but not the whole job
+        close(minute, 0.1)
+    assert fired == [(29, "FIRING"), (35, "RESOLVED")]
