@@ -49,6 +49,7 @@ class ProcessInfo:
     framework: str | None = None
     framework_version: str | None = None
     model: str | None = None
+    rank: int | None = None  # distributed rank (RANK as torchrun sets it, else SLURM_PROCID)
     source: str = "none"  # how the workflow was found: env:<KEY>, slurm-cgroup, k8s-cgroup, none
 
 
@@ -84,8 +85,10 @@ class ProcessAttributor:
         else:
             framework, version = self._framework_from_maps(pid)
         job = env.get("SLURM_JOB_ID")
+        rank = _first(env, ("RANK", "SLURM_PROCID"))
         common = {"owner": owner, "team": team, "cmdline": cmdline, "framework": framework,
-                  "framework_version": version, "model": _first(env, self.keys.model)}
+                  "framework_version": version, "model": _first(env, self.keys.model),
+                  "rank": int(rank) if rank is not None and rank.isdigit() else None}
         for k in self.keys.workflow:
             if env.get(k):
                 # A Slurm job is "slurm-<id>" whether its id comes from the environment or the cgroup.

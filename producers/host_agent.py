@@ -127,11 +127,14 @@ class HostAgent:
         for r in readings:
             groups: dict[str, list] = {}
             infos: dict[str, ProcessInfo] = {}
+            ranks: dict[str, int] = {}
             for p in r.processes:
                 live.add(p.pid)
                 info = self.attributor.attribute(p.pid)
                 groups.setdefault(info.workflow_id, []).append(p)
                 infos.setdefault(info.workflow_id, info)
+                if info.rank is not None:
+                    ranks[info.workflow_id] = min(info.rank, ranks.get(info.workflow_id, info.rank))
             if not groups:
                 groups = {UNATTRIBUTED if (r.memory_used_bytes or 0) > _DRIVER_RESERVED else IDLE: []}
             shares = _shares(groups)
@@ -147,7 +150,7 @@ class HostAgent:
                     "share": shares[wf], "process_count": len(procs),
                     "process_memory_bytes": sum(p.used_memory_bytes or 0 for p in procs),
                     "process_sm_util_pct": _sum_or_none(p.sm_util_pct for p in procs),
-                    "parent_gpu_uuid": r.parent_uuid, "xids": list(r.xids),
+                    "parent_gpu_uuid": r.parent_uuid, "xids": list(r.xids), "rank": ranks.get(wf),
                 })
                 if info is not None and wf not in (IDLE, UNATTRIBUTED):
                     entry = seen.setdefault(wf, (info, set(), set()))

@@ -78,7 +78,7 @@ class Fleet:
         event_time = start_ms + tick * interval_ms
         for w in self.workflows:
             p = w.profile
-            for gpu in w.gpus:
+            for rank, gpu in enumerate(w.gpus):
                 util = p.utilization_mean + rng.uniform(-p.utilization_spread, p.utilization_spread)
                 util = min(100.0, max(0.0, util))
                 busy = util / 100.0
@@ -100,6 +100,7 @@ class Fleet:
                     "power_watts": round(gpu.max_power * (0.15 + 0.8 * busy), 1),
                     "temperature_c": round(35.0 + 40.0 * busy + rng.uniform(-1, 1), 1),
                     "sm_clock_mhz": gpu.max_sm_clock if busy > 0 else 210,
+                    "rank": rank,  # one rank per GPU, in the order the job holds them
                 }
 
 

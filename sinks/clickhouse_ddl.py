@@ -67,6 +67,8 @@ GPU_SAMPLE_ADDED_COLUMNS = (
     # v3
     ("workflow_cpu_pct", "Nullable(Float32) CODEC(ZSTD)"),
     ("host_iowait_pct", "Nullable(Float32) CODEC(ZSTD)"),
+    # v4
+    ("rank", "Nullable(Int32) CODEC(ZSTD)"),
 )
 
 GPU_SAMPLES_TABLE = Table(

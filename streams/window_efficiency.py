@@ -74,11 +74,13 @@ def add_efficiency(e: dict, r: dict, w: float) -> None:
         pair = e["mem_frac"]
         pair[0] += fraction * w
         pair[1] += w
-    # With where the GPU is, so an imbalance can name the straggler (a rank's host and GPU).
+    # With where the GPU is and whose rank runs there, so an imbalance can name the straggler.
     per_gpu = e["per_gpu"]
     gpu = per_gpu.get(r["gpu_uuid"])
     if gpu is None:
-        gpu = per_gpu[r["gpu_uuid"]] = [0.0, 0.0, f'{get("host")}/gpu{get("gpu_index")}']
+        rank = get("rank")
+        where = f'{get("host")}/gpu{get("gpu_index")}' + ("" if rank is None else f" (rank {rank})")
+        gpu = per_gpu[r["gpu_uuid"]] = [0.0, 0.0, where]
     gpu[0] += util * w
     gpu[1] += w
     reasons = get("clock_event_reasons")

@@ -60,3 +60,12 @@ def test_framework_from_the_library_a_process_has_loaded(tmp_path):
     assert (a.attribute(60).framework, a.attribute(60).framework_version) == ("pytorch", "2.11.0+cu130")
     assert (a.attribute(61).framework, a.attribute(61).framework_version) == ("pytorch", "2.4.0")  # the env wins
     assert (a.attribute(62).framework, a.attribute(62).framework_version) == (None, None)
+
+
+
+def test_the_rank_comes_from_the_launcher_environment(tmp_path):
+    make_process(tmp_path, 70, {"GPUFLEET_WORKFLOW_ID": "wf", "RANK": "11", "LOCAL_RANK": "3"})  # torchrun
+    make_process(tmp_path, 71, {"SLURM_JOB_ID": "5", "SLURM_PROCID": "7"})  # srun
+    make_process(tmp_path, 72, {"GPUFLEET_WORKFLOW_ID": "wf", "RANK": "not-a-number"})
+    a = ProcessAttributor(proc=tmp_path)
+    assert [a.attribute(pid).rank for pid in (70, 71, 72)] == [11, 7, None]

@@ -37,8 +37,8 @@ def spooled(spool):
 def world(tmp_path):
     proc = tmp_path / "proc"
     make_process(proc, 101, {"GPUFLEET_WORKFLOW_ID": "wf-a", "GPUFLEET_OWNER": "ana", "GPUFLEET_TEAM": "nlp",
-                             "GPUFLEET_MODEL": "bert-large"})
-    make_process(proc, 102, {"GPUFLEET_WORKFLOW_ID": "wf-a", "GPUFLEET_OWNER": "ana"})
+                             "GPUFLEET_MODEL": "bert-large", "RANK": "0"})
+    make_process(proc, 102, {"GPUFLEET_WORKFLOW_ID": "wf-a", "GPUFLEET_OWNER": "ana", "RANK": "1"})
     make_process(proc, 201, {"SLURM_JOB_ID": "77"})
     make_process(proc, 301, {"HOME": "/"})
     gpus = [
@@ -69,6 +69,8 @@ def test_one_sample_per_gpu_and_workflow_with_shares(world):
     assert by[("GPU-1", "wf-a")]["share"] == 1.0 and by[("GPU-1", "wf-a")]["owner"] == "ana"
     assert by[("GPU-0", "wf-a")]["utilization_pct"] == 90.0 and by[("GPU-0", "wf-a")]["host"] == "node-7"
     assert by[("GPU-0", "wf-a")]["power_limit_watts"] == 400.0 and by[("GPU-0", "wf-a")]["process_count"] == 1
+    assert (by[("GPU-0", "wf-a")]["rank"], by[("GPU-1", "wf-a")]["rank"], by[("GPU-0", "slurm-77")]["rank"]) == (
+        0, 1, None)  # from each process's RANK; the Slurm job set none
     assert all(validate_sample(s) is None for s in samples)
     # Each workflow's host CPU rides on its GPU samples (psutil on this machine: a number, maybe 0).
     assert all(s["workflow_cpu_pct"] is not None for s in samples if s["workflow_id"] in ("wf-a", "slurm-77"))

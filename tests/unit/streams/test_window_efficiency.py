@@ -73,3 +73,14 @@ def test_imbalance_names_the_straggling_gpu():
     from streams.detect_waste import DetectorConfig, imbalance
     violation = imbalance(w, DetectorConfig())
     assert "the straggler is gpu-host-007/gpu2 at 20% against 82% on the busiest" in violation.message
+
+
+
+def test_the_straggler_is_named_by_its_rank_when_the_agent_knows_it():
+    samples = [sample(event_time=BASE_MS + t * 1000, host=f"node-{index // 2}", gpu_index=index % 2,
+                      gpu_uuid=f"GPU-{index}", utilization_pct=util, rank=8 + index)
+               for t in range(60) for index, util in enumerate((80.0, 81.0, 79.0, 15.0))]
+    w = close_one(samples)
+    assert w["slowest_gpu"] == "node-1/gpu1 (rank 11)" and w["slowest_gpu_pct"] == 15.0
+    from streams.detect_waste import DetectorConfig, imbalance
+    assert "the straggler is node-1/gpu1 (rank 11) at 15%" in imbalance(w, DetectorConfig()).message
