@@ -94,7 +94,7 @@ class HostAgent:
         """Sample once and spool the records; returns how many GPU samples were spooled.
         ``interval_s``: the time this tick stands for (the settings' interval by default)."""
         now = int(self.clock() * 1000)
-        interval = int((interval_s or self.settings.interval_s) * 1000)
+        interval = round((interval_s or self.settings.interval_s) * 1000)
         if self.simulated is not None:
             samples = self.simulated.samples(interval)
             seen: dict[str, tuple[ProcessInfo, set[str], set[int]]] = {}
@@ -212,17 +212,23 @@ def _sum_or_none(values) -> float | None:
 
 
 def run_agent(agent: HostAgent, forwarder, stop, drain_timeout_s: float = 30.0,
-              profiling: Callable[[], bool] | None = None) -> None:
+              profiling: Callable[[], bool] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
     """Tick every interval until ``stop`` is set, with the forwarder sending in a thread;
     then send everything spooled (up to ``drain_timeout_s``). While ``profiling()`` says a
     profile is being captured here, tick at the settings' ``profile_interval_s`` instead, so
-    the analysis sees GPU and host metrics at the trace's time scale."""
+    the analysis sees GPU and host metrics at the trace's time scale.
+
+    Each tick's samples stand for the time since the previous tick, measured: a host whose
+    tick takes longer than the interval (eight pre-Hopper GPUs spend ~0.4 s in NVML's PCIe
+    counters alone, too slow for 10 Hz) samples less often instead of under-counting its
+    GPU-seconds, and a late tick is not followed by a burst of catch-up ticks."""
     import threading
 
     sending = threading.Event()
     thread = threading.Thread(target=forwarder.run, args=(sending,), name="forwarder", daemon=True)
     thread.start()
-    next_tick = time.monotonic()
+    next_tick = clock()
+    last = None
     fast = False
     try:
         while not stop.is_set():
@@ -231,9 +237,11 @@ def run_agent(agent: HostAgent, forwarder, stop, drain_timeout_s: float = 30.0,
                 log.info("profile %s: sampling every %gs", "started" if fast else "ended",
                          agent.settings.profile_interval_s if fast else agent.settings.interval_s)
             interval = agent.settings.profile_interval_s if fast else agent.settings.interval_s
-            agent.tick(interval)
-            next_tick += interval
-            stop.wait(max(0.0, next_tick - time.monotonic()))
+            now = clock()
+            agent.tick(interval if last is None else now - last)
+            last = now
+            next_tick = max(next_tick + interval, clock())
+            stop.wait(max(0.0, next_tick - clock()))
     finally:
         sending.set()
         thread.join(10)

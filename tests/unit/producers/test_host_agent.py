@@ -139,15 +139,40 @@ def test_the_agent_samples_faster_while_a_profile_is_captured(world):
     agent, spool, _, _ = world
     agent.settings = dataclasses.replace(agent.settings, interval_s=0.2, profile_interval_s=0.02)
     stop, calls = threading.Event(), []
+    t = [100.0]  # the loop's clock: each tick comes exactly on time
 
     def profiling():
         calls.append(None)
+        if len(calls) > 1:
+            t[0] += 0.02 if len(calls) <= 11 else 0.2  # the interval the previous tick asked for
         if len(calls) == 12:
             stop.set()  # this tick still happens: 12 in all
         return len(calls) <= 10
 
-    run_agent(agent, _Forwarder(), stop, profiling=profiling)  # closes the spool at the end
+    run_agent(agent, _Forwarder(), stop, profiling=profiling, clock=lambda: t[0])  # closes the spool
     records = spooled(Spool(spool.dir))
     intervals = [s["interval_ms"] for _, _, s in records["GpuSample"] if s["gpu_uuid"] == "GPU-1"]
-    assert intervals == [20] * 10 + [200] * 2
-    assert [r["interval_ms"] for _, _, r in records["HostSample"]] == [20] * 10 + [200] * 2
+    assert intervals == [20] * 11 + [200]  # the first tick stands for the interval asked for
+    assert [r["interval_ms"] for _, _, r in records["HostSample"]] == intervals
+
+
+def test_a_tick_slower_than_the_interval_stands_for_the_time_it_took(world):
+    """A host too slow for the interval samples less often; its samples still add up to the time."""
+    import threading
+
+    from producers.host_agent import run_agent
+
+    agent, spool, _, _ = world
+    stop, t = threading.Event(), [100.0]
+    slow = [0.0, 1.0, 2.5, 1.7, 3.0]  # seconds each tick took on a host asked for 1 s
+
+    def profiling():
+        t[0] += slow.pop(0)
+        if not slow:
+            stop.set()
+        return False
+
+    run_agent(agent, _Forwarder(), stop, profiling=profiling, clock=lambda: t[0])
+    records = spooled(Spool(spool.dir))
+    intervals = [s["interval_ms"] for _, _, s in records["GpuSample"] if s["gpu_uuid"] == "GPU-1"]
+    assert intervals == [1000, 1000, 2500, 1700, 3000]
