@@ -97,6 +97,11 @@ def read_metadata(path: str | Path) -> dict[str, Any]:
     return meta
 
 
+def _as_int(value: Any) -> int:
+    """``value`` as an int (-1 if it is none), without a try for the common case."""
+    return value if type(value) is int else _int(value)
+
+
 def _int(value: Any, default: int = -1) -> int:
     try:
         return int(value)
@@ -223,12 +228,8 @@ def read_trace(path: str | Path) -> TraceRead:
                         memory.add(e.get("args") or {})
                     continue
                 args = e.get("args") or {}
-                stream = args.get("stream", -1)
-                if type(stream) is not int:
-                    stream = _int(stream)
-                corr = args.get("correlation", -1)
-                if type(corr) is not int:
-                    corr = _int(corr)
+                stream = _as_int(args.get("stream", -1))
+                corr = _as_int(args.get("correlation", -1))
                 name = e.get("name", "")
                 gpu_side = (stream >= 0 and corr >= 0) or name in DEVICE_SYNC_NAMES
                 kind = kinds.get(cat)
@@ -304,12 +305,8 @@ def _record(e: dict, kind: str | None, name: str, args: dict, stream: int, corre
             names: dict[str, str]) -> dict:
     ts, dur = e["ts"], e["dur"]
     name = names.setdefault(name, name)
-    nbytes = args.get("bytes", -1)
-    if type(nbytes) is not int:
-        nbytes = _int(nbytes)
-    device = args.get("device", -1)
-    if type(device) is not int:
-        device = _int(device)
+    nbytes = _as_int(args.get("bytes", -1))
+    device = _as_int(args.get("device", -1))
     return {
         "kind": kind or "other",
         "cat": e["cat"],

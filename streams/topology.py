@@ -64,6 +64,21 @@ async def _dead_letter(codec: Codec, topic: faust.TopicT, stage: str, message, r
     await _send(codec, topic, DEAD_LETTERS, record)
 
 
+async def _decoded(codec: Codec, dlq_topic: faust.TopicT, stage: str, spec, messages, now: int) -> list[dict]:
+    """The records of ``messages`` that decode as ``spec``'s schema; the others go to the
+    dead-letter topic with the reason."""
+    ok, errors = codec.decode_many([m.value for m in messages])
+    for i, reason in errors:
+        await _dead_letter(codec, dlq_topic, stage, messages[i], reason, now)
+    records = []
+    for i, name, record in ok:
+        if name == spec.schema:
+            records.append(record)
+        else:
+            await _dead_letter(codec, dlq_topic, stage, messages[i], f"expected {spec.schema}, got {name}", now)
+    return records
+
+
 def _by_partition(events) -> dict[int, list]:
     by_partition: dict[int, list] = defaultdict(list)
     for event in events:
@@ -201,15 +216,8 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
         async for events in stream.take_events(100, within=settings.batch_within_s):
             now = int(time.time() * 1000)
             for partition, messages in _by_partition(events).items():
-                ok, errors = codec.decode_many([m.value for m in messages])
-                for i, reason in errors:
-                    await _dead_letter(codec, dlq_topic, "root-cause", messages[i], reason, now)
                 result, updates, finished = BatchResult(), [], []
-                for i, name, record in ok:
-                    if name != PROFILE_RESULTS.schema:
-                        await _dead_letter(codec, dlq_topic, "root-cause", messages[i],
-                                           f"expected {PROFILE_RESULTS.schema}, got {name}", now)
-                        continue
+                for record in await _decoded(codec, dlq_topic, "root-cause", PROFILE_RESULTS, messages, now):
                     if is_periodic(record["request_id"]):
                         finished.append(record["workflow_id"])
                     state = table.data.get(record["workflow_id"])
@@ -354,15 +362,9 @@ def _register_schedule(app: faust.App, settings, codec: Codec) -> None:
         async for events in stream.take_events(100, within=settings.batch_within_s):
             now = int(time.time() * 1000)
             for partition, messages in _by_partition(events).items():
-                ok, errors = codec.decode_many([m.value for m in messages])
-                for i, reason in errors:
-                    await _dead_letter(codec, dlq_topic, "profile-scheduler", messages[i], reason, now)
                 requests = []
-                for i, name, report in ok:
-                    if name != PROFILE_SCHEDULE.schema:
-                        await _dead_letter(codec, dlq_topic, "profile-scheduler", messages[i],
-                                           f"expected {PROFILE_SCHEDULE.schema}, got {name}", now)
-                    elif settings.schedule.enabled:
+                for report in await _decoded(codec, dlq_topic, "profile-scheduler", PROFILE_SCHEDULE, messages, now):
+                    if settings.schedule.enabled:
                         requests += schedule.apply(report, now)
                 changed = schedule.scheduler
                 for key in schedule.changed_reports:

@@ -24,11 +24,14 @@ def new_efficiency() -> dict:
 
 
 _BUCKETS = tuple(str(i) for i in range(101))  # histogram keys (strings: the state is JSON)
+# Accumulated as sum(value x weight) and sum(weight) where the sample has them.
+_WEIGHTED_MEANS = (("sm", "sm_active_pct"), ("tensor", "tensor_active_pct"), ("power", "power_watts"),
+                   ("cpu", "workflow_cpu_pct"), ("iowait", "host_iowait_pct"))
 
 
 def add_efficiency(e: dict, r: dict, w: float) -> None:
-    """One sample of weight ``w`` (interval x share, in ms). Runs once per sample: written
-    for speed (no per-sample allocation where the state already has the entry)."""
+    """One sample of weight ``w`` (interval x share, in ms). Runs once per sample: no
+    allocation where the state already has the entry."""
     get = r.get
     util = r["utilization_pct"]
     if util > 0:
@@ -40,31 +43,12 @@ def add_efficiency(e: dict, r: dict, w: float) -> None:
     bucket = _BUCKETS[rounded] if 0 <= rounded <= 100 else str(rounded)
     hist = e["hist"]
     hist[bucket] = hist.get(bucket, 0.0) + w
-    value = get("sm_active_pct")
-    if value is not None:
-        pair = e["sm"]
-        pair[0] += value * w
-        pair[1] += w
-    value = get("tensor_active_pct")
-    if value is not None:
-        pair = e["tensor"]
-        pair[0] += value * w
-        pair[1] += w
-    value = get("power_watts")
-    if value is not None:
-        pair = e["power"]
-        pair[0] += value * w
-        pair[1] += w
-    value = get("workflow_cpu_pct")
-    if value is not None:
-        pair = e["cpu"]
-        pair[0] += value * w
-        pair[1] += w
-    value = get("host_iowait_pct")
-    if value is not None:
-        pair = e["iowait"]
-        pair[0] += value * w
-        pair[1] += w
+    for key, name in _WEIGHTED_MEANS:
+        value = get(name)
+        if value is not None:
+            pair = e[key]
+            pair[0] += value * w
+            pair[1] += w
     used, total = get("memory_used_bytes"), get("memory_total_bytes")
     if used is not None and total:
         fraction = used / total
