@@ -6,7 +6,13 @@ from __future__ import annotations
 from confluent_kafka import Producer
 
 from schemas.kafka_config import producer_config
-from schemas.topics import DEAD_LETTERS, GPU_SAMPLES, WORKFLOW_WINDOWS
+from schemas.topics import (
+    DEAD_LETTERS,
+    GPU_SAMPLES,
+    PROFILE_RESULTS,
+    PROFILE_SCHEDULE,
+    WORKFLOW_WINDOWS,
+)
 from tests.integration.helpers import CODEC, read_topic, running_sink, wait_until, worker_process
 from tests.unit.samples import BASE_MS, sample
 
@@ -32,6 +38,9 @@ def test_bad_records_are_dead_lettered_and_processing_goes_on(kafka, prefix, tmp
     send(raw=b"this is not avro")
     send(raw=CODEC.encode("GpuSample", sample())[:-9])  # truncated
     send(ticks(80, 140))  # window 1 must still close
+    # The worker's own topics: a record a stage cannot use is dead-lettered there too.
+    producer.produce(prefix + PROFILE_RESULTS.name, key=b"wf-a", value=b"\x00\x00\x00\x00\x63garbage")
+    producer.produce(prefix + PROFILE_SCHEDULE.name, key=b"0", value=CODEC.encode("GpuSample", sample()))
     assert producer.flush(30) == 0
 
     with running_sink(kafka.bootstrap, prefix, chdb_client, database):
@@ -46,12 +55,20 @@ def test_bad_records_are_dead_lettered_and_processing_goes_on(kafka, prefix, tmp
                                                     WORKFLOW_WINDOWS.partitions) if n == "WorkflowWindow"]
                 return got if len(got) >= 2 else None
 
+            def control_dead_letters():
+                got = {r["stage"]: r for *_, n, r in read_topic(kafka.bootstrap, prefix + DEAD_LETTERS.name, 1)
+                       if n == "DeadLetter" and r["stage"] in ("root-cause", "profile-scheduler")}
+                return got if len(got) == 2 else None
+
             letters = wait_until(worker_dead_letters, 90, "4 dead letters from the worker")
+            control = wait_until(control_dead_letters, 60, "dead letters from the root-cause and scheduler stages")
             windows = wait_until(windows_0_and_1, 60, "windows 0 and 1")
             assert worker.poll() is None, "the worker must survive bad input"
         wait_until(lambda: chdb_client.query(f"SELECT count() FROM {database}.dead_letters").result_rows[0][0] >= 7,
                    60, "dead letters from the worker and the sink in ClickHouse")
 
+    assert "unknown schema id 99" in control["root-cause"]["reason"]
+    assert control["profile-scheduler"]["reason"] == "expected ScheduleReport, got GpuSample"
     reasons = sorted(r["reason"] for r in letters)
     assert len(letters) == 4, reasons
     assert any("late sample" in r and "already closed by the watermark" in r for r in reasons)
