@@ -30,11 +30,11 @@ def create_topics(bootstrap: str, topics: Iterable[tuple[str, int, bool]], timeo
         except KafkaException as exc:
             if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
                 raise
-    wait_for_leaders(admin, [t.topic for t in wanted], timeout)
+    wait_until_served(admin, [t.topic for t in wanted], timeout)
     return created
 
 
-def wait_for_leaders(admin: AdminClient, names: list[str], timeout: float = 30.0) -> None:
+def wait_until_served(admin: AdminClient, names: list[str], timeout: float = 30.0) -> None:
     """Return once every partition of ``names`` answers for its offsets.
 
     A topic exists as soon as ``create_topics`` answers, but for a moment its partitions

@@ -120,7 +120,7 @@ class ClickHouseSink:
             table = tables.get(m.topic())
             if table is None:
                 table = tables[m.topic()] = table_for_topic(m.topic(), self.prefix)
-            if not table.topic.carries(name) or (name != table.topic.schema and table.topic is not GPU_SAMPLES):
+            if not table.topic.carries(name):
                 bad.append((m, f"expected {table.topic.schema} on {m.topic()}, got {name}"))
                 continue
             by_name[table.name] = table

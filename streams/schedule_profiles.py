@@ -68,9 +68,8 @@ class ProfileScheduler:
         interval_ms = cfg.interval_s * 1000
         for wf in running:
             entry = self.state.get(wf)
-            if entry is None or entry["first_seen"] is None:
-                self._put(wf, {"first_seen": now_ms, "last": None, "until": None, **(
-                    {"last": entry["last"]} if entry else {})})
+            if entry is None or entry["first_seen"] is None:  # new, or back after it ended
+                self._put(wf, {"first_seen": now_ms, "last": entry["last"] if entry else None, "until": None})
         active = 0
         for wf, entry in list(self.state.items()):
             if wf in running:
@@ -121,6 +120,14 @@ class FleetSchedule:
         self.reports = reports
         self.scheduler = ProfileScheduler(config, workflows)
         self.changed_reports: set[str] = set()
+
+    def take_changes(self) -> tuple[set[str], set[str], set[str]]:
+        """(report keys written, workflow entries written, workflow entries deleted) since the
+        last call: what the caller must write to its changelog."""
+        s = self.scheduler
+        out = (self.changed_reports, s.changed, s.removed)
+        self.changed_reports, s.changed, s.removed = set(), set(), set()
+        return out
 
     def apply(self, report: dict, now_ms: int) -> list[dict]:
         """Take in one ``ScheduleReport``; return the ``ProfileRequest`` records due now."""

@@ -208,6 +208,7 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
                 await finish(partition, result, now)
 
     results_topic = app.topic(settings.topic(PROFILE_RESULTS.name), partitions=PROFILE_RESULTS.partitions)
+    schedule_topic = app.topic(settings.topic(PROFILE_SCHEDULE.name))
 
     @app.agent(results_topic, name="root-cause")
     async def root_cause(stream: faust.StreamT) -> None:
@@ -234,8 +235,6 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
                     await _send(codec, schedule_topic, PROFILE_SCHEDULE, {
                         "source_partition": None, "at": now, "running": [], "finished": sorted(set(finished))})
 
-    schedule_topic = app.topic(settings.topic(PROFILE_SCHEDULE.name))
-
     @app.timer(interval=settings.schedule.report_s)
     async def _report_running() -> None:
         """Tell the periodic scheduler what runs on this worker's partitions."""
@@ -243,9 +242,9 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
             return
         now = int(time.time() * 1000)
         mine = sorted(tp.partition for tp in app.consumer.assignment() if tp.topic == samples_topic.get_topic_name())
-        for p in mine:
+        for p, running in aggregator.running(mine).items():
             await _send(codec, schedule_topic, PROFILE_SCHEDULE, {
-                "source_partition": p, "at": now, "running": aggregator.running(p), "finished": []})
+                "source_partition": p, "at": now, "running": running, "finished": []})
 
     @app.timer(interval=max(1.0, settings.idle_partition_s / 4))
     async def _idle_partitions() -> None:
@@ -303,7 +302,7 @@ def _register_trace_analysis(app: faust.App, settings, codec: Codec) -> None:
                 await _send(codec, statuses_topic, PROFILE_STATUSES, {
                     "request_id": request_id, "workflow_id": analysis["workflow_id"], "host": host, "rank": rank,
                     "pid": None, "state": "ANALYSED", "reason": analysis.get("error"),
-                    "trace_id": analysis["trace_id"], "at": int(time.time() * 1000)})
+                    "trace_id": analysis["trace_id"], "at": now})
 
     @app.agent(events_topic, name="trace-analysis")
     async def analyze_traces(stream: faust.StreamT) -> None:
@@ -366,16 +365,13 @@ def _register_schedule(app: faust.App, settings, codec: Codec) -> None:
                 for report in await _decoded(codec, dlq_topic, "profile-scheduler", PROFILE_SCHEDULE, messages, now):
                     if settings.schedule.enabled:
                         requests += schedule.apply(report, now)
-                changed = schedule.scheduler
-                for key in schedule.changed_reports:
+                reports, changed, removed = schedule.take_changes()
+                for key in reports:
                     table.send_changelog(partition, "report:" + key, table.data["report:" + key])
-                for wf in changed.changed:
+                for wf in changed:
                     table.send_changelog(partition, "wf:" + wf, table.data["wf:" + wf])
-                for wf in changed.removed:
+                for wf in removed:
                     table.send_changelog(partition, "wf:" + wf, None)
-                schedule.changed_reports.clear()
-                changed.changed.clear()
-                changed.removed.clear()
                 for request in requests:
                     log.info("periodic profile of %s (%s)", request["workflow_id"], request["request_id"])
                     await _send(codec, requests_topic, PROFILE_REQUESTS, request)

@@ -172,12 +172,15 @@ class WindowAggregator:
                                                "last_offset": -1, "max_event_time": -1, "windows": {}}
         return state
 
-    def running(self, partition: int) -> list[str]:
-        """The workflows of ``partition`` that have samples and have not ended (GPUs of no
-        workflow left out)."""
-        return sorted(wf for wf, s in self.store.items()
-                      if isinstance(s, dict) and s.get("partition") == partition and s["max_event_time"] >= 0
-                      and not s.get("ended") and not s.get("ending") and wf not in NOT_WORKFLOWS)
+    def running(self, partitions: Iterable[int]) -> dict[int, list[str]]:
+        """Per partition, the workflows that have samples and have not ended (GPUs of no
+        workflow left out); one pass over the store for all of them."""
+        out: dict[int, list[str]] = {p: [] for p in partitions}
+        for wf, s in self.store.items():
+            if (isinstance(s, dict) and s.get("partition") in out and s["max_event_time"] >= 0
+                    and not s.get("ended") and not s.get("ending") and wf not in NOT_WORKFLOWS):
+                out[s["partition"]].append(wf)
+        return {p: sorted(wfs) for p, wfs in out.items()}
 
     def newest(self, partition: int) -> int:
         """The newest event time applied on ``partition`` (-1 before any)."""
