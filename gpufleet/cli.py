@@ -255,6 +255,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     # Profile requests for this host's workflows, answered beside the sampling loop.
     coordinator = ProfileCoordinator(host, Publisher(bootstrap, Codec()), args.profile_dir or profile_dir(),
                                      topic_prefix=args.topic_prefix)
+    agent.observers.append(coordinator.observe)  # the host's view while a profile is captured
     listener = ProfileListener(bootstrap, coordinator, topic_prefix=args.topic_prefix)
     profiles = threading.Thread(target=listener.run, args=(stop,), name="profiles", daemon=True)
     profiles.start()
@@ -388,6 +389,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
             print(f"\n{a['trace_id']}: GPU idle {a['idle_pct']:.1f}%, compute {a['compute_pct']:.1f}%, "
                   f"non-compute {a['non_compute_pct']:.1f}% of {a['kernel_time_us'] / 1e6:.3f} s of kernel "
                   f"time{partial}")
+        if a.get("system"):
+            print(f"  {_system_line(a['system'])}")
     if outcome.findings:
         print("\nFindings:")
         for f in sorted(outcome.findings, key=lambda f: -f["gpu_seconds_at_stake"]):
@@ -401,6 +404,19 @@ def cmd_profile(args: argparse.Namespace) -> int:
             print(f"  {where}: {reason}")
         return 1
     return 0
+
+
+def _system_line(system: dict) -> str:
+    """What the host agent measured during a capture, in one line."""
+    said = [(f"{system['ticks']} host samples over {system['span_ms'] / 1000:.1f} s "
+             f"(one every {system['interval_ms_mean']:.0f} ms)")]
+    for key, text in (("gpu_utilization_mean_pct", "GPU utilisation {:.0f} %"),
+                      ("sm_active_mean_pct", "SM activity {:.0f} %"), ("power_mean_watts", "power {:.0f} W"),
+                      ("workflow_cpu_mean_pct", "job CPU {:.0f} % of a core"), ("host_cpu_mean_pct", "host CPU {:.0f} %"),
+                      ("host_iowait_mean_pct", "I/O wait {:.0f} %")):
+        if system.get(key) is not None:
+            said.append(text.format(system[key]))
+    return "during the capture: " + ", ".join(said)
 
 
 def cmd_workflows(args: argparse.Namespace) -> int:

@@ -85,6 +85,8 @@ class HostAgent:
         self.active: dict[str, _Active] = {}
         self.ticks = 0
         self.samples = 0
+        # Called with each tick's GPU samples and host sample (the profile coordinator's context).
+        self.observers: list[Callable[[list[dict], dict], None]] = []
 
     def _put(self, spec: TopicSpec, record: dict, schema: str | None = None) -> None:
         self.spool.append(self.settings.topic_prefix + spec.name, key_of(spec, record),
@@ -110,6 +112,8 @@ class HostAgent:
             s.setdefault("host_iowait_pct", host["iowait_pct"])
         # One message per workflow and tick: the stream worker pays its per-message cost once
         # per batch, not once per GPU (benchmarks/bench_stream.py).
+        for observe in self.observers:
+            observe(samples, host)
         for batch in batch_samples(samples):
             self._put(GPU_SAMPLES, batch, schema="GpuSampleBatch")
         self._put(HOST_SAMPLES, host)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer
 
+from producers.profile_context import ProfileContext
 from producers.profile_hook import safe_name
 from producers.publish_kafka import Publisher
 from producers.publish_trace import publish_trace
@@ -36,6 +37,7 @@ class _Capture:
     request: dict
     pid: int
     rank: int
+    context: ProfileContext
     done: bool = False
 
 
@@ -47,6 +49,8 @@ class ProfileCoordinator:
     topic_prefix: str = ""
     clock: object = time.time
     captures: list[_Capture] = field(default_factory=list)
+    # The sampling loop feeds captures' contexts (observe) while the listener thread reads them.
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def hooks(self) -> list[dict]:
         """The processes on this host that enabled the hook and are still alive."""
@@ -82,12 +86,21 @@ class ProfileCoordinator:
             tmp = self.directory / f".request-{h['pid']}.json.part"
             tmp.write_text(json.dumps(ask))
             os.replace(tmp, self.directory / f"request-{h['pid']}.json")
-            self.captures.append(_Capture(request, h["pid"], h["rank"]))
+            with self._lock:
+                self.captures.append(_Capture(request, h["pid"], h["rank"],
+                                              ProfileContext(request["workflow_id"], h["rank"])))
             self._status(request, "ACCEPTED", rank=h["rank"], pid=h["pid"])
 
     def capturing(self) -> bool:
         """Whether a capture is in progress on this host (the agent samples faster then)."""
         return any(not c.done for c in list(self.captures))
+
+    def observe(self, samples: list[dict], host: dict) -> None:
+        """One tick of the agent (its GPU samples and host sample): context for each capture."""
+        with self._lock:
+            for c in self.captures:
+                if not c.done:
+                    c.context.add(samples, host)
 
     def check(self) -> None:
         """Publish what has become of each capture in progress."""
@@ -98,7 +111,10 @@ class ProfileCoordinator:
             error = self.directory / f"error-{name}.txt"
             if trace.exists():
                 trace_id = trace_id_of(c.request["request_id"], self.host, c.rank)
-                end = publish_trace(trace, c.request["workflow_id"], self.publisher, self.topic_prefix, trace_id)
+                with self._lock:
+                    system = c.context.summary()
+                end = publish_trace(trace, c.request["workflow_id"], self.publisher, self.topic_prefix, trace_id,
+                                    system=system if system["ticks"] else None)
                 if end.get("error") and not end["events"]:
                     self._status(c.request, "FAILED", rank=c.rank, pid=c.pid,
                                  reason=f"the trace could not be read: {end['error']}")
@@ -120,7 +136,8 @@ class ProfileCoordinator:
                     "no trace before the deadline: the process made no optimizer step, or is stuck"))
                 (self.directory / f"request-{c.pid}.json").unlink(missing_ok=True)
                 c.done = True
-        self.captures = [c for c in self.captures if not c.done]
+        with self._lock:
+            self.captures = [c for c in self.captures if not c.done]
         self.publisher.flush(10)
 
     def _status(self, request: dict, state: str, rank: int | None = None, pid: int | None = None,

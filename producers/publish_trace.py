@@ -21,9 +21,10 @@ _EVENT_FIELDS = ("kind", "cat", "name", "stream", "device", "correlation", "byte
 
 def publish_trace(
     path: str | Path, workflow_id: str, publisher: Publisher, topic_prefix: str = "",
-    trace_id: str | None = None,
+    trace_id: str | None = None, system: dict | None = None,
 ) -> dict:
-    """Publish one trace file; return its ``TraceEnd`` record."""
+    """Publish one trace file; return its ``TraceEnd`` record. ``system``: what the host saw
+    while the trace was captured (``producers/profile_context.py``), for a requested profile."""
     trace_id = trace_id or trace_id_for(path, workflow_id)
     topic = topic_prefix + KERNEL_EVENTS.name
     now = int(time.time() * 1000)
@@ -32,7 +33,7 @@ def publish_trace(
     except TraceError as exc:
         end = {"trace_id": trace_id, "workflow_id": workflow_id, "rank": 0, "events": 0, "events_read": 0,
                "source": str(path), "partial": True, "error": str(exc), "last_step_dropped": False,
-               "memory_peak_bytes": None, "memory_total_bytes": None, "published_at": now}
+               "memory_peak_bytes": None, "memory_total_bytes": None, "published_at": now, "system": system}
         _dead_letter(publisher, topic_prefix, path, str(exc), now)
         publisher.publish(KERNEL_EVENTS, [end], topic=topic, schema="TraceEnd")
         return end
@@ -49,7 +50,7 @@ def publish_trace(
            "events_read": trace.events_seen, "source": str(path), "partial": trace.partial,
            "error": trace.error, "last_step_dropped": trace.last_step_dropped,
            "memory_peak_bytes": trace.memory_peak_bytes, "memory_total_bytes": trace.memory_total_bytes,
-           "published_at": now}
+           "published_at": now, "system": system}
     if trace.partial:
         _dead_letter(publisher, topic_prefix, path, f"partial trace: {trace.error}", now)
     publisher.publish(KERNEL_EVENTS, [end], topic=topic, schema="TraceEnd")

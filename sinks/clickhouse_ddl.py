@@ -230,10 +230,23 @@ DEAD_LETTERS_TABLE = Table(
     """,
 )
 
-def _idle_as_tuples(record: dict) -> dict:
-    return {**record, "idle_by_stream": [
-        (s["stream"], s["host_wait_us"], s["kernel_wait_us"], s["other_us"]) for s in record["idle_by_stream"]
-    ]}
+# TraceAnalysis v2: what the host agent saw while a requested profile was captured, flat.
+SYSTEM_CONTEXT_FIELDS = (
+    ("ticks", "Nullable(UInt32)"), ("span_ms", "Nullable(UInt64)"), ("interval_ms_mean", "Nullable(Float64)"),
+    ("gpus", "Nullable(UInt16)"), ("gpu_utilization_mean_pct", "Nullable(Float64)"),
+    ("gpu_zero_utilization_share", "Nullable(Float64)"), ("sm_active_mean_pct", "Nullable(Float64)"),
+    ("power_mean_watts", "Nullable(Float64)"), ("memory_peak_fraction", "Nullable(Float64)"),
+    ("workflow_cpu_mean_pct", "Nullable(Float64)"), ("host_cpu_mean_pct", "Nullable(Float64)"),
+    ("host_iowait_mean_pct", "Nullable(Float64)"),
+)
+TRACE_ANALYSIS_ADDED_COLUMNS = tuple((f"system_{name}", typ) for name, typ in SYSTEM_CONTEXT_FIELDS)
+
+
+def _trace_analysis_row(record: dict) -> dict:
+    system = record.get("system") or {}
+    return {**record, **{f"system_{name}": system.get(name) for name, _ in SYSTEM_CONTEXT_FIELDS},
+            "idle_by_stream": [(s["stream"], s["host_wait_us"], s["kernel_wait_us"], s["other_us"])
+                               for s in record["idle_by_stream"]]}
 
 
 TRACE_ANALYSES_TABLE = Table(
@@ -244,7 +257,7 @@ TRACE_ANALYSES_TABLE = Table(
      "comp_comm_overlap_us", "comp_comm_overlap_pct", "idle_by_stream", "launches",
      "launch_delay_mean_us", "launch_delay_max_us", "launch_delay_total_us", "cpu_duration_mean_us",
      "gpu_duration_mean_us", "short_kernels", "short_kernel_gpu_us", "runtime_outliers",
-     "launch_delay_outliers", "analyzed_at"),
+     "launch_delay_outliers", "analyzed_at", *(name for name, _ in TRACE_ANALYSIS_ADDED_COLUMNS)),
     """
     CREATE TABLE IF NOT EXISTS {db}.{name} (
         trace_id String,
@@ -285,7 +298,8 @@ TRACE_ANALYSES_TABLE = Table(
     ENGINE = ReplacingMergeTree(analyzed_at)
     ORDER BY trace_id
     """,
-    prepare=_idle_as_tuples,
+    prepare=_trace_analysis_row,
+    added_columns=TRACE_ANALYSIS_ADDED_COLUMNS,
 )
 
 FINDINGS_TABLE = Table(

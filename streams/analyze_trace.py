@@ -150,9 +150,10 @@ def analyze_events(events) -> dict:
 
 def trace_analysis_record(
     result: dict, *, trace_id: str, workflow_id: str, rank: int, source: str | None,
-    partial: bool, error: str | None, analyzed_at: int,
+    partial: bool, error: str | None, analyzed_at: int, system: dict | None = None,
 ) -> dict:
-    """The ``TraceAnalysis`` record of a result of :meth:`TraceAnalyzer.result`."""
+    """The ``TraceAnalysis`` record of a result of :meth:`TraceAnalyzer.result`; ``system``:
+    what the host saw during the capture (from the ``TraceEnd`` of a requested profile)."""
     t, o, launch = result["temporal"], result["overlap"], result["launch"]
     return {
         "trace_id": trace_id,
@@ -182,6 +183,7 @@ def trace_analysis_record(
         "runtime_outliers": launch["runtime_outliers"],
         "launch_delay_outliers": launch["launch_delay_outliers"],
         "analyzed_at": analyzed_at,
+        "system": system,
     }
 
 
@@ -196,5 +198,5 @@ def findings_records(result: dict, analysis: dict, memory: dict | None, detected
             **f,
             "detected_at": detected_at,
         }
-        for f in detect_antipatterns(result["antipatterns"], analysis, memory)
+        for f in detect_antipatterns(result["antipatterns"], analysis, memory, analysis.get("system"))
     ]

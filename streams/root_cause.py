@@ -27,6 +27,7 @@ def profile_result(analysis: dict, findings: list[dict], request_id: str, host: 
         "idle_pct": analysis["idle_pct"],
         "host_wait_pct_of_idle": 100.0 * host_wait / idle if idle > 0 else None,
         "error": analysis.get("error"),
+        "system": analysis.get("system"),
         "findings": [{k: f[k] for k in ("rule", "title", "evidence", "recommendation", "gpu_seconds_at_stake")}
                      | {"severity": str(f["severity"])} for f in findings],
         "analyzed_at": now_ms,
@@ -47,6 +48,7 @@ def apply_profile_result(state: dict, result: dict, now_ms: int) -> dict | None:
     ranks[result["trace_id"]] = {
         "kernel_time_us": result["kernel_time_us"], "idle_pct": result["idle_pct"],
         "host_wait_pct_of_idle": result["host_wait_pct_of_idle"], "findings": result["findings"],
+        "system": result.get("system"),
     }
     top = _top_findings(ranks)
     lifecycle["findings"] = top
@@ -96,6 +98,9 @@ def _describe(ranks: dict, top: list[dict]) -> str:
             host = sum(w * v for w, v in waits) / sum(w for w, _ in waits)
             text += f", {host:.0f} % of it waiting on the host"
         parts.append(text + f" ({len(ranks)} rank{'s' if len(ranks) != 1 else ''} profiled).")
+    seen = _system_seen([r["system"] for r in ranks.values() if r.get("system")])
+    if seen:
+        parts.append(seen)
     if top:
         parts.append("Found: " + "; ".join(f"{f['title']} ({f['gpu_seconds_at_stake']:.2f} GPU-s at stake)"
                                            for f in top) + ".")
@@ -103,3 +108,23 @@ def _describe(ranks: dict, top: list[dict]) -> str:
     else:
         parts.append("No antipattern found in the trace.")
     return " ".join(parts)
+
+
+_SEEN = (("gpu_utilization_mean_pct", "GPU utilisation {:.0f} %"), ("sm_active_mean_pct", "SM activity {:.0f} %"),
+         ("host_cpu_mean_pct", "host CPU {:.0f} %"), ("host_iowait_mean_pct", "I/O wait {:.0f} %"))
+
+
+def _system_seen(systems: list[dict]) -> str | None:
+    """What the agents measured during the capture, over all ranks (weighted by time covered)."""
+    ticks = sum(s["ticks"] for s in systems)
+    if not ticks:
+        return None
+    said = []
+    for key, text in _SEEN:
+        values = [(s["span_ms"], s[key]) for s in systems if s[key] is not None and s["span_ms"] > 0]
+        if values:
+            said.append(text.format(sum(w * v for w, v in values) / sum(w for w, _ in values)))
+    if not said:
+        return None
+    interval = sum(s["span_ms"] for s in systems) / ticks
+    return f"Meanwhile the host agents measured {', '.join(said)} ({ticks} samples, one every {interval:.0f} ms)."

@@ -12,7 +12,10 @@ it collected (with the analysis result) into findings. Rules:
   launch call): try CUDA graphs or torch.compile;
 * high launch delay; low communication/computation overlap; input-pipeline stalls (GPU
   idle while DataLoader work runs); GEMM/convolution time without tensor-core kernels
-  (try AMP/bf16); peak memory over 90 % of the device's.
+  (try AMP/bf16); peak memory over 90 % of the device's;
+* from what the host agent saw during a requested profile (``ProfileSystemContext``): a
+  starved GPU while the host's or the job's CPUs are saturated (CPU-bound input), or while
+  the host waits on I/O (storage-bound input), on the live input-bound detector's thresholds.
 
 Findings worth under 1 ms of GPU time are left out. The GPU time at stake of different
 findings can overlap (a gap is also a low-utilisation chunk): do not add them up.
@@ -24,12 +27,16 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
 
+from streams.detect_waste import DetectorConfig
+
 GAP_US = 500_000
 CHUNKS = 30
 MIN_CHUNKED_SPAN_US = 100_000  # below this a trace is too short for 30 chunks to say anything
 MIN_AT_STAKE_US = 1_000  # findings worth less GPU time than this are noise
 CHUNK_UTILIZATION = 0.5
 HIST_BUCKETS = 1024
+HOST_CPU_SATURATED_PCT = 90.0
+_INPUT_BOUND = DetectorConfig()  # the live input-bound detector's thresholds
 SYNC_CALLS = frozenset({"cudaDeviceSynchronize", "cudaStreamSynchronize"})
 SMALL_HTOD_BYTES = 64_000
 TRAIN_LENGTH = 10
@@ -261,10 +268,12 @@ def _finding(rule: str, severity: str, title: str, evidence: str, at_stake_us: f
             "gpu_seconds_at_stake": max(0.0, at_stake_us) / 1e6, "recommendation": fix}
 
 
-def detect_antipatterns(s: dict, analysis: dict, memory: dict | None = None) -> list[dict]:
+def detect_antipatterns(s: dict, analysis: dict, memory: dict | None = None,
+                        system: dict | None = None) -> list[dict]:
     """Findings from an :meth:`AntipatternCollector.summary` and the analysis of the same trace.
 
-    ``memory``: ``{"peak_bytes": .., "total_bytes": ..}`` of the busiest device, when known.
+    ``memory``: ``{"peak_bytes": .., "total_bytes": ..}`` of the busiest device, when known;
+    ``system``: the ``ProfileSystemContext`` of a requested profile.
     """
     out = []
     kernel_us = analysis["kernel_time_us"] or 0.0
@@ -367,4 +376,47 @@ def detect_antipatterns(s: dict, analysis: dict, memory: dict | None = None) -> 
                 0.0,
                 "Near the limit the allocator fragments and may retry or fail: use activation checkpointing, "
                 "a smaller micro-batch, or set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True."))
+    if system:
+        out.extend(_host_bound(analysis, system))
+    return out
+
+
+def _host_bound(analysis: dict, system: dict) -> list[dict]:
+    """A starved GPU in the trace, explained by the host's CPU or I/O during the capture."""
+    idle_pct = analysis["idle_pct"]
+    if idle_pct is None or 100.0 - idle_pct >= _INPUT_BOUND.input_bound_util_pct:
+        return []
+    # What the GPU lost to the host: its host-wait time (streams wait at once: at most its idle time).
+    host_wait = min(sum(x["host_wait_us"] for x in analysis["idle_by_stream"]), analysis["idle_time_us"])
+    at_stake = host_wait or analysis["idle_time_us"]
+    seen = f"{system['ticks']} samples over {system['span_ms'] / 1000:.1f} s"
+    out = []
+    host_cpu, job_cpu = system["host_cpu_mean_pct"], system["workflow_cpu_mean_pct"]
+    per_gpu = None if job_cpu is None else job_cpu / max(1, system["gpus"])
+    host_full = host_cpu is not None and host_cpu >= HOST_CPU_SATURATED_PCT
+    job_full = per_gpu is not None and per_gpu >= _INPUT_BOUND.input_bound_cpu_per_gpu_pct
+    if host_full or job_full:
+        parts = [f"the GPU idle {idle_pct:.0f} % of the trace"]
+        if host_cpu is not None:
+            parts.append(f"the host's CPUs {host_cpu:.0f} % busy")
+        if per_gpu is not None:
+            parts.append(f"the job's processes at {per_gpu:.0f} % of a core per GPU")
+        fix = ("The input pipeline is CPU-bound and the host has no cores to spare: move decoding and "
+               "augmentation to the GPU (NVIDIA DALI, transforms on device tensors), preprocess the data "
+               "offline, or run on hosts with more CPU per GPU." if host_full else
+               "The job keeps its cores busy while the host has idle ones: load data in more worker processes "
+               "(DataLoader num_workers, persistent_workers=True) so the training loop only feeds the GPU.")
+        out.append(_finding(
+            "cpu_bound_input", "CRITICAL" if idle_pct >= 50 else "WARNING",
+            "The GPU waits on a CPU-bound input pipeline",
+            ", ".join(parts) + f" while profiled ({seen})", at_stake, fix))
+    iowait = system["host_iowait_mean_pct"]
+    if iowait is not None and iowait >= _INPUT_BOUND.input_bound_iowait_pct:
+        out.append(_finding(
+            "storage_bound_input", "CRITICAL" if idle_pct >= 50 else "WARNING",
+            "The GPU waits on storage",
+            f"the GPU idle {idle_pct:.0f} % of the trace while the host spent {iowait:.0f} % of its CPU time "
+            f"waiting for I/O ({seen})", at_stake,
+            "Read the data from local NVMe or a cache, in large sequential shards (WebDataset, TFRecord), "
+            "with more prefetching (DataLoader prefetch_factor); check the shared filesystem's throughput."))
     return out

@@ -114,6 +114,7 @@ class TraceSessions:
             analysis, trace_id=tid, workflow_id=state["workflow_id"], rank=state["rank"],
             source=end["source"] if end else None, partial=partial,
             error="; ".join(reasons) if reasons else None, analyzed_at=now_ms,
+            system=end.get("system") if end else None,
         )
         memory = None
         if end is not None and end.get("memory_peak_bytes") is not None:

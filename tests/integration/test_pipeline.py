@@ -25,6 +25,13 @@ def sink(kafka, prefix, chdb_client, database):
         yield sink
 
 
+# What a stalled job's agent saw during its profile: a starved GPU, a saturated host CPU.
+STALLED_HOST = {"ticks": 30, "span_ms": 3000, "interval_ms_mean": 100.0, "gpus": 1, "gpu_utilization_mean_pct": 4.0,
+                "gpu_zero_utilization_share": 0.9, "sm_active_mean_pct": 2.0, "power_mean_watts": 110.0,
+                "memory_peak_fraction": 0.01, "workflow_cpu_mean_pct": 99.0, "host_cpu_mean_pct": 97.0,
+                "host_iowait_mean_pct": 0.0}
+
+
 def q(sink, sql):
     return sink.writer.client.query(sql.format(db=sink.writer.database)).result_rows
 
@@ -45,13 +52,13 @@ def test_samples_become_windows_and_alerts_in_clickhouse(kafka, prefix, sink, tm
                    60, "every sample in ClickHouse")
 
         # The closed loop: a firing low-utilisation alert asked for a profile. Here the test plays
-        # the stalled job's agent and answers with a trace our hook recorded on an H200: the
-        # alert comes back with what that profile found.
+        # the stalled job's agent and answers with a trace our hook recorded on an H200, and what
+        # the agent saw meanwhile (a saturated CPU): the alert comes back with what was found.
         wait_until(lambda: q(sink, "SELECT count() FROM {db}.profile_requests WHERE reason = 'AUTO'")[0][0] >= 1, 30, "automatic profiles")
         (workflow, request_id), *_ = q(sink, "SELECT workflow_id, request_id FROM {db}.profile_requests FINAL "
                                              "WHERE reason = 'AUTO' ORDER BY workflow_id")
         publish_trace(HOOK_TRACE, workflow, Publisher(kafka.bootstrap, CODEC), prefix,
-                      trace_id_of(request_id, "host-x", 0))
+                      trace_id_of(request_id, "host-x", 0), system=STALLED_HOST)
         wait_until(lambda: q(sink, "SELECT count() FROM {db}.alerts FINAL WHERE root_cause IS NOT NULL")[0][0] >= 1,
                    60, "the root cause in the alert")
         assert worker.poll() is None
@@ -59,11 +66,15 @@ def test_samples_become_windows_and_alerts_in_clickhouse(kafka, prefix, sink, tm
         sink, "SELECT alert_id, profile_request_id, root_cause, findings.rule, message FROM {db}.alerts FINAL "
               "WHERE root_cause IS NOT NULL")
     assert alert_id.startswith(f"low_utilization:{workflow}:") and profile == request_id
-    assert rules == ["low_utilization_chunks", "launch_bound"]
+    assert rules == ["low_utilization_chunks", "cpu_bound_input", "launch_bound"]
     assert root_cause.startswith("GPU idle 99 % of the profiled time") and message.endswith(root_cause)
+    assert ("Meanwhile the host agents measured GPU utilisation 4 %, SM activity 2 %, host CPU 97 %, I/O wait 0 % "
+            "(30 samples, one every 100 ms).") in root_cause
+    assert q(sink, "SELECT system_ticks, system_host_cpu_mean_pct FROM {db}.trace_analyses FINAL "
+                   f"WHERE trace_id = '{trace_id_of(request_id, 'host-x', 0)}'") == [(30, 97.0)]
     # The analysis and findings of the profile's trace are stored, joined to the alert by request id.
     assert q(sink, "SELECT count() FROM {db}.findings FINAL WHERE trace_id LIKE concat('profile/', "
-                   "(SELECT profile_request_id FROM {db}.alerts FINAL WHERE root_cause IS NOT NULL), '/%')")[0][0] == 2
+                   "(SELECT profile_request_id FROM {db}.alerts FINAL WHERE root_cause IS NOT NULL), '/%')")[0][0] == 3
 
     # Nothing lost, nothing doubled; each workflow's samples of a host tick came in one message.
     rows, positions, points = q(sink, "SELECT count(), uniqExact(kafka_partition, kafka_offset), "

@@ -9,6 +9,7 @@ installs it into .venv-torch for the training process; without it these tests ar
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -66,6 +67,12 @@ def test_profile_a_running_training_loop_and_print_the_findings(training):
     assert trace_id.startswith("profile/od-") and trace_id.endswith("/gpu-host-000/rank0")
     assert "gpu-host-000 rank 0: analysed" in out
     assert f"{trace_id}: GPU idle" in out  # the analysis of the trace the hook captured
+    # What the agent saw meanwhile, sampling at 10 Hz instead of 1 Hz while the capture ran.
+    seen = re.search(r"during the capture: (\d+) host samples over ([\d.]+) s \(one every (\d+) ms\), .*host CPU", out)
+    assert seen, out
+    print(seen.group(0))
+    ticks, interval_ms = int(seen.group(1)), int(seen.group(3))
+    assert ticks >= 3 and interval_ms < 600, seen.group(0)
     assert "Findings:" in out or "No antipattern found in these traces." in out
     assert not list(training["dir"].glob("trace-*")), "the agent removes a trace once it is published"
 

@@ -77,6 +77,21 @@ def test_one_sample_per_gpu_and_workflow_with_shares(world):
     assert all(s["host_iowait_pct"] is not None for s in samples)
 
 
+def test_observers_see_each_ticks_samples_and_host_sample(world):
+    """The profile coordinator builds a capture's context from these (producers/profile_context.py)."""
+    from producers.profile_context import ProfileContext
+
+    agent, _, _, _ = world
+    context = ProfileContext("wf-a", rank=1)
+    agent.observers.append(context.add)
+    agent.tick()
+    agent.tick()
+    s = context.summary()
+    assert s["ticks"] == 2 and s["span_ms"] == 2000
+    assert s["gpus"] == 1 and s["gpu_utilization_mean_pct"] == 80.0  # rank 1 is on GPU-1
+    assert s["workflow_cpu_mean_pct"] is not None and s["host_cpu_mean_pct"] is not None
+
+
 def test_host_sample_and_keys(world):
     agent, spool, _, _ = world
     agent.tick()

@@ -62,6 +62,10 @@ def test_a_rank_with_the_hook_is_asked_and_its_trace_published(tmp_path, process
     assert not ProfileCoordinator("h1", Recorder(), tmp_path).capturing()
     c.check()
     assert len(rec.statuses()) == 1 and c.capturing()  # nothing yet: the agent samples at 10 Hz meanwhile
+    for util in (0.0, 20.0):  # two ticks of the agent during the capture
+        c.observe([{"workflow_id": "wf-a", "gpu_uuid": "GPU-3", "rank": 3, "utilization_pct": util,
+                    "interval_ms": 100, "power_watts": 80.0, "memory_used_bytes": 1, "memory_total_bytes": 4}],
+                  {"interval_ms": 100, "cpu_pct": 97.0, "iowait_pct": 0.0, "workflows": []})
     write_trace(tmp_path / f"trace-od-1-{process.pid}.json", [  # as the hook leaves it
         runtime("cudaLaunchKernel", 0, 5, corr=1), kernel("sgemm", 10, 100, corr=1),
         runtime("cudaLaunchKernel", 6, 5, corr=2), kernel("relu", 120, 20, corr=2)])
@@ -71,6 +75,9 @@ def test_a_rank_with_the_hook_is_asked_and_its_trace_published(tmp_path, process
     assert request_of_trace(published["trace_id"]) == ("od-1", "h1", 3)
     ends = [r for _, name, r in rec.records if name == "TraceEnd"]
     assert len(ends) == 1 and ends[0]["trace_id"] == published["trace_id"] and ends[0]["events"] > 0
+    system = ends[0]["system"]  # what the agent saw meanwhile travels with the trace
+    assert system["ticks"] == 2 and system["gpu_utilization_mean_pct"] == 10.0 and system["host_cpu_mean_pct"] == 97.0
+    c.observe([], {"interval_ms": 100, "cpu_pct": 1.0, "iowait_pct": 0.0, "workflows": []})  # no capture: ignored
     assert not c.captures and not c.capturing()
 
 

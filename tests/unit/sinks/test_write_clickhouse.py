@@ -141,14 +141,23 @@ def test_server_errors_are_classified():
     assert not is_transient(e2)
 
 
-def test_alert_columns_match_the_schema(writer):
+def test_table_columns_match_the_schema(writer):
+    """Every field of a topic's newest schema is a column; a nested optional record (the trace
+    analysis's system context) is flattened into ``field_subfield`` columns."""
     import json
 
     from schemas.codec import SCHEMA_DIR, load_catalog
 
+    def columns(field: dict) -> list[str]:
+        nested = [t for t in (field["type"] if isinstance(field["type"], list) else [field["type"]])
+                  if isinstance(t, dict) and t.get("type") == "record"]
+        if nested:
+            return [f"{field['name']}_{sub['name']}" for sub in nested[0]["fields"]]
+        return [field["name"]]
+
     for table in TABLES:
         version = max((v for v in load_catalog() if v.name == table.topic.schema), key=lambda v: v.version)
-        fields = [f["name"] for f in json.loads((SCHEMA_DIR / version.file).read_text())["fields"]]
+        fields = [c for f in json.loads((SCHEMA_DIR / version.file).read_text())["fields"] for c in columns(f)]
         assert list(table.columns) == fields, table.name
 
 
@@ -171,3 +180,14 @@ def test_trace_analysis_rows_keep_idle_time_per_stream(writer, tmp_path):
     got = writer.client.query(
         f"SELECT trace_id, idle_by_stream, kernel_time_us FROM {writer.database}.trace_analyses").result_rows
     assert got == [(record["trace_id"], [{"stream": 7, "host_wait_us": 5.0, "kernel_wait_us": 0.0, "other_us": 0.0}], 20.0)]
+    # A requested profile's analysis also keeps what the host agent saw meanwhile, one column each.
+    system = {"ticks": 40, "span_ms": 4000, "interval_ms_mean": 100.0, "gpus": 2, "gpu_utilization_mean_pct": 12.5,
+              "gpu_zero_utilization_share": 0.5, "sm_active_mean_pct": None, "power_mean_watts": 95.0,
+              "memory_peak_fraction": 0.25, "workflow_cpu_mean_pct": 180.0, "host_cpu_mean_pct": 97.0,
+              "host_iowait_mean_pct": 0.5}
+    profiled = {**record, "trace_id": "profile/od-1/h1/rank0", "system": system}
+    assert writer.insert(TRACE_ANALYSES_TABLE, [Row(0, 1, profiled)]) == []
+    got = writer.client.query(
+        f"SELECT system_ticks, system_gpu_utilization_mean_pct, system_sm_active_mean_pct, system_host_cpu_mean_pct "
+        f"FROM {writer.database}.trace_analyses ORDER BY trace_id").result_rows
+    assert sorted(got, key=str) == sorted([(None, None, None, None), (40, 12.5, None, 97.0)], key=str)

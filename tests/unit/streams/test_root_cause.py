@@ -87,6 +87,29 @@ def test_the_root_cause_stays_on_the_episode_and_a_new_episode_starts_without_it
     assert fired["profile_request_id"] is None
 
 
+def test_what_the_hosts_saw_during_the_profile_joins_the_root_cause():
+    """The 10 Hz context of each rank's capture: its numbers, weighted by the time each covers."""
+    state = {}
+    _, request = fire(state)
+
+    def seen(span_ms, util, cpu):
+        return {"ticks": span_ms // 100, "span_ms": span_ms, "interval_ms_mean": 100.0, "gpus": 1,
+                "gpu_utilization_mean_pct": util, "gpu_zero_utilization_share": 0.9, "sm_active_mean_pct": None,
+                "power_mean_watts": 80.0, "memory_peak_fraction": 0.1, "workflow_cpu_mean_pct": 100.0,
+                "host_cpu_mean_pct": cpu, "host_iowait_mean_pct": 0.0}
+
+    first = {**result_of(request, "host-a", 0), "system": seen(3000, 4.0, 96.0)}
+    assert Codec().decode(Codec().encode(PROFILE_RESULTS.schema, first))[1] == first
+    one = apply_profile_result(state, first, now_ms=10)
+    assert ("Meanwhile the host agents measured GPU utilisation 4 %, host CPU 96 %, I/O wait 0 % "
+            "(30 samples, one every 100 ms).") in one["root_cause"]
+    two = apply_profile_result(state, {**result_of(request, "host-b", 1), "system": seen(1000, 8.0, 50.0)}, now_ms=11)
+    assert "GPU utilisation 5 %, host CPU 84 %, I/O wait 0 % (40 samples" in two["root_cause"]
+    plain = {}  # results without the hosts' view (no agent context on the trace) say nothing of it
+    _, req = fire(plain)
+    assert "Meanwhile" not in apply_profile_result(plain, result_of(req), now_ms=10)["root_cause"]
+
+
 @pytest.mark.parametrize("request_id", ["periodic-1", "someone-else"])
 def test_results_of_other_profiles_leave_alerts_alone(request_id):
     state = {}

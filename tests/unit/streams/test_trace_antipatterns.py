@@ -106,3 +106,52 @@ def test_memory_pressure_from_the_profilers_memory_events(tmp_path):
     assert "95%" in found["memory_pressure"]["evidence"]
     calm = [kernel("gemm", 0, 10), memory(1, int(0.5 * total))]
     assert "memory_pressure" not in rules(tmp_path, calm, device_memory=total)
+
+
+def context(**kw):
+    """A ``ProfileSystemContext`` as the agent attaches it to a requested profile's trace."""
+    return {"ticks": 50, "span_ms": 5000, "interval_ms_mean": 100.0, "gpus": 1, "gpu_utilization_mean_pct": 20.0,
+            "gpu_zero_utilization_share": 0.5, "sm_active_mean_pct": None, "power_mean_watts": 90.0,
+            "memory_peak_fraction": 0.3, "workflow_cpu_mean_pct": 40.0, "host_cpu_mean_pct": 40.0,
+            "host_iowait_mean_pct": 1.0, **kw}
+
+
+def with_context(tmp_path, events, system):
+    from producers.read_trace import read_trace
+    from streams.analyze_trace import analyze_events, findings_records
+
+    result = analyze_events(read_trace(write_trace(tmp_path / "t.json", events)).events)
+    record, _ = analyze_file_with_findings(tmp_path / "t.json", "wf")
+    return {f["rule"]: f for f in findings_records(result, {**record, "system": system}, None, 0)}
+
+
+# Kernels of 3 ms at 7, 17 and 27 ms, each launched just before it starts: over the 23 ms of
+# kernel time the GPU idles 14 ms (61 %), all of it waiting on the host. And a busy GPU.
+STARVED = [e for i in range(3) for e in launched("gemm", 10 * MS * i + 7 * MS, 3 * MS, corr=i,
+                                                  call_ts=10 * MS * i + 7 * MS - 10)]
+BUSY = [e for i in range(3) for e in launched("gemm", 10 * MS * i, 10 * MS, corr=i, call_ts=10 * MS * i - 20)]
+
+
+def test_a_starved_gpu_on_a_saturated_host_is_a_cpu_bound_input_pipeline(tmp_path):
+    found = with_context(tmp_path, STARVED, context(host_cpu_mean_pct=97.0))
+    cpu = found["cpu_bound_input"]
+    assert cpu["severity"] == "CRITICAL"  # idle over half the trace
+    assert "the GPU idle 61 % of the trace, the host's CPUs 97 % busy" in cpu["evidence"]
+    assert "50 samples over 5.0 s" in cpu["evidence"] and "no cores to spare" in cpu["recommendation"]
+    # At stake: the GPU's host wait (the two gaps of 7 ms before the 2nd and 3rd kernel).
+    assert cpu["gpu_seconds_at_stake"] == pytest.approx(0.014)
+    # The job saturates its own cores while the host has idle ones: more loader workers.
+    job = with_context(tmp_path, STARVED, context(workflow_cpu_mean_pct=190.0, gpus=2))["cpu_bound_input"]
+    assert "95 % of a core per GPU" in job["evidence"] and "num_workers" in job["recommendation"]
+    # Not when the CPUs have room, nor when the GPU was busy.
+    assert "cpu_bound_input" not in with_context(tmp_path, STARVED, context())
+    assert "cpu_bound_input" not in with_context(tmp_path, BUSY, context(host_cpu_mean_pct=99.0))
+    assert "cpu_bound_input" not in with_context(tmp_path, STARVED, None)  # a trace without the host's view
+
+
+def test_a_starved_gpu_on_a_host_waiting_for_io_is_storage_bound(tmp_path):
+    found = with_context(tmp_path, STARVED, context(host_iowait_mean_pct=35.0))
+    assert "35 % of its CPU time waiting for I/O" in found["storage_bound_input"]["evidence"]
+    assert "cpu_bound_input" not in found
+    assert "storage_bound_input" not in with_context(tmp_path, STARVED, context(host_iowait_mean_pct=5.0))
+    assert "storage_bound_input" not in with_context(tmp_path, BUSY, context(host_iowait_mean_pct=35.0))

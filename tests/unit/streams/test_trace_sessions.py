@@ -23,10 +23,10 @@ def kernel_events(trace_id="wf/t.json", n=20):
     return out
 
 
-def end(trace_id="wf/t.json", events=40, partial=False, error=None):
+def end(trace_id="wf/t.json", events=40, partial=False, error=None, system=None):
     return ("TraceEnd", {"trace_id": trace_id, "workflow_id": "wf", "rank": 1, "events": events,
                          "events_read": events, "source": "t.json", "partial": partial, "error": error,
-                         "last_step_dropped": False, "published_at": 0})
+                         "last_step_dropped": False, "published_at": 0, "system": system})
 
 
 def test_marker_ends_the_trace_with_the_offline_result():
@@ -40,7 +40,13 @@ def test_marker_ends_the_trace_with_the_offline_result():
     assert a["gpu_events"] == offline["gpu_events"] == 20
     assert a["kernel_time_us"] == offline["temporal"]["kernel_time_us"]
     assert a["launches"] == 20 and not a["partial"] and a["error"] is None and a["rank"] == 1
-    assert store["wf/t.json"]["done"]
+    assert store["wf/t.json"]["done"] and a["system"] is None
+
+
+def test_the_hosts_view_of_a_requested_profile_travels_from_the_marker_to_the_analysis():
+    system = {"ticks": 3, "span_ms": 300, "host_cpu_mean_pct": 99.0}
+    r = TraceSessions(CFG, {}).apply(0, kernel_events() + [end(system=system)], now_ms=10)
+    assert r.analyses[0]["system"] == system
 
 
 def test_restart_mid_trace_resumes_from_the_store_and_skips_replays():
