@@ -250,17 +250,18 @@ def cmd_agent(args: argparse.Namespace) -> int:
     spool = Spool(args.spool_dir or args.data_dir / "agent-spool", max_bytes=args.spool_max_mb << 20)
     agent = HostAgent(settings, spool, Codec(), nvml=nvml, simulated=simulated, attributor=ProcessAttributor(keys))
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     # Profile requests for this host's workflows, answered beside the sampling loop.
     coordinator = ProfileCoordinator(host, Publisher(bootstrap, Codec()), args.profile_dir or profile_dir(),
                                      topic_prefix=args.topic_prefix)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # stop now, not after the wait for the next tick
+        signal.signal(sig, lambda *_: (stop.set(), coordinator.started.set()))
     agent.observers.append(coordinator.observe)  # the host's view while a profile is captured
     listener = ProfileListener(bootstrap, coordinator, topic_prefix=args.topic_prefix)
     profiles = threading.Thread(target=listener.run, args=(stop,), name="profiles", daemon=True)
     profiles.start()
     try:
-        run_agent(agent, Forwarder(spool, bootstrap), stop, profiling=coordinator.capturing)
+        run_agent(agent, Forwarder(spool, bootstrap), stop, profiling=coordinator.capturing,
+                  wake=coordinator.started)
     finally:
         stop.set()
         profiles.join(10)

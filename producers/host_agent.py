@@ -216,7 +216,8 @@ def _sum_or_none(values) -> float | None:
 
 
 def run_agent(agent: HostAgent, forwarder, stop, drain_timeout_s: float = 30.0,
-              profiling: Callable[[], bool] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+              profiling: Callable[[], bool] | None = None, clock: Callable[[], float] = time.monotonic,
+              wake=None) -> None:
     """Tick every interval until ``stop`` is set, with the forwarder sending in a thread;
     then send everything spooled (up to ``drain_timeout_s``). While ``profiling()`` says a
     profile is being captured here, tick at the settings' ``profile_interval_s`` instead, so
@@ -225,7 +226,10 @@ def run_agent(agent: HostAgent, forwarder, stop, drain_timeout_s: float = 30.0,
     Each tick's samples stand for the time since the previous tick, measured: a host whose
     tick takes longer than the interval (eight pre-Hopper GPUs spend ~0.4 s in NVML's PCIe
     counters alone, too slow for 10 Hz) samples less often instead of under-counting its
-    GPU-seconds, and a late tick is not followed by a burst of catch-up ticks."""
+    GPU-seconds, and a late tick is not followed by a burst of catch-up ticks.
+
+    ``wake`` (a ``threading.Event``): set when a capture starts, it ends the wait for the next
+    tick at once, so a capture shorter than the normal interval is still sampled at 10 Hz."""
     import threading
 
     sending = threading.Event()
@@ -245,7 +249,12 @@ def run_agent(agent: HostAgent, forwarder, stop, drain_timeout_s: float = 30.0,
             agent.tick(interval if last is None else now - last)
             last = now
             next_tick = max(next_tick + interval, clock())
-            stop.wait(max(0.0, next_tick - clock()))
+            delay = max(0.0, next_tick - clock())
+            if wake is None:
+                stop.wait(delay)
+            elif wake.wait(delay):
+                wake.clear()
+                next_tick = clock()  # a capture started: sample it from now on
     finally:
         sending.set()
         thread.join(10)

@@ -51,6 +51,8 @@ class ProfileCoordinator:
     captures: list[_Capture] = field(default_factory=list)
     # The sampling loop feeds captures' contexts (observe) while the listener thread reads them.
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    # Set when a capture starts: the sampling loop wakes to sample it at the profile's rate.
+    started: threading.Event = field(default_factory=threading.Event)
 
     def hooks(self) -> list[dict]:
         """The processes on this host that enabled the hook and are still alive."""
@@ -90,6 +92,7 @@ class ProfileCoordinator:
                 self.captures.append(_Capture(request, h["pid"], h["rank"],
                                               ProfileContext(request["workflow_id"], h["rank"])))
             self._status(request, "ACCEPTED", rank=h["rank"], pid=h["pid"])
+        self.started.set()
 
     def capturing(self) -> bool:
         """Whether a capture is in progress on this host (the agent samples faster then)."""

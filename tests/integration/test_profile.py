@@ -8,6 +8,7 @@ installs it into .venv-torch for the training process; without it these tests ar
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -32,14 +33,24 @@ def gpufleet(*args, **kwargs):
                           check=False, **kwargs)
 
 
+# How the training script is started: (command before the script, environment, ranks it runs).
+LAUNCHERS = {
+    "python": ([str(TORCH_PYTHON), "-W", "ignore"], {"RANK": "0"}, 1),
+    # torchrun starts the ranks and sets RANK/LOCAL_RANK; the launcher process is not a rank.
+    "torchrun": ([str(TORCH_PYTHON), "-W", "ignore", "-m", "torch.distributed.run", "--standalone",
+                  "--nproc_per_node", "2"], {}, 2),
+}
+
+
 @pytest.fixture
-def training(kafka, prefix, tmp_path):
-    """A training process with the hook, the agent of its host and a worker, all running."""
+def training(request, kafka, prefix, tmp_path):
+    """A training job with the hook (started as ``request.param`` says, plain python by
+    default), the agent of its host and a worker, all running."""
+    command, launcher_env, ranks = LAUNCHERS[getattr(request, "param", "python")]
     profile_dir = tmp_path / "profile"
-    env = {**os.environ, "GPUFLEET_WORKFLOW_ID": "wf-train", "GPUFLEET_PROFILE_DIR": str(profile_dir), "RANK": "0"}
-    trainer = subprocess.Popen([str(TORCH_PYTHON), "-W", "ignore", str(ROOT / "tests/integration/small_training.py"),
-                                "--seconds", "240"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True)
+    env = {**os.environ, "GPUFLEET_WORKFLOW_ID": "wf-train", "GPUFLEET_PROFILE_DIR": str(profile_dir), **launcher_env}
+    trainer = subprocess.Popen([*command, str(ROOT / "tests/integration/small_training.py"), "--seconds", "240"],
+                               env=env, stdout=(tmp_path / "trainer.log").open("w"), stderr=subprocess.STDOUT)
     log = (tmp_path / "agent.log").open("w")
     agent = subprocess.Popen(
         [sys.executable, "-m", "gpufleet", "--data-dir", str(tmp_path), "agent", "--source", "sim",
@@ -48,7 +59,8 @@ def training(kafka, prefix, tmp_path):
         stdout=log, stderr=subprocess.STDOUT)
     try:
         with worker_process(kafka.bootstrap, prefix, tmp_path, f"{prefix}worker"):
-            wait_until(lambda: list(profile_dir.glob("hook-*.json")), 120, "the training process's hook")
+            wait_until(lambda: len(list(profile_dir.glob("hook-*.json"))) >= ranks, 120,
+                       f"the hooks of {ranks} training process(es)")
             yield {"bootstrap": kafka.bootstrap, "prefix": prefix, "trainer": trainer, "dir": profile_dir}
     finally:
         for proc in (agent, trainer):
@@ -102,3 +114,16 @@ def test_failures_end_with_reasons_and_nothing_hangs(training):
     assert not outcome.ok
     (where, reason), = outcome.failed.items()
     assert where == "gpu-host-000 rank 0" and "exited before its trace was written" in reason
+
+
+@pytest.mark.parametrize("training", ["torchrun"], indirect=True)
+def test_under_torchrun_the_ranks_are_profiled_not_the_launcher(training):
+    hooks = [json.loads(p.read_text()) for p in training["dir"].glob("hook-*.json")]
+    assert sorted(h["rank"] for h in hooks) == [0, 1]
+    assert training["trainer"].pid not in {h["pid"] for h in hooks}  # the launcher is no rank
+    run = gpufleet("profile", "wf-train", "--host", "gpu-host-000", "--steps", "3", "--timeout", "120",
+                   "--bootstrap", training["bootstrap"], "--topic-prefix", training["prefix"], timeout=180)
+    assert run.returncode == 0, run.stdout + run.stderr
+    for rank in (0, 1):
+        assert f"gpu-host-000 rank {rank}: analysed" in run.stdout
+        assert f"/gpu-host-000/rank{rank}: GPU idle" in run.stdout

@@ -191,3 +191,43 @@ def test_a_tick_slower_than_the_interval_stands_for_the_time_it_took(world):
     records = spooled(Spool(spool.dir))
     intervals = [s["interval_ms"] for _, _, s in records["GpuSample"] if s["gpu_uuid"] == "GPU-1"]
     assert intervals == [1000, 1000, 2500, 1700, 3000]
+
+
+def test_a_capture_starting_mid_wait_is_sampled_from_its_start(world):
+    """The coordinator's ``started`` event cuts the wait short: a capture shorter than the
+    normal interval still gets its 10 Hz samples."""
+    import threading
+
+    from producers.host_agent import run_agent
+
+    agent, spool, _, _ = world
+    stop, t, capturing = threading.Event(), [100.0], [False]
+
+    class Wake:  # a capture starts 0.3 s into the second wait
+        waits = 0
+
+        def wait(self, delay):
+            self.waits += 1
+            if self.waits == 2:
+                t[0] += 0.3
+                capturing[0] = True
+                return True
+            t[0] += delay
+            return False
+
+        def clear(self):
+            pass
+
+    ticks = []
+
+    def profiling():
+        ticks.append(t[0])
+        if len(ticks) == 5:
+            stop.set()
+        return capturing[0]
+
+    run_agent(agent, _Forwarder(), stop, profiling=profiling, clock=lambda: t[0], wake=Wake())
+    records = spooled(Spool(spool.dir))
+    intervals = [s["interval_ms"] for _, _, s in records["GpuSample"] if s["gpu_uuid"] == "GPU-1"]
+    assert ticks == pytest.approx([100.0, 101.0, 101.3, 101.4, 101.5])
+    assert intervals == [1000, 1000, 300, 100, 100]

@@ -56,7 +56,9 @@ def test_a_rank_with_the_hook_is_asked_and_its_trace_published(tmp_path, process
     c = ProfileCoordinator("h1", rec, tmp_path)
     announce(tmp_path, process.pid, rank=3)
     announce(tmp_path, 2**22 + 4321, rank=4)  # an exited process: its announcement is ignored
+    assert not c.started.is_set()
     c.handle(request())
+    assert c.started.is_set()  # wakes the sampling loop to sample the capture at 10 Hz
     assert json.loads((tmp_path / f"request-{process.pid}.json").read_text())["steps"] == 5
     assert rec.statuses() == [(3, "ACCEPTED", None)]
     assert not ProfileCoordinator("h1", Recorder(), tmp_path).capturing()
