@@ -151,7 +151,7 @@ def bare_consume(bootstrap, topic, total) -> float:
         c.close()
 
 
-def throughput(bootstrap, data_dir, ticks, batched=True) -> dict:
+def throughput(bootstrap, data_dir, ticks, batched=True, py_spy: Path | None = None) -> dict:
     prefix = "tp."
     ensure_topics(bootstrap, [GPU_SAMPLES], prefix=prefix)
     topic = prefix + GPU_SAMPLES.name
@@ -168,9 +168,16 @@ def throughput(bootstrap, data_dir, ticks, batched=True) -> dict:
     print(f"  bare consume + Avro decode   {bare:>10,.0f} samples/s")
 
     proc = worker(bootstrap, prefix, data_dir, "tp-worker", "--idle-partition-s", "3600")
+    spy = None
+    if py_spy:  # where the worker's time goes: collapsed stacks, one line per stack
+        spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(proc.pid), "--format", "raw", "--rate", "200",
+                                "--output", str(py_spy), "--nonblocking"], stdout=subprocess.DEVNULL)
     try:
         ours = rate_from_commits(bootstrap, "tp-worker", topic, GPU_SAMPLES.partitions, total, proc) * per_message
     finally:
+        if spy is not None:
+            spy.send_signal(2)
+            spy.wait(60)
         stop(proc)
     print(f"  gpufleet worker              {ours:>10,.0f} samples/s   {ours / bare:.2f} of bare (goal >= 0.50)")
 
@@ -287,13 +294,15 @@ def main() -> None:
     parser.add_argument("--live-s", type=float, default=60.0)
     parser.add_argument("--skip", nargs="*", default=[], choices=["throughput", "live", "latency"])
     parser.add_argument("--per-gpu", action="store_true", help="one message per GPU sample, not per host+workflow")
+    parser.add_argument("--py-spy", type=Path, default=None,
+                        help="record the worker's stacks during the throughput run into this file (py-spy raw)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gpufleet-bench-") as tmp:
         data_dir = Path(tmp)
         broker = local_kafka.start(data_dir / "kafka", partitions=8)
         try:
             if "throughput" not in args.skip:
-                throughput(broker.bootstrap, data_dir, args.ticks, not args.per_gpu)
+                throughput(broker.bootstrap, data_dir, args.ticks, not args.per_gpu, args.py_spy)
             if "live" not in args.skip:
                 live(broker.bootstrap, data_dir, args.live_s, not args.per_gpu)
             if "latency" not in args.skip:
