@@ -110,6 +110,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
     app = create_app(settings)
     tune_gc()
     worker = faust.Worker(app, loglevel=args.log_level, quiet=True)
+    # Faust's terminal spinner sets the root logger to DEBUG so that every record spins it:
+    # then aiokafka and Faust build a debug record per message sent (two per changelog write),
+    # whatever --log-level says. Without it the level holds.
+    worker.spinner = None
     worker.execute_from_commandline()
     return 0
 
