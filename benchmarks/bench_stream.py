@@ -3,12 +3,13 @@
 Starts its own Kafka (``gpufleet/local_kafka.py``) in a temporary directory and measures,
 in one run so that the ratios mean something on a noisy machine:
 
-1. throughput over the same pre-published messages (10,000 GPUs x N ticks; by default each
-   workflow's samples of a host tick in one GpuSampleBatch message, as the agents send them;
-   ``--per-gpu`` for one message per GPU):
+1. throughput over the same pre-published messages (10,000 GPUs x N ticks, as the agents
+   send them: each host every ``--send-every`` seconds, each workflow's samples since its last
+   send in one GpuSampleBatch; ``--send-every 1`` for one per tick, ``--per-gpu`` for one
+   message per GPU sample):
    - baseline: a bare confluent-kafka consumer that only decodes the Avro;
    - ``gpufleet worker`` (batch decode, validate, windows, detectors, changelog);
-   - a naive Faust agent: one ``faust.Record`` and one windowed-table update per message
+   - a naive Faust agent: one ``faust.Record`` and one windowed-table update per sample
      (``benchmarks/naive_record_agent.py``).
    Goals (issue 4): worker >= 50 % of the baseline, >= 10x the naive agent.
 2. 10,000 GPUs at 1 Hz in real time for ``--live-s`` seconds: the worker's consumer lag,
@@ -18,7 +19,7 @@ in one run so that the ratios mean something on a noisy machine:
    detector's required duration + one window + 10 s (run with a 10 s window and 20 s
    duration so that the benchmark takes a minute, not the default 11).
 
-    python benchmarks/bench_stream.py [--ticks 40] [--live-s 60]
+    python benchmarks/bench_stream.py [--ticks 40] [--live-s 60] [--send-every 5]
 """
 
 from __future__ import annotations
@@ -56,15 +57,38 @@ def fleet_10k(seed: int = 3):
     return build_fleet(seed=seed, hosts=1250, gpus_per_host=GPUS_PER_HOST, workflows=600)
 
 
-def encoded_ticks(fleet, ticks, start_ms, batched=True):
-    """Per tick, (key, value) messages: a GpuSampleBatch per host and workflow, or
-    (``batched=False``) a GpuSample per GPU."""
-    for t in ticks:
-        samples = list(fleet.samples_at(t, start_ms, 1000))
-        if batched:
-            yield [(key_of(GPU_SAMPLES, b), CODEC.encode("GpuSampleBatch", b)) for b in batch_samples(samples)]
-        else:
-            yield [(key_of(GPU_SAMPLES, s), CODEC.encode("GpuSample", s)) for s in samples]
+class AgentSends:
+    """What the hosts' agents send each second. Each agent samples every second and sends
+    every ``every`` seconds (``gpufleet agent --send-every``), each workflow's samples since
+    its last send in one GpuSampleBatch (the forwarder's merge); the hosts' send times are
+    spread over the interval. ``every=1``: one batch per tick; ``per_gpu``: one GpuSample
+    message per GPU and tick (no batching at all)."""
+
+    def __init__(self, fleet, start_ms: int, every: int = 1, per_gpu: bool = False) -> None:
+        self.fleet, self.start_ms, self.every, self.per_gpu = fleet, start_ms, max(1, every), per_gpu
+        self.hosts = sorted({g.host for w in fleet.workflows for g in w.gpus})
+        self.phase = {h: i % self.every for i, h in enumerate(self.hosts)}
+        self.pending: dict[str, list[dict]] = {h: [] for h in self.hosts}
+
+    def tick(self, t: int) -> list[tuple[bytes, bytes]]:
+        samples = list(self.fleet.samples_at(t, self.start_ms, 1000))
+        if self.per_gpu:
+            return [(key_of(GPU_SAMPLES, s), CODEC.encode("GpuSample", s)) for s in samples]
+        for s in samples:
+            self.pending[s["host"]].append(s)
+        return self._send([h for h in self.hosts if self.phase[h] == t % self.every])
+
+    def rest(self) -> list[tuple[bytes, bytes]]:
+        """What the agents still hold (they send it when they stop)."""
+        return self._send(self.hosts)
+
+    def _send(self, hosts) -> list[tuple[bytes, bytes]]:
+        out = []
+        for h in hosts:
+            out += [(key_of(GPU_SAMPLES, b), CODEC.encode("GpuSampleBatch", b))
+                    for b in batch_samples(self.pending[h], per_tick=self.every == 1)]
+            self.pending[h] = []
+        return out
 
 
 def produce(producer: Producer, topic: str, messages) -> int:
@@ -151,17 +175,17 @@ def bare_consume(bootstrap, topic, total) -> float:
         c.close()
 
 
-def throughput(bootstrap, data_dir, ticks, batched=True, py_spy: Path | None = None) -> dict:
+def throughput(bootstrap, data_dir, ticks, send_every=1, per_gpu=False, py_spy: Path | None = None) -> dict:
     prefix = "tp."
     ensure_topics(bootstrap, [GPU_SAMPLES], prefix=prefix)
     topic = prefix + GPU_SAMPLES.name
     producer = Producer(producer_config(bootstrap, **{"linger.ms": 50}))
-    ticks_out = encoded_ticks(fleet_10k(), range(ticks), 1_767_225_600_000, batched)
-    total = sum(produce(producer, topic, batch) for batch in ticks_out)
+    agents = AgentSends(fleet_10k(), 1_767_225_600_000, send_every, per_gpu)
+    total = sum(produce(producer, topic, agents.tick(t)) for t in range(ticks)) + produce(producer, topic, agents.rest())
     producer.flush(60)
     per_message = 10_000 * ticks / total  # samples per message; rates below are in samples/s
     print(f"throughput: {10_000 * ticks:,} samples of 10,000 GPUs x {ticks} ticks in {total:,} messages "
-          f"({'GpuSampleBatch per host and workflow' if batched else 'GpuSample per GPU'}) "
+          f"({'GpuSample per GPU' if per_gpu else f'GpuSampleBatch per host and workflow every {send_every} s'}) "
           f"on {GPU_SAMPLES.partitions} partitions")
 
     bare = bare_consume(bootstrap, topic, total) * per_message
@@ -196,7 +220,7 @@ def throughput(bootstrap, data_dir, ticks, batched=True, py_spy: Path | None = N
     return {"bare": bare, "worker": ours, "naive": naive}
 
 
-def live(bootstrap, data_dir, seconds, batched=True) -> list[int]:
+def live(bootstrap, data_dir, seconds, send_every=1, per_gpu=False) -> list[int]:
     prefix = "live."
     ensure_topics(bootstrap, [GPU_SAMPLES], prefix=prefix)
     topic = prefix + GPU_SAMPLES.name
@@ -206,13 +230,13 @@ def live(bootstrap, data_dir, seconds, batched=True) -> list[int]:
     lags: list[int] = []
     per_tick: list[int] = []  # messages per tick: lag in messages -> seconds of samples
     start_ms = int(time.time() * 1000)
+    agents = AgentSends(fleet, start_ms, send_every, per_gpu)
     t0 = time.monotonic()
     try:
         for tick in range(int(seconds)):
             due = t0 + tick
             time.sleep(max(0.0, due - time.monotonic()))
-            for batch in encoded_ticks(fleet, [tick], start_ms, batched):
-                per_tick.append(produce(producer, topic, batch))
+            per_tick.append(produce(producer, topic, agents.tick(tick)))
             if tick % 5 == 4:
                 committed, end = lag(bootstrap, "live-worker", topic, GPU_SAMPLES.partitions)
                 lags.append(end - committed)
@@ -245,7 +269,7 @@ class Hook(BaseHTTPRequestHandler):
         pass
 
 
-def alert_latency(bootstrap, data_dir, window_s=10.0, min_s=20.0) -> float:
+def alert_latency(bootstrap, data_dir, window_s=10.0, min_s=20.0, send_every=1) -> float:
     prefix = "lat."
     ensure_topics(bootstrap, prefix=prefix)
     topic = prefix + GPU_SAMPLES.name
@@ -259,18 +283,18 @@ def alert_latency(bootstrap, data_dir, window_s=10.0, min_s=20.0) -> float:
                              topic_prefix=prefix)
     stop_notifier = threading.Event()
     threading.Thread(target=notifier.run, args=(stop_notifier,), daemon=True).start()
-    proc = worker(bootstrap, prefix, data_dir, "lat-worker", "--window-s", str(window_s), "--lateness-s", "2",
+    proc = worker(bootstrap, prefix, data_dir, "lat-worker", "--window-s", str(window_s), "--lateness-s", str(send_every + 2),
                   "--detector-min-s", str(min_s), "--idle-partition-s", "5")
     time.sleep(8)  # the worker joins its group before the first sample
     producer = Producer(producer_config(bootstrap))
     start_ms = int(time.time() * 1000)
+    agents = AgentSends(fleet, start_ms, send_every)
     t0 = time.monotonic()
     goal = min_s + window_s + 10
     try:
         for tick in range(int(goal * 3)):
             time.sleep(max(0.0, t0 + tick - time.monotonic()))
-            for batch in encoded_ticks(fleet, [tick], start_ms):
-                produce(producer, topic, batch)
+            produce(producer, topic, agents.tick(tick))
             if any(a["workflow_id"] == idle.workflow_id for _, a in Hook.arrivals):
                 break
         producer.flush(10)
@@ -294,6 +318,8 @@ def main() -> None:
     parser.add_argument("--live-s", type=float, default=60.0)
     parser.add_argument("--skip", nargs="*", default=[], choices=["throughput", "live", "latency"])
     parser.add_argument("--per-gpu", action="store_true", help="one message per GPU sample, not per host+workflow")
+    parser.add_argument("--send-every", type=int, default=5,
+                        help="seconds between an agent's sends, as gpufleet agent --send-every (default 5)")
     parser.add_argument("--py-spy", type=Path, default=None,
                         help="record the worker's stacks during the throughput run into this file (py-spy raw)")
     args = parser.parse_args()
@@ -302,11 +328,11 @@ def main() -> None:
         broker = local_kafka.start(data_dir / "kafka", partitions=8)
         try:
             if "throughput" not in args.skip:
-                throughput(broker.bootstrap, data_dir, args.ticks, not args.per_gpu, args.py_spy)
+                throughput(broker.bootstrap, data_dir, args.ticks, args.send_every, args.per_gpu, args.py_spy)
             if "live" not in args.skip:
-                live(broker.bootstrap, data_dir, args.live_s, not args.per_gpu)
+                live(broker.bootstrap, data_dir, args.live_s, args.send_every, args.per_gpu)
             if "latency" not in args.skip:
-                alert_latency(broker.bootstrap, data_dir)
+                alert_latency(broker.bootstrap, data_dir, send_every=args.send_every)
         finally:
             local_kafka.stop(data_dir / "kafka")
 

@@ -264,7 +264,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     profiles = threading.Thread(target=listener.run, args=(stop,), name="profiles", daemon=True)
     profiles.start()
     try:
-        run_agent(agent, Forwarder(spool, bootstrap), stop, profiling=coordinator.capturing,
+        run_agent(agent, Forwarder(spool, bootstrap, send_every_s=args.send_every), stop, profiling=coordinator.capturing,
                   wake=coordinator.started)
     finally:
         stop.set()
@@ -529,6 +529,9 @@ def build_parser() -> argparse.ArgumentParser:
     _bootstrap_arg(p)
     p.add_argument("--source", choices=["nvml", "sim"], default="nvml")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
+    p.add_argument("--send-every", type=float, default=5.0,
+                   help="seconds between sends to Kafka, each workflow's samples since the last send in one "
+                        "message (default 5; 0 sends each tick at once). Keep it under the worker's --lateness-s")
     p.add_argument("--profile-interval", type=float, default=0.1,
                    help="seconds between samples while a profile is captured on this host (default 10 Hz)")
     p.add_argument("--host", default=None, help="host name to report (default: this machine's)")

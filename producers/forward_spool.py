@@ -7,6 +7,13 @@ batch waits inside librdkafka and everything after it in the spool on disk; when
 returns, they go out once each and in order. Only failures are reported back
 (``delivery.report.only.error``): a record the broker refuses for good (too large, unknown
 topic) is logged, counted and skipped.
+
+With ``send_every_s`` the forwarder sends what the spool holds every so many seconds (at
+once while a backlog drains), and merges the ``GpuSampleBatch`` messages of a send into one
+per host and workflow: five 1 Hz ticks in one message instead of five. The stream worker's
+cost is mostly per message (Faust handles each one through several asyncio tasks), so it
+reads 10,000 GPUs at 1 Hz with room to spare this way (``benchmarks/bench_stream.py``); the
+samples are late by at most that interval, within the windows' allowed lateness.
 """
 
 from __future__ import annotations
@@ -18,15 +25,69 @@ import time
 from confluent_kafka import KafkaError, Producer
 
 from producers.spool import Position, Spool
+from schemas.codec import Codec, CodecError
 from schemas.kafka_config import producer_config
+from schemas.topics import GPU_SAMPLES
+from schemas.validate_sample import batch_samples
 
 log = logging.getLogger(__name__)
 
 
+class SampleCoalescer:
+    """Collects one send's records (``add``, as ``Producer.produce`` is called) and produces
+    them (``flush``) with the ``GpuSampleBatch`` messages of each host and workflow merged,
+    in order: a merged batch goes where its first part was, and any other record of the same
+    topic and key closes it, so the records of a key keep their order."""
+
+    def __init__(self, codec: Codec, max_samples: int = 1000) -> None:
+        self.codec = codec
+        self.max_samples = max_samples
+        self._out: list = []  # (topic, key, value), or [topic, key, samples] being merged
+        self._open: dict[tuple[str, bytes | None], dict[str, list]] = {}
+
+    def add(self, topic: str, value: bytes, key: bytes | None) -> None:
+        if topic.endswith(GPU_SAMPLES.name):
+            try:
+                name, record = self.codec.decode(value)
+            except CodecError:
+                name = None  # sent as it is: the worker dead-letters it with the reason
+            if name == "GpuSampleBatch" and all(x["workflow_id"] == record["workflow_id"] for x in record["samples"]):
+                groups = self._open.setdefault((topic, key), {})
+                group = groups.get(record["host"])
+                if group is None:
+                    group = groups[record["host"]] = [topic, key, []]
+                    self._out.append(group)
+                group[2].extend(record["samples"])
+                return
+        self._open.pop((topic, key), None)
+        self._out.append((topic, key, value))
+
+    def flush(self, produce) -> int:
+        """Produce what was collected; returns the number of messages."""
+        n = 0
+        for entry in self._out:
+            if isinstance(entry, list):
+                topic, key, samples = entry
+                for batch in batch_samples(samples, per_tick=False, max_samples=self.max_samples):
+                    produce(topic, value=self.codec.encode("GpuSampleBatch", batch), key=key)
+                    n += 1
+            else:
+                produce(entry[0], value=entry[2], key=entry[1])
+                n += 1
+        self._out.clear()
+        self._open.clear()
+        return n
+
+
 class Forwarder:
-    def __init__(self, spool: Spool, bootstrap: str, max_in_flight: int = 20_000, **overrides: object) -> None:
+    def __init__(self, spool: Spool, bootstrap: str, max_in_flight: int = 20_000, send_every_s: float = 0.0,
+                 clock=time.monotonic, **overrides: object) -> None:
         self.spool = spool
         self.max_in_flight = max_in_flight
+        self.send_every_s = send_every_s
+        self.clock = clock
+        self._next_send = 0.0
+        self.coalescer = SampleCoalescer(Codec()) if send_every_s > 0 else None
         config = {
             "message.timeout.ms": 0,
             "queue.buffering.max.messages": max_in_flight + 1000,
@@ -39,6 +100,7 @@ class Forwarder:
         self._batch_end: Position | None = None  # end of the batch in flight
         self._batch_size = 0
         self.sent = 0
+        self.messages = 0  # messages produced (fewer than records sent where batches merge)
         self.failed = 0
 
     def _on_error(self, err: KafkaError | None, msg: object) -> None:
@@ -46,9 +108,9 @@ class Forwarder:
             self.failed += 1
             log.error("the broker refused a spooled record for good (%s); skipping it", err)
 
-    def step(self, wait_s: float = 0.1) -> int:
-        """Confirm the batch in flight if the producer is done with it, else send the next one;
-        returns records sent."""
+    def step(self, wait_s: float = 0.1, now: bool = False) -> int:
+        """Confirm the batch in flight if the producer is done with it, else send the next one
+        (when it is time, or ``now``); returns records sent."""
         self.producer.poll(0)
         if self._batch_end is not None:
             if len(self.producer) > 0:
@@ -56,12 +118,24 @@ class Forwarder:
                 return 0
             self.spool.acknowledge(self._batch_end, self._batch_size)
             self._batch_end, self._batch_size = None, 0
-        end, n = self.spool.send(self.spool.cursor(), self.max_in_flight, self.producer.produce)
+        started = self.clock()
+        if not now and started < self._next_send:
+            self.producer.poll(min(wait_s, self._next_send - started))
+            return 0
+        if self.coalescer is None:
+            end, n = self.spool.send(self.spool.cursor(), self.max_in_flight, self.producer.produce)
+            messages = n
+        else:
+            end, n = self.spool.send(self.spool.cursor(), self.max_in_flight, self.coalescer.add)
+            messages = self.coalescer.flush(self.producer.produce)
         if not n:
             self.producer.poll(wait_s)
             return 0
+        if n < self.max_in_flight:  # caught up: the next send in send_every_s; a backlog goes on at once
+            self._next_send = started + self.send_every_s
         self._batch_end, self._batch_size = end, n
         self.sent += n
+        self.messages += messages
         return n
 
     def run(self, stop: threading.Event) -> None:
@@ -72,7 +146,7 @@ class Forwarder:
         """Send and confirm everything spooled so far; True if nothing is left."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            self.step(0.05)
+            self.step(0.05, now=True)
             if self._batch_end is None and self.spool.pending() == 0:
                 return True
         return self._batch_end is None and self.spool.pending() == 0
