@@ -129,7 +129,7 @@ def _events(fh: IO[bytes]) -> Iterator[dict]:
     return ijson.items(_Prefixed(head, fh), "traceEvents.item", use_float=True)
 
 
-def _kineto_blocks(fh: IO[bytes], buf: bytes, block: int = 1 << 22) -> Iterator[dict]:
+def _kineto_blocks(fh: IO[bytes], buf: bytes, block: int = 1 << 16) -> Iterator[dict]:
     """Events of a Kineto layout, a block of the file at a time: the complete events of each
     block are parsed in one orjson call (as a JSON array: they are separated by commas);
     a block that does not parse is parsed event by event, so that every good event before
