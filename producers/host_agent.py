@@ -110,10 +110,10 @@ class HostAgent:
             # On every GPU sample of the workflow: the stream sees GPU and CPU side by side.
             s.setdefault("workflow_cpu_pct", cpu.get(s["workflow_id"]))
             s.setdefault("host_iowait_pct", host["iowait_pct"])
-        # One message per workflow and tick: the stream worker pays its per-message cost once
-        # per batch, not once per GPU (benchmarks/bench_stream.py).
         for observe in self.observers:
             observe(samples, host)
+        # One record per workflow and tick in the spool; the forwarder merges a send's worth of
+        # them into one message per workflow (benchmarks/bench_stream.py: the worker's cost is per message).
         for batch in batch_samples(samples):
             self._put(GPU_SAMPLES, batch, schema="GpuSampleBatch")
         self._put(HOST_SAMPLES, host)

@@ -331,8 +331,7 @@ def detect_antipatterns(s: dict, analysis: dict, memory: dict | None = None,
             "Capture the step in CUDA graphs, or fuse kernels with torch.compile; larger batches help too."))
     launch_mean = analysis.get("launch_delay_mean_us")
     if launch_mean is not None and launch_mean > 100 and analysis["launches"]:
-        # Streams wait at the same time: the GPU cannot lose more than its idle time.
-        host_wait = min(sum(x["host_wait_us"] for x in analysis["idle_by_stream"]), analysis["idle_time_us"])
+        host_wait = _host_wait_us(analysis)
         out.append(_finding(
             "high_launch_delay", "WARNING" if host_wait > 0.1 * kernel_us else "INFO", "High kernel launch delay",
             f"mean {launch_mean:.0f} us between a launch call's return and its kernel's start over "
@@ -381,14 +380,18 @@ def detect_antipatterns(s: dict, analysis: dict, memory: dict | None = None,
     return out
 
 
+def _host_wait_us(analysis: dict) -> float:
+    """GPU time spent waiting on the host, over all streams: they wait at the same time, so
+    the GPU cannot lose more than its idle time."""
+    return min(sum(x["host_wait_us"] for x in analysis["idle_by_stream"]), analysis["idle_time_us"])
+
+
 def _host_bound(analysis: dict, system: dict) -> list[dict]:
     """A starved GPU in the trace, explained by the host's CPU or I/O during the capture."""
     idle_pct = analysis["idle_pct"]
     if idle_pct is None or 100.0 - idle_pct >= _INPUT_BOUND.input_bound_util_pct:
         return []
-    # What the GPU lost to the host: its host-wait time (streams wait at once: at most its idle time).
-    host_wait = min(sum(x["host_wait_us"] for x in analysis["idle_by_stream"]), analysis["idle_time_us"])
-    at_stake = host_wait or analysis["idle_time_us"]
+    at_stake = _host_wait_us(analysis) or analysis["idle_time_us"]  # what the GPU lost to the host
     seen = f"{system['ticks']} samples over {system['span_ms'] / 1000:.1f} s"
     out = []
     host_cpu, job_cpu = system["host_cpu_mean_pct"], system["workflow_cpu_mean_pct"]
