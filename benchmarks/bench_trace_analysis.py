@@ -1,11 +1,14 @@
 """gpufleet's trace analysis against Holistic Trace Analysis 0.5.0 on the same trace files.
 
-For each trace: wall time and peak memory (max RSS of a fresh process) of `gpufleet analyze`
-and of HTA (temporal breakdown, comm/comp overlap, idle breakdown, launch statistics), and
+For each trace: wall time, CPU time and peak memory (max RSS of a fresh process) of
+`gpufleet analyze` and of HTA (temporal breakdown, comm/comp overlap, idle breakdown, launch statistics), and
 both sets of numbers side by side. HTA runs from its own virtualenv (``make bench-hta``
 creates benchmarks/.venv-hta): it is never a dependency of gpufleet.
 
-    python benchmarks/bench_trace_analysis.py [--scale 10] [TRACE ...]
+    python benchmarks/bench_trace_analysis.py [--scale 10] [--repeat 3] [TRACE ...]
+
+Each side runs ``--repeat`` times per trace, alternately, and the medians are compared: on
+a shared machine one run of either can be a third slower than the next.
 
 --scale N also builds a trace N times the largest one (its events repeated later in time,
 with fresh correlation ids and step numbers) and runs both on it.
@@ -17,6 +20,7 @@ import argparse
 import gzip
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -60,18 +64,19 @@ print(json.dumps({"kernel_us": float(tb["kernel_time(us)"]), "idle_us": float(tb
 """
 
 
-def measure(python: str, code: str, trace: Path, cwd: Path) -> tuple[dict | None, float, float, str]:
-    """Run ``code`` on ``trace`` in a fresh interpreter: (result, seconds, peak RSS MiB, error)."""
+def measure(python: str, code: str, trace: Path, cwd: Path) -> tuple[dict | None, float, float, float, str]:
+    """Run ``code`` on ``trace`` in a fresh interpreter: (result, wall s, CPU s, peak RSS MiB, error)."""
     t0 = time.perf_counter()
     proc = subprocess.Popen([python, "-c", code, str(trace)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, cwd=cwd)
-    _, status, usage = os.wait4(proc.pid, 0)
+    _, status, usage = os.wait4(proc.pid, 0)  # the outputs are a line each: the pipes cannot fill
     elapsed = time.perf_counter() - t0
     out, err = proc.stdout.read(), proc.stderr.read()
+    cpu = usage.ru_utime + usage.ru_stime
     peak_mib = usage.ru_maxrss / 1024  # Linux: kilobytes
     if status != 0:
-        return None, elapsed, peak_mib, err.strip().splitlines()[-1] if err.strip() else f"exit {status}"
-    return json.loads(out.strip().splitlines()[-1]), elapsed, peak_mib, ""
+        return None, elapsed, cpu, peak_mib, err.strip().splitlines()[-1] if err.strip() else f"exit {status}"
+    return json.loads(out.strip().splitlines()[-1]), elapsed, cpu, peak_mib, ""
 
 
 def scaled_trace(source: Path, factor: int, dest: Path) -> Path:
@@ -106,6 +111,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("traces", nargs="*", type=Path)
     parser.add_argument("--scale", type=int, default=0, help="also run on a trace this many times the largest")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each side per trace (medians are printed)")
     parser.add_argument("--make-scaled", nargs=3, metavar=("SOURCE", "FACTOR", "DEST"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.make_scaled:
@@ -126,20 +132,52 @@ def main() -> None:
         traces = [*traces, dest]
     for trace in traces:
         size = trace.stat().st_size / 2**20
-        ours, t_ours, m_ours, err_ours = measure(sys.executable, OURS, trace, ROOT)
-        line = f"{trace.name[:60]} ({size:.1f} MiB)\n  gpufleet: {t_ours:6.2f} s, {m_ours:7.0f} MiB peak"
-        line += f"  ERROR {err_ours}" if err_ours else ""
+        ours, hta = Runs(), Runs()
+        for _ in range(args.repeat):  # alternately, so that both see the same machine
+            ours.add(*measure(sys.executable, OURS, trace, ROOT))
+            if have_hta:
+                hta.add(*measure(str(HTA_PYTHON), HTA, trace, tmp))
+        line = f"{trace.name[:60]} ({size:.1f} MiB)\n  gpufleet:  {ours}"
         if have_hta:
-            hta, t_hta, m_hta, err_hta = measure(str(HTA_PYTHON), HTA, trace, tmp)
-            line += f"\n  HTA 0.5.0: {t_hta:6.2f} s, {m_hta:7.0f} MiB peak" + (f"  ERROR {err_hta}" if err_hta else "")
-            if not err_hta and not err_ours:
-                line += f"\n  ratio: {t_hta / t_ours:5.1f}x faster, {m_ours / m_hta:5.2f} of HTA's memory"
+            line += f"\n  HTA 0.5.0: {hta}"
+            if not hta.error and not ours.error:
+                line += (f"\n  ratio (medians): {hta.wall / ours.wall:5.1f}x faster ({hta.cpu / ours.cpu:.1f}x in CPU time),"
+                         f" {ours.peak / hta.peak:5.2f} of HTA's memory")
                 for key in ("kernel_us", "idle_us", "compute_us", "non_compute_us", "overlap_pct",
                             "launches", "launch_delay_total_us", "idle_by_stream"):
-                    same = "same" if ours[key] == hta[key] else "DIFFERENT"
-                    line += f"\n    {key:22s} gpufleet {ours[key]!s:>30.30}  HTA {hta[key]!s:>30.30}  {same}"
+                    same = "same" if ours.result[key] == hta.result[key] else "DIFFERENT"
+                    line += f"\n    {key:22s} gpufleet {ours.result[key]!s:>30.30}  HTA {hta.result[key]!s:>30.30}  {same}"
         print(line + "\n", flush=True)
 
+
+class Runs:
+    """Repeated runs of one side on one trace: median wall and CPU time, highest peak memory."""
+
+    def __init__(self) -> None:
+        self.walls: list[float] = []
+        self.cpus: list[float] = []
+        self.peak = 0.0
+        self.result: dict | None = None
+        self.error = ""
+
+    def add(self, result: dict | None, wall: float, cpu: float, peak: float, error: str) -> None:
+        self.walls.append(wall)
+        self.cpus.append(cpu)
+        self.peak = max(self.peak, peak)
+        self.result, self.error = result, error or self.error
+
+    @property
+    def wall(self) -> float:
+        return statistics.median(self.walls)
+
+    @property
+    def cpu(self) -> float:
+        return statistics.median(self.cpus)
+
+    def __str__(self) -> str:
+        spread = f" ({min(self.walls):.2f}-{max(self.walls):.2f})" if len(self.walls) > 1 else ""
+        return (f"{self.wall:6.2f} s{spread}, CPU {self.cpu:6.2f} s, {self.peak:7.0f} MiB peak"
+                + (f"  ERROR {self.error}" if self.error else ""))
 
 if __name__ == "__main__":
     main()

@@ -9,7 +9,7 @@ import json
 import time
 from pathlib import Path
 
-from producers.read_trace import TraceError, read_trace
+from producers.read_trace import TraceError, no_cycle_collection, read_trace
 from schemas.topics import trace_id_for
 from streams.analyze_trace import analyze_events, findings_records, trace_analysis_record
 
@@ -28,7 +28,8 @@ def analyze_file_with_findings(
     except TraceError as exc:
         return {"source": str(path), "error": str(exc), "unreadable": True}, []
     now = int(time.time() * 1000)
-    result = analyze_events(trace.events)
+    with no_cycle_collection():
+        result = analyze_events(trace.events)
     record = trace_analysis_record(
         result, trace_id=trace_id or trace_id_for(path, workflow_id),
         workflow_id=workflow_id, rank=trace.rank, source=str(path),

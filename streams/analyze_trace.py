@@ -21,7 +21,6 @@ from streams.trace_temporal_breakdown import Coverage, TemporalBreakdown
 
 # A GPU event starting this long after its runtime call is not joined to it.
 PENDING_HORIZON_US = 10_000_000
-_CALL_FIELDS = ("name", "ts", "dur")
 
 
 class TraceAnalyzer:
@@ -52,7 +51,7 @@ class TraceAnalyzer:
         corr = event["correlation"]
         if event["stream"] < 0:
             if corr >= 0:
-                self._calls[corr] = {f: event[f] for f in _CALL_FIELDS}
+                self._calls[corr] = {"name": event["name"], "ts": ts, "dur": event["dur"]}
                 self._call_order.append((ts, corr))
                 self._evict(ts)
             self.antipatterns.add_cpu(event)

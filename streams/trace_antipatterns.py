@@ -220,15 +220,15 @@ class AntipatternCollector:
         span = self.group_end - self.first_ts
         chunk = span / CHUNKS
         w = self.bucket_us
+        buckets = self.buckets
         out = []
         for k in range(CHUNKS):
             lo, hi = k * chunk, (k + 1) * chunk
             covered = 0.0
-            for i, busy in enumerate(self.buckets):
-                b_lo, b_hi = i * w, (i + 1) * w
-                overlap = min(hi, b_hi) - max(lo, b_lo)
+            for i in range(int(lo // w), min(len(buckets), int(hi // w) + 1)):  # the buckets it touches
+                overlap = min(hi, (i + 1) * w) - max(lo, i * w)
                 if overlap > 0:
-                    covered += busy * overlap / w  # busy time assumed even within a bucket
+                    covered += buckets[i] * overlap / w  # busy time assumed even within a bucket
             out.append(min(1.0, covered / chunk))
         return out
 

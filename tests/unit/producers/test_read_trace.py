@@ -24,6 +24,34 @@ def test_kineto_layout_and_generic_json_read_the_same(tmp_path):
     assert not kineto.partial
 
 
+def test_unusual_items_in_a_kineto_block_read_as_the_generic_parser_reads_them(tmp_path):
+    # An args that is not an object and an event with null fields do not fit the typed
+    # parse of a block: that block is parsed generically, with the same result.
+    events = [runtime("cudaLaunchKernel", i * 10, 2, corr=i) for i in range(40)]
+    events += [kernel("gemm", i * 10 + 3, 4, corr=i) for i in range(40)]
+    events[5]["args"] = ["not", "an", "object"]
+    events[6]["dur"] = None
+    generic = read_trace(write_trace(tmp_path / "a.json", events))
+    kineto = read_trace(write_trace(tmp_path / "b.json", events, kineto_layout=True))
+    assert kineto.events == generic.events and not kineto.partial
+    assert kineto.events_seen == generic.events_seen == 81
+    assert len(kineto.events) == 79  # the call without dur is not kept
+    call = next(e for e in kineto.events if e["ts"] == 50 and e["kind"] == "runtime")
+    assert call["correlation"] == -1  # its args were not an object: read as none
+
+
+def test_objects_after_trace_events_are_not_read_as_events(tmp_path):
+    # After traceEvents, top-level objects close with "  }" lines too: the block that holds
+    # the end of traceEvents is cut there.
+    events = [kernel("gemm", i * 10, 5, corr=i) for i in range(300)]
+    path = write_trace(tmp_path / "t.json", events, kineto_layout=True)
+    text = path.read_text()
+    assert text.endswith("\n]}")
+    path.write_text(text[:-1] + ',\n  "distributedInfo": {\n    "rank": 3\n  },\n  "x": [\n  {\n  }\n  ]\n}')
+    trace = read_trace(path)
+    assert not trace.partial and trace.events_seen == 301 and len(trace.events) == 300
+
+
 @pytest.mark.parametrize("kineto_layout", [False, True])
 def test_truncated_trace_is_analysed_up_to_the_damage(tmp_path, kineto_layout):
     events = [kernel("gemm", i * 10, 5, corr=i) for i in range(200)]
