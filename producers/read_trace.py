@@ -26,10 +26,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from operator import itemgetter
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Self
 
 import msgspec
-from zlib_ng import gzip_ng
+from zlib_ng import zlib_ng
 
 # Kineto categories -> the kinds of the KernelEvent schema.
 KIND_BY_CAT = {
@@ -74,7 +74,59 @@ def open_trace(path: str | Path) -> IO[bytes]:
         raise TraceError(f"no trace file at {path}")
     with path.open("rb") as probe:
         gz = probe.read(2) == b"\x1f\x8b"
-    return gzip_ng.open(path, "rb") if gz else path.open("rb")
+    return _Gunzip(path) if gz else path.open("rb")
+
+
+class _Gunzip:
+    """A gzip file read through zlib-ng's decompressor (3-4x the standard zlib's speed), in
+    ``read(n)`` steps, members one after another as ``gzip.open`` reads them. Not zlib-ng's
+    ``gzip_ng.open``: importing it (argparse, shutil, bz2, lzma) takes longer than reading
+    a small trace. Raises ``EOFError`` for a file cut short, ``TraceDamaged`` for corrupt data."""
+
+    CHUNK = 1 << 16
+
+    def __init__(self, path: Path) -> None:
+        self._raw = path.open("rb")
+        self._inflate = zlib_ng.decompressobj(wbits=31)  # 31: a gzip header and trailer
+        self._pending = b""  # compressed input not yet given to the decompressor
+
+    def read(self, n: int = -1) -> bytes:
+        size = n if n > 0 else self.CHUNK
+        if n == 0:
+            return b""
+        while True:
+            d = self._inflate
+            if d.eof:  # one member done: another may follow (zero padding is skipped, as gzip does)
+                rest = (d.unused_data + self._pending).lstrip(b"\0")
+                self._pending = b""
+                while not rest:
+                    chunk = self._raw.read(self.CHUNK)
+                    if not chunk:
+                        return b""
+                    rest = chunk.lstrip(b"\0")
+                if rest[:2] != b"\x1f\x8b":
+                    raise TraceDamaged("data after the end of the gzip stream")
+                self._inflate = d = zlib_ng.decompressobj(wbits=31)
+                self._pending = rest
+            data = d.unconsumed_tail or self._pending or self._raw.read(self.CHUNK)
+            self._pending = b""
+            if not data:
+                raise EOFError("Compressed file ended before the end-of-stream marker was reached")
+            try:
+                out = d.decompress(data, size)
+            except zlib_ng.error as exc:
+                raise TraceDamaged(f"corrupt gzip data: {exc}") from exc
+            if out:
+                return out
+
+    def close(self) -> None:
+        self._raw.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def read_metadata(path: str | Path) -> dict[str, Any]:
@@ -115,11 +167,6 @@ def _metadata_streamed(path: str | Path) -> dict[str, Any]:
         except (ijson.JSONError, EOFError, OSError) as exc:
             raise TraceError(f"{path} is not a readable JSON trace: {exc}") from exc
     return meta
-
-
-def _as_int(value: Any) -> int:
-    """``value`` as an int (-1 if it is none), without a try for the common case."""
-    return value if type(value) is int else _int(value)
 
 
 def _int(value: Any, default: int = -1) -> int:
@@ -366,7 +413,7 @@ def read_trace(path: str | Path) -> TraceRead:
                         continue  # CPU ops the analysis does not use
                 candidates.append(_record(e, kind, name, args, stream, corr, names))
                 gpu_sides.append(gpu_side)
-    except (TraceDamaged, EOFError, OSError, gzip_ng.BadGzipFile) as exc:
+    except (TraceDamaged, EOFError, OSError) as exc:
         result.partial = True
         result.error = f"trace damaged after {seen} events: {exc}"
     if seen == 0 and result.partial:
@@ -428,8 +475,11 @@ def _record(e: Event, kind: str | None, name: str, args: Args, stream: int, corr
             names: dict[str, str]) -> dict:
     ts, dur = e.ts, e.dur
     name = names.setdefault(name, name)
-    nbytes = _as_int(args.bytes)
-    device = _as_int(args.device)
+    nbytes, device, grid, block = args.bytes, args.device, args.grid, args.block
+    if type(nbytes) is not int:
+        nbytes = _int(nbytes)
+    if type(device) is not int:
+        device = _int(device)
     return {
         "kind": kind or "other",
         "cat": e.cat,
@@ -442,8 +492,8 @@ def _record(e: Event, kind: str | None, name: str, args: Args, stream: int, corr
         "correlation": correlation,
         "bytes": nbytes if nbytes >= 0 else None,
         "memcpy_kind": name[len("Memcpy "):] if kind == "memcpy" and name.startswith("Memcpy ") else None,
-        "grid": _dims(args.grid),
-        "block": _dims(args.block),
+        "grid": grid if grid is None else _dims(grid),
+        "block": block if block is None else _dims(block),
     }
 
 

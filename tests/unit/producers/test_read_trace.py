@@ -1,5 +1,7 @@
 """Reading trace files: gzip or not, damaged files, and the real traces in shared/traces."""
 
+import gzip
+
 import pytest
 
 from gpufleet.analyze import analyze_file
@@ -84,6 +86,26 @@ def test_truncated_gzip_is_partial(tmp_path):
     trace = read_trace(path)
     assert trace.partial and trace.error
     assert 0 < len(trace.events) < 2000
+
+
+def test_gzip_members_and_padding_read_as_one_file(tmp_path):
+    # gzip.open reads concatenated members and skips zero padding after them: so do we.
+    events = [kernel("gemm", i * 10, 5, corr=i) for i in range(3000)]
+    plain = write_trace(tmp_path / "t.json", events, kineto_layout=True)
+    data = plain.read_bytes()
+    cut = len(data) // 3
+    (tmp_path / "m.json.gz").write_bytes(gzip.compress(data[:cut]) + gzip.compress(data[cut:]) + b"\0" * 512)
+    assert read_trace(tmp_path / "m.json.gz").events == read_trace(plain).events
+
+
+def test_gzip_checksum_mismatch_is_partial(tmp_path):
+    # The events all parse, but the trailer's CRC says the data is not what was written.
+    events = [kernel("gemm", i * 10, 5, corr=i) for i in range(3000)]
+    data = bytearray(write_trace(tmp_path / "t.json.gz", events, gz=True, kineto_layout=True).read_bytes())
+    data[-8] ^= 0xFF
+    (tmp_path / "bad.json.gz").write_bytes(bytes(data))
+    trace = read_trace(tmp_path / "bad.json.gz")
+    assert trace.partial and "corrupt gzip data" in trace.error
 
 
 def test_unreadable_files_give_a_clear_error(tmp_path):
