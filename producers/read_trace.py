@@ -91,7 +91,9 @@ class _Gunzip:
         self._pending = b""  # compressed input not yet given to the decompressor
 
     def read(self, n: int = -1) -> bytes:
-        size = n if n > 0 else self.CHUNK
+        """At most ``n`` bytes (all that is left when ``n`` < 0); b"" at the end."""
+        if n < 0:
+            return b"".join(iter(lambda: self.read(self.CHUNK), b""))
         if n == 0:
             return b""
         while True:
@@ -113,7 +115,7 @@ class _Gunzip:
             if not data:
                 raise EOFError("Compressed file ended before the end-of-stream marker was reached")
             try:
-                out = d.decompress(data, size)
+                out = d.decompress(data, n)
             except zlib_ng.error as exc:
                 raise TraceDamaged(f"corrupt gzip data: {exc}") from exc
             if out:
@@ -270,30 +272,21 @@ def _kineto_blocks(fh: IO[bytes], buf: bytes, block: int = 1 << 16) -> Iterator[
                 events = _block_decoder.decode(b"[" + body + b"]")
             except msgspec.DecodeError:
                 m = _LAST_EVENT.search(buf)
-                if m is not None and m.start() < first:
-                    _closed(buf[:m.start() + 4])
-                    return
+                if m is not None and m.start() < first:  # an event's end, but no event began
+                    raise TraceDamaged("an event of traceEvents is cut short")
                 if m is not None:
                     last = m.start()
                 events = _events_of(buf[first + 1:last + 4])
             yield from events
             buf = buf[last + 4:]
             continue
-        m = _LAST_EVENT.search(buf)
-        if m is not None:
-            _closed(buf[:m.start() + 4])
-            return
+        if _LAST_EVENT.search(buf):  # the end of traceEvents after a part of an event
+            raise TraceDamaged("an event of traceEvents is cut short")
         if eof:
             raise TraceDamaged("the file ends inside traceEvents")
         chunk = fh.read(block)
         eof = not chunk
         buf += chunk
-
-
-def _closed(before: bytes) -> None:
-    """``traceEvents`` closes after ``before``, which holds no complete event: it must be empty."""
-    if before.strip(b",\r\n \t}"):
-        raise TraceDamaged("an event of traceEvents is cut short")
 
 
 def _events_of(body: bytes) -> Iterator[Event | None]:
@@ -306,9 +299,15 @@ def _events_of(body: bytes) -> Iterator[Event | None]:
 
 
 def _one_by_one(body: bytes) -> Iterator[Event | None]:
+    """The events of ``body`` up to the first that does not parse; text between events other
+    than commas and blanks (a part of an event whose start is lost) is damage too."""
     pos = 0
-    i = body.find(b"{")
-    while i >= 0:
+    while pos < len(body):
+        i = body.find(b"{", pos)
+        if i < 0 or body[pos:i].strip(b", \t\r\n"):
+            if i < 0 and not body[pos:].strip(b", \t\r\n"):
+                return
+            raise TraceDamaged("text between events that is not an event")
         j = body.find(_EVENT_END, i)
         end = len(body) if j < 0 else j + 4
         try:
@@ -316,8 +315,6 @@ def _one_by_one(body: bytes) -> Iterator[Event | None]:
         except msgspec.DecodeError as exc:
             raise TraceDamaged(f"invalid event: {exc}") from exc
         pos = end
-        i = body.find(_EVENT_START, pos)
-        i = -1 if i < 0 else i + 1
 
 
 class _Prefixed:

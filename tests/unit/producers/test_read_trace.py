@@ -78,6 +78,17 @@ def test_corrupt_event_in_the_middle_stops_there(tmp_path):
     assert len(trace.events) == 50
 
 
+def test_an_event_that_lost_its_start_is_damage_not_skipped(tmp_path):
+    events = [kernel("gemm", i * 10, 5, corr=i) for i in range(100)]
+    path = write_trace(tmp_path / "t.json", events, kineto_layout=True)
+    data = path.read_bytes()
+    start = data.index(b'\n  {\n    "ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 500')
+    path.write_bytes(data[:start] + data[start + 4:])  # the "  {" line of the 51st event is gone
+    trace = read_trace(path)
+    assert trace.partial and "not an event" in trace.error
+    assert len(trace.events) == 50
+
+
 def test_truncated_gzip_is_partial(tmp_path):
     events = [kernel("gemm", i * 10, 5, corr=i) for i in range(2000)]
     path = write_trace(tmp_path / "t.json.gz", events, gz=True, kineto_layout=True)
