@@ -65,6 +65,11 @@ print(json.dumps({"kernel_us": float(tb["kernel_time(us)"]), "idle_us": float(tb
 """
 
 
+# The same programs up to their imports: what a run costs before it reads anything.
+OURS_STARTUP = OURS.split("r = analyze_file")[0] + "print('{}')\n"
+HTA_STARTUP = HTA.split("d = tempfile.mkdtemp()")[0] + "print('{}')\n"
+
+
 def measure(python: str, code: str, trace: Path, cwd: Path) -> tuple[dict | None, float, float, float, str]:
     """Run ``code`` on ``trace`` in a fresh interpreter: (result, wall s, CPU s, peak RSS MiB, error)."""
     t0 = time.perf_counter()
@@ -135,6 +140,13 @@ def main() -> None:
         subprocess.run([sys.executable, __file__, "--make-scaled", str(largest), str(args.scale), str(dest)],
                        check=True)
         traces = [*traces, dest]
+    ours_start, hta_start = Runs(), Runs()
+    for _ in range(args.repeat):
+        ours_start.add(*measure(sys.executable, OURS_STARTUP, traces[0], ROOT))
+        if have_hta:
+            hta_start.add(*measure(str(HTA_PYTHON), HTA_STARTUP, traces[0], tmp))
+    print(f"start-up (interpreter and imports, no trace)\n  gpufleet:  {ours_start}"
+          + (f"\n  HTA 0.5.0: {hta_start}" if have_hta else "") + "\n", flush=True)
     for trace in traces:
         size = trace.stat().st_size / 2**20
         ours, hta = Runs(), Runs()
@@ -148,6 +160,10 @@ def main() -> None:
             if not hta.error and not ours.error:
                 line += (f"\n  ratio (medians): {hta.wall / ours.wall:5.1f}x faster ({hta.cpu / ours.cpu:.1f}x in CPU time),"
                          f" {ours.peak / hta.peak:5.2f} of HTA's memory")
+                ours_work, hta_work = ours.wall - ours_start.wall, hta.wall - hta_start.wall
+                if ours_work > 0.005:
+                    line += (f"\n  beyond start-up: {hta_work / ours_work:5.1f}x faster"
+                             f" ({ours_work:.2f} s against {hta_work:.2f} s)")
                 for key in ("kernel_us", "idle_us", "compute_us", "non_compute_us", "overlap_pct",
                             "launches", "launch_delay_total_us", "idle_by_stream"):
                     same = "same" if ours.result[key] == hta.result[key] else "DIFFERENT"

@@ -253,13 +253,15 @@ def _streamed_items(fh: _Prefixed) -> Iterator[Any]:
         raise TraceDamaged(f"invalid JSON: {exc}") from exc
 
 
-def _kineto_blocks(fh: IO[bytes], buf: bytes, block: int = 1 << 16) -> Iterator[Event | None]:
+def _kineto_blocks(fh: IO[bytes], head: bytes, block: int = 1 << 16) -> Iterator[Event | None]:
     """Events of a Kineto layout, a block of the file at a time: the complete events of each
-    block are parsed in one call (as a JSON array: they are separated by commas).
-    ``traceEvents`` ends where an event's ``  }`` is followed by ``]`` (after it, top-level
-    objects close with ``  }`` lines too); a block holding that end does not parse as an
-    array, so the end is searched for only in a block that fails to parse (a full scan of
-    every block would cost a tenth of the whole read)."""
+    block are parsed in one call, as a JSON array framed in place (no copy of the block: the
+    blank before the first event's brace becomes ``[`` and the byte after the last one's,
+    a separator, ``]`` for the parse). ``traceEvents`` ends where an event's ``  }`` is
+    followed by ``]`` (after it, top-level objects close with ``  }`` lines too); a block
+    holding that end does not parse as an array, so the end is searched for only in a block
+    that fails to parse (a full scan of every block would cost a tenth of the whole read)."""
+    buf = bytearray(head)
     eof = False
     while True:
         if _CLOSE.match(buf):
@@ -267,18 +269,16 @@ def _kineto_blocks(fh: IO[bytes], buf: bytes, block: int = 1 << 16) -> Iterator[
         first = buf.find(_EVENT_START)
         last = buf.rfind(_EVENT_END)
         if first >= 0 and last > first:
-            body = buf[first + 1:last + 4]
-            try:
-                events = _block_decoder.decode(b"[" + body + b"]")
-            except msgspec.DecodeError:
+            events = _framed(buf, first + 2, last + 4)
+            if events is None:
                 m = _LAST_EVENT.search(buf)
                 if m is not None and m.start() < first:  # an event's end, but no event began
                     raise TraceDamaged("an event of traceEvents is cut short")
                 if m is not None:
                     last = m.start()
-                events = _events_of(buf[first + 1:last + 4])
+                events = _events_of(bytes(buf[first + 1:last + 4]))
             yield from events
-            buf = buf[last + 4:]
+            del buf[:last + 4]
             continue
         if _LAST_EVENT.search(buf):  # the end of traceEvents after a part of an event
             raise TraceDamaged("an event of traceEvents is cut short")
@@ -287,6 +287,27 @@ def _kineto_blocks(fh: IO[bytes], buf: bytes, block: int = 1 << 16) -> Iterator[
         chunk = fh.read(block)
         eof = not chunk
         buf += chunk
+
+
+def _framed(buf: bytearray, start: int, end: int) -> list[Event] | None:
+    """The events of ``buf[start:end]`` (from a blank before an event's ``{`` to just after
+    the ``}`` of a later one), or None if that is not a list of events."""
+    after = buf[end] if end < len(buf) else None
+    buf[start] = 0x5B  # [
+    if after is None:
+        buf.append(0x5D)  # ]
+    else:
+        buf[end] = 0x5D
+    try:
+        return _block_decoder.decode(memoryview(buf)[start:end + 1])
+    except msgspec.DecodeError:
+        return None
+    finally:
+        buf[start] = 0x20
+        if after is None:
+            del buf[end]
+        else:
+            buf[end] = after
 
 
 def _events_of(body: bytes) -> Iterator[Event | None]:
@@ -394,7 +415,10 @@ def read_trace(path: str | Path) -> TraceRead:
                 if type(corr) is not int:
                     corr = _int(corr)
                 name = e.name
-                gpu_side = (stream >= 0 and corr >= 0) or name in DEVICE_SYNC_NAMES
+                if type(name) is not str:
+                    name = "" if name is None else str(name)
+                # (endswith first: hashing every CPU operator's long name for the set costs more)
+                gpu_side = (stream >= 0 and corr >= 0) or (name.endswith("Sync") and name in DEVICE_SYNC_NAMES)
                 kind = kinds.get(cat)
                 if not gpu_side:
                     if "ProfilerStep" in name:

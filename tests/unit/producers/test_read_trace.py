@@ -6,7 +6,7 @@ import pytest
 
 from gpufleet.analyze import analyze_file
 from producers.read_trace import TraceError, read_trace
-from tests.unit.traces import SHARED_TRACES, kernel, runtime, write_trace
+from tests.unit.traces import SHARED_TRACES, cpu_op, kernel, runtime, write_trace
 
 
 def test_gzip_and_plain_read_the_same(tmp_path):
@@ -40,6 +40,15 @@ def test_unusual_items_in_a_kineto_block_read_as_the_generic_parser_reads_them(t
     assert len(kineto.events) == 79  # the call without dur is not kept
     call = next(e for e in kineto.events if e["ts"] == 50 and e["kind"] == "runtime")
     assert call["correlation"] == -1  # its args were not an object: read as none
+
+
+@pytest.mark.parametrize("kineto_layout", [False, True])
+def test_an_event_named_by_a_number_is_read_not_a_crash(tmp_path, kineto_layout):
+    events = [runtime("cudaLaunchKernel", 0, 2, corr=1), kernel("gemm", 3, 4, corr=1), cpu_op("x", 1, 1)]
+    events[2]["name"] = 17
+    events[0]["name"] = None
+    trace = read_trace(write_trace(tmp_path / "t.json", events, kineto_layout=kineto_layout))
+    assert not trace.partial and [e["name"] for e in trace.events] == ["", "gemm"]
 
 
 def test_objects_after_trace_events_are_not_read_as_events(tmp_path):
