@@ -1,1 +1,3 @@
-"""Host side of gpufleet: the simulated fleet, (later) the NVML sampler and trace ingester, and the Kafka publisher."""
+"""Host side of gpufleet: the host agent (NVML and host sampling, process attribution, the
+spool and its forwarder to Kafka), the profiling hook and its agent, the trace reader and
+ingester, and the simulated fleet."""
