@@ -161,7 +161,7 @@ def main() -> None:
                 line += (f"\n  ratio (medians): {hta.wall / ours.wall:5.1f}x faster ({hta.cpu / ours.cpu:.1f}x in CPU time),"
                          f" {ours.peak / hta.peak:5.2f} of HTA's memory")
                 ours_work, hta_work = ours.wall - ours_start.wall, hta.wall - hta_start.wall
-                if ours_work > 0.005:
+                if ours_work > 0.05 and hta_work > 0.5:  # else both are start-up and noise
                     line += (f"\n  beyond start-up: {hta_work / ours_work:5.1f}x faster"
                              f" ({ours_work:.2f} s against {hta_work:.2f} s)")
                 for key in ("kernel_us", "idle_us", "compute_us", "non_compute_us", "overlap_pct",
