@@ -231,17 +231,19 @@ _LAST_EVENT = re.compile(rb"\n  \}[ \t\r\n]*\]")
 _CLOSE = re.compile(rb"[, \t\r\n]*\]")
 
 
-def _events(fh: IO[bytes]) -> Iterator[Event | None]:
-    """The items of ``traceEvents``. Kineto pretty-prints each event as a block from a line
-    ``  {`` to a line ``  }``: such files are split on those lines and parsed with msgspec
-    into ``Event``s, reading only the fields the analysis uses (about 2x faster than parsing
-    whole events with orjson, 6x than a streaming parser); any other layout goes through ijson."""
+def _event_blocks(fh: IO[bytes]) -> Iterator[Iterable[Event | None]]:
+    """The items of ``traceEvents``, a block at a time (a loop over blocks and then over a
+    block's list costs less than resuming a generator per event). Kineto pretty-prints each
+    event as a block from a line ``  {`` to a line ``  }``: such files are split on those
+    lines and parsed with msgspec into ``Event``s, reading only the fields the analysis uses
+    (about 2x faster than parsing whole events with orjson, 6x than a streaming parser); any
+    other layout goes through ijson, as one block."""
     head = fh.read(1 << 16)
     anchor = head.find(b'"traceEvents"')
     bracket = head.find(b"[", anchor) if anchor >= 0 else -1
     if bracket >= 0 and head[bracket + 1:].lstrip(b" \r\t").startswith(b"\n  {\n"):
         return _kineto_blocks(fh, head[bracket + 1:])
-    return _typed(_streamed_items(_Prefixed(head, fh)))
+    return iter([_typed(_streamed_items(_Prefixed(head, fh)))])
 
 
 def _streamed_items(fh: _Prefixed) -> Iterator[Any]:
@@ -253,7 +255,7 @@ def _streamed_items(fh: _Prefixed) -> Iterator[Any]:
         raise TraceDamaged(f"invalid JSON: {exc}") from exc
 
 
-def _kineto_blocks(fh: IO[bytes], head: bytes, block: int = 1 << 16) -> Iterator[Event | None]:
+def _kineto_blocks(fh: IO[bytes], head: bytes, block: int = 1 << 16) -> Iterator[Iterable[Event | None]]:
     """Events of a Kineto layout, a block of the file at a time: the complete events of each
     block are parsed in one call, as a JSON array framed in place (no copy of the block: the
     blank before the first event's brace becomes ``[`` and the byte after the last one's,
@@ -277,7 +279,7 @@ def _kineto_blocks(fh: IO[bytes], head: bytes, block: int = 1 << 16) -> Iterator
                 if m is not None:
                     last = m.start()
                 events = _events_of(bytes(buf[first + 1:last + 4]))
-            yield from events
+            yield events
             del buf[:last + 4]
             continue
         if _LAST_EVENT.search(buf):  # the end of traceEvents after a part of an event
@@ -394,46 +396,48 @@ def read_trace(path: str | Path) -> TraceRead:
         with open_trace(path) as fh, no_cycle_collection():
             # The hot loop of the analysis (one pass per event): kept flat on purpose.
             kinds, no_args = KIND_BY_CAT, _NO_ARGS
-            for e in _events(fh):
-                seen += 1
-                if e is None:  # not an object
-                    any_float = True
-                    continue
-                ts = e.ts
-                if ts is None or type(ts) is float:
-                    any_float = True
-                cat = e.cat
-                if ts is None or cat is None or cat == "Trace" or e.dur is None:
-                    if e.name == "[memory]":
-                        memory.add(e.args or no_args)
-                    continue
-                args = e.args or no_args
-                stream = args.stream
-                if type(stream) is not int:
-                    stream = _int(stream)
-                corr = args.correlation
-                if type(corr) is not int:
-                    corr = _int(corr)
-                name = e.name
-                if type(name) is not str:
-                    name = "" if name is None else str(name)
-                # (endswith first: hashing every CPU operator's long name for the set costs more)
-                gpu_side = (stream >= 0 and corr >= 0) or (name.endswith("Sync") and name in DEVICE_SYNC_NAMES)
-                kind = kinds.get(cat)
-                if not gpu_side:
-                    if "ProfilerStep" in name:
-                        steps.setdefault(name, []).append(ts)
-                    if corr >= 0:
-                        first_ts = cpu_corr_ts.get(corr)
-                        if first_ts is None or ts < first_ts:
-                            cpu_corr_ts[corr] = ts
-                    if kind is None and stream < 0:
-                        continue  # flow events, python functions...: not used by the analysis
-                    if (kind == "cpu_op" or kind == "annotation") and "ProfilerStep" not in name \
-                            and "DataLoader" not in name:
-                        continue  # CPU ops the analysis does not use
-                candidates.append(_record(e, kind, name, args, stream, corr, names))
-                gpu_sides.append(gpu_side)
+            for block in _event_blocks(fh):
+                for e in block:
+                    seen += 1
+                    if e is None:  # not an object
+                        any_float = True
+                        continue
+                    ts = e.ts
+                    if ts is None or type(ts) is float:
+                        any_float = True
+                    cat = e.cat
+                    if ts is None or cat is None or cat == "Trace" or e.dur is None:
+                        if e.name == "[memory]":
+                            memory.add(e.args or no_args)
+                        continue
+                    args = e.args or no_args
+                    stream = args.stream
+                    if type(stream) is not int:
+                        stream = _int(stream)
+                    corr = args.correlation
+                    if type(corr) is not int:
+                        corr = _int(corr)
+                    name = e.name
+                    if type(name) is not str:
+                        name = "" if name is None else str(name)
+                    # (endswith first: hashing every CPU operator's long name for the set costs more)
+                    gpu_side = (stream >= 0 and corr >= 0) or (name.endswith("Sync")
+                                                                and name in DEVICE_SYNC_NAMES)
+                    kind = kinds.get(cat)
+                    if not gpu_side:
+                        if "ProfilerStep" in name:
+                            steps.setdefault(name, []).append(ts)
+                        if corr >= 0:
+                            first_ts = cpu_corr_ts.get(corr)
+                            if first_ts is None or ts < first_ts:
+                                cpu_corr_ts[corr] = ts
+                        if kind is None and stream < 0:
+                            continue  # flow events, python functions...: not used by the analysis
+                        if (kind == "cpu_op" or kind == "annotation") and "ProfilerStep" not in name \
+                                and "DataLoader" not in name:
+                            continue  # CPU ops the analysis does not use
+                    candidates.append(_record(e, kind, name, args, stream, corr, names))
+                    gpu_sides.append(gpu_side)
     except (TraceDamaged, EOFError, OSError) as exc:
         result.partial = True
         result.error = f"trace damaged after {seen} events: {exc}"
