@@ -23,7 +23,6 @@ import math
 import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from operator import itemgetter
 from pathlib import Path
 from typing import IO, Any, Self
@@ -48,17 +47,16 @@ class TraceError(ValueError):
     """A trace file that cannot be read at all (missing, not JSON, no traceEvents)."""
 
 
-@dataclass
-class TraceRead:
+class TraceRead(msgspec.Struct):
     path: str
     rank: int = 0
-    events: list[dict] = field(default_factory=list)  # sorted by (ts, CPU before GPU)
+    events: list[dict] = msgspec.field(default_factory=list)  # sorted by (ts, CPU before GPU)
     events_seen: int = 0
     last_step_dropped: bool = False
     rounded: bool = False
     partial: bool = False
     error: str | None = None
-    device_properties: list[dict] = field(default_factory=list)
+    device_properties: list[dict] = msgspec.field(default_factory=list)
     memory_peak_bytes: int | None = None  # highest allocated on any GPU, from the profiler's memory events
     memory_total_bytes: int | None = None  # that GPU's memory
 

@@ -6,12 +6,12 @@ Names carry a version: an incompatible change of a topic's contract gets a new t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import PurePath
 
+import msgspec
 
-@dataclass(frozen=True)
-class TopicSpec:
+
+class TopicSpec(msgspec.Struct, frozen=True):
     name: str
     schema: str
     key_field: str | None

@@ -10,11 +10,11 @@ condition must hold before anyone is told is the alert life cycle's job (``alert
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+
+import msgspec
 
 
-@dataclass(frozen=True)
-class DetectorConfig:
+class DetectorConfig(msgspec.Struct, frozen=True):
     low_util_warn_pct: float = 25.0
     low_util_critical_pct: float = 15.0
     low_util_min_s: float = 600.0  # 10 minutes
@@ -33,8 +33,7 @@ class DetectorConfig:
     input_bound_min_s: float = 600.0
 
 
-@dataclass(frozen=True)
-class Violation:
+class Violation(msgspec.Struct, frozen=True):
     detector: str
     severity: str  # WARNING or CRITICAL
     observed: float

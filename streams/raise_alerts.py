@@ -7,7 +7,9 @@ windows themselves.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+
+from msgspec.structs import replace
 
 from streams.alert_lifecycle import LifecycleConfig, step
 from streams.detect_waste import DETECTORS, DetectorConfig, detect
@@ -30,11 +32,10 @@ def load_detector_config(path) -> tuple[DetectorConfig, dict[str, DetectorConfig
     """Thresholds from a TOML file: ``[default]`` and ``[teams.<name>]`` tables whose keys are
     ``DetectorConfig`` fields; a team's table overrides the default's."""
     import tomllib
-    from dataclasses import fields as dataclass_fields
     from pathlib import Path
 
     raw = tomllib.loads(Path(path).read_text())
-    known = {f.name for f in dataclass_fields(DetectorConfig)}
+    known = set(DetectorConfig.__struct_fields__)
     for section, values in [("default", raw.get("default", {}))] + list(raw.get("teams", {}).items()):
         unknown = set(values) - known
         if unknown:

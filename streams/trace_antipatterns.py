@@ -24,8 +24,9 @@ findings can overlap (a gap is also a low-utilisation chunk): do not add them up
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
+
+import msgspec
 
 from streams.detect_waste import DetectorConfig
 
@@ -56,8 +57,7 @@ def _matmul_kind(name: str) -> tuple[bool, bool]:
     return matmul, matmul and TENSOR_CORE_RE.search(name) is not None
 
 
-@dataclass
-class AntipatternCollector:
+class AntipatternCollector(msgspec.Struct):
     # GPU busy coverage, for gaps and the utilisation histogram
     first_ts: float | None = None
     group_start: float = 0.0
@@ -65,7 +65,7 @@ class AntipatternCollector:
     gaps: int = 0
     gap_us: float = 0.0
     bucket_us: float = 1000.0
-    buckets: list[float] = field(default_factory=list)
+    buckets: list[float] = msgspec.field(default_factory=list)
     # synchronisation and copies
     sync_calls: int = 0
     sync_us: float = 0.0
@@ -77,13 +77,13 @@ class AntipatternCollector:
     sync_memset: int = 0
     sync_memset_us: float = 0.0
     # trains of short kernels, per stream: [current run length, idle inside the run, previous end]
-    runs: dict[int, list[float]] = field(default_factory=dict)
+    runs: dict[int, list[float]] = msgspec.field(default_factory=dict)
     trains: int = 0
     train_kernels: int = 0
     train_idle_us: float = 0.0
     # input pipeline: DataLoader time, and its union with GPU busy time
-    dataloader: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])  # Coverage fields
-    dataloader_or_gpu: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
+    dataloader: list[float] = msgspec.field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])  # Coverage fields
+    dataloader_or_gpu: list[float] = msgspec.field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
     dataloader_seen: bool = False
     # precision
     matmul_us: float = 0.0
@@ -233,13 +233,13 @@ class AntipatternCollector:
         return out
 
     def to_state(self) -> dict:
-        state = asdict(self)
-        state["runs"] = {str(k): v for k, v in self.runs.items()}
+        state = msgspec.to_builtins(self)  # new lists and dicts: a snapshot, not a view
+        state["runs"] = {str(k): v for k, v in state["runs"].items()}
         return state
 
     @classmethod
     def from_state(cls, state: dict) -> AntipatternCollector:
-        c = cls(**{f.name: state[f.name] for f in fields(cls)})
+        c = cls(**{name: state[name] for name in cls.__struct_fields__})
         c.runs = {int(k): list(v) for k, v in state["runs"].items()}
         c.buckets = list(state["buckets"])
         c.dataloader = list(state["dataloader"])

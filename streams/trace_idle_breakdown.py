@@ -9,15 +9,15 @@ between back-to-back kernels); other otherwise. State: one previous end per stre
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+
+import msgspec
 
 KERNEL_WAIT_US = 30
 IDLE_CATEGORIES = ("host_wait", "kernel_wait", "other")
 KERNEL_CATS = frozenset({"kernel", "Kernel", "gpu_memset", "Memset", "gpu_memcpy", "Memcpy"})
 
 
-@dataclass
-class StreamIdle:
+class StreamIdle(msgspec.Struct):
     host_wait: float = 0.0
     kernel_wait: float = 0.0
     other: float = 0.0
@@ -33,11 +33,10 @@ class StreamIdle:
         return out
 
 
-@dataclass
-class IdleBreakdown:
+class IdleBreakdown(msgspec.Struct):
     kernel_wait_us: float = KERNEL_WAIT_US
-    streams: dict[int, StreamIdle] = field(default_factory=lambda: defaultdict(StreamIdle))
-    _prev_end: dict[int, float] = field(default_factory=dict)
+    streams: dict[int, StreamIdle] = msgspec.field(default_factory=lambda: defaultdict(StreamIdle))
+    _prev_end: dict[int, float] = msgspec.field(default_factory=dict)
 
     def add(self, event: dict, runtime_ts: float | None) -> None:
         """A GPU event in start order, with the start of the runtime call that launched it (if known)."""

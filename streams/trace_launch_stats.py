@@ -8,15 +8,14 @@ outlier: call > 50 us; a launch-delay outlier: delay > 100 us.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 LAUNCH_CALLS = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cudaMemcpyAsync", "cudaMemsetAsync"})
 RUNTIME_CUTOFF_US = 50
 LAUNCH_DELAY_CUTOFF_US = 100
 
 
-@dataclass
-class LaunchStats:
+class LaunchStats(msgspec.Struct):
     runtime_cutoff_us: float = RUNTIME_CUTOFF_US
     launch_delay_cutoff_us: float = LAUNCH_DELAY_CUTOFF_US
     launches: int = 0

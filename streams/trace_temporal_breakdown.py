@@ -8,7 +8,7 @@ Semantics of HTA 0.5.0: touching intervals merge; kernel time = last end - first
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import msgspec
 
 from streams.trace_kernel_type import KernelType, kernel_type
 
@@ -42,8 +42,7 @@ class Coverage:
         return 0.0 if self.first is None else self.end - self.first
 
 
-@dataclass(frozen=True)
-class TemporalResult:
+class TemporalResult(msgspec.Struct, frozen=True):
     kernel_us: float
     idle_us: float
     compute_us: float
