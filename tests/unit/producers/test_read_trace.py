@@ -1,11 +1,12 @@
 """Reading trace files: gzip or not, damaged files, and the real traces in shared/traces."""
 
+import gc
 import gzip
 
 import pytest
 
 from gpufleet.analyze import analyze_file
-from producers.read_trace import TraceError, read_trace
+from producers.read_trace import TraceError, open_trace, read_trace
 from tests.unit.traces import SHARED_TRACES, cpu_op, kernel, runtime, write_trace
 
 
@@ -116,6 +117,8 @@ def test_gzip_members_and_padding_read_as_one_file(tmp_path):
     cut = len(data) // 3
     (tmp_path / "m.json.gz").write_bytes(gzip.compress(data[:cut]) + gzip.compress(data[cut:]) + b"\0" * 512)
     assert read_trace(tmp_path / "m.json.gz").events == read_trace(plain).events
+    with open_trace(tmp_path / "m.json.gz") as fh:
+        assert fh.read(10) == data[:10] and fh.read() == data[10:] and fh.read(10) == b""
 
 
 def test_gzip_checksum_mismatch_is_partial(tmp_path):
@@ -126,6 +129,23 @@ def test_gzip_checksum_mismatch_is_partial(tmp_path):
     (tmp_path / "bad.json.gz").write_bytes(bytes(data))
     trace = read_trace(tmp_path / "bad.json.gz")
     assert trace.partial and "corrupt gzip data" in trace.error
+
+
+def test_the_cycle_collector_is_back_on_after_a_read_even_a_failed_one(tmp_path):
+    events = [kernel("gemm", i * 10, 5, corr=i) for i in range(100)]
+    path = write_trace(tmp_path / "t.json", events, kineto_layout=True)
+    path.write_bytes(path.read_bytes()[:2000])
+    read_trace(path)  # damaged: partial
+    assert gc.isenabled()
+    with pytest.raises(TraceError):
+        read_trace(tmp_path / "missing.json")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        read_trace(write_trace(tmp_path / "ok.json", events))
+        assert not gc.isenabled()  # left as the caller had it
+    finally:
+        gc.enable()
 
 
 def test_unreadable_files_give_a_clear_error(tmp_path):
