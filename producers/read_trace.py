@@ -358,8 +358,8 @@ def no_cycle_collection() -> Iterator[None]:
     """Python's cycle collector off while a trace is read (and, in ``gpufleet analyze``,
     analysed). Every kept event is a new dict holding lists, so the collector runs again
     and again over all of them, and the records form no cycles: on a 9 MiB trace
-    (``benchmarks/bench_trace_analysis.py --scale 10``) it found nothing and took a fifth
-    of the read and a third of the analysis."""
+    (``benchmarks/bench_trace_analysis.py --scale 10``) it found nothing and took a third
+    of the analysis and a fifth to two fifths of the whole run."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
