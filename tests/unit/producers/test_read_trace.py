@@ -121,6 +121,13 @@ def test_gzip_members_and_padding_read_as_one_file(tmp_path):
         assert fh.read(10) == data[:10] and fh.read() == data[10:] and fh.read(10) == b""
 
 
+def test_gzip_cut_before_any_event_is_a_clear_error(tmp_path):
+    data = write_trace(tmp_path / "t.json.gz", [kernel("gemm", 0, 5)], gz=True).read_bytes()
+    (tmp_path / "cut.json.gz").write_bytes(data[:12])
+    with pytest.raises(TraceError, match="no event could be read"):
+        read_trace(tmp_path / "cut.json.gz")
+
+
 def test_gzip_checksum_mismatch_is_partial(tmp_path):
     # The events all parse, but the trailer's CRC says the data is not what was written.
     events = [kernel("gemm", i * 10, 5, corr=i) for i in range(3000)]
