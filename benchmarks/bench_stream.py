@@ -5,8 +5,9 @@ in one run so that the ratios mean something on a noisy machine:
 
 1. throughput over the same pre-published messages (10,000 GPUs x N ticks, as the agents
    send them: each host every ``--send-every`` seconds, each workflow's samples since its last
-   send in one GpuSampleBatch; ``--send-every 1`` for one per tick, ``--per-gpu`` for one
-   message per GPU sample):
+   send in one GpuSampleColumns message; ``--send-every 1`` for one per tick; ``--format batch``
+   for older agents' GpuSampleBatch, row by row, ``--format gpu`` for one GpuSample message per
+   GPU sample):
    - baseline: a bare confluent-kafka consumer that only decodes the Avro;
    - ``gpufleet worker`` (batch decode, validate, windows, detectors, changelog);
    - a naive Faust agent: one ``faust.Record`` and one windowed-table update per sample
@@ -19,7 +20,7 @@ in one run so that the ratios mean something on a noisy machine:
    detector's required duration + one window + 10 s (run with a 10 s window and 20 s
    duration so that the benchmark takes a minute, not the default 11).
 
-    python benchmarks/bench_stream.py [--ticks 40] [--live-s 60] [--send-every 5]
+    python benchmarks/bench_stream.py [--ticks 40] [--live-s 60] [--send-every 5] [--format columns]
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from producers.simulate_fleet import build_fleet
 from schemas.admin import create_topics, ensure_topics
 from schemas.codec import Codec
 from schemas.kafka_config import consumer_config, producer_config
+from schemas.sample_columns import columns_of
 from schemas.topics import GPU_SAMPLES, key_of
 from schemas.validate_sample import batch_samples
 from sinks.consume_alerts import AlertNotifier
@@ -51,6 +53,7 @@ from sinks.route_alerts import load_routing
 
 CODEC = Codec()
 GPUS_PER_HOST = 8
+FORMATS = {"columns": "GpuSampleColumns", "batch": "GpuSampleBatch", "gpu": "GpuSample per GPU"}
 
 
 def fleet_10k(seed: int = 3):
@@ -60,19 +63,20 @@ def fleet_10k(seed: int = 3):
 class AgentSends:
     """What the hosts' agents send each second. Each agent samples every second and sends
     every ``every`` seconds (``gpufleet agent --send-every``), each workflow's samples since
-    its last send in one GpuSampleBatch (the forwarder's merge); the hosts' send times are
-    spread over the interval. ``every=1``: one batch per tick; ``per_gpu``: one GpuSample
-    message per GPU and tick (no batching at all)."""
+    its last send in one GpuSampleColumns message (the forwarder's merge); the hosts' send
+    times are spread over the interval. ``every=1``: one message per tick; ``fmt="batch"``: a
+    GpuSampleBatch instead (older agents), ``fmt="gpu"``: one GpuSample message per GPU and tick
+    (no batching at all)."""
 
-    def __init__(self, fleet, start_ms: int, every: int = 1, per_gpu: bool = False) -> None:
-        self.fleet, self.start_ms, self.every, self.per_gpu = fleet, start_ms, max(1, every), per_gpu
+    def __init__(self, fleet, start_ms: int, every: int = 1, fmt: str = "columns") -> None:
+        self.fleet, self.start_ms, self.every, self.fmt = fleet, start_ms, max(1, every), fmt
         self.hosts = sorted({g.host for w in fleet.workflows for g in w.gpus})
         self.phase = {h: i % self.every for i, h in enumerate(self.hosts)}
         self.pending: dict[str, list[dict]] = {h: [] for h in self.hosts}
 
     def tick(self, t: int) -> list[tuple[bytes, bytes]]:
         samples = list(self.fleet.samples_at(t, self.start_ms, 1000))
-        if self.per_gpu:
+        if self.fmt == "gpu":
             return [(key_of(GPU_SAMPLES, s), CODEC.encode("GpuSample", s)) for s in samples]
         for s in samples:
             self.pending[s["host"]].append(s)
@@ -85,8 +89,12 @@ class AgentSends:
     def _send(self, hosts) -> list[tuple[bytes, bytes]]:
         out = []
         for h in hosts:
-            out += [(key_of(GPU_SAMPLES, b), CODEC.encode("GpuSampleBatch", b))
-                    for b in batch_samples(self.pending[h], per_tick=self.every == 1)]
+            if self.fmt == "batch":
+                out += [(key_of(GPU_SAMPLES, b), CODEC.encode("GpuSampleBatch", b))
+                        for b in batch_samples(self.pending[h], per_tick=self.every == 1)]
+            else:
+                out += [(key_of(GPU_SAMPLES, b), CODEC.encode("GpuSampleColumns", b))
+                        for b in columns_of(self.pending[h], per_tick=self.every == 1)]
             self.pending[h] = []
         return out
 
@@ -175,17 +183,17 @@ def bare_consume(bootstrap, topic, total) -> float:
         c.close()
 
 
-def throughput(bootstrap, data_dir, ticks, send_every=1, per_gpu=False, py_spy: Path | None = None) -> dict:
+def throughput(bootstrap, data_dir, ticks, send_every=1, fmt="columns", py_spy: Path | None = None) -> dict:
     prefix = "tp."
     ensure_topics(bootstrap, [GPU_SAMPLES], prefix=prefix)
     topic = prefix + GPU_SAMPLES.name
     producer = Producer(producer_config(bootstrap, **{"linger.ms": 50}))
-    agents = AgentSends(fleet_10k(), 1_767_225_600_000, send_every, per_gpu)
+    agents = AgentSends(fleet_10k(), 1_767_225_600_000, send_every, fmt)
     total = sum(produce(producer, topic, agents.tick(t)) for t in range(ticks)) + produce(producer, topic, agents.rest())
     producer.flush(60)
     per_message = 10_000 * ticks / total  # samples per message; rates below are in samples/s
     print(f"throughput: {10_000 * ticks:,} samples of 10,000 GPUs x {ticks} ticks in {total:,} messages "
-          f"({'GpuSample per GPU' if per_gpu else f'GpuSampleBatch per host and workflow every {send_every} s'}) "
+          f"({FORMATS[fmt]}{'' if fmt == 'gpu' else f' per host and workflow every {send_every} s'}) "
           f"on {GPU_SAMPLES.partitions} partitions")
 
     bare = bare_consume(bootstrap, topic, total) * per_message
@@ -220,7 +228,7 @@ def throughput(bootstrap, data_dir, ticks, send_every=1, per_gpu=False, py_spy: 
     return {"bare": bare, "worker": ours, "naive": naive}
 
 
-def live(bootstrap, data_dir, seconds, send_every=1, per_gpu=False) -> list[int]:
+def live(bootstrap, data_dir, seconds, send_every=1, fmt="columns") -> list[int]:
     prefix = "live."
     ensure_topics(bootstrap, [GPU_SAMPLES], prefix=prefix)
     topic = prefix + GPU_SAMPLES.name
@@ -230,7 +238,7 @@ def live(bootstrap, data_dir, seconds, send_every=1, per_gpu=False) -> list[int]
     lags: list[int] = []
     per_tick: list[int] = []  # messages per tick: lag in messages -> seconds of samples
     start_ms = int(time.time() * 1000)
-    agents = AgentSends(fleet, start_ms, send_every, per_gpu)
+    agents = AgentSends(fleet, start_ms, send_every, fmt)
     t0 = time.monotonic()
     try:
         for tick in range(int(seconds)):
@@ -317,7 +325,8 @@ def main() -> None:
     parser.add_argument("--ticks", type=int, default=40, help="ticks of 10,000 GPUs for the throughput run")
     parser.add_argument("--live-s", type=float, default=60.0)
     parser.add_argument("--skip", nargs="*", default=[], choices=["throughput", "live", "latency"])
-    parser.add_argument("--per-gpu", action="store_true", help="one message per GPU sample, not per host+workflow")
+    parser.add_argument("--format", choices=sorted(FORMATS), default="columns",
+                        help="what the agents send: GpuSampleColumns (default), GpuSampleBatch, or GpuSample per GPU")
     parser.add_argument("--send-every", type=int, default=5,
                         help="seconds between an agent's sends, as gpufleet agent --send-every (default 5)")
     parser.add_argument("--py-spy", type=Path, default=None,
@@ -328,9 +337,9 @@ def main() -> None:
         broker = local_kafka.start(data_dir / "kafka", partitions=8)
         try:
             if "throughput" not in args.skip:
-                throughput(broker.bootstrap, data_dir, args.ticks, args.send_every, args.per_gpu, args.py_spy)
+                throughput(broker.bootstrap, data_dir, args.ticks, args.send_every, args.format, args.py_spy)
             if "live" not in args.skip:
-                live(broker.bootstrap, data_dir, args.live_s, args.send_every, args.per_gpu)
+                live(broker.bootstrap, data_dir, args.live_s, args.send_every, args.format)
             if "latency" not in args.skip:
                 alert_latency(broker.bootstrap, data_dir, send_every=args.send_every)
         finally:

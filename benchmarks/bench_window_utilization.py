@@ -1,21 +1,28 @@
 """The worker's hot path per sample (decode + validate + window) against Avro decoding alone.
 
-Prints microseconds per sample and the ratio to the baseline measured in the same run, so
-the number means something on a noisy machine. The windowing should cost about as much
-again as decoding (ratio near 2), not an order of magnitude more.
+The samples are encoded as the agents send them (``--format``): by default each host's
+samples of a workflow over 5 s in one GpuSampleColumns message; ``batch`` for the older
+GpuSampleBatch (row by row), ``gpu`` for one GpuSample per message. Prints microseconds per
+sample and the ratio to the baseline measured in the same run, so the number means something
+on a noisy machine. The windowing should cost a fraction of decoding, not a multiple.
+
+    python benchmarks/bench_window_utilization.py [--format columns|batch|gpu]
 """
 
 from __future__ import annotations
 
+import argparse
 import time
 
 from producers.simulate_fleet import build_fleet
 from schemas.codec import Codec
-from schemas.validate_sample import validate_sample
+from schemas.sample_columns import blocks_of, columns_of
+from schemas.validate_sample import batch_samples
 from streams.window_utilization import Incoming, WindowAggregator, WindowConfig
 
 START = 1_767_225_600_000
-BATCH = 5000
+BATCH = 2000  # messages per batch, as the worker takes them
+SEND_EVERY = 5
 
 
 def best_of(fn, repeats: int = 5) -> float:
@@ -27,27 +34,46 @@ def best_of(fn, repeats: int = 5) -> float:
     return best
 
 
-def main() -> None:
-    codec = Codec()
+def messages(codec: Codec, fmt: str, ticks: int) -> list[bytes]:
     fleet = build_fleet(seed=1, hosts=32, gpus_per_host=8, workflows=64)
-    ticks = 600
-    values = [codec.encode("GpuSample", s) for t in range(ticks) for s in fleet.samples_at(t, START, 1000)]
-    n = len(values)
+    out = []
+    for first in range(0, ticks, SEND_EVERY):
+        samples = [s for t in range(first, first + SEND_EVERY) for s in fleet.samples_at(t, START, 1000)]
+        if fmt == "gpu":
+            out += [codec.encode("GpuSample", s) for s in samples]
+        elif fmt == "batch":
+            out += [codec.encode("GpuSampleBatch", b) for b in batch_samples(samples, per_tick=False)]
+        else:
+            out += [codec.encode("GpuSampleColumns", b) for b in columns_of(samples, per_tick=False)]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--format", choices=["columns", "batch", "gpu"], default="columns")
+    parser.add_argument("--ticks", type=int, default=600)
+    args = parser.parse_args()
+    codec = Codec()
+    values = messages(codec, args.format, args.ticks)
+    n = 256 * args.ticks
 
     def decode_only() -> None:
-        for i in range(0, n, BATCH):
+        for i in range(0, len(values), BATCH):
             codec.decode_many(values[i:i + BATCH])
 
     def hot_path() -> None:
         agg = WindowAggregator(WindowConfig(), {})
-        for i in range(0, n, BATCH):
+        for i in range(0, len(values), BATCH):
             ok, _ = codec.decode_many(values[i:i + BATCH])
-            batch = [Incoming(i + j, r) for j, _, r in ok if validate_sample(r) is None]
+            batch = []
+            for j, name, record in ok:
+                blocks, _ = blocks_of(name, record)
+                batch += [Incoming(i + j, block, k) for k, block in enumerate(blocks)]
             agg.process(0, batch, closed_at=0)
 
     base = best_of(decode_only)
     full = best_of(hot_path)
-    print(f"samples: {n}")
+    print(f"samples: {n} in {len(values)} {args.format} messages")
     print(f"decode only:                 {base / n * 1e6:6.2f} us/sample")
     print(f"decode + validate + window:  {full / n * 1e6:6.2f} us/sample")
     print(f"ratio to decode alone:       {full / base:6.2f}x")

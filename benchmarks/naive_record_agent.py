@@ -15,6 +15,7 @@ import faust
 from faust.serializers import codecs
 
 from schemas.codec import Codec
+from schemas.sample_columns import rows_of
 
 CODEC = Codec()
 
@@ -24,6 +25,8 @@ class AvroWire(codecs.Codec):
 
     def _loads(self, s: bytes) -> dict:
         name, record = CODEC.decode(s)
+        if name == "GpuSampleColumns":
+            return {"workflow_id": record["workflow_id"], "samples": rows_of(record)}
         return record if name == "GpuSampleBatch" else {"workflow_id": record["workflow_id"], "samples": [record]}
 
     def _dumps(self, obj) -> bytes:
@@ -48,7 +51,7 @@ class GpuSampleRecord(faust.Record):
 
 
 class GpuSampleBatchRecord(faust.Record, serializer="gpufleet-avro"):
-    """A GpuSample message is read as a batch of one."""
+    """A GpuSample message is read as a batch of one, a GpuSampleColumns message row by row."""
 
     workflow_id: str
     samples: list[GpuSampleRecord]

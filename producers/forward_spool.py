@@ -9,7 +9,7 @@ returns, they go out once each and in order. Only failures are reported back
 topic) is logged, counted and skipped.
 
 With ``send_every_s`` the forwarder sends what the spool holds every so many seconds (at
-once while a backlog drains), and merges the ``GpuSampleBatch`` messages of a send into one
+once while a backlog drains), and merges the ``GpuSampleColumns`` messages of a send into one
 per host and workflow: five 1 Hz ticks in one message instead of five. The stream worker's
 cost is mostly per message (Faust handles each one through several asyncio tasks), so it
 reads 10,000 GPUs at 1 Hz with room to spare this way (``benchmarks/bench_stream.py``); the
@@ -27,15 +27,16 @@ from confluent_kafka import KafkaError, Producer
 from producers.spool import Position, Spool
 from schemas.codec import Codec, CodecError
 from schemas.kafka_config import producer_config
+from schemas.sample_columns import NAME as COLUMNS
+from schemas.sample_columns import columns_of, rows_of, shape_error
 from schemas.topics import GPU_SAMPLES
-from schemas.validate_sample import batch_samples
 
 log = logging.getLogger(__name__)
 
 
 class SampleCoalescer:
     """Collects one send's records (``add``, as ``Producer.produce`` is called) and produces
-    them (``flush``) with the ``GpuSampleBatch`` messages of each host and workflow merged,
+    them (``flush``) with the ``GpuSampleColumns`` messages of each host and workflow merged,
     in order: a merged batch goes where its first part was, and any other record of the same
     topic and key closes it, so the records of a key keep their order."""
 
@@ -51,13 +52,13 @@ class SampleCoalescer:
                 name, record = self.codec.decode(value)
             except CodecError:
                 name = None  # sent as it is: the worker dead-letters it with the reason
-            if name == "GpuSampleBatch" and all(x["workflow_id"] == record["workflow_id"] for x in record["samples"]):
+            if name == COLUMNS and shape_error(record) is None:
                 groups = self._open.setdefault((topic, key), {})
                 group = groups.get(record["host"])
                 if group is None:
                     group = groups[record["host"]] = [topic, key, []]
                     self._out.append(group)
-                group[2].extend(record["samples"])
+                group[2].extend(rows_of(record))
                 return
         self._open.pop((topic, key), None)
         self._out.append((topic, key, value))
@@ -68,8 +69,8 @@ class SampleCoalescer:
         for entry in self._out:
             if isinstance(entry, list):
                 topic, key, samples = entry
-                for batch in batch_samples(samples, per_tick=False, max_samples=self.max_samples):
-                    produce(topic, value=self.codec.encode("GpuSampleBatch", batch), key=key)
+                for block in columns_of(samples, per_tick=False, max_samples=self.max_samples):
+                    produce(topic, value=self.codec.encode(COLUMNS, block), key=key)
                     n += 1
             else:
                 produce(entry[0], value=entry[2], key=entry[1])

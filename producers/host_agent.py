@@ -19,8 +19,8 @@ from producers.sample_nvml import GpuReading, NvmlSampler
 from producers.simulate_fleet import Fleet
 from producers.spool import Spool
 from schemas.codec import Codec
+from schemas.sample_columns import columns_of
 from schemas.topics import GPU_SAMPLES, HOST_SAMPLES, WORKFLOW_EVENTS, TopicSpec, key_of
-from schemas.validate_sample import batch_samples
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +114,8 @@ class HostAgent:
             observe(samples, host)
         # One record per workflow and tick in the spool; the forwarder merges a send's worth of
         # them into one message per workflow (benchmarks/bench_stream.py: the worker's cost is per message).
-        for batch in batch_samples(samples):
-            self._put(GPU_SAMPLES, batch, schema="GpuSampleBatch")
+        for block in columns_of(samples):
+            self._put(GPU_SAMPLES, block, schema="GpuSampleColumns")
         self._put(HOST_SAMPLES, host)
         for event in self._lifecycle(seen, now):
             self._put(WORKFLOW_EVENTS, event)

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from producers.publish_kafka import Publisher
 from producers.simulate_fleet import Fleet
+from schemas.sample_columns import columns_of
 from schemas.topics import GPU_SAMPLES
-from schemas.validate_sample import batch_samples
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ def run_simulation(
 ) -> SimulationProgress:
     """Publish ``plan.ticks`` ticks of samples, paced at ``plan.speed``, then flush.
 
-    ``batched``: each workflow's samples of a host tick in one ``GpuSampleBatch`` message, as
+    ``batched``: each workflow's samples of a host tick in one ``GpuSampleColumns`` message, as
     the host agent sends them; else one ``GpuSample`` message per GPU."""
     progress = progress or SimulationProgress()
     wall_start = time.monotonic()
@@ -48,7 +48,7 @@ def run_simulation(
             break
         samples = list(fleet.samples_at(tick, plan.start_ms, plan.interval_ms))
         if batched:
-            publisher.publish(GPU_SAMPLES, batch_samples(samples), topic=topic, schema="GpuSampleBatch")
+            publisher.publish(GPU_SAMPLES, columns_of(samples), topic=topic, schema="GpuSampleColumns")
         else:
             publisher.publish(GPU_SAMPLES, samples, topic=topic)
         progress.samples += len(samples)

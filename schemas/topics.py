@@ -25,9 +25,11 @@ class TopicSpec(msgspec.Struct, frozen=True):
 
 
 GPU_SAMPLES = TopicSpec(
-    "gpufleet.gpu-samples.v1", "GpuSample", "workflow_id", 8, other_schemas=("GpuSampleBatch",),
-    doc="Host agents' GPU samples, one per message or one workflow's samples of a host tick per "
-        "message (GpuSampleBatch); keyed by workflow so a workflow's samples stay in order.",
+    "gpufleet.gpu-samples.v1", "GpuSample", "workflow_id", 8,
+    other_schemas=("GpuSampleColumns", "GpuSampleBatch"),
+    doc="Host agents' GPU samples: a workflow's samples on a host column by column per message "
+        "(GpuSampleColumns, what the agents send); GpuSample and GpuSampleBatch messages of older "
+        "agents are read too. Keyed by workflow so a workflow's samples stay in order.",
 )
 HOST_SAMPLES = TopicSpec(
     "gpufleet.host-samples.v1", "HostSample", "host", 8,

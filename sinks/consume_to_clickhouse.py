@@ -19,8 +19,8 @@ from confluent_kafka import OFFSET_INVALID, Consumer, Producer, TopicPartition
 from schemas.codec import Codec
 from schemas.dead_letter import dead_letter
 from schemas.kafka_config import consumer_config, producer_config
+from schemas.sample_columns import samples_checked
 from schemas.topics import DEAD_LETTERS, GPU_SAMPLES
-from schemas.validate_sample import samples_of
 from sinks.clickhouse_ddl import TABLES, Table
 from sinks.write_clickhouse import ClickHouseWriter, Row, table_for_topic
 
@@ -124,8 +124,8 @@ class ClickHouseSink:
                 bad.append((m, f"expected {table.topic.schema} on {m.topic()}, got {name}"))
                 continue
             by_name[table.name] = table
-            if table.topic is GPU_SAMPLES:  # a sample, or a batch of them: one row each
-                for sample, reason in samples_of(name, record):
+            if table.topic is GPU_SAMPLES:  # a sample, or a block or batch of them: one row each
+                for sample, reason in samples_checked(name, record):
                     if reason:
                         bad.append((m, reason))
                     else:

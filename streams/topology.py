@@ -12,6 +12,7 @@ import faust
 
 from schemas.codec import Codec
 from schemas.dead_letter import dead_letter
+from schemas.sample_columns import blocks_of
 from schemas.topics import (
     ALERTS,
     DEAD_LETTERS,
@@ -29,7 +30,6 @@ from schemas.topics import (
     key_of,
     request_of_trace,
 )
-from schemas.validate_sample import samples_of
 from streams.auto_profile import auto_profile_requests
 from streams.raise_alerts import raise_alerts
 from streams.root_cause import apply_profile_result, profile_result
@@ -157,21 +157,19 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
                     if not GPU_SAMPLES.carries(name):
                         bad.append((messages[i], f"expected {GPU_SAMPLES.schema}, got {name}"))
                         continue
-                    for j, (sample, reason) in enumerate(samples_of(name, record)):
-                        if reason:
-                            bad.append((messages[i], reason))
-                        else:
-                            good.append(Incoming(messages[i].offset, sample, j))
+                    blocks, reasons = blocks_of(name, record)
+                    offset = messages[i].offset
+                    good += [Incoming(offset, block, j) for j, block in enumerate(blocks)]
+                    bad += [(messages[i], reason) for reason in reasons]
                 result = aggregator.process(partition, good, closed_at=now)
                 await finish(partition, result, now)
                 late = []
                 if result.late:  # rare: index the batch only then
                     by_offset = {m.offset: m for m in messages}
-                    late = [(by_offset[inc.offset], f"sample {inc.index} of the batch: {reason}" if inc.index
-                             else reason) for inc, reason in result.late]
+                    late = [(by_offset[inc.offset], reason) for inc, reason in result.late]
                 for message, reason in bad + late:
                     await _dead_letter(codec, dlq_topic, STAGE, message, reason, now)
-                stats["samples"] += len(good)
+                stats["samples"] += sum(len(inc.record["event_time"]) for inc in good)
                 stats["late"] += len(result.late)
                 stats["invalid"] += len(bad)
                 stats["replayed"] += result.replayed

@@ -11,6 +11,9 @@ workflow's CPU on its hosts with their I/O wait (from the agent, on each GPU sam
 
 from __future__ import annotations
 
+from itertools import compress
+from operator import mul, not_, truediv
+
 # NVML clock-event reasons that mean "slowed down by power or heat" (nvmlClocksEventReason*).
 THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80  # SW power cap, HW slowdown, SW/HW thermal, power brake
 
@@ -29,53 +32,55 @@ _WEIGHTED_MEANS = (("sm", "sm_active_pct"), ("tensor", "tensor_active_pct"), ("p
                    ("cpu", "workflow_cpu_pct"), ("iowait", "host_iowait_pct"))
 
 
-def add_efficiency(e: dict, r: dict, w: float) -> None:
-    """One sample of weight ``w`` (interval x share, in ms). Runs once per sample: no
-    allocation where the state already has the entry."""
-    get = r.get
-    util = r["utilization_pct"]
-    if util > 0:
-        e["active_ms"] += w
-    else:
-        e["zero_ms"] += w
-    e["wasted_ms"] += w * (1.0 - util / 100.0)
-    rounded = round(util)
-    bucket = _BUCKETS[rounded] if 0 <= rounded <= 100 else str(rounded)
+def add_efficiency(e: dict, c: dict, w: list[float], total: float) -> None:
+    """The samples of block ``c`` (``schemas.sample_columns``), weighing ``w`` each (interval x
+    share, in ms; ``total`` is their sum). Column at a time: most of the work is in builtins,
+    and there is no allocation where the state already has the entry."""
+    util = c["utilization_pct"]
+    e["active_ms"] += sum(compress(w, util))
+    e["zero_ms"] += sum(compress(w, map(not_, util)))
+    e["wasted_ms"] += sum([wi * (1.0 - u / 100.0) for wi, u in zip(w, util)])
     hist = e["hist"]
-    hist[bucket] = hist.get(bucket, 0.0) + w
+    get = hist.get
+    for u, wi in zip(util, w):
+        rounded = round(u)
+        bucket = _BUCKETS[rounded] if 0 <= rounded <= 100 else str(rounded)
+        hist[bucket] = get(bucket, 0.0) + wi
     for key, name in _WEIGHTED_MEANS:
-        value = get(name)
-        if value is not None:
+        col = c[name]
+        if col is not None:
             pair = e[key]
-            pair[0] += value * w
-            pair[1] += w
-    used, total = get("memory_used_bytes"), get("memory_total_bytes")
-    if used is not None and total:
-        fraction = used / total
-        peak = e["mem_peak"]
-        if peak is None or fraction > peak:
-            e["mem_peak"] = fraction
-        pair = e["mem_frac"]
-        pair[0] += fraction * w
-        pair[1] += w
+            pair[0] += sum(map(mul, col, w))
+            pair[1] += total
+    used, capacity = c["memory_used_bytes"], c["memory_total_bytes"]
+    if used is not None and capacity is not None:
+        known = list(map(bool, capacity))
+        fractions = list(map(truediv, compress(used, known), compress(capacity, known)))
+        if fractions:
+            peak = max(fractions)
+            if e["mem_peak"] is None or peak > e["mem_peak"]:
+                e["mem_peak"] = peak
+            weights = list(compress(w, known))
+            pair = e["mem_frac"]
+            pair[0] += sum(map(mul, fractions, weights))
+            pair[1] += sum(weights)
     # With where the GPU is and whose rank runs there, so an imbalance can name the straggler.
     per_gpu = e["per_gpu"]
-    gpu = per_gpu.get(r["gpu_uuid"])
-    if gpu is None:
-        rank = get("rank")
-        where = f'{get("host")}/gpu{get("gpu_index")}' + ("" if rank is None else f" (rank {rank})")
-        gpu = per_gpu[r["gpu_uuid"]] = [0.0, 0.0, where]
-    gpu[0] += util * w
-    gpu[1] += w
-    reasons = get("clock_event_reasons")
-    if reasons and reasons & THROTTLE_MASK:
-        e["throttled_ms"] += w
-    xids = get("xids")
-    if xids:
-        e["xids"] += len(xids)
-    ecc = get("ecc_uncorrected_volatile")
-    if ecc is not None and (e["ecc"] is None or ecc > e["ecc"]):
-        e["ecc"] = ecc
+    ranks = c["rank"]
+    for i, (uuid, u, wi) in enumerate(zip(c["gpu_uuid"], util, w)):
+        gpu = per_gpu.get(uuid)
+        if gpu is None:
+            where = f'{c["host"]}/gpu{c["gpu_index"][i]}' + ("" if ranks is None else f" (rank {ranks[i]})")
+            gpu = per_gpu[uuid] = [0.0, 0.0, where]
+        gpu[0] += u * wi
+        gpu[1] += wi
+    reasons = c["clock_event_reasons"]
+    if reasons is not None:
+        e["throttled_ms"] += sum(compress(w, [r & THROTTLE_MASK for r in reasons]))
+    e["xids"] += sum(map(len, c["xids"]))
+    ecc = c["ecc_uncorrected_volatile"]
+    if ecc is not None and (e["ecc"] is None or max(ecc) > e["ecc"]):
+        e["ecc"] = max(ecc)
 
 
 def _percentile(hist: dict[str, float], q: float) -> float | None:

@@ -1,15 +1,18 @@
-"""Per-workflow event-time tumbling windows over ``GpuSample`` records -> ``WorkflowWindow`` dicts.
+"""Per-workflow event-time tumbling windows over GPU samples -> ``WorkflowWindow`` dicts.
 
 Plain logic, no Faust: the worker (``streams.topology``) feeds it batches per partition
 and persists what it reports as changed. Design:
 
+* Samples come in blocks, column by column (``schemas.sample_columns``): a block's samples
+  in one window are added with a few builtin calls per column, not one step per sample.
+
 * A window ``[start, start + size)`` of a workflow closes when its partition's
   **watermark** (the highest event time applied on that partition minus the allowed
   lateness) reaches ``start + size``. Only event time moves it; wall clock never does.
-* A record whose window has already closed when it arrives is **late**: it is returned
-  for the dead-letter topic, never dropped silently.
+* Samples whose window has already closed when they arrive are **late**: they are returned
+  for the dead-letter topic, never dropped silently. The watermark moves between blocks.
 * State is one JSON-able dict per workflow in a caller-provided mapping (the Faust table).
-  Each holds the offset it was updated through, so a batch replayed after a crash (at-least-once
+  Each holds the offset (and block of that message) it was updated through, so a batch replayed after a crash (at-least-once
   delivery) is not applied twice; the partition's watermark is derived from these states,
   so it can never run ahead of what the state contains.
 """
@@ -18,7 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass, field
+from operator import mul
 
+from schemas.sample_columns import columns_of, take
 from schemas.validate_sample import NOT_WORKFLOWS
 from streams.window_efficiency import add_efficiency, efficiency_fields, new_efficiency
 
@@ -40,12 +45,18 @@ class WindowConfig:
 
 @dataclass(frozen=True)
 class Incoming:
-    """One decoded sample with where it came from: its message's offset and, for a message
-    that carries several samples (GpuSampleBatch), its index in that message."""
+    """A block of samples (``schemas.sample_columns``) with where it came from: its message's
+    offset and its index among the blocks of that message."""
 
     offset: int
     record: Record
     index: int = 0
+
+    @classmethod
+    def row(cls, offset: int, sample: Record, index: int = 0) -> Incoming:
+        """One ``GpuSample`` dict as a block of one."""
+        (block,) = columns_of([sample])
+        return cls(offset, block, index)
 
 
 @dataclass
@@ -69,29 +80,44 @@ def _new_acc() -> dict:
     }
 
 
-def _add(acc: dict, r: Record) -> None:
+def _add(acc: dict, c: Record) -> None:
+    """The samples of block ``c`` (``schemas.sample_columns``), all in this accumulator's window."""
     # A GPU shared by several workflows counts for each in proportion to its share.
-    share = r.get("share")
-    interval = r["interval_ms"] if share is None else r["interval_ms"] * share
-    util = r["utilization_pct"]
-    acc["n"] += 1
-    acc["gpus"][r["gpu_uuid"]] = 1
-    acc["interval_ms"] += interval
-    acc["util_weighted"] += util * interval
-    low, high = acc["util_min"], acc["util_max"]
-    if low is None or util < low:
-        acc["util_min"] = util
-    if high is None or util > high:
-        acc["util_max"] = util
-    used = r.get("memory_used_bytes")
+    share = c["share"]
+    w = c["interval_ms"] if share is None else list(map(mul, c["interval_ms"], share))
+    total = sum(w)
+    util = c["utilization_pct"]
+    acc["n"] += len(util)
+    acc["gpus"].update(dict.fromkeys(c["gpu_uuid"], 1))
+    acc["interval_ms"] += total
+    acc["util_weighted"] += sum(map(mul, util, w))
+    low, high = min(util), max(util)
+    if acc["util_min"] is None or low < acc["util_min"]:
+        acc["util_min"] = low
+    if acc["util_max"] is None or high > acc["util_max"]:
+        acc["util_max"] = high
+    used = c["memory_used_bytes"]
     if used is not None:
-        acc["mem_sum"] += used
-        acc["mem_n"] += 1
-    power = r.get("power_watts")
+        acc["mem_sum"] += sum(used)
+        acc["mem_n"] += len(used)
+    power = c["power_watts"]
     if power is not None:
-        acc["energy_j"] += power * interval / 1000.0
-        acc["energy_n"] += 1
-    add_efficiency(acc["eff"], r, interval)
+        acc["energy_j"] += sum(map(mul, power, w)) / 1000.0
+        acc["energy_n"] += len(power)
+    add_efficiency(acc["eff"], c, w, total)
+
+
+def _by_window(c: Record, size_ms: int) -> list[tuple[int, Record]]:
+    """``(window start, the block's samples in that window)``: the whole block when it falls in
+    one window, as it mostly does."""
+    times = c["event_time"]
+    start = window_start(times[0], size_ms)
+    if start <= min(times) and max(times) < start + size_ms:
+        return [(start, c)]
+    starts: dict[int, list[int]] = {}
+    for i, t in enumerate(times):
+        starts.setdefault(window_start(t, size_ms), []).append(i)
+    return [(s, take(c, indices)) for s, indices in starts.items()]
 
 
 def to_window(workflow_id: str, state: dict, start: int, acc: dict, size_ms: int, closed_at: int) -> Record:
@@ -114,6 +140,15 @@ def to_window(workflow_id: str, state: dict, start: int, acc: dict, size_ms: int
         **efficiency_fields(acc["eff"]),
         "closed_at": closed_at,
     }
+
+
+def _late(times: list[int], start: int, size: int, wf: str, watermark: int, partition: int,
+          lateness: int) -> str:
+    when = (f"late sample: event time {times[0]}" if len(times) == 1
+            else f"{len(times)} late samples: event times {min(times)}..{max(times)}")
+    return (f"{when} fall{'s' if len(times) == 1 else ''} in window [{start}, {start + size}) of workflow "
+            f"{wf}, already closed by the watermark {watermark} of partition {partition} "
+            f"(allowed lateness {lateness} ms)")
 
 
 class WindowAggregator:
@@ -224,41 +259,38 @@ class WindowAggregator:
         idle = self._idle[partition]
         result = BatchResult()
         for item in batch:
-            r = item.record
-            wf = r["workflow_id"]
+            c = item.record
+            wf = c["workflow_id"]
             state = self.store.get(wf)
             if state is None:
-                state = self.state_of(wf, partition, r.get("owner"), r.get("team"))
+                state = self.state_of(wf, partition, c["owner"], c["team"])
                 idle.add(wf)
             elif (item.offset, item.index) <= (state["last_offset"], state.get("last_index", 0)):
-                result.replayed += 1  # applied before a restart; at-least-once replay
+                result.replayed += len(c["event_time"])  # applied before a restart; at-least-once replay
                 continue
             state["last_offset"], state["last_index"] = item.offset, item.index
             if state.pop("ended", None):
                 state.pop("ending", None)  # it came back after it ended: a new life
             self.store[wf] = state
             result.changed.add(wf)
-            t = r["event_time"]
-            start = window_start(t, size)
             watermark = newest - lateness if newest >= 0 else None
-            if watermark is not None and start + size <= watermark:
-                result.late.append((item, (
-                    f"late sample: event time {t} falls in window [{start}, {start + size}) of "
-                    f"workflow {wf}, already closed by the watermark {watermark} of partition "
-                    f"{partition} (allowed lateness {lateness} ms)"
-                )))
-                continue
-            key = str(start)
-            acc = state["windows"].get(key)
-            if acc is None:
-                acc = state["windows"][key] = _new_acc()
-                index.setdefault(start + size, set()).add(wf)
-                idle.discard(wf)
-            _add(acc, r)
-            if r.get("owner"):
-                state["owner"], state["team"] = r["owner"], r.get("team")
-            state["max_event_time"] = max(state["max_event_time"], t)
-            newest = max(newest, t)
+            for start, part in _by_window(c, size):
+                times = part["event_time"]
+                if watermark is not None and start + size <= watermark:
+                    result.late.append((item, _late(times, start, size, wf, watermark, partition, lateness)))
+                    continue
+                key = str(start)
+                acc = state["windows"].get(key)
+                if acc is None:
+                    acc = state["windows"][key] = _new_acc()
+                    index.setdefault(start + size, set()).add(wf)
+                    idle.discard(wf)
+                _add(acc, part)
+                t = max(times)
+                state["max_event_time"] = max(state["max_event_time"], t)
+                newest = max(newest, t)
+            if c["owner"]:
+                state["owner"], state["team"] = c["owner"], c["team"]
         self._max_event_time[partition] = newest
         if newest >= 0:
             self._close(partition, newest - lateness, closed_at, result)

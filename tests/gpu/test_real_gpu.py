@@ -61,7 +61,7 @@ def test_agent_records_from_real_nvml_encode_and_attribute(sampler, tmp_path):
     from producers.host_agent import AgentSettings, HostAgent
     from producers.spool import Position, Spool
     from schemas.codec import Codec
-    from schemas.validate_sample import samples_of
+    from schemas.sample_columns import samples_checked
 
     codec = Codec()
     spool = Spool(tmp_path / "spool")
@@ -80,8 +80,8 @@ def test_agent_records_from_real_nvml_encode_and_attribute(sampler, tmp_path):
     for rec in records:
         name, record = codec.decode(rec.value)
         decoded[name] += 1
-        if name in ("GpuSample", "GpuSampleBatch"):
-            for sample, reason in samples_of(name, record):
+        if name in ("GpuSample", "GpuSampleBatch", "GpuSampleColumns"):
+            for sample, reason in samples_checked(name, record):
                 samples.append(sample)
                 if reason:
                     reasons.append(reason)

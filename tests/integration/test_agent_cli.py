@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+from schemas.sample_columns import rows_of
 from schemas.topics import GPU_SAMPLES, HOST_SAMPLES
 from tests.integration.helpers import read_topic
 
@@ -25,10 +26,10 @@ def test_sim_agent_publishes_and_flushes_on_sigterm(kafka, prefix, tmp_path):
     ticks = int(out.split("agent stopped after ")[1].split(" ticks")[0])
     assert ticks >= 5
     batches = [r for *_, n, r in read_topic(kafka.bootstrap, prefix + GPU_SAMPLES.name, GPU_SAMPLES.partitions)
-               if n == "GpuSampleBatch"]
-    samples = [s for b in batches for s in b["samples"]]
+               if n == "GpuSampleColumns"]
+    samples = [s for b in batches for s in rows_of(b)]
     assert len(samples) == 4 * ticks and {s["host"] for s in samples} == {"gpu-host-001"}
     # Sent every 5 s (and at SIGTERM): each message holds a workflow's samples of many ticks.
-    assert len(batches) < ticks and max(len({s["event_time"] for s in b["samples"]}) for b in batches) > 1
+    assert len(batches) < ticks and max(len(set(b["event_time"])) for b in batches) > 1
     hosts = read_topic(kafka.bootstrap, prefix + HOST_SAMPLES.name, HOST_SAMPLES.partitions)
     assert len(hosts) == ticks

@@ -12,6 +12,7 @@ from producers.host_agent import AgentSettings, HostAgent, run_agent
 from producers.sample_nvml import NvmlSampler
 from producers.spool import Spool
 from schemas.admin import ensure_topics
+from schemas.sample_columns import rows_of
 from schemas.topics import GPU_SAMPLES, HOST_SAMPLES
 from tests.fakes.fake_nvml import FakeGpu, FakeNvml, FakeProcess
 from tests.integration.helpers import CODEC, read_topic, running_sink, wait_until
@@ -55,7 +56,7 @@ def test_samples_survive_a_broker_outage(tmp_path, chdb_client, database):
         assert spool.pending() == 0 and spool.dropped == 0
 
         samples = [s for *_, n, r in read_topic(broker.bootstrap, prefix + GPU_SAMPLES.name, GPU_SAMPLES.partitions)
-                   if n == "GpuSampleBatch" for s in r["samples"]]
+                   if n == "GpuSampleColumns" for s in rows_of(r)]
         assert len(samples) == agent.samples == 2 * agent.ticks
         for gpu in ("GPU-0", "GPU-1"):
             times = [s["event_time"] for s in samples if s["gpu_uuid"] == gpu]  # topic order per partition

@@ -1,11 +1,11 @@
-"""The forwarder's sends every few seconds, with each host's and workflow's sample batches
+"""The forwarder's sends every few seconds, with each host's and workflow's sample blocks
 merged into one message, in order, and everything else passed on as it was."""
 
 from producers.forward_spool import Forwarder, SampleCoalescer
 from producers.spool import Spool
 from schemas.codec import Codec
+from schemas.sample_columns import columns_of
 from schemas.topics import GPU_SAMPLES
-from schemas.validate_sample import batch_samples
 from tests.unit.samples import sample
 
 CODEC = Codec()
@@ -15,8 +15,8 @@ TOPIC = "x." + GPU_SAMPLES.name
 def batch_of(tick: int, host: str = "h1", workflow: str = "wf-a", gpus: int = 2) -> bytes:
     samples = [sample(workflow_id=workflow, host=host, gpu_uuid=f"{host}-GPU-{g}", event_time=1_767_225_600_000 + tick * 1000)
                for g in range(gpus)]
-    (batch,) = batch_samples(samples)
-    return CODEC.encode("GpuSampleBatch", batch)
+    (block,) = columns_of(samples)
+    return CODEC.encode("GpuSampleColumns", block)
 
 
 class Produced:
@@ -37,10 +37,10 @@ def test_each_hosts_batches_of_a_workflow_become_one_message_in_order():
     # The merged batches go where their first parts were: before the host samples of tick 0.
     assert [t for t, _, _ in out.messages] == [TOPIC, TOPIC] + ["x.gpufleet.host-samples.v1"] * 5
     batches = [(k, CODEC.decode(v)[1]) for t, k, v in out.messages if t == TOPIC]
-    assert [(k, b["host"], len(b["samples"])) for k, b in batches] == [(b"wf-a", "h1", 10), (b"wf-a", "h2", 10)]
+    assert [(k, b["host"], len(b["event_time"])) for k, b in batches] == [(b"wf-a", "h1", 10), (b"wf-a", "h2", 10)]
     h1 = batches[0][1]
-    assert [s["event_time"] for s in h1["samples"]][::2] == [1_767_225_600_000 + t * 1000 for t in range(5)]
-    assert h1["event_time"] == 1_767_225_600_000  # the first sample's
+    assert h1["event_time"][::2] == [1_767_225_600_000 + t * 1000 for t in range(5)]
+    assert h1["gpu_uuid"] == ["h1-GPU-0", "h1-GPU-1"] * 5
     assert [v for t, k, v in out.messages if t != TOPIC] == [b"host sample %d" % t for t in range(5)]
     assert c.flush(out) == 0  # nothing left behind
 
@@ -56,7 +56,7 @@ def test_a_record_of_the_same_key_in_between_keeps_its_place():
     times = []
     for _, _, value in out.messages[:3]:
         name, record = CODEC.decode(value)
-        times += [s["event_time"] for s in record["samples"]] if name == "GpuSampleBatch" else [record["event_time"]]
+        times += record["event_time"] if name == "GpuSampleColumns" else [record["event_time"]]
     assert times == sorted(times) and len(out.messages) == 4 and out.messages[3][2] == b"\x00garbage"
 
 
@@ -65,7 +65,7 @@ def test_a_backlog_is_split_into_messages_the_broker_takes():
     for tick in range(10):
         c.add(TOPIC, batch_of(tick, gpus=2), b"wf-a")
     assert c.flush(out) == 4  # 20 samples, at most 6 a message
-    assert [len(CODEC.decode(v)[1]["samples"]) for _, _, v in out.messages] == [6, 6, 6, 2]
+    assert [len(CODEC.decode(v)[1]["event_time"]) for _, _, v in out.messages] == [6, 6, 6, 2]
 
 
 class FakeProducer:

@@ -8,6 +8,7 @@ from producers.sample_nvml import NvmlSampler
 from producers.simulate_fleet import build_fleet
 from producers.spool import Spool
 from schemas.codec import Codec
+from schemas.sample_columns import rows_of
 from schemas.validate_sample import validate_sample
 from tests.fakes.fake_nvml import FakeGpu, FakeNvml, FakeProcess
 from tests.unit.producers.proc_tree import make_process
@@ -28,8 +29,8 @@ def spooled(spool):
     for r in spool.read(spool.cursor(), limit=100_000):
         name, record = CODEC.decode(r.value)
         out.setdefault(name, []).append((r.topic, r.key, record))
-        if name == "GpuSampleBatch":  # the samples it carries, as if sent one by one
-            out.setdefault("GpuSample", []).extend((r.topic, r.key, s) for s in record["samples"])
+        if name == "GpuSampleColumns":  # the samples it carries, as if sent one by one
+            out.setdefault("GpuSample", []).extend((r.topic, r.key, s) for s in rows_of(record))
     return out
 
 

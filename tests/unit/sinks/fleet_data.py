@@ -47,7 +47,7 @@ def build(seed: int = 11) -> FleetData:
                for s in samples]
     agg = WindowAggregator(WindowConfig(size_ms=60_000, allowed_lateness_ms=0, retention_ms=3_600_000), {})
     sentinel = {**samples[0], "workflow_id": "wf-sentinel", "event_time": start_ms + 7_200_000}
-    batch = [Incoming(i, s) for i, s in enumerate([*samples, sentinel])]
+    batch = [Incoming.row(i, s) for i, s in enumerate([*samples, sentinel])]
     windows = [w for w in agg.process(0, batch, closed_at=start_ms + 7_200_000).closed
                if w["workflow_id"] != "wf-sentinel"]
     wfs = fleet.workflows

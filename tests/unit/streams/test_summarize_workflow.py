@@ -25,7 +25,7 @@ def test_totals_over_windows():
 
 
 def feed(agg, partition, samples, first=0):
-    return agg.process(partition, [Incoming(first + i, s) for i, s in enumerate(samples)], closed_at=0)
+    return agg.process(partition, [Incoming.row(first + i, s) for i, s in enumerate(samples)], closed_at=0)
 
 
 def test_a_workflow_ends_after_silence_in_event_time():

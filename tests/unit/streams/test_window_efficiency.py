@@ -10,8 +10,8 @@ CFG = WindowConfig(size_ms=60_000, allowed_lateness_ms=0, retention_ms=600_000)
 
 def close_one(samples):
     agg = WindowAggregator(CFG, {})
-    batch = [Incoming(i, s) for i, s in enumerate(samples)]
-    batch.append(Incoming(len(samples), sample(workflow_id="wf-other", event_time=BASE_MS + 60_000)))
+    batch = [Incoming.row(i, s) for i, s in enumerate(samples)]
+    batch.append(Incoming.row(len(samples), sample(workflow_id="wf-other", event_time=BASE_MS + 60_000)))
     (window,) = [w for w in agg.process(0, batch, closed_at=0).closed if w["workflow_id"] == "wf-a"]
     return window
 

@@ -10,7 +10,7 @@ CFG = WindowConfig(size_ms=60_000, allowed_lateness_ms=10_000, retention_ms=600_
 
 
 def feed(agg, partition, samples, first_offset=0, closed_at=0):
-    batch = [Incoming(first_offset + i, s) for i, s in enumerate(samples)]
+    batch = [Incoming.row(first_offset + i, s) for i, s in enumerate(samples)]
     return agg.process(partition, batch, closed_at=closed_at)
 
 
@@ -156,12 +156,12 @@ def test_shared_gpus_count_for_each_workflow_by_its_share():
 
 def test_samples_of_one_message_count_once_each_and_replays_are_skipped_by_position():
     agg = WindowAggregator(WindowConfig(size_ms=60_000, allowed_lateness_ms=0, retention_ms=600_000), {})
-    batch = [Incoming(7, sample(gpu_uuid=f"GPU-{i}", gpu_index=i), i) for i in range(4)]
+    batch = [Incoming.row(7, sample(gpu_uuid=f"GPU-{i}", gpu_index=i), i) for i in range(4)]
     first = agg.process(0, batch[:2], closed_at=0)
     assert first.replayed == 0
     # After a restart the whole message comes again: the two applied samples are skipped.
     again = agg.process(0, batch, closed_at=0)
     assert again.replayed == 2
-    closer = Incoming(8, sample(workflow_id="wf-other", event_time=BASE_MS + 60_000))
+    closer = Incoming.row(8, sample(workflow_id="wf-other", event_time=BASE_MS + 60_000))
     (window,) = [w for w in agg.process(0, [closer], closed_at=0).closed if w["workflow_id"] == "wf-a"]
     assert window["sample_count"] == 4 and window["gpu_count"] == 4

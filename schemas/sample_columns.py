@@ -1,0 +1,145 @@
+"""``GpuSampleColumns``: GPU samples travelling column by column, and the checks on them.
+
+A block is the record as decoded: ``host``, ``workflow_id``, ``owner``, ``team`` once, and one
+list per ``GpuSample`` field (a *column*) with a value per sample, or ``None`` where no sample
+of the block reports the field. The agents send blocks; the stream worker validates and
+aggregates whole columns (``streams.window_utilization``), so most of its work per sample runs
+inside builtins such as ``sum`` and ``min`` instead of the interpreter. The older formats, a
+``GpuSample`` per message or a ``GpuSampleBatch`` of them, are turned into blocks on arrival.
+"""
+
+from __future__ import annotations
+
+import json
+from itertools import compress
+from math import isnan
+from operator import gt
+
+from schemas.codec import SCHEMA_DIR
+from schemas.validate_sample import MAX_INTERVAL_MS, MIN_EVENT_TIME_MS, samples_of, validate_sample
+
+NAME = "GpuSampleColumns"
+SHARED = ("host", "workflow_id", "owner", "team")
+
+
+def _columns() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    fields = json.loads((SCHEMA_DIR / "gpu_sample_columns.v1.avsc").read_text())["fields"]
+    columns = tuple(f["name"] for f in fields if f["name"] not in SHARED)
+    nullable = tuple(f["name"] for f in fields if f["name"] not in SHARED and isinstance(f["type"], list))
+    return columns, nullable
+
+
+COLUMNS, NULLABLE = _columns()  # from the schema file, so that code and schema cannot drift apart
+_DEFAULTS = {"xids": []}  # a field a sample may leave out that is not nullable
+
+
+def columns_of(samples: list[dict], per_tick: bool = True, max_samples: int = 1000) -> list[dict]:
+    """Group ``GpuSample`` dicts into blocks, in the order each group first appears: one per
+    host, workflow, owner, team and set of reported fields, and with ``per_tick`` also per
+    event time; at most ``max_samples`` samples each, so that a backlog does not make a
+    message too large for the broker."""
+    groups: dict[tuple, list[dict]] = {}
+    for s in samples:
+        reported = tuple(s.get(k) is not None for k in NULLABLE)
+        key = (s["host"], s["workflow_id"], s.get("owner"), s.get("team"), reported,
+               s["event_time"] if per_tick else None)
+        groups.setdefault(key, []).append(s)
+    blocks = []
+    for (host, wf, owner, team, reported, _), members in groups.items():
+        present = set(compress(NULLABLE, reported))
+        for i in range(0, len(members), max_samples):
+            part = members[i:i + max_samples]
+            block = {"host": host, "workflow_id": wf, "owner": owner, "team": team}
+            for k in COLUMNS:
+                if k in NULLABLE and k not in present:
+                    block[k] = None
+                elif k in _DEFAULTS:
+                    block[k] = [s.get(k) or _DEFAULTS[k] for s in part]
+                else:
+                    block[k] = [s[k] for s in part]
+            blocks.append(block)
+    return blocks
+
+
+def size(block: dict) -> int:
+    return len(block["event_time"])
+
+
+def rows_of(block: dict) -> list[dict]:
+    """The block's samples as ``GpuSample`` dicts (every field; null where not reported)."""
+    shared = {k: block[k] for k in SHARED}
+    present = [(k, block[k]) for k in COLUMNS if block[k] is not None]
+    absent = dict.fromkeys(k for k in COLUMNS if block[k] is None)
+    return [{**shared, **absent, **{k: col[i] for k, col in present}} for i in range(size(block))]
+
+
+def take(block: dict, indices: list[int]) -> dict:
+    """The samples of ``block`` at ``indices``, as a block."""
+    out = {k: block[k] for k in SHARED}
+    for k in COLUMNS:
+        col = block[k]
+        out[k] = None if col is None else [col[i] for i in indices]
+    return out
+
+
+def shape_error(block: dict) -> str | None:
+    """What makes ``block`` unusable as a whole (its columns disagree on the number of
+    samples, or it names no workflow), or None."""
+    if not block["workflow_id"]:
+        return "empty workflow_id: the samples cannot be attributed to a workflow"
+    n = size(block)
+    for k in COLUMNS:
+        col = block[k]
+        if col is not None and len(col) != n:
+            return f"column {k} has {len(col)} values, event_time has {n}: a block has one value per sample"
+    return None
+
+
+def _outside(col: list | None, low: float, high: float) -> bool:
+    """Any value outside [low, high], NaN included (a NaN makes the sum NaN)."""
+    if not col:
+        return False
+    total = sum(col)
+    return isnan(total) or min(col) < low or max(col) > high
+
+
+def _passes(block: dict) -> bool:
+    """Whether every sample of the block passes ``validate_sample``, one column at a time;
+    a block that does not is checked sample by sample to say which and why."""
+    times, intervals = block["event_time"], block["interval_ms"]
+    if min(times) < MIN_EVENT_TIME_MS or min(intervals) <= 0 or max(intervals) > MAX_INTERVAL_MS:
+        return False
+    if _outside(block["utilization_pct"], 0.0, 100.0) or _outside(block["memory_utilization_pct"], 0.0, 100.0):
+        return False
+    used, total = block["memory_used_bytes"], block["memory_total_bytes"]
+    if used is not None and (min(used) < 0 or (total is not None and any(map(gt, used, total)))):
+        return False
+    if _outside(block["power_watts"], 0.0, float("inf")):
+        return False
+    share = block["share"]
+    return not (share is not None and (_outside(share, 0.0, 1.0) or min(share) <= 0.0))
+
+
+def samples_checked(name: str, record: dict) -> list[tuple[dict | None, str | None]]:
+    """Each sample of a ``GpuSample``, ``GpuSampleBatch`` or ``GpuSampleColumns`` message with
+    the reason it is unusable (or None); a block whose shape is wrong is one ``(None, reason)``."""
+    if name != NAME:
+        return samples_of(name, record)
+    reason = shape_error(record)
+    if reason:
+        return [(None, reason)]
+    out = []
+    for i, s in enumerate(rows_of(record)):
+        reason = validate_sample(s)
+        out.append((s, reason and f"sample {i} of the block: {reason}"))
+    return out
+
+
+def blocks_of(name: str, record: dict) -> tuple[list[dict], list[str]]:
+    """The usable blocks of a ``GpuSample``, ``GpuSampleBatch`` or ``GpuSampleColumns``
+    message, and the reason for each sample (or the whole message) that is not usable."""
+    if name == NAME and shape_error(record) is None and (not size(record) or _passes(record)):
+        return ([record] if size(record) else []), []
+    checked = samples_checked(name, record)
+    good = [s for s, reason in checked if reason is None]
+    return columns_of(good, per_tick=False, max_samples=max(1, len(good))), [r for _, r in checked if r]

@@ -1,0 +1,161 @@
+"""GpuSampleColumns: samples column by column, checked a column at a time, and windows that
+come out the same whichever way the samples travelled."""
+
+import json
+import math
+import random
+
+import pytest
+
+from schemas.codec import Codec
+from schemas.sample_columns import NULLABLE, blocks_of, columns_of, rows_of, samples_checked
+from schemas.topics import GPU_SAMPLES, key_of
+from schemas.validate_sample import batch_samples
+from streams.window_utilization import Incoming, WindowAggregator, WindowConfig
+from tests.unit.samples import BASE_MS, sample
+
+CODEC = Codec()
+
+
+def tick(t: int = 0, host: str = "h1", workflow: str = "wf-a", gpus: int = 3, **extra) -> list[dict]:
+    return [sample(host=host, workflow_id=workflow, gpu_index=g, gpu_uuid=f"{host}-GPU-{g}",
+                   event_time=BASE_MS + t * 1000, utilization_pct=10.0 * g, **extra) for g in range(gpus)]
+
+
+def full(s: dict) -> dict:
+    """A GpuSample as it decodes: every field, null where not reported."""
+    return {**dict.fromkeys(NULLABLE), "xids": [], **s}
+
+
+def test_blocks_are_per_host_workflow_tick_and_set_of_reported_fields():
+    samples = tick(0) + tick(0, host="h2") + tick(1) + tick(1, sm_active_pct=40.0)[:1]
+    blocks = columns_of(samples)
+    assert [(b["host"], b["event_time"][0], len(b["event_time"])) for b in blocks] == [
+        ("h1", BASE_MS, 3), ("h2", BASE_MS, 3), ("h1", BASE_MS + 1000, 3), ("h1", BASE_MS + 1000, 1)]
+    assert blocks[2]["sm_active_pct"] is None and blocks[3]["sm_active_pct"] == [40.0]
+    merged = columns_of(tick(0) + tick(1) + tick(2), per_tick=False, max_samples=4)
+    assert [len(b["event_time"]) for b in merged] == [4, 4, 1]
+
+
+def test_a_block_round_trips_through_avro_to_the_same_samples():
+    samples = tick(0, share=0.5, xids=[79], rank=3) + tick(1, share=0.5, rank=3)
+    for s in samples:
+        s.setdefault("xids", [])
+    (block,) = columns_of(samples, per_tick=False)
+    name, decoded = CODEC.decode(CODEC.encode("GpuSampleColumns", block))
+    assert name == "GpuSampleColumns" and GPU_SAMPLES.carries(name)
+    assert key_of(GPU_SAMPLES, block) == b"wf-a"
+    assert rows_of(decoded) == [full(s) for s in samples]
+    # Fewer bytes than the same samples row by row.
+    (batch,) = batch_samples(samples, per_tick=False)
+    assert len(CODEC.encode("GpuSampleColumns", block)) < len(CODEC.encode("GpuSampleBatch", batch))
+
+
+def test_a_valid_block_is_used_as_it_is():
+    (block,) = columns_of(tick(0))
+    blocks, reasons = blocks_of("GpuSampleColumns", block)
+    assert blocks == [block] and blocks[0] is block and reasons == []
+
+
+@pytest.mark.parametrize("field,value,reason", [
+    ("utilization_pct", -3.0, "sample 1 of the block: utilization_pct -3.0 is outside 0..100"),
+    ("utilization_pct", math.nan, "sample 1 of the block: utilization_pct nan is outside 0..100"),
+    ("power_watts", -1.0, "sample 1 of the block: power_watts -1.0 is negative"),
+    ("memory_used_bytes", 81 * 1024**3, "sample 1 of the block: memory_used_bytes 86973087744 exceeds memory_total_bytes 85899345920"),
+    ("interval_ms", 0, "sample 1 of the block: interval_ms 0 is outside 1..3600000"),
+    ("event_time", 1_700_000, "sample 1 of the block: event_time 1700000 is before 2000-01-01 (expected epoch milliseconds)"),
+])
+def test_a_bad_sample_is_refused_with_its_reason_and_the_others_kept(field, value, reason):
+    (block,) = columns_of(tick(0))
+    block[field][1] = value
+    blocks, reasons = blocks_of("GpuSampleColumns", block)
+    assert reasons == [reason]
+    (kept,) = blocks
+    assert kept["gpu_uuid"] == ["h1-GPU-0", "h1-GPU-2"]
+
+
+def test_a_share_outside_0_1_is_refused():
+    (block,) = columns_of(tick(0, share=0.5))
+    block["share"][2] = 0.0
+    assert blocks_of("GpuSampleColumns", block)[1] == ["sample 2 of the block: share 0.0 is outside (0, 1]"]
+
+
+def test_a_block_whose_columns_disagree_is_refused_whole():
+    (block,) = columns_of(tick(0))
+    block["power_watts"] = block["power_watts"][:2]
+    assert blocks_of("GpuSampleColumns", block) == (
+        [], ["column power_watts has 2 values, event_time has 3: a block has one value per sample"])
+    assert samples_checked("GpuSampleColumns", block) == [
+        (None, "column power_watts has 2 values, event_time has 3: a block has one value per sample")]
+    (block,) = columns_of(tick(0))
+    block["workflow_id"] = ""
+    assert blocks_of("GpuSampleColumns", block)[1] == [
+        "empty workflow_id: the samples cannot be attributed to a workflow"]
+
+
+def test_older_formats_become_blocks():
+    samples = tick(0) + tick(1)
+    (batch,) = batch_samples(samples, per_tick=False)
+    batch["samples"][4] = {**batch["samples"][4], "utilization_pct": 101.0}
+    blocks, reasons = blocks_of("GpuSampleBatch", CODEC.decode(CODEC.encode("GpuSampleBatch", batch))[1])
+    assert reasons == ["sample 4 of the batch: utilization_pct 101.0 is outside 0..100"]
+    assert [len(b["event_time"]) for b in blocks] == [5]
+    blocks, reasons = blocks_of("GpuSample", full(samples[0]))
+    assert reasons == [] and rows_of(blocks[0]) == [full(samples[0])]
+
+
+def random_samples(rng: random.Random, seconds: int) -> list[dict]:
+    """Two workflows on two hosts; shares, GPM fields on some GPUs only, throttling, faults,
+    a GPU that reports no memory capacity."""
+    out = []
+    for t in range(seconds):
+        for host in ("h1", "h2"):
+            for g in range(4):
+                extra = {}
+                if g < 2:
+                    extra.update(sm_active_pct=rng.uniform(0, 100), tensor_active_pct=rng.uniform(0, 100))
+                if g == 3:
+                    extra.update(share=rng.choice([0.25, 0.5, 1.0]), memory_total_bytes=0, memory_used_bytes=0)
+                if rng.random() < 0.1:
+                    extra.update(clock_event_reasons=rng.choice([0x4, 0x1, 0x80]), ecc_uncorrected_volatile=rng.randrange(3),
+                                 xids=[rng.choice([13, 79])])
+                out.append(sample(host=host, workflow_id="wf-a" if g % 2 else "wf-b", gpu_index=g,
+                                  gpu_uuid=f"{host}-GPU-{g}", event_time=BASE_MS + t * 1000,
+                                  utilization_pct=float(rng.choice([0, 0, rng.randrange(101)])),
+                                  workflow_cpu_pct=rng.uniform(0, 800), rank=g, **extra))
+    return out
+
+
+def windows(items: list[Incoming]) -> list[dict]:
+    agg = WindowAggregator(WindowConfig(allowed_lateness_ms=10_000), {})
+    closed = agg.process(0, items, closed_at=0).closed
+    closed += agg.advance(0, BASE_MS + 10 * 60_000, closed_at=0).closed
+    return sorted(closed, key=lambda w: (w["workflow_id"], w["window_start"]))
+
+
+def test_blocks_give_the_windows_of_one_sample_at_a_time():
+    samples = random_samples(random.Random(5), 150)
+    one_by_one = windows([Incoming.row(i, s) for i, s in enumerate(samples)])
+    # As the forwarder sends them (within the allowed lateness): every 7 s, so that some blocks
+    # span two windows; a send holds one block per set of reported fields.
+    per_send = 7 * 8
+    blocks = [b for i in range(0, len(samples), per_send) for b in columns_of(samples[i:i + per_send], per_tick=False)]
+    assert any(len({t // 60_000 for t in b["event_time"]}) == 2 for b in blocks)
+    by_block = windows([Incoming(i, json.loads(json.dumps(b))) for i, b in enumerate(blocks)])
+    assert len(by_block) == len(one_by_one) == 6
+    for a, b in zip(by_block, one_by_one):
+        assert a.keys() == b.keys()
+        for k, v in b.items():
+            assert a[k] == (pytest.approx(v, rel=1e-9) if isinstance(v, float) else v), k
+    assert all(w["sm_active_mean_pct"] is not None and w["throttled_gpu_seconds"] > 0 for w in by_block)
+
+
+def test_late_samples_of_a_block_are_reported_together():
+    agg = WindowAggregator(WindowConfig(allowed_lateness_ms=0), {})
+    agg.process(0, [Incoming.row(0, sample(event_time=BASE_MS + 61_000))], closed_at=0)
+    (block,) = columns_of(tick(0) + tick(62), per_tick=False)  # 3 in the closed window, 3 in the open one
+    result = agg.process(0, [Incoming(1, block)], closed_at=0)
+    ((item, reason),) = result.late
+    assert item.offset == 1 and reason.startswith(
+        f"3 late samples: event times {BASE_MS}..{BASE_MS} fall in window [{BASE_MS}, {BASE_MS + 60_000})")
+    assert agg.store["wf-a"]["windows"][str(BASE_MS + 60_000)]["n"] == 4
