@@ -88,6 +88,17 @@ def _by_partition(events) -> dict[int, list]:
     return by_partition
 
 
+class _BeforeCommit(faust.Sensor):
+    """Calls ``hook`` when the consumer starts a commit, before it takes the offsets."""
+
+    def __init__(self, hook) -> None:
+        super().__init__()
+        self.hook = hook
+
+    def on_commit_initiated(self, consumer) -> None:
+        self.hook()
+
+
 def _register_windows(app: faust.App, settings, codec: Codec) -> None:
     samples_topic = app.topic(settings.topic(GPU_SAMPLES.name), partitions=GPU_SAMPLES.partitions)
     windows_topic = app.topic(settings.topic(WORKFLOW_WINDOWS.name))
@@ -98,6 +109,18 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
     # One entry per workflow; the changelog partition is the workflow's source partition.
     table = app.Table("window-state", default=None, partitions=GPU_SAMPLES.partitions, key_type=str)
     aggregator = WindowAggregator(settings.window, table.data)
+    unsaved: dict[str, int] = {}  # workflow -> its partition: state changed since the last commit
+
+    def save_state() -> None:
+        """The state of each workflow changed since the last commit, to the changelog, once
+        however many batches changed it. Runs as the consumer starts a commit and before it
+        takes the offsets to commit; the commit waits for the producer, so the offsets it
+        commits never run ahead of the state written."""
+        for wf, partition in unsaved.items():
+            table.send_changelog(partition, wf, table.data.get(wf))  # None: it was forgotten
+        unsaved.clear()
+
+    app.sensors.add(_BeforeCommit(save_state))
     stats = defaultdict(int)
     last_batch: dict[int, float] = {}  # partition -> wall time of its last samples
     ended_after_ms = int(settings.workflow_ended_s * 1000)
@@ -127,11 +150,8 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
             record = summary(wf, state, reason, now)
             if record is not None:
                 summaries.append(record)
-        for wf in result.changed:
-            if wf in table.data:
-                table.send_changelog(partition, wf, table.data[wf])
-        for wf in result.removed:
-            table.send_changelog(partition, wf, None)
+        for wf in result.changed | result.removed:
+            unsaved[wf] = partition
         for window in result.closed:
             await _send(codec, windows_topic, WORKFLOW_WINDOWS, window)
         for alert in alerts:
