@@ -20,7 +20,7 @@ in one run so that the ratios mean something on a noisy machine:
    detector's required duration + one window + 10 s (run with a 10 s window and 20 s
    duration so that the benchmark takes a minute, not the default 11).
 
-    python benchmarks/bench_stream.py [--ticks 40] [--live-s 60] [--send-every 5] [--format columns]
+    python benchmarks/bench_stream.py [--ticks 120] [--live-s 60] [--send-every 5] [--format columns]
 """
 
 from __future__ import annotations
@@ -117,16 +117,22 @@ def produce(producer: Producer, topic: str, messages) -> int:
     return n
 
 
-def lag(bootstrap: str, group: str, topic: str, partitions: int) -> tuple[int, int]:
-    """(committed total, end total) of ``group`` on ``topic``."""
-    c = Consumer(consumer_config(bootstrap, group))
-    try:
-        tps = [TopicPartition(topic, p) for p in range(partitions)]
-        committed = sum(max(tp.offset, 0) for tp in c.committed(tps, timeout=10))
-        end = sum(c.get_watermark_offsets(tp, timeout=10)[1] for tp in tps)
+class Lag:
+    """(committed total, end total) of ``group`` on ``topic``, asked of the broker with one
+    consumer that never joins the group: polled every 0.2 s, a new consumer per question took
+    CPU from the worker being measured (two cores here)."""
+
+    def __init__(self, bootstrap: str, group: str, topic: str, partitions: int) -> None:
+        self.consumer = Consumer(consumer_config(bootstrap, group))
+        self.tps = [TopicPartition(topic, p) for p in range(partitions)]
+
+    def __call__(self) -> tuple[int, int]:
+        committed = sum(max(tp.offset, 0) for tp in self.consumer.committed(self.tps, timeout=10))
+        end = sum(self.consumer.get_watermark_offsets(tp, timeout=10, cached=False)[1] for tp in self.tps)
         return committed, end
-    finally:
-        c.close()
+
+    def close(self) -> None:
+        self.consumer.close()
 
 
 def rate_from_commits(bootstrap, group, topic, partitions, total, proc, timeout=600.0, measure_s=60.0) -> float:
@@ -134,18 +140,22 @@ def rate_from_commits(bootstrap, group, topic, partitions, total, proc, timeout=
     within ``measure_s`` of the first (a slow consumer need not read everything)."""
     first = None
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
-        committed, _ = lag(bootstrap, group, topic, partitions)
-        now = time.monotonic()
-        if committed and first is None:
-            first = (now, committed)
-        if committed >= total or (first and now - first[0] >= measure_s):
-            if first[1] >= total:
-                raise RuntimeError("everything was committed at once: publish more ticks")
-            return (committed - first[1]) / (now - first[0])
-        time.sleep(0.2)
+    lag = Lag(bootstrap, group, topic, partitions)
+    try:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
+            committed, _ = lag()
+            now = time.monotonic()
+            if committed and first is None:
+                first = (now, committed)
+            if committed >= total or (first and now - first[0] >= measure_s):
+                if first[1] >= total:
+                    raise RuntimeError("everything was committed at once: publish more ticks")
+                return (committed - first[1]) / (now - first[0])
+            time.sleep(0.2)
+    finally:
+        lag.close()
     raise RuntimeError(f"{group} did not commit {total} messages within {timeout:.0f}s")
 
 
@@ -240,16 +250,18 @@ def live(bootstrap, data_dir, seconds, send_every=1, fmt="columns") -> list[int]
     start_ms = int(time.time() * 1000)
     agents = AgentSends(fleet, start_ms, send_every, fmt)
     t0 = time.monotonic()
+    lag = Lag(bootstrap, "live-worker", topic, GPU_SAMPLES.partitions)
     try:
         for tick in range(int(seconds)):
             due = t0 + tick
             time.sleep(max(0.0, due - time.monotonic()))
             per_tick.append(produce(producer, topic, agents.tick(tick)))
             if tick % 5 == 4:
-                committed, end = lag(bootstrap, "live-worker", topic, GPU_SAMPLES.partitions)
+                committed, end = lag()
                 lags.append(end - committed)
         producer.flush(30)
     finally:
+        lag.close()
         stop(proc)
     behind = time.monotonic() - t0 - seconds
     messages_per_s = sum(per_tick) / len(per_tick)
@@ -322,7 +334,8 @@ def alert_latency(bootstrap, data_dir, window_s=10.0, min_s=20.0, send_every=1) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ticks", type=int, default=40, help="ticks of 10,000 GPUs for the throughput run")
+    parser.add_argument("--ticks", type=int, default=120,
+                        help="ticks of 10,000 GPUs for the throughput run (enough for 15+ s of the worker's commits)")
     parser.add_argument("--live-s", type=float, default=60.0)
     parser.add_argument("--skip", nargs="*", default=[], choices=["throughput", "live", "latency"])
     parser.add_argument("--format", choices=sorted(FORMATS), default="columns",
