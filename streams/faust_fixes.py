@@ -29,7 +29,6 @@ log = logging.getLogger(__name__)
 
 STALLED_COMMITS = 3
 _original_new_offset = Consumer._new_offset
-_stalled: dict = {}  # (consumer id, tp) -> commits in a row with the head out of reach
 _rereads: set = set()  # keeps the re-read tasks alive until they finish
 
 
@@ -41,11 +40,12 @@ def _new_offset_fixed(self, tp):
             acked[:] = unique
     offset = _original_new_offset(self, tp)
     committed = self._committed_offset[tp]
-    key = (id(self), tp)
+    # tp -> commits in a row with the head out of reach, kept on the consumer
+    stalled = self.__dict__.setdefault("_gpufleet_stalled", {})
     if offset is None and acked and committed is not None and min(acked) - committed > 1:
-        _stalled[key] = _stalled.get(key, 0) + 1
-        if _stalled[key] >= STALLED_COMMITS:
-            _stalled.pop(key)
+        stalled[tp] = stalled.get(tp, 0) + 1
+        if stalled[tp] >= STALLED_COMMITS:
+            del stalled[tp]
             log.warning("%s[%d]: offsets %d..%d never reached the stream while later ones were "
                         "processed; reading the partition again from %d", tp.topic, tp.partition,
                         committed, min(acked) - 1, committed)
@@ -53,7 +53,7 @@ def _new_offset_fixed(self, tp):
             _rereads.add(task)
             task.add_done_callback(_rereads.discard)
     else:
-        _stalled.pop(key, None)
+        stalled.pop(tp, None)
     return offset
 
 

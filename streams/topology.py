@@ -12,7 +12,7 @@ import faust
 
 from schemas.codec import Codec
 from schemas.dead_letter import dead_letter
-from schemas.sample_columns import blocks_of
+from schemas.sample_columns import blocks_of, size
 from schemas.topics import (
     ALERTS,
     DEAD_LETTERS,
@@ -189,7 +189,7 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
                     late = [(by_offset[inc.offset], reason) for inc, reason in result.late]
                 for message, reason in bad + late:
                     await _dead_letter(codec, dlq_topic, STAGE, message, reason, now)
-                stats["samples"] += sum(len(inc.record["event_time"]) for inc in good)
+                stats["samples"] += sum(size(inc.record) for inc in good)
                 stats["late"] += len(result.late)
                 stats["invalid"] += len(bad)
                 stats["replayed"] += result.replayed

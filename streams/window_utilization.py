@@ -12,9 +12,10 @@ and persists what it reports as changed. Design:
 * Samples whose window has already closed when they arrive are **late**: they are returned
   for the dead-letter topic, never dropped silently. The watermark moves between blocks.
 * State is one JSON-able dict per workflow in a caller-provided mapping (the Faust table).
-  Each holds the offset (and block of that message) it was updated through, so a batch replayed after a crash (at-least-once
-  delivery) is not applied twice; the partition's watermark is derived from these states,
-  so it can never run ahead of what the state contains.
+  Each holds the offset (and block of that message) it was updated through, so a batch
+  replayed after a crash (at-least-once delivery) is not applied twice; the partition's
+  watermark is derived from these states, so it can never run ahead of what the state
+  contains.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from operator import mul
 
 from schemas.sample_columns import columns_of, take
+from schemas.sample_columns import size as samples_in
 from schemas.validate_sample import NOT_WORKFLOWS
 from streams.window_efficiency import add_efficiency, efficiency_fields, new_efficiency
 
@@ -74,7 +76,7 @@ def window_start(event_time_ms: int, size_ms: int) -> int:
 
 def _new_acc() -> dict:
     return {
-        "n": 0, "gpus": {}, "interval_ms": 0, "util_weighted": 0.0,
+        "n": 0, "interval_ms": 0, "util_weighted": 0.0,
         "util_min": None, "util_max": None, "mem_sum": 0.0, "mem_n": 0,
         "energy_j": 0.0, "energy_n": 0, "eff": new_efficiency(),
     }
@@ -88,7 +90,6 @@ def _add(acc: dict, c: Record) -> None:
     total = sum(w)
     util = c["utilization_pct"]
     acc["n"] += len(util)
-    acc["gpus"].update(dict.fromkeys(c["gpu_uuid"], 1))
     acc["interval_ms"] += total
     acc["util_weighted"] += sum(map(mul, util, w))
     low, high = min(util), max(util)
@@ -130,7 +131,7 @@ def to_window(workflow_id: str, state: dict, start: int, acc: dict, size_ms: int
         "window_start": start,
         "window_end": start + size_ms,
         "sample_count": acc["n"],
-        "gpu_count": len(acc["gpus"]),
+        "gpu_count": len(acc["eff"]["per_gpu"]),  # every GPU a sample came from
         "gpu_seconds": interval / 1000.0,
         "utilization_mean_pct": acc["util_weighted"] / interval if interval else 0.0,
         "utilization_min_pct": float(acc["util_min"]),
@@ -266,7 +267,7 @@ class WindowAggregator:
                 state = self.state_of(wf, partition, c["owner"], c["team"])
                 idle.add(wf)
             elif (item.offset, item.index) <= (state["last_offset"], state.get("last_index", 0)):
-                result.replayed += len(c["event_time"])  # applied before a restart; at-least-once replay
+                result.replayed += samples_in(c)  # applied before a restart; at-least-once replay
                 continue
             state["last_offset"], state["last_index"] = item.offset, item.index
             if state.pop("ended", None):
