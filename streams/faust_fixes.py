@@ -16,14 +16,23 @@ offsets:
    of a partition's acked offsets has stayed out of reach for ``STALLED_COMMITS`` commits
    in a row, the partition is re-read from its committed offset: the missing messages come
    again and are processed (at least once), what was applied already is skipped as a replay.
+
+And one for speed: the consumer's drain loop hands each message to the streams inside
+``Service.wait_first(deliver, suspend_flow.wait())``, a race that lets a rebalance stop a
+delivery waiting on a full stream buffer. The race costs four tasks and an ``asyncio.wait``
+per message, 83 us measured here: more than decoding the message's samples. Most deliveries
+never wait (the buffer has room), and those need no race: the delivery is run a first step
+in place, and only one that has to wait goes on inside the race, as before.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import types
 
 from faust.transport.consumer import Consumer
+from mode.services import WaitResults
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +66,53 @@ def _new_offset_fixed(self, tp):
     return offset
 
 
+_original_wait_first = Consumer.wait_first  # mode's Service.wait_first: the consumer has no other
+
+
+@types.coroutine
+def _resumed(coro, step):
+    """Drives ``coro`` on from where its first ``send`` stopped, having yielded ``step``."""
+    while True:
+        try:
+            sent = yield step
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as exc:  # noqa: BLE001 -- thrown in by the task (a cancellation): passed on
+            try:
+                step = coro.throw(exc)
+            except StopIteration as done:
+                return done.value
+        else:
+            try:
+                step = coro.send(sent)
+            except StopIteration as done:
+                return done.value
+
+
+async def _rest_of(coro, step):
+    return await _resumed(coro, step)
+
+
+async def _wait_first_fast(self, *coros, timeout=None):
+    """``wait_first`` for the drain loop's race of a delivery against a flow stop, without
+    the race when the delivery completes at once."""
+    if (len(coros) != 2 or timeout is not None or not asyncio.iscoroutine(coros[0])
+            or not self.flow_active or self.should_stop):
+        return await _original_wait_first(self, *coros, timeout=timeout)
+    deliver, suspended = coros
+    try:
+        step = deliver.send(None)
+    except StopIteration as done:
+        suspended.close()
+        return WaitResults([deliver], [done.value], False)
+    except BaseException:
+        suspended.close()
+        raise
+    return await _original_wait_first(self, _rest_of(deliver, step), suspended)
+
+
 def apply() -> None:
     """Idempotent: patch faust's consumer class once per process."""
     Consumer._new_offset = _new_offset_fixed
+    Consumer.wait_first = _wait_first_fast

@@ -1,11 +1,15 @@
-"""The consumer commits past offsets that were acked twice (robinhood/faust#625), and re-reads
-a partition whose head never reached the stream instead of never committing again."""
+"""The consumer commits past offsets that were acked twice (robinhood/faust#625), re-reads a
+partition whose head never reached the stream instead of never committing again, and hands a
+message to the streams without a race of four tasks when the delivery need not wait."""
 
 import asyncio
+import warnings
 from collections import defaultdict
 
+import pytest
 from faust.transport.consumer import Consumer
 from faust.types import TP
+from mode import Service
 
 from streams import faust_fixes
 
@@ -69,3 +73,92 @@ def test_a_head_that_arrives_in_time_is_not_read_again():
     consumer._acked[TOPIC_PARTITION] += list(range(802, 900))  # a new gap starts its own count
     asyncio.run(commits(consumer, faust_fixes.STALLED_COMMITS - 1))
     assert consumer.seeks == []
+
+
+class DrainLoop(Service):
+    """What the fast ``wait_first`` reads of the consumer: its flow and its stop."""
+
+    flow_active = True
+    wait_first = faust_fixes._wait_first_fast
+
+
+async def deliver(queue: asyncio.Queue, item) -> str:
+    await queue.put(item)  # waits while the stream's buffer is full, as faust's delivery does
+    return f"delivered {item}"
+
+
+async def race(loop: DrainLoop, queue: asyncio.Queue, item, suspend_flow: asyncio.Event):
+    return await loop.wait_first(deliver(queue, item), suspend_flow.wait())
+
+
+def test_a_delivery_with_room_in_the_buffer_runs_in_place_without_tasks():
+    async def scenario():
+        loop = DrainLoop()
+        queue = asyncio.Queue(maxsize=10)
+        results = [await race(loop, queue, i, asyncio.Event()) for i in range(5)]
+        return results, [queue.get_nowait() for _ in range(5)]
+
+    created = []
+
+    async def main():
+        asyncio.get_running_loop().set_task_factory(
+            lambda loop, coro, **kw: created.append(coro) or asyncio.Task(coro, loop=loop, **kw))
+        outcome = await scenario()
+        return outcome, list(created)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the unused suspend_flow.wait() is closed, not left un-awaited
+        (results, delivered), created = asyncio.run(main())
+    assert [r.results for r in results] == [[f"delivered {i}"] for i in range(5)]
+    assert delivered == [0, 1, 2, 3, 4]
+    assert created == []  # faust's race would have made four tasks per message
+
+
+def test_a_delivery_that_waits_finishes_once_the_buffer_has_room():
+    async def scenario():
+        loop = DrainLoop()
+        queue = asyncio.Queue(maxsize=1)
+        await race(loop, queue, "first", asyncio.Event())
+        pending = asyncio.ensure_future(race(loop, queue, "second", asyncio.Event()))
+        await asyncio.sleep(0.01)
+        assert not pending.done()  # the buffer is full: the delivery waits
+        assert queue.get_nowait() == "first"
+        result = await asyncio.wait_for(pending, 1)
+        return result, queue.get_nowait()
+
+    result, second = asyncio.run(scenario())
+    assert result.results == ["delivered second"] and not result.stopped
+    assert second == "second"
+
+
+def test_a_delivery_that_waits_is_abandoned_when_the_flow_stops():
+    async def scenario():
+        loop = DrainLoop()
+        queue = asyncio.Queue(maxsize=1)
+        suspend_flow = asyncio.Event()
+        await race(loop, queue, "first", suspend_flow)
+        pending = asyncio.ensure_future(race(loop, queue, "second", suspend_flow))
+        await asyncio.sleep(0.01)
+        suspend_flow.set()  # a rebalance
+        result = await asyncio.wait_for(pending, 1)
+        return result, queue
+
+    result, queue = asyncio.run(scenario())
+    assert result.results == [True]  # the flow stop won the race
+    assert queue.get_nowait() == "first" and queue.empty()  # "second" was never put
+
+
+def test_an_error_in_the_delivery_reaches_the_drain_loop():
+    async def failing():
+        raise ValueError("cannot decode")
+
+    async def scenario():
+        return await DrainLoop().wait_first(failing(), asyncio.Event().wait())
+
+    with pytest.raises(ValueError, match="cannot decode"):
+        asyncio.run(scenario())
+
+
+def test_fix_is_installed_on_the_consumer():
+    faust_fixes.apply()
+    assert Consumer.wait_first is faust_fixes._wait_first_fast
