@@ -16,7 +16,7 @@ from math import isnan
 from operator import gt
 
 from schemas.codec import SCHEMA_DIR
-from schemas.validate_sample import MAX_INTERVAL_MS, MIN_EVENT_TIME_MS, samples_of, validate_sample
+from schemas.validate_sample import BOUNDS, samples_of, validate_sample
 
 NAME = "GpuSampleColumns"
 SHARED = ("host", "workflow_id", "owner", "team")
@@ -95,29 +95,21 @@ def shape_error(block: dict) -> str | None:
     return None
 
 
-def _outside(col: list | None, low: float, high: float) -> bool:
-    """Any value outside [low, high], NaN included (a NaN makes the sum NaN)."""
-    if not col:
-        return False
-    total = sum(col)
-    return isnan(total) or min(col) < low or max(col) > high
-
-
 def _passes(block: dict) -> bool:
-    """Whether every sample of the block passes ``validate_sample``, one column at a time;
-    a block that does not is checked sample by sample to say which and why."""
-    times, intervals = block["event_time"], block["interval_ms"]
-    if min(times) < MIN_EVENT_TIME_MS or min(intervals) <= 0 or max(intervals) > MAX_INTERVAL_MS:
-        return False
-    if _outside(block["utilization_pct"], 0.0, 100.0) or _outside(block["memory_utilization_pct"], 0.0, 100.0):
-        return False
+    """Whether every sample of the block passes ``validate_sample``, one column at a time (the
+    same ``BOUNDS``: a column's least and greatest values are within them, and it holds no NaN,
+    which makes its sum NaN); a block that does not is checked sample by sample to say which
+    and why."""
+    for bounds in BOUNDS:
+        col = block[bounds.field]
+        if col:
+            least = min(col)
+            if (least <= bounds.low if bounds.low_open else least < bounds.low) or max(col) > bounds.high:
+                return False
+            if isnan(sum(col)):
+                return False
     used, total = block["memory_used_bytes"], block["memory_total_bytes"]
-    if used is not None and (min(used) < 0 or (total is not None and any(map(gt, used, total)))):
-        return False
-    if _outside(block["power_watts"], 0.0, float("inf")):
-        return False
-    share = block["share"]
-    return not (share is not None and (_outside(share, 0.0, 1.0) or min(share) <= 0.0))
+    return used is None or total is None or not any(map(gt, used, total))
 
 
 def samples_checked(name: str, record: dict) -> list[tuple[dict | None, str | None]]:

@@ -5,6 +5,9 @@ Part of the contract: the worker and the sink both refuse what fails it (to the 
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 # 2000-01-01T00:00:00Z: an event time before this is a clock or unit error (seconds, not ms).
 MIN_EVENT_TIME_MS = 946_684_800_000
 MAX_INTERVAL_MS = 3_600_000
@@ -16,38 +19,47 @@ UNATTRIBUTED = "unattributed"
 NOT_WORKFLOWS = frozenset({IDLE, UNATTRIBUTED})
 
 
-def _pct(name: str, value: float | None) -> str | None:
-    if value is None:
-        return None
-    if not 0.0 <= value <= 100.0:  # also rejects NaN
-        return f"{name} {value} is outside 0..100"
-    return None
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """The values a numeric field may take: ``low`` (excluded when ``low_open``) .. ``high``;
+    a value outside, NaN included, makes the sample unusable for the reason ``says``."""
+
+    field: str
+    low: float
+    high: float
+    says: str
+    low_open: bool = False
+
+    def allows(self, value) -> bool:
+        if self.low_open:
+            return self.low < value <= self.high  # False for NaN
+        return self.low <= value <= self.high
+
+
+# The rules on single values, in the order they are checked. ``validate_sample`` applies them to
+# a sample, ``schemas.sample_columns`` to a whole column at once: one table, so the two agree.
+BOUNDS = (
+    Bounds("event_time", MIN_EVENT_TIME_MS, math.inf, "is before 2000-01-01 (expected epoch milliseconds)"),
+    Bounds("interval_ms", 0, MAX_INTERVAL_MS, f"is outside 1..{MAX_INTERVAL_MS}", low_open=True),
+    Bounds("utilization_pct", 0.0, 100.0, "is outside 0..100"),
+    Bounds("memory_utilization_pct", 0.0, 100.0, "is outside 0..100"),
+    Bounds("memory_used_bytes", 0, math.inf, "is negative"),
+    Bounds("power_watts", 0.0, math.inf, "is negative"),
+    Bounds("share", 0.0, 1.0, "is outside (0, 1]", low_open=True),
+)
 
 
 def validate_sample(r: dict) -> str | None:
     """None when the sample is usable, else what is wrong with it, in words."""
     if not r["workflow_id"]:
         return "empty workflow_id: the sample cannot be attributed to a workflow"
-    if r["event_time"] < MIN_EVENT_TIME_MS:
-        return f"event_time {r['event_time']} is before 2000-01-01 (expected epoch milliseconds)"
-    if not 0 < r["interval_ms"] <= MAX_INTERVAL_MS:
-        return f"interval_ms {r['interval_ms']} is outside 1..{MAX_INTERVAL_MS}"
-    reason = _pct("utilization_pct", r["utilization_pct"]) or _pct(
-        "memory_utilization_pct", r.get("memory_utilization_pct")
-    )
-    if reason:
-        return reason
+    for bounds in BOUNDS:
+        value = r.get(bounds.field)
+        if value is not None and not bounds.allows(value):
+            return f"{bounds.field} {value} {bounds.says}"
     used, total = r.get("memory_used_bytes"), r.get("memory_total_bytes")
-    if used is not None and used < 0:
-        return f"memory_used_bytes {used} is negative"
     if used is not None and total is not None and used > total:
         return f"memory_used_bytes {used} exceeds memory_total_bytes {total}"
-    power = r.get("power_watts")
-    if power is not None and not power >= 0.0:
-        return f"power_watts {power} is negative"
-    share = r.get("share")
-    if share is not None and not 0.0 < share <= 1.0:
-        return f"share {share} is outside (0, 1]"
     return None
 
 

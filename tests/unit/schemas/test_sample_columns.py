@@ -7,10 +7,18 @@ import random
 
 import pytest
 
+from schemas import sample_columns
 from schemas.codec import Codec
-from schemas.sample_columns import NULLABLE, blocks_of, columns_of, rows_of, samples_checked
+from schemas.sample_columns import (
+    COLUMNS,
+    NULLABLE,
+    blocks_of,
+    columns_of,
+    rows_of,
+    samples_checked,
+)
 from schemas.topics import GPU_SAMPLES, key_of
-from schemas.validate_sample import batch_samples
+from schemas.validate_sample import BOUNDS, batch_samples, validate_sample
 from streams.window_utilization import Incoming, WindowAggregator, WindowConfig
 from tests.unit.samples import BASE_MS, sample
 
@@ -72,6 +80,34 @@ def test_a_bad_sample_is_refused_with_its_reason_and_the_others_kept(field, valu
     assert reasons == [reason]
     (kept,) = blocks
     assert kept["gpu_uuid"] == ["h1-GPU-0", "h1-GPU-2"]
+
+
+def edge_values(bounds):
+    """Values just inside and just outside ``bounds``, and NaN: (value, allowed)."""
+    inside = [bounds.low + 1 if bounds.low_open else bounds.low]
+    outside = [bounds.low - 1, math.nan] + ([bounds.low] if bounds.low_open else [])
+    if bounds.high != math.inf:
+        inside.append(bounds.high)
+        outside.append(bounds.high + 1)
+    return [(v, True) for v in inside] + [(v, False) for v in outside]
+
+
+def test_every_bounded_field_is_a_column():
+    assert {b.field for b in BOUNDS} <= set(COLUMNS)
+
+
+@pytest.mark.parametrize("bounds", BOUNDS, ids=lambda b: b.field)
+def test_the_column_check_and_the_sample_check_agree_on_every_rule(bounds):
+    """Both read BOUNDS: a rule added there applies to blocks and to single samples alike."""
+    for value, allowed in edge_values(bounds):
+        (block,) = columns_of(tick(0, share=0.5))
+        block[bounds.field][1] = value
+        per_sample = [validate_sample(s) for s in rows_of(block)]
+        assert (per_sample[1] is None) is allowed, (value, per_sample[1])
+        assert per_sample[0] is None and per_sample[2] is None
+        assert sample_columns._passes(block) is allowed, value
+        if not allowed:
+            assert f"{bounds.field} {value} {bounds.says}" in per_sample[1]
 
 
 def test_a_share_outside_0_1_is_refused():
