@@ -3,6 +3,8 @@ partition whose head never reached the stream instead of never committing again,
 message to the streams without a race of four tasks when the delivery need not wait."""
 
 import asyncio
+import inspect
+import re
 import warnings
 from collections import defaultdict
 
@@ -162,3 +164,14 @@ def test_an_error_in_the_delivery_reaches_the_drain_loop():
 def test_fix_is_installed_on_the_consumer():
     faust_fixes.apply()
     assert Consumer.wait_first is faust_fixes._wait_first_fast
+
+
+def test_faust_still_hands_messages_over_as_the_fix_expects():
+    """The fix relies on the drain loop racing ``callback(message)`` against the flow stop and
+    on the consumer using ``wait_first`` nowhere else; a faust release that changes either
+    must be looked at again before it is allowed in pyproject.toml."""
+    drain = inspect.getsource(Consumer._drain_messages)
+    race = r"self\.wait_first\(\s*callback\(message\),\s*self\.suspend_flow\.wait\(\)\s*\)"
+    assert len(re.findall(race, drain)) == 1
+    consumer_module = inspect.getsource(inspect.getmodule(Consumer))
+    assert len(re.findall(r"\.wait_first\(", consumer_module)) == 1
