@@ -32,6 +32,7 @@ import logging
 import types
 
 from faust.transport.consumer import Consumer
+from mode import Service
 from mode.services import WaitResults
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ def _new_offset_fixed(self, tp):
     return offset
 
 
-_original_wait_first = Consumer.wait_first  # mode's Service.wait_first: the consumer has no other
+_original_wait_first = Service.wait_first  # the consumer's own: it does not override it
 
 
 @types.coroutine
