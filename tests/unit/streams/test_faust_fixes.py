@@ -9,6 +9,7 @@ import warnings
 from collections import defaultdict
 
 import pytest
+from faust.tables.recovery import Recovery
 from faust.transport.consumer import Consumer
 from faust.types import TP
 from mode import Service
@@ -175,3 +176,36 @@ def test_faust_still_hands_messages_over_as_the_fix_expects():
     assert len(re.findall(race, drain)) == 1
     consumer_module = inspect.getsource(inspect.getmodule(Consumer))
     assert len(re.findall(r"\.wait_first\(", consumer_module)) == 1
+    # Recovery resumes the flow after every seek to committed offsets (the flow stops for it).
+    recovery = inspect.getsource(Recovery)
+    after_seek = r"perform_seek\(\).*?\n(.*?\n){0,6}.*?flow_control\.resume\(\)\s+consumer\.resume_flow\(\)"
+    assert len(re.findall(r"perform_seek\(", recovery)) == len(re.findall(after_seek, recovery)) == 2
+
+
+class Seeking:
+    """What ``perform_seek`` touches: the flow, and the client's seek to committed offsets."""
+
+    def __init__(self, flow_active=True):
+        self.flow_active = flow_active
+        self.calls = []
+        self._read_offset = {TOPIC_PARTITION: 799}
+        self._committed_offset = {}
+
+    def stop_flow(self):
+        self.calls.append("stop_flow")
+        self.flow_active = False
+
+    async def seek_to_committed(self):
+        self.calls.append(f"seek_to_committed (flow {'running' if self.flow_active else 'stopped'})")
+        return {TOPIC_PARTITION: 360}
+
+
+def test_the_flow_stops_before_stream_partitions_are_sought_to_their_committed_offsets():
+    faust_fixes.apply()
+    consumer = Seeking()
+    asyncio.run(Consumer.perform_seek(consumer))
+    assert consumer.calls == ["stop_flow", "seek_to_committed (flow stopped)"]
+    assert consumer._read_offset == {TOPIC_PARTITION: 360}  # faust's own part still runs
+    stopped = Seeking(flow_active=False)  # faust's own call, from a fetch that came in stopped
+    asyncio.run(Consumer.perform_seek(stopped))
+    assert stopped.calls == ["seek_to_committed (flow stopped)"]
