@@ -88,13 +88,10 @@ class AgentSends:
 
     def _send(self, hosts) -> list[tuple[bytes, bytes]]:
         out = []
+        group, schema = (batch_samples, "GpuSampleBatch") if self.fmt == "batch" else (columns_of, "GpuSampleColumns")
         for h in hosts:
-            if self.fmt == "batch":
-                out += [(key_of(GPU_SAMPLES, b), CODEC.encode("GpuSampleBatch", b))
-                        for b in batch_samples(self.pending[h], per_tick=self.every == 1)]
-            else:
-                out += [(key_of(GPU_SAMPLES, b), CODEC.encode("GpuSampleColumns", b))
-                        for b in columns_of(self.pending[h], per_tick=self.every == 1)]
+            out += [(key_of(GPU_SAMPLES, b), CODEC.encode(schema, b))
+                    for b in group(self.pending[h], per_tick=self.every == 1)]
             self.pending[h] = []
         return out
 

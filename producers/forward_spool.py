@@ -10,10 +10,10 @@ topic) is logged, counted and skipped.
 
 With ``send_every_s`` the forwarder sends what the spool holds every so many seconds (at
 once while a backlog drains), and merges the ``GpuSampleColumns`` messages of a send into one
-per host and workflow: five 1 Hz ticks in one message instead of five. The stream worker's
-cost is mostly per message (Faust handles each one through several asyncio tasks), so it
-reads 10,000 GPUs at 1 Hz with room to spare this way (``benchmarks/bench_stream.py``); the
-samples are late by at most that interval, within the windows' allowed lateness.
+per host and workflow: five 1 Hz ticks in one message instead of five. Part of the stream
+worker's cost is per message (Faust's handling of each event), so it reads 10,000 GPUs at
+1 Hz with room to spare this way (``benchmarks/bench_stream.py``); the samples are late by
+at most that interval, within the windows' allowed lateness.
 """
 
 from __future__ import annotations
