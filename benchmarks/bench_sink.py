@@ -26,6 +26,7 @@ from sinks.clickhouse_ddl import GPU_SAMPLES_TABLE, KAFKA_COLUMNS
 from sinks.write_clickhouse import ClickHouseWriter, Row, connect
 
 START_MS = 1_767_225_600_000
+TOPIC, TOPIC_ID = "gpufleet.gpu-samples.v1", "bench-topic-id"
 
 
 def main() -> None:
@@ -53,7 +54,8 @@ def main() -> None:
     prepared = []
     for b in batches:
         rows = [GPU_SAMPLES_TABLE.prepare(decoded[i]) for i in b]
-        columns = [[r.get(c) for r in rows] for c in GPU_SAMPLES_TABLE.columns] + [[0] * len(b), list(b)]
+        columns = [[r.get(c) for r in rows] for c in GPU_SAMPLES_TABLE.columns] + [
+            [0] * len(b), list(b), [TOPIC] * len(b), [TOPIC_ID] * len(b)]
         prepared.append(columns)
 
     t0 = time.perf_counter()
@@ -63,14 +65,14 @@ def main() -> None:
 
     t0 = time.perf_counter()
     for b in batches:
-        assert writer_db.insert(GPU_SAMPLES_TABLE, [Row(0, i, decoded[i]) for i in b]) == []
+        assert writer_db.insert(GPU_SAMPLES_TABLE, [Row(0, i, decoded[i], TOPIC, TOPIC_ID) for i in b]) == []
     writer_s = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     for b in batches:
         ok, errors = codec.decode_many([wire[i] for i in b])
         assert not errors and not any(validate_sample(r) for _, _, r in ok)
-        assert sink_db.insert(GPU_SAMPLES_TABLE, [Row(0, b[i], r) for i, _, r in ok]) == []
+        assert sink_db.insert(GPU_SAMPLES_TABLE, [Row(0, b[i], r, TOPIC, TOPIC_ID) for i, _, r in ok]) == []
     sink_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     codec.decode_many(wire)

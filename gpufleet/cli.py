@@ -98,7 +98,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
         app_id=args.app_id,
         topic_prefix=args.topic_prefix,
         data_dir=str(args.data_dir / "worker"),
-        window=WindowConfig(size_ms=int(args.window_s * 1000), allowed_lateness_ms=int(args.lateness_s * 1000)),
+        window=WindowConfig(size_ms=int(args.window_s * 1000), allowed_lateness_ms=int(args.lateness_s * 1000),
+                            max_future_skew_ms=int(args.max_future_skew_s * 1000),
+                            update_horizon_ms=int(args.update_horizon_s * 1000),
+                            retention_ms=max(3_600_000, int(args.update_horizon_s * 1000))),
         workflow_ended_s=args.workflow_ended_s,
         idle_partition_s=args.idle_partition_s,
         alerts=AlertConfig(detectors=detectors, team_detectors=team_detectors, min_duration_s=args.detector_min_s),
@@ -466,6 +469,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--app-id", default="gpufleet-worker", help="Faust app id = consumer group")
     p.add_argument("--window-s", type=float, default=60.0)
     p.add_argument("--lateness-s", type=float, default=10.0, help="allowed lateness of samples")
+    p.add_argument("--update-horizon-s", type=float, default=3600.0,
+                   help="a sample later than the watermark by up to this much completes its closed window, "
+                        "which is emitted again with a higher version; later ones are dead-lettered")
+    p.add_argument("--max-future-skew-s", type=float, default=300.0,
+                   help="a sample this far ahead of the worker's clock is dead-lettered (a wrong host clock)")
     p.add_argument("--low-utilization-pct", type=float, default=25.0,
                    help="mean utilisation under this, sustained, raises a warning")
     p.add_argument("--critical-utilization-pct", type=float, default=15.0,

@@ -1,8 +1,11 @@
 """ClickHouse tables of gpufleet: one per topic the sink writes, with the columns it fills.
 
 The same DDL runs on the embedded engine (``chdb://``) and on a server (``http(s)://``).
-Every table keeps the Kafka partition and offset of each row: the sink resumes from them
-after a crash, so a replayed batch is never inserted twice.
+Every table keeps the Kafka topic (its name and Kafka's id of it), partition and offset of
+each row, and a projection of the highest offset per topic and partition, kept in each part
+with its rows: the sink resumes after them on a restart without reading the table, so a
+replayed batch is never inserted twice, and rows of another topic (another prefix, a topic
+deleted and created again, another cluster) are never mistaken for its own.
 """
 
 from __future__ import annotations
@@ -37,7 +40,11 @@ class Table:
     added_columns: tuple[tuple[str, str], ...] = ()
 
 
-KAFKA_COLUMNS = ("kafka_partition", "kafka_offset")
+KAFKA_COLUMNS = ("kafka_partition", "kafka_offset", "kafka_topic", "kafka_topic_id")
+# Added to every table after its first release; rows written before have '' in both.
+KAFKA_TOPIC_COLUMNS = (("kafka_topic", "LowCardinality(String) DEFAULT ''"),
+                       ("kafka_topic_id", "LowCardinality(String) DEFAULT ''"))
+OFFSETS_PROJECTION = "kafka_offsets"
 
 # Columns added after the first release (GpuSample v2: the NVML fields; v3: host CPU and I/O wait).
 GPU_SAMPLE_ADDED_COLUMNS = (
@@ -127,7 +134,12 @@ WORKFLOW_WINDOW_ADDED_COLUMNS = (
     ("ecc_uncorrected_max", "Nullable(UInt64)"),
     ("workflow_cpu_mean_pct", "Nullable(Float64)"),
     ("host_iowait_mean_pct", "Nullable(Float64)"),
+    ("version", "UInt32 DEFAULT 1"),  # WorkflowWindow v4; the engine's version since migration 2
 )
+
+WORKFLOW_WINDOWS_ENGINE = """ReplacingMergeTree(version)
+    PARTITION BY toYYYYMM(window_start)
+    ORDER BY (workflow_id, window_start)"""
 
 WORKFLOW_WINDOWS_TABLE = Table(
     "workflow_windows", WORKFLOW_WINDOWS,
@@ -152,12 +164,12 @@ WORKFLOW_WINDOWS_TABLE = Table(
         energy_joules Nullable(Float64),
         closed_at DateTime64(3, 'UTC'),
         kafka_partition UInt32,
-        kafka_offset UInt64
+        kafka_offset UInt64,
+        version UInt32 DEFAULT 1
     )
-    -- A window the worker emits twice (at-least-once, after a crash) collapses to one row.
-    ENGINE = ReplacingMergeTree
-    PARTITION BY toYYYYMM(window_start)
-    ORDER BY (workflow_id, window_start)
+    -- A window the worker emits twice (at-least-once, after a crash) collapses to one row; a
+    -- window completed by late samples comes again with a higher version, which wins.
+    ENGINE = """ + WORKFLOW_WINDOWS_ENGINE + """
     """,
     added_columns=WORKFLOW_WINDOW_ADDED_COLUMNS,
 )
@@ -599,15 +611,24 @@ DERIVED = (
 DEDUPLICATION_WINDOW = 10_000
 
 
+def offsets_projection(table: str) -> str:
+    """The highest offset per topic and partition, in each part beside its rows (cheap to read)."""
+    return (f"ALTER TABLE {table} ADD PROJECTION IF NOT EXISTS {OFFSETS_PROJECTION} (SELECT kafka_topic, "
+            "kafka_topic_id, kafka_partition, max(kafka_offset) GROUP BY kafka_topic, kafka_topic_id, kafka_partition)")
+
+
 def create_statements(database: str) -> list[str]:
     """Everything to run, in order, to bring ``database`` to the current tables (idempotent)."""
     statements = [f"CREATE DATABASE IF NOT EXISTS {database}"]
     for t in TABLES:
+        table = f"{database}.{t.name}"
         statements.append(t.ddl.format(db=database, name=t.name).strip())
-        statements += [f"ALTER TABLE {database}.{t.name} ADD COLUMN IF NOT EXISTS {c} {typ}"
-                       for c, typ in t.added_columns]
-        statements.append(f"ALTER TABLE {database}.{t.name} "
-                          f"MODIFY SETTING non_replicated_deduplication_window = {DEDUPLICATION_WINDOW}")
+        statements += [f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {c} {typ}"
+                       for c, typ in (*t.added_columns, *KAFKA_TOPIC_COLUMNS)]
+        # After a merge that drops replaced rows, the offsets projection is computed again.
+        statements.append(f"ALTER TABLE {table} MODIFY SETTING non_replicated_deduplication_window = "
+                          f"{DEDUPLICATION_WINDOW}, deduplicate_merge_projection_mode = 'rebuild'")
+        statements.append(offsets_projection(table))
     statements += [d.format(db=database).strip() for d in DERIVED]
     return statements
 
@@ -619,6 +640,18 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (1, "workflows_mv fills model and cluster (WorkflowEvent v2)", (
         "DROP VIEW IF EXISTS {db}.workflows_mv",
         WORKFLOWS_MV,
+    )),
+    # A table's engine cannot be altered: the rows move to a copy with the new engine, which
+    # then takes the table's name. Each step can be run again after a crash between any two.
+    (2, "workflow_windows keeps the highest version of a window (late samples re-emit it)", (
+        "DROP TABLE IF EXISTS {db}.workflow_windows__versioned",
+        "CREATE TABLE {db}.workflow_windows__versioned AS {db}.workflow_windows ENGINE = " + WORKFLOW_WINDOWS_ENGINE
+        + f" SETTINGS non_replicated_deduplication_window = {DEDUPLICATION_WINDOW}, "
+          "deduplicate_merge_projection_mode = 'rebuild'",
+        offsets_projection("{db}.workflow_windows__versioned"),
+        "INSERT INTO {db}.workflow_windows__versioned SELECT * FROM {db}.workflow_windows",
+        "EXCHANGE TABLES {db}.workflow_windows AND {db}.workflow_windows__versioned",
+        "DROP TABLE {db}.workflow_windows__versioned",
     )),
 )
 

@@ -1,9 +1,18 @@
 """Consumes gpufleet's topics and writes them to ClickHouse: batch, insert, then commit.
 
-Exactly-once into ClickHouse under at-least-once Kafka delivery: every row stores its
-Kafka partition and offset, and on each partition assignment the sink starts after the
-highest offset already stored, so a batch inserted just before a crash (and not yet
-committed) is skipped rather than inserted again.
+Exactly-once into ClickHouse under at-least-once Kafka delivery: every row stores its Kafka
+topic (name and Kafka's id of it), partition and offset, and on each partition assignment
+the sink starts after the highest offset already stored for that topic and partition, so a
+batch inserted just before a crash (and not yet committed) is skipped rather than inserted
+again. Several sinks in one group share the partitions; each resumes only its own.
+
+Where Kafka and ClickHouse disagree, the sink says so and never skips data:
+* rows of the same topic name with another topic id (the topic was deleted and created
+  again, or this is another cluster) are not this topic's: the partition is read from
+  Kafka's committed offset (or its start), with a warning naming both ids;
+* rows of this very topic beyond the partition's end (the log was truncated: data lost in
+  Kafka after it reached ClickHouse) stop the sink with ``OffsetsDisagree``: no offset can be
+  trusted there without an operator.
 """
 
 from __future__ import annotations
@@ -14,7 +23,15 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from confluent_kafka import OFFSET_INVALID, Consumer, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_INVALID,
+    Consumer,
+    KafkaException,
+    Producer,
+    TopicCollection,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
 
 from schemas.codec import Codec
 from schemas.dead_letter import dead_letter
@@ -22,11 +39,63 @@ from schemas.kafka_config import consumer_config, producer_config
 from schemas.sample_columns import samples_checked
 from schemas.topics import DEAD_LETTERS, GPU_SAMPLES
 from sinks.clickhouse_ddl import TABLES, Table
-from sinks.write_clickhouse import ClickHouseWriter, Row, table_for_topic
+from sinks.write_clickhouse import ClickHouseWriter, Position, Row, table_for_topic
 
 log = logging.getLogger(__name__)
 
 STAGE = "clickhouse-sink"
+
+
+def topic_ids(admin: AdminClient, topics: list[str], timeout: float = 30.0) -> dict[str, str]:
+    """Kafka's id of each topic: a topic deleted and created again under the same name gets a
+    new one. A topic the cluster does not describe is left out."""
+    if not topics:
+        return {}
+    out = {}
+    for name, future in admin.describe_topics(TopicCollection(topics), request_timeout=timeout).items():
+        try:
+            out[name] = str(future.result(timeout).topic_id)
+        except KafkaException as exc:
+            log.warning("%s: no topic id (%s); its rows are stored without one", name, exc)
+    return out
+
+
+class OffsetsDisagree(RuntimeError):
+    """ClickHouse holds rows of a topic partition beyond its end in Kafka; the text says where."""
+
+
+def resume_plan(assigned: list[tuple[str, int]], topic_ids: dict[str, str], stored: dict[Position, int],
+                committed: dict[tuple[str, int], int], ends: dict[tuple[str, int], int],
+                ) -> tuple[dict[tuple[str, int], int], list[str]]:
+    """Where to start each assigned ``(topic, partition)`` that ClickHouse is ahead of Kafka's
+    committed offset on (the others start at the committed offset), and the warnings to log.
+    ``stored``: the next offset after the rows in ClickHouse per topic incarnation and
+    partition; ``ends``: each partition's end offset (only where ClickHouse holds rows)."""
+    seek, warnings = {}, []
+    for topic, partition in assigned:
+        topic_id = topic_ids.get(topic, "")
+        resume = stored.get(Position(topic, topic_id, partition))
+        others = sorted(p.topic_id for p in stored if (p.topic, p.partition) == (topic, partition)
+                        and p.topic_id != topic_id)
+        if others and resume is None:
+            warnings.append(
+                f"{topic}[{partition}]: ClickHouse holds rows of another topic of this name (id "
+                f"{', '.join(others)}; this one is {topic_id or 'unknown'}): it was deleted and created "
+                "again, or this is another Kafka cluster; those rows are kept, and this partition is read "
+                "from its committed offset")
+        if resume is None:
+            continue
+        end = ends[(topic, partition)]
+        if resume > end:
+            raise OffsetsDisagree(
+                f"{topic}[{partition}] (id {topic_id or 'unknown'}) ends at offset {end} in Kafka, but ClickHouse "
+                f"holds its rows up to offset {resume - 1}: the partition's log was truncated after they "
+                "were stored (data lost in Kafka). Not resuming: check the brokers, then delete the rows "
+                "beyond the end or start the sink with another --group-id and --database")
+        kafka = committed.get((topic, partition), OFFSET_INVALID)
+        if kafka < 0 or resume > kafka:
+            seek[(topic, partition)] = resume
+    return seek, warnings
 
 
 @dataclass
@@ -56,21 +125,33 @@ class ClickHouseSink:
         self.stats = SinkStats()
         self.consumer = Consumer(consumer_config(bootstrap, group_id))
         self.producer = Producer(producer_config(bootstrap))
+        self.admin = AdminClient({"bootstrap.servers": bootstrap})
+        self.topic_ids: dict[str, str] = {}  # topic -> Kafka's id of it, refreshed on each assignment
         self.dead_letter_topic = topic_prefix + DEAD_LETTERS.name
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        assigned = [(tp.topic, tp.partition) for tp in partitions]
+        self.topic_ids.update(topic_ids(self.admin, sorted({t for t, _ in assigned})))
         committed = {(tp.topic, tp.partition): tp.offset for tp in consumer.committed(partitions, timeout=30)}
-        stored: dict[str, dict[int, int]] = {}
+        stored: dict[Position, int] = {}
+        by_table: dict[str, tuple[Table, set[str]]] = {}
+        for topic, _ in assigned:
+            table = table_for_topic(topic, self.prefix)
+            by_table.setdefault(table.name, (table, set()))[1].add(topic)
+        for table, topics in by_table.values():
+            stored.update(self.writer.resume_offsets(table, sorted(topics)))
+        ends = {(p.topic, p.partition): consumer.get_watermark_offsets(
+                    TopicPartition(p.topic, p.partition), timeout=30)[1]
+                for p in stored if (p.topic, p.partition) in set(assigned)}
+        seek, warnings = resume_plan(assigned, self.topic_ids, stored, committed, ends)
+        for warning in warnings:
+            log.warning("%s", warning)
         ahead = []
         for tp in partitions:
-            table = table_for_topic(tp.topic, self.prefix)
-            if table.name not in stored:
-                stored[table.name] = self.writer.resume_offsets(table)
-            resume = stored[table.name].get(tp.partition)
-            kafka = committed.get((tp.topic, tp.partition), OFFSET_INVALID)
-            if resume is not None and (kafka < 0 or resume > kafka):
+            resume = seek.get((tp.topic, tp.partition))
+            if resume is not None:
                 log.info("%s[%d]: resuming at %d after rows already in ClickHouse (committed %d)",
-                         tp.topic, tp.partition, resume, kafka)
+                         tp.topic, tp.partition, resume, committed.get((tp.topic, tp.partition), OFFSET_INVALID))
                 tp.offset = resume
                 ahead.append(TopicPartition(tp.topic, tp.partition, resume))
         consumer.assign(partitions)
@@ -124,20 +205,21 @@ class ClickHouseSink:
                 bad.append((m, f"expected {table.topic.schema} on {m.topic()}, got {name}"))
                 continue
             by_name[table.name] = table
+            topic_id = self.topic_ids.get(m.topic(), "")
             if table.topic is GPU_SAMPLES:  # a sample, or a block or batch of them: one row each
                 for sample, reason in samples_checked(name, record):
                     if reason:
                         bad.append((m, reason))
                     else:
-                        rows[table.name].append(Row(m.partition(), m.offset(), sample))
+                        rows[table.name].append(Row(m.partition(), m.offset(), sample, m.topic(), topic_id))
                 continue
-            rows[table.name].append(Row(m.partition(), m.offset(), record))
+            rows[table.name].append(Row(m.partition(), m.offset(), record, m.topic(), topic_id))
         index = {(m.topic(), m.partition(), m.offset()): m for m in messages}
         for name, table_rows in rows.items():
             table = by_name[name]
             rejected = self.writer.insert(table, table_rows)
             for r in rejected:
-                m = index[(self.prefix + table.topic.name, r.row.partition, r.row.offset)]
+                m = index[(r.row.topic, r.row.partition, r.row.offset)]
                 bad.append((m, f"ClickHouse refused the row (code {r.code}): {r.reason}"))
             self.stats.rows[name] += len(table_rows) - len(rejected)
         for m, reason in bad:

@@ -72,11 +72,23 @@ def is_transient(exc: BaseException) -> bool:
 
 @dataclass(frozen=True)
 class Row:
-    """A record with the Kafka position it came from."""
+    """A record with the Kafka position it came from: partition, offset, and the topic's name
+    and Kafka's id of it (a topic deleted and created again under its name has a new id)."""
 
     partition: int
     offset: int
     record: dict
+    topic: str = ""
+    topic_id: str = ""
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a table's rows came from in Kafka: the sink resumes after the highest offset."""
+
+    topic: str
+    topic_id: str
+    partition: int
 
 
 @dataclass(frozen=True)
@@ -113,13 +125,11 @@ class ClickHouseWriter:
                                database=db)
             log.info("applied migration %d to %s: %s", version, db, description)
 
-    def resume_offsets(self, table: Table) -> dict[int, int]:
-        """Next Kafka offset per partition after the rows already stored in ``table``."""
-        result = self.client.query(
-            f"SELECT kafka_partition, max(kafka_offset) FROM {self.database}.{table.name} "
-            "GROUP BY kafka_partition"
-        )
-        return {int(p): int(o) + 1 for p, o in result.result_rows}
+    def resume_offsets(self, table: Table, topics: Sequence[str]) -> dict[Position, int]:
+        """The next Kafka offset after the rows of ``topics`` stored in ``table``, per topic
+        incarnation and partition; read from the table's offsets projection, not its rows."""
+        result = self.client.query(offsets_query(self.database, table), parameters={"topics": list(topics)})
+        return {Position(t, i, int(p)): int(o) + 1 for t, i, p, o in result.result_rows}
 
     def insert(self, table: Table, rows: Sequence[Row]) -> list[Rejected]:
         """Insert ``rows``; return those ClickHouse refused as bad data (others raise)."""
@@ -149,6 +159,8 @@ class ClickHouseWriter:
         columns: list[list[Any]] = [[r.get(c) for r in records] for c in table.columns]
         columns.append([r.partition for r in rows])
         columns.append([r.offset for r in rows])
+        columns.append([r.topic for r in rows])
+        columns.append([r.topic_id for r in rows])
         names = [*table.columns, *KAFKA_COLUMNS]
         for attempt in range(self.retries + 1):
             try:
@@ -163,15 +175,23 @@ class ClickHouseWriter:
                 time.sleep(delay)
 
 
+def offsets_query(database: str, table: Table) -> str:
+    """The highest offset per topic incarnation and partition of the topics given as the
+    parameter ``topics``: answered from the table's offsets projection."""
+    return (f"SELECT kafka_topic, kafka_topic_id, kafka_partition, max(kafka_offset) FROM {database}.{table.name} "
+            "WHERE kafka_topic IN {topics:Array(String)} GROUP BY kafka_topic, kafka_topic_id, kafka_partition")
+
+
 def deduplication_token(table: Table, rows: Sequence[Row]) -> str:
-    """The table and the Kafka offset ranges of ``rows``, per partition: the same batch read
-    again after a crash or retried after a lost answer gets the same token."""
-    ranges: dict[int, list[int]] = {}
+    """The table, the topics and the Kafka offset ranges of ``rows``, per partition: the same
+    batch read again after a crash or retried after a lost answer gets the same token, and the
+    same offsets of another topic (another prefix, a topic created again) another one."""
+    ranges: dict[tuple[str, str, int], list[int]] = {}
     for r in rows:
-        span = ranges.setdefault(r.partition, [r.offset, r.offset, 0])
+        span = ranges.setdefault((r.topic, r.topic_id, r.partition), [r.offset, r.offset, 0])
         span[0], span[1], span[2] = min(span[0], r.offset), max(span[1], r.offset), span[2] + 1
-    parts = ",".join(f"{p}:{lo}-{hi}x{n}" for p, (lo, hi, n) in sorted(ranges.items()))
-    return f"{table.topic.name}/{parts}"
+    parts = ",".join(f"{t}#{i}[{p}]:{lo}-{hi}x{n}" for (t, i, p), (lo, hi, n) in sorted(ranges.items()))
+    return f"{table.name}/{parts}"
 
 
 def table_for_topic(topic: str, prefix: str = "") -> Table:

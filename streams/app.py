@@ -53,7 +53,8 @@ class StreamSettings:
 
 
 # The worker's tables: name -> partitions (each co-partitioned with the topic it is built from).
-TABLES = {"window-state": GPU_SAMPLES.partitions, "trace-state": KERNEL_EVENTS.partitions,
+TABLES = {"window-state": GPU_SAMPLES.partitions, "window-history": GPU_SAMPLES.partitions,
+          "trace-state": KERNEL_EVENTS.partitions,
           "profile-schedule": PROFILE_SCHEDULE.partitions}
 if not GPU_SAMPLES.partitions == WORKFLOW_EVENTS.partitions == PROFILE_RESULTS.partitions:
     # the window state serves all three topics

@@ -35,6 +35,25 @@ def accumulate(state: dict, window: dict, alerts: list[dict]) -> None:
             job["fired"].append(a["detector"])
 
 
+def correct(state: dict, before: dict | None, after: dict) -> None:
+    """A window completed by late samples: the job's totals take ``after`` in place of
+    ``before`` (its previous emission; None where the window never closed before)."""
+    if before is None or not state.get("job"):
+        accumulate(state, after, [])
+        return
+    job = state["job"]
+    for k in _SUMS:
+        job[k] += after[k] - before[k]
+    job["max_gpus"] = max(job["max_gpus"], after["gpu_count"])
+    job["util_weighted"] += (after["utilization_mean_pct"] * after["gpu_seconds"]
+                             - before["utilization_mean_pct"] * before["gpu_seconds"])
+    if after.get("energy_joules") is not None:
+        job["energy_j"] = (job["energy_j"] or 0.0) + after["energy_joules"] - (before.get("energy_joules") or 0.0)
+    if after.get("memory_peak_fraction") is not None:
+        job["mem_peak"] = max(job["mem_peak"] or 0.0, after["memory_peak_fraction"])
+    job["xids"] += after["xid_count"] - before["xid_count"]
+
+
 def summary(workflow_id: str, state: dict, reason: str, now_ms: int) -> dict | None:
     """The ``WorkflowSummary`` of a workflow's totals (None if no window of it ever closed)."""
     job = state.get("job")

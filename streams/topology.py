@@ -34,7 +34,7 @@ from streams.auto_profile import auto_profile_requests
 from streams.raise_alerts import raise_alerts
 from streams.root_cause import apply_profile_result, profile_result
 from streams.schedule_profiles import FleetSchedule, is_periodic
-from streams.summarize_workflow import accumulate, summary
+from streams.summarize_workflow import accumulate, correct, summary
 from streams.trace_sessions import TraceSessions
 from streams.window_utilization import BatchResult, Incoming, WindowAggregator
 
@@ -108,8 +108,11 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
     dlq_topic = app.topic(settings.topic(DEAD_LETTERS.name))
     # One entry per workflow; the changelog partition is the workflow's source partition.
     table = app.Table("window-state", default=None, partitions=GPU_SAMPLES.partitions, key_type=str)
-    aggregator = WindowAggregator(settings.window, table.data)
+    # Closed windows within the update horizon, for late samples: "<workflow>@<start>" -> window.
+    history = app.Table("window-history", default=None, partitions=GPU_SAMPLES.partitions, key_type=str)
+    aggregator = WindowAggregator(settings.window, table.data, history.data)
     unsaved: dict[str, int] = {}  # workflow -> its partition: state changed since the last commit
+    unsaved_history: dict[str, int] = {}  # the same for kept windows
 
     def save_state() -> None:
         """The state of each workflow changed since the last commit, to the changelog, once
@@ -119,6 +122,9 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
         for wf, partition in unsaved.items():
             table.send_changelog(partition, wf, table.data.get(wf))  # None: it was forgotten
         unsaved.clear()
+        for key, partition in unsaved_history.items():
+            history.send_changelog(partition, key, history.data.get(key))
+        unsaved_history.clear()
 
     app.sensors.add(_BeforeCommit(save_state))
     stats = defaultdict(int)
@@ -130,8 +136,10 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
         aggregator.forget_partitions()
 
     async def finish(partition: int, result, now: int) -> None:
-        """Alerts and job totals for the windows ``result`` closed, summaries of workflows that
-        ended, then the state to the changelog and the records to their topics."""
+        """Alerts and job totals for the windows ``result`` closed, corrected totals for the
+        windows late samples completed (judged once, when they closed: no alerts again),
+        summaries of workflows that ended or whose ended totals changed, then the state to the
+        changelog and the records to their topics."""
         alerts, requests = [], []
         for window in result.closed:
             state = table.data.get(window["workflow_id"])
@@ -140,19 +148,33 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
                 accumulate(state, window, raised)
                 alerts += raised
                 requests += auto_profile_requests(state, raised, settings.auto_profile, now)
-        summaries = []
+        summaries, corrected = [], set()
+        for window, before in result.updated:
+            state = table.data.get(window["workflow_id"])
+            if state is not None:
+                correct(state, before, window)
+                result.changed.add(window["workflow_id"])
+                if state.get("ended"):
+                    corrected.add(window["workflow_id"])
         for wf in aggregator.ended(partition, ended_after_ms):
             state = table.data[wf]
             state["ended"] = True
+            state["end_reason"] = ("its hosts reported it ended" if state.get("ending")
+                                   else f"no samples for {settings.workflow_ended_s:g} s")
             result.changed.add(wf)
-            reason = ("its hosts reported it ended" if state.get("ending")
-                      else f"no samples for {settings.workflow_ended_s:g} s")
-            record = summary(wf, state, reason, now)
+            corrected.add(wf)
+        for wf in sorted(corrected):  # its first summary, or a summary corrected by late samples
+            state = table.data[wf]
+            record = summary(wf, state, state.get("end_reason", "ended"), now)
             if record is not None:
                 summaries.append(record)
         for wf in result.changed | result.removed:
             unsaved[wf] = partition
+        for key in result.history_changed | result.history_removed:
+            unsaved_history[key] = partition
         for window in result.closed:
+            await _send(codec, windows_topic, WORKFLOW_WINDOWS, window)
+        for window, _ in result.updated:
             await _send(codec, windows_topic, WORKFLOW_WINDOWS, window)
         for alert in alerts:
             await _send(codec, alerts_topic, ALERTS, alert)
@@ -161,6 +183,7 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
         for record in summaries:
             await _send(codec, summaries_topic, WORKFLOW_SUMMARIES, record)
         stats["windows"] += len(result.closed)
+        stats["windows_updated"] += len(result.updated)
         stats["alerts"] += len(alerts)
         stats["summaries"] += len(summaries)
 
@@ -183,14 +206,14 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
                     bad += [(messages[i], reason) for reason in reasons]
                 result = aggregator.process(partition, good, closed_at=now)
                 await finish(partition, result, now)
-                late = []
-                if result.late:  # rare: index the batch only then
+                refused = []
+                if result.refused:  # rare: index the batch only then
                     by_offset = {m.offset: m for m in messages}
-                    late = [(by_offset[inc.offset], reason) for inc, reason in result.late]
-                for message, reason in bad + late:
+                    refused = [(by_offset[inc.offset], reason) for inc, reason in result.refused]
+                for message, reason in bad + refused:
                     await _dead_letter(codec, dlq_topic, STAGE, message, reason, now)
                 stats["samples"] += sum(size(inc.record) for inc in good)
-                stats["late"] += len(result.late)
+                stats["refused"] += len(result.refused)
                 stats["invalid"] += len(bad)
                 stats["replayed"] += result.replayed
 

@@ -8,9 +8,18 @@ and persists what it reports as changed. Design:
 
 * A window ``[start, start + size)`` of a workflow closes when its partition's
   **watermark** (the highest event time applied on that partition minus the allowed
-  lateness) reaches ``start + size``. Only event time moves it; wall clock never does.
-* Samples whose window has already closed when they arrive are **late**: they are returned
-  for the dead-letter topic, never dropped silently. The watermark moves between blocks.
+  lateness) reaches ``start + size``. Samples move it; so does ``advance``, which the worker
+  calls for a partition that went quiet (its clock follows the busiest partition's).
+* A sample more than ``max_future_skew_ms`` ahead of the worker's wall clock (a host with a
+  wrong clock, microseconds sent as milliseconds) is refused with the reason and never moves
+  a watermark. A state restored with such a time (written before this check existed) is
+  repaired when its partition is loaded: its future windows are dropped and logged.
+* Samples whose window has already closed when they arrive are **late**. Within
+  ``update_horizon_ms`` behind the watermark they are added to that window, kept since it
+  closed in the ``history`` mapping, and the window is emitted again with a higher
+  ``version`` (``BatchResult.updated``; ClickHouse keeps the highest): a host that comes back
+  after an outage and sends its spooled backlog completes its windows instead of losing them.
+  Later than the horizon they are refused with the reason, never dropped silently.
 * State is one JSON-able dict per workflow in a caller-provided mapping (the Faust table).
   Each holds the offset (and block of that message) it was updated through, so a batch
   replayed after a crash (at-least-once delivery) is not applied twice; the partition's
@@ -20,7 +29,9 @@ and persists what it reports as changed. Design:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, MutableMapping
+import logging
+import time
+from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from operator import mul
 
@@ -30,6 +41,7 @@ from schemas.validate_sample import NOT_WORKFLOWS
 from streams.window_efficiency import add_efficiency, efficiency_fields, new_efficiency
 
 Record = dict
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -39,9 +51,15 @@ class WindowConfig:
     # Workflows with no open window whose newest sample is this far behind the partition's
     # newest are forgotten (their offsets are too old to be replayed).
     retention_ms: int = 3_600_000
+    # A sample this far ahead of the wall clock is refused (a wrong clock or unit).
+    max_future_skew_ms: int = 300_000
+    # A closed window stays updatable by late samples this long behind the watermark.
+    update_horizon_ms: int = 3_600_000
 
     def __post_init__(self) -> None:
-        if self.size_ms <= 0 or self.allowed_lateness_ms < 0 or self.retention_ms <= self.allowed_lateness_ms:
+        if (self.size_ms <= 0 or self.allowed_lateness_ms < 0 or self.retention_ms <= self.allowed_lateness_ms
+                or self.max_future_skew_ms < 0 or self.update_horizon_ms < 0
+                or self.retention_ms < self.update_horizon_ms):
             raise ValueError(f"invalid window config {self}")
 
 
@@ -64,10 +82,16 @@ class Incoming:
 @dataclass
 class BatchResult:
     closed: list[Record] = field(default_factory=list)
-    late: list[tuple[Incoming, str]] = field(default_factory=list)
+    # Windows completed by late samples, emitted again with a higher version: (new, previous
+    # emission or None where the window never closed before, e.g. all its samples were late).
+    updated: list[tuple[Record, Record | None]] = field(default_factory=list)
+    refused: list[tuple[Incoming, str]] = field(default_factory=list)  # for the dead-letter topic
     replayed: int = 0
     changed: set[str] = field(default_factory=set)  # workflow ids whose state must be persisted
     removed: set[str] = field(default_factory=set)  # workflow ids whose state must be deleted
+    # History keys (``history_key``) whose closed window must be persisted, or deleted.
+    history_changed: set[str] = field(default_factory=set)
+    history_removed: set[str] = field(default_factory=set)
 
 
 def window_start(event_time_ms: int, size_ms: int) -> int:
@@ -121,11 +145,21 @@ def _by_window(c: Record, size_ms: int) -> list[tuple[int, Record]]:
     return [(s, take(c, indices)) for s, indices in starts.items()]
 
 
-def to_window(workflow_id: str, state: dict, start: int, acc: dict, size_ms: int, closed_at: int) -> Record:
+def history_key(workflow_id: str, start: int) -> str:
+    return f"{workflow_id}@{start}"
+
+
+def _start_of_key(key: str) -> int:
+    return int(key.rpartition("@")[2])
+
+
+def to_window(workflow_id: str, state: dict, start: int, acc: dict, size_ms: int, closed_at: int,
+              version: int = 1) -> Record:
     """The ``WorkflowWindow`` record of one accumulator."""
     interval = acc["interval_ms"]
     return {
         "workflow_id": workflow_id,
+        "version": version,
         "owner": state.get("owner"),
         "team": state.get("team"),
         "window_start": start,
@@ -143,26 +177,52 @@ def to_window(workflow_id: str, state: dict, start: int, acc: dict, size_ms: int
     }
 
 
+def _which(times: list[int], what: str) -> str:
+    return (f"{what} sample: event time {times[0]}" if len(times) == 1
+            else f"{len(times)} {what} samples: event times {min(times)}..{max(times)}")
+
+
 def _late(times: list[int], start: int, size: int, wf: str, watermark: int, partition: int,
-          lateness: int) -> str:
-    when = (f"late sample: event time {times[0]}" if len(times) == 1
-            else f"{len(times)} late samples: event times {min(times)}..{max(times)}")
-    return (f"{when} fall{'s' if len(times) == 1 else ''} in window [{start}, {start + size}) of workflow "
-            f"{wf}, already closed by the watermark {watermark} of partition {partition} "
-            f"(allowed lateness {lateness} ms)")
+          horizon: int) -> str:
+    return (f"{_which(times, 'late')} fall{'s' if len(times) == 1 else ''} in window [{start}, {start + size}) "
+            f"of workflow {wf}, more than the update horizon ({horizon} ms) behind the watermark {watermark} "
+            f"of partition {partition}")
+
+
+def _future(times: list[int], wf: str, now: int, skew: int) -> str:
+    return (f"{_which(times, 'future')} of workflow {wf} {'is' if len(times) == 1 else 'are'} "
+            f"{max(times) - now} ms ahead of the worker's clock ({now}), more than the allowed "
+            f"{skew} ms: the host's clock is wrong or the time is not in epoch milliseconds")
+
+
+def _wall_clock_ms() -> int:
+    return int(time.time() * 1000)
 
 
 class WindowAggregator:
-    """Applies batches of one partition's samples to per-workflow window state."""
+    """Applies batches of one partition's samples to per-workflow window state.
 
-    def __init__(self, config: WindowConfig, store: MutableMapping[str, dict]) -> None:
+    ``store``: workflow id -> its state (open windows, offsets, job totals). ``history``:
+    ``history_key(workflow, start)`` -> a window closed within the update horizon, kept so
+    that late samples can complete it. ``clock``: the wall clock in epoch ms, against which
+    future event times are judged.
+    """
+
+    def __init__(self, config: WindowConfig, store: MutableMapping[str, dict],
+                 history: MutableMapping[str, dict] | None = None,
+                 clock: Callable[[], int] = _wall_clock_ms) -> None:
         self.config = config
         self.store = store
+        self.history = {} if history is None else history
+        self.clock = clock
         self._max_event_time: dict[int, int] = {}
         # partition -> window end -> workflow ids with an open window ending there
         self._open: dict[int, dict[int, set[str]]] = {}
         # partition -> workflow ids with no open window (candidates for forgetting)
         self._idle: dict[int, set[str]] = {}
+        # partition -> window end -> history keys of closed windows ending there
+        self._kept: dict[int, dict[int, set[str]]] = {}
+        self._repaired: dict[int, set[str]] = {}  # states repaired on load, to be persisted
 
     # -- partition bookkeeping, derived from the store ---------------------------------
     def forget_partitions(self) -> None:
@@ -170,6 +230,7 @@ class WindowAggregator:
         self._max_event_time.clear()
         self._open.clear()
         self._idle.clear()
+        self._kept.clear()
 
     def _load_partition(self, partition: int) -> None:
         if partition in self._max_event_time:
@@ -177,17 +238,48 @@ class WindowAggregator:
         newest = -1
         index: dict[int, set[str]] = {}
         idle: set[str] = set()
+        limit = self.clock() + self.config.max_future_skew_ms
         for wf, state in self.store.items():
             if not isinstance(state, dict) or state.get("partition") != partition:
                 continue
+            if state["max_event_time"] > limit:
+                self._repair(wf, state, limit, partition)
             newest = max(newest, state["max_event_time"])
             for start in state["windows"]:
                 index.setdefault(int(start) + self.config.size_ms, set()).add(wf)
             if not state["windows"]:
                 idle.add(wf)
+        kept: dict[int, set[str]] = {}
+        for key, closed in self.history.items():
+            if isinstance(closed, dict) and closed.get("partition") == partition:
+                kept.setdefault(_start_of_key(key) + self.config.size_ms, set()).add(key)
         self._max_event_time[partition] = newest
         self._open[partition] = index
         self._idle[partition] = idle
+        self._kept[partition] = kept
+
+    def _repair(self, wf: str, state: dict, limit: int, partition: int) -> None:
+        """A state whose clock was moved into the future by a sample written before future
+        times were refused: its future windows are dropped, its clock set back to the newest
+        window it keeps."""
+        future = [start for start in state["windows"] if int(start) > limit]
+        for start in future:
+            del state["windows"][start]
+        kept = [int(start) + self.config.size_ms - 1 for start in state["windows"]]
+        job = state.get("job")
+        if job:
+            kept.append(job["last"] - 1)
+        state["max_event_time"] = max(kept, default=-1)
+        log.warning("partition %d: workflow %s had event times in the future (beyond %d); dropped its "
+                    "windows starting %s and set its clock back to %d", partition, wf, limit,
+                    ", ".join(future) or "(none)", state["max_event_time"])
+        self.store[wf] = state
+        self._repaired.setdefault(partition, set()).add(wf)
+
+    def _result(self, partition: int) -> BatchResult:
+        result = BatchResult()
+        result.changed |= self._repaired.pop(partition, set())
+        return result
 
     def watermark(self, partition: int) -> int | None:
         self._load_partition(partition)
@@ -226,10 +318,12 @@ class WindowAggregator:
     def advance(self, partition: int, event_time: int, closed_at: int) -> BatchResult:
         """Move an idle partition's clock to ``event_time`` (the newest of the busy partitions)
         and close what that closes: without it, a partition that stopped receiving samples
-        would keep its last windows open for ever (Flink calls this idleness)."""
+        would keep its last windows open for ever (Flink calls this idleness). A time ahead
+        of the wall clock by more than the allowed skew moves nothing."""
         self._load_partition(partition)
-        result = BatchResult()
-        if event_time > self._max_event_time[partition] >= 0:
+        result = self._result(partition)
+        if (event_time > self._max_event_time[partition] >= 0
+                and event_time <= self.clock() + self.config.max_future_skew_ms):
             self._max_event_time[partition] = event_time
             self._close(partition, event_time - self.config.allowed_lateness_ms, closed_at, result)
         return result
@@ -255,10 +349,12 @@ class WindowAggregator:
         cfg = self.config
         size = cfg.size_ms
         lateness = cfg.allowed_lateness_ms
+        future = self.clock() + cfg.max_future_skew_ms
         newest = self._max_event_time[partition]
         index = self._open[partition]
         idle = self._idle[partition]
-        result = BatchResult()
+        result = self._result(partition)
+        reopened: dict[str, Record | None] = {}  # history key -> its window before this batch
         for item in batch:
             c = item.record
             wf = c["workflow_id"]
@@ -270,16 +366,24 @@ class WindowAggregator:
                 result.replayed += samples_in(c)  # applied before a restart; at-least-once replay
                 continue
             state["last_offset"], state["last_index"] = item.offset, item.index
-            if state.pop("ended", None):
-                state.pop("ending", None)  # it came back after it ended: a new life
             self.store[wf] = state
             result.changed.add(wf)
             watermark = newest - lateness if newest >= 0 else None
             for start, part in _by_window(c, size):
                 times = part["event_time"]
-                if watermark is not None and start + size <= watermark:
-                    result.late.append((item, _late(times, start, size, wf, watermark, partition, lateness)))
+                if max(times) > future:
+                    result.refused.append((item, _future(times, wf, future - cfg.max_future_skew_ms,
+                                                         cfg.max_future_skew_ms)))
                     continue
+                if watermark is not None and start + size <= watermark:
+                    if start + size <= watermark - cfg.update_horizon_ms:
+                        result.refused.append((item, _late(times, start, size, wf, watermark, partition,
+                                                           cfg.update_horizon_ms)))
+                    else:
+                        self._add_late(partition, wf, state, start, part, closed_at, reopened)
+                    continue
+                if state.pop("ended", None):
+                    state.pop("ending", None)  # it came back after it ended: a new life
                 key = str(start)
                 acc = state["windows"].get(key)
                 if acc is None:
@@ -292,15 +396,63 @@ class WindowAggregator:
                 newest = max(newest, t)
             if c["owner"]:
                 state["owner"], state["team"] = c["owner"], c["team"]
+            if newest >= 0 and index and newest - lateness >= min(index):
+                # Windows close as soon as the watermark passes them, not at the end of the
+                # batch: what a window holds never depends on where batches begin and end.
+                self._max_event_time[partition] = newest
+                self._close_windows(partition, newest - lateness, closed_at, result)
+        for key, before in reopened.items():
+            closed = self.history[key]
+            closed["version"] += 1
+            wf, start = key.rpartition("@")[0], _start_of_key(key)
+            after = to_window(wf, self.store[wf], start, closed["acc"], size, closed_at, closed["version"])
+            result.updated.append((after, before))
+            result.history_changed.add(key)
         self._max_event_time[partition] = newest
         if newest >= 0:
             self._close(partition, newest - lateness, closed_at, result)
         return result
 
+    def _add_late(self, partition: int, wf: str, state: dict, start: int, part: Record, closed_at: int,
+                  reopened: dict[str, Record | None]) -> None:
+        """Late samples of a closed window within the horizon: added to the window as kept
+        since it closed, or to a new one if it never closed (all its samples came late)."""
+        key = history_key(wf, start)
+        closed = self.history.get(key)
+        if closed is None:
+            closed = {"partition": partition, "version": 0, "acc": _new_acc()}
+            self._kept[partition].setdefault(start + self.config.size_ms, set()).add(key)
+        if key not in reopened:
+            reopened[key] = (None if closed["version"] == 0 else
+                             to_window(wf, state, start, closed["acc"], self.config.size_ms, closed_at,
+                                       closed["version"]))
+        _add(closed["acc"], part)
+        self.history[key] = closed
+
     def _close(self, partition: int, watermark: int, closed_at: int, result: BatchResult) -> None:
+        """Close what ``watermark`` passed, drop kept windows past the update horizon and
+        forget workflows silent for longer than the retention."""
+        self._close_windows(partition, watermark, closed_at, result)
+        kept = self._kept[partition]
+        idle = self._idle[partition]
+        horizon = watermark - self.config.update_horizon_ms
+        for end in [e for e in kept if e <= horizon]:
+            for key in kept.pop(end):
+                self.history.pop(key, None)
+                result.history_changed.discard(key)
+                result.history_removed.add(key)
+        horizon = self._max_event_time[partition] - self.config.retention_ms
+        for wf in [wf for wf in idle if self.store[wf]["max_event_time"] < horizon]:
+            idle.discard(wf)
+            del self.store[wf]
+            result.changed.discard(wf)
+            result.removed.add(wf)
+
+    def _close_windows(self, partition: int, watermark: int, closed_at: int, result: BatchResult) -> None:
         size = self.config.size_ms
         index = self._open[partition]
         idle = self._idle[partition]
+        kept = self._kept[partition]
         for end in sorted(e for e in index if e <= watermark):
             for wf in sorted(index.pop(end)):
                 state = self.store[wf]
@@ -308,11 +460,10 @@ class WindowAggregator:
                 acc = state["windows"].pop(str(start))
                 result.closed.append(to_window(wf, state, start, acc, size, closed_at))
                 result.changed.add(wf)
+                if self.config.update_horizon_ms:
+                    key = history_key(wf, start)
+                    self.history[key] = {"partition": partition, "version": 1, "acc": acc}
+                    kept.setdefault(end, set()).add(key)
+                    result.history_changed.add(key)
                 if not state["windows"]:
                     idle.add(wf)
-        horizon = self._max_event_time[partition] - self.config.retention_ms
-        for wf in [wf for wf in idle if self.store[wf]["max_event_time"] < horizon]:
-            idle.discard(wf)
-            del self.store[wf]
-            result.changed.discard(wf)
-            result.removed.add(wf)

@@ -58,8 +58,8 @@ def worker_process(bootstrap: str, prefix: str, data_dir: Path, app_id: str,
 @contextmanager
 def running_sink(bootstrap: str, prefix: str, client, database: str, **options) -> Iterator[ClickHouseSink]:
     """The ClickHouse sink consuming ``prefix``'s topics in a thread, stopped (and committed) on exit."""
-    sink = ClickHouseSink(bootstrap, ClickHouseWriter(client, database), group_id=f"{prefix}sink",
-                          topic_prefix=prefix, **{"batch_wait_s": 0.3, **options})
+    sink = ClickHouseSink(bootstrap, ClickHouseWriter(client, database), topic_prefix=prefix,
+                          **{"group_id": f"{prefix}sink", "batch_wait_s": 0.3, **options})
     sink.writer.ensure_tables()  # before the thread starts: the test may query the tables at once
     stop = threading.Event()
     thread = threading.Thread(target=sink.run, args=(stop,), daemon=True)

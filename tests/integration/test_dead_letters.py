@@ -33,7 +33,7 @@ def test_bad_records_are_dead_lettered_and_processing_goes_on(kafka, prefix, tmp
             producer.produce(topic, key=b"wf-a", value=raw)
 
     send(ticks(0, 80))  # watermark 70 s: window 0 closed
-    send([sample(event_time=BASE_MS + 5_000)])  # too late for window 0
+    send([sample(event_time=BASE_MS + 5_000)])  # beyond the update horizon (5 s) of window 0
     send([sample(event_time=BASE_MS + 80_500, utilization_pct=-5.0)])
     send(raw=b"this is not avro")
     send(raw=CODEC.encode("GpuSample", sample())[:-9])  # truncated
@@ -44,7 +44,8 @@ def test_bad_records_are_dead_lettered_and_processing_goes_on(kafka, prefix, tmp
     assert producer.flush(30) == 0
 
     with running_sink(kafka.bootstrap, prefix, chdb_client, database):
-        with worker_process(kafka.bootstrap, prefix, tmp_path, f"{prefix}worker") as worker:
+        with worker_process(kafka.bootstrap, prefix, tmp_path, f"{prefix}worker",
+                            "--update-horizon-s", "5") as worker:
             def worker_dead_letters():
                 got = [r for *_, n, r in read_topic(kafka.bootstrap, prefix + DEAD_LETTERS.name, 1)
                        if n == "DeadLetter" and r["stage"] == "window-utilization"]
@@ -71,7 +72,8 @@ def test_bad_records_are_dead_lettered_and_processing_goes_on(kafka, prefix, tmp
     assert control["profile-scheduler"]["reason"] == "expected ScheduleReport, got GpuSample"
     reasons = sorted(r["reason"] for r in letters)
     assert len(letters) == 4, reasons
-    assert any("late sample" in r and "already closed by the watermark" in r for r in reasons)
+    assert any("late sample" in r and "more than the update horizon (5000 ms) behind the watermark" in r
+               for r in reasons)
     assert any("utilization_pct -5.0 is outside 0..100" in r for r in reasons)
     assert any("bad magic byte" in r for r in reasons)
     assert any("corrupt GpuSample v" in r and "payload" in r for r in reasons)

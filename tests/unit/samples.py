@@ -29,6 +29,7 @@ def sample(**overrides) -> dict:
 def window(**overrides) -> dict:
     record = {
         "workflow_id": "wf-a",
+        "version": 1,
         "owner": "alice@example.com",
         "team": "vision",
         "window_start": BASE_MS,

@@ -187,11 +187,11 @@ def test_blocks_give_the_windows_of_one_sample_at_a_time():
 
 
 def test_late_samples_of_a_block_are_reported_together():
-    agg = WindowAggregator(WindowConfig(allowed_lateness_ms=0), {})
+    agg = WindowAggregator(WindowConfig(allowed_lateness_ms=0, update_horizon_ms=0), {})
     agg.process(0, [Incoming.row(0, sample(event_time=BASE_MS + 61_000))], closed_at=0)
     (block,) = columns_of(tick(0) + tick(62), per_tick=False)  # 3 in the closed window, 3 in the open one
     result = agg.process(0, [Incoming(1, block)], closed_at=0)
-    ((item, reason),) = result.late
+    ((item, reason),) = result.refused
     assert item.offset == 1 and reason.startswith(
         f"3 late samples: event times {BASE_MS}..{BASE_MS} fall in window [{BASE_MS}, {BASE_MS + 60_000})")
     assert agg.store["wf-a"]["windows"][str(BASE_MS + 60_000)]["n"] == 4

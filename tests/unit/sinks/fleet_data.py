@@ -45,7 +45,9 @@ def build(seed: int = 11) -> FleetData:
     small = fleet.workflows[SMALL_MEMORY].workflow_id
     samples = [{**s, "memory_used_bytes": s["memory_total_bytes"] // 10} if s["workflow_id"] == small else s
                for s in samples]
-    agg = WindowAggregator(WindowConfig(size_ms=60_000, allowed_lateness_ms=0, retention_ms=3_600_000), {})
+    # The sentinel closes every window: it is an hour ahead of now, the aggregator told it is not.
+    agg = WindowAggregator(WindowConfig(size_ms=60_000, allowed_lateness_ms=0, retention_ms=3_600_000), {},
+                           clock=lambda: start_ms + 7_200_000)
     sentinel = {**samples[0], "workflow_id": "wf-sentinel", "event_time": start_ms + 7_200_000}
     batch = [Incoming.row(i, s) for i, s in enumerate([*samples, sentinel])]
     windows = [w for w in agg.process(0, batch, closed_at=start_ms + 7_200_000).closed

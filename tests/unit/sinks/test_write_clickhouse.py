@@ -11,9 +11,11 @@ from sinks.clickhouse_ddl import (
 )
 from sinks.write_clickhouse import (
     ClickHouseWriter,
+    Position,
     Row,
     deduplication_token,
     is_transient,
+    offsets_query,
     table_for_topic,
 )
 from tests.unit.samples import BASE_MS, sample, window
@@ -37,16 +39,19 @@ def test_tables_are_created_idempotently(writer):
     names = {r[0] for r in writer.client.query(f"SHOW TABLES FROM {writer.database}").result_rows}
     derived = {"workflows", "workflows_mv", "gpu_hours_hourly", "gpu_hours_hourly_mv", "gpu_hours_daily",
                "gpu_hours_daily_mv", "waste", "schema_migrations"}
-    applied = writer.client.query(f"SELECT version FROM {writer.database}.schema_migrations FINAL").result_rows
-    assert applied == [(1,)]  # once, though ensure_tables ran twice
+    applied = writer.client.query(f"SELECT version FROM {writer.database}.schema_migrations FINAL ORDER BY version").result_rows
+    assert applied == [(1,), (2,)]  # once each, though ensure_tables ran twice
     assert names == {t.name for t in TABLES} | derived
 
 
 def test_samples_land_with_their_kafka_positions_and_resume_after_them(writer):
-    rows = [Row(p, 100 + i, sample(event_time=BASE_MS + i * 1000)) for i, p in enumerate([0, 1, 1, 3])]
+    rows = [Row(p, 100 + i, sample(event_time=BASE_MS + i * 1000), "a.samples", "id-1")
+            for i, p in enumerate([0, 1, 1, 3])]
     assert writer.insert(GPU_SAMPLES_TABLE, rows) == []
     assert count(writer, GPU_SAMPLES_TABLE) == 4
-    assert writer.resume_offsets(GPU_SAMPLES_TABLE) == {0: 101, 1: 103, 3: 104}
+    assert writer.resume_offsets(GPU_SAMPLES_TABLE, ["a.samples"]) == {
+        Position("a.samples", "id-1", 0): 101, Position("a.samples", "id-1", 1): 103,
+        Position("a.samples", "id-1", 3): 104}
     got = writer.client.query(
         f"SELECT toUnixTimestamp64Milli(event_time), utilization_pct, memory_total_bytes "
         f"FROM {writer.database}.gpu_samples ORDER BY event_time LIMIT 1"
@@ -78,7 +83,37 @@ def test_a_database_of_the_previous_release_is_migrated(chdb_client, database):
              "cluster": "east"}
     assert writer.insert(WORKFLOW_EVENTS_TABLE, [Row(0, 0, event)]) == []
     assert chdb_client.query(f"SELECT model, cluster FROM {db}.workflows").result_rows == [("llama-8b", "east")]
-    assert chdb_client.query(f"SELECT version FROM {db}.schema_migrations").result_rows == [(1,)]
+    assert chdb_client.query(f"SELECT version FROM {db}.schema_migrations ORDER BY version").result_rows == [
+        (1,), (2,)]
+
+
+def test_windows_of_the_previous_release_move_to_the_versioned_table(chdb_client, database):
+    """workflow_windows as it was before WorkflowWindow v4 (no version, the last insert wins):
+    migration 2 keeps its rows as version 1, and from then on the highest version wins."""
+    db = database
+    chdb_client.command(f"CREATE DATABASE {db}")
+    old_ddl = (WORKFLOW_WINDOWS_TABLE.ddl.replace("ReplacingMergeTree(version)", "ReplacingMergeTree")
+               .replace(",\n        version UInt32 DEFAULT 1", ""))
+    assert "version UInt32" not in old_ddl and "(version)" not in old_ddl
+    chdb_client.command(old_ddl.format(db=db, name="workflow_windows"))
+    for column, typ in WORKFLOW_WINDOWS_TABLE.added_columns:
+        if column != "version":
+            chdb_client.command(f"ALTER TABLE {db}.workflow_windows ADD COLUMN {column} {typ}")
+    old = window()
+    old_columns = [c for c in WORKFLOW_WINDOWS_TABLE.columns if c != "version"]
+    chdb_client.insert("workflow_windows", [[old.get(c) for c in old_columns] + [0, 5]],
+                       column_names=[*old_columns, "kafka_partition", "kafka_offset"], database=db)
+    writer = ClickHouseWriter(chdb_client, db)
+    writer.ensure_tables()
+    engine = chdb_client.query(f"SELECT engine_full FROM system.tables WHERE database = '{db}' "
+                               "AND name = 'workflow_windows'").result_rows[0][0]
+    assert engine.startswith("ReplacingMergeTree(version)")
+    rows = f"SELECT version, gpu_seconds FROM {db}.workflow_windows FINAL"
+    assert chdb_client.query(rows).result_rows == [(1, old["gpu_seconds"])]
+    # A late-completed version, then a replay of the first emission: the complete one stays.
+    assert writer.insert(WORKFLOW_WINDOWS_TABLE, [Row(0, 6, {**old, "version": 2, "gpu_seconds": 240.0})]) == []
+    assert writer.insert(WORKFLOW_WINDOWS_TABLE, [Row(0, 7, {**old, "version": 1})]) == []
+    assert chdb_client.query(rows).result_rows == [(2, 240.0)]
 
 
 def test_a_batch_inserted_again_is_stored_once(writer):
@@ -108,9 +143,33 @@ def test_profile_requests_and_statuses_are_stored(writer):
     assert rows == [("ana", ["ACCEPTED", "FAILED"])]
 
 
-def test_deduplication_tokens_name_the_offset_ranges():
-    rows = [Row(1, 7, {}), Row(0, 3, {}), Row(1, 5, {})]
-    assert deduplication_token(GPU_SAMPLES_TABLE, rows) == "gpufleet.gpu-samples.v1/0:3-3x1,1:5-7x2"
+def test_deduplication_tokens_name_the_topic_and_offset_ranges():
+    rows = [Row(1, 7, {}, "p.s", "id"), Row(0, 3, {}, "p.s", "id"), Row(1, 5, {}, "p.s", "id")]
+    assert deduplication_token(GPU_SAMPLES_TABLE, rows) == "gpu_samples/p.s#id[0]:3-3x1,p.s#id[1]:5-7x2"
+
+
+def test_rows_of_other_topics_at_the_same_offsets_are_stored_and_resumed_apart(writer):
+    """Two topic prefixes, and a topic created again under its name (a new id), in one
+    database: the same offsets in each are different rows, and each resumes after its own."""
+    def rows(topic, topic_id, n, first=0):
+        return [Row(0, first + i, sample(event_time=BASE_MS + i * 1000, gpu_uuid=f"{topic}{topic_id}"), topic,
+                    topic_id) for i in range(n)]
+    assert writer.insert(GPU_SAMPLES_TABLE, rows("a.samples", "id-1", 40)) == []
+    assert writer.insert(GPU_SAMPLES_TABLE, rows("b.samples", "id-2", 10)) == []
+    assert writer.insert(GPU_SAMPLES_TABLE, rows("a.samples", "id-3", 10)) == []
+    assert count(writer, GPU_SAMPLES_TABLE) == 60
+    assert writer.resume_offsets(GPU_SAMPLES_TABLE, ["b.samples"]) == {Position("b.samples", "id-2", 0): 10}
+    assert writer.resume_offsets(GPU_SAMPLES_TABLE, ["a.samples", "b.samples"]) == {
+        Position("a.samples", "id-1", 0): 40, Position("b.samples", "id-2", 0): 10,
+        Position("a.samples", "id-3", 0): 10}
+
+
+def test_resuming_reads_the_offsets_projection_not_the_rows(writer):
+    assert writer.insert(GPU_SAMPLES_TABLE, [Row(0, 0, sample(), "a.samples", "id-1")]) == []
+    plan = "\n".join(r[0] for r in writer.client.query(
+        "EXPLAIN " + offsets_query(writer.database, GPU_SAMPLES_TABLE), parameters={"topics": ["a.samples"]},
+    ).result_rows)
+    assert "ReadFromMergeTree (kafka_offsets)" in plan, plan
 
 
 def test_a_window_emitted_twice_is_one_row(writer):

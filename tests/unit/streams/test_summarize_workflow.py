@@ -2,7 +2,7 @@
 
 import pytest
 
-from streams.summarize_workflow import accumulate, summary
+from streams.summarize_workflow import accumulate, correct, summary
 from streams.window_utilization import Incoming, WindowAggregator, WindowConfig
 from tests.unit.samples import BASE_MS, sample, window
 
@@ -22,6 +22,24 @@ def test_totals_over_windows():
     assert s["utilization_mean_pct"] == pytest.approx((50 * 120 + 20 * 60) / 180)
     assert s["alerts_fired"] == ["low_utilization"] and s["xid_count"] == 2 and s["owner"] == "ana"
     assert summary("wf-b", {}, "x", 0) is None
+
+
+def test_a_window_completed_late_replaces_its_first_emission_in_the_totals():
+    first = window(gpu_seconds=60.0, utilization_mean_pct=50.0, wasted_gpu_seconds=30.0, energy_joules=100.0)
+    complete = window(gpu_seconds=120.0, utilization_mean_pct=40.0, wasted_gpu_seconds=72.0, energy_joules=250.0,
+                      gpu_count=4, xid_count=1)
+    late_only = window(window_start=BASE_MS + 60_000, window_end=BASE_MS + 120_000, gpu_seconds=30.0,
+                       utilization_mean_pct=10.0, wasted_gpu_seconds=27.0, energy_joules=None)
+    corrected, direct = {}, {}
+    accumulate(corrected, first, [])
+    correct(corrected, first, complete)
+    correct(corrected, None, late_only)  # a window that never closed before: all its samples came late
+    accumulate(direct, complete, [])
+    accumulate(direct, late_only, [])
+    a, b = summary("wf-a", corrected, "r", 0), summary("wf-a", direct, "r", 0)
+    assert a.keys() == b.keys()
+    for k, v in b.items():
+        assert a[k] == (pytest.approx(v) if isinstance(v, float) else v), k
 
 
 def feed(agg, partition, samples, first=0):

@@ -5,7 +5,7 @@ import pytest
 from streams.window_utilization import Incoming, WindowAggregator, WindowConfig
 from tests.unit.samples import BASE_MS, sample
 
-CFG = WindowConfig(size_ms=60_000, allowed_lateness_ms=0, retention_ms=600_000)
+CFG = WindowConfig(size_ms=60_000, allowed_lateness_ms=0, retention_ms=600_000, update_horizon_ms=300_000)
 
 
 def close_one(samples):

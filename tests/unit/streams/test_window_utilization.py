@@ -6,7 +6,7 @@ import pytest
 from streams.window_utilization import Incoming, WindowAggregator, WindowConfig
 from tests.unit.samples import BASE_MS, assert_window_matches, expected_windows, sample
 
-CFG = WindowConfig(size_ms=60_000, allowed_lateness_ms=10_000, retention_ms=600_000)
+CFG = WindowConfig(size_ms=60_000, allowed_lateness_ms=10_000, retention_ms=600_000, update_horizon_ms=300_000)
 
 
 def feed(agg, partition, samples, first_offset=0, closed_at=0):
@@ -74,14 +74,119 @@ def test_one_partition_closes_windows_of_every_workflow_on_it():
     assert sorted(w["workflow_id"] for w in r.closed) == ["wf-busy", "wf-quiet"]
 
 
-def test_late_sample_is_reported_with_a_reason_not_applied():
+def test_late_sample_beyond_the_update_horizon_is_refused_with_a_reason():
     agg = WindowAggregator(CFG, {})
     feed(agg, 0, series(seconds=75))
+    feed(agg, 0, series(seconds=1, start=BASE_MS + 400_000), first_offset=500)  # watermark 390 s
     r = feed(agg, 0, [sample(event_time=BASE_MS + 30_000, utilization_pct=0.0)], first_offset=999)
-    assert r.closed == [] and len(r.late) == 1
-    item, reason = r.late[0]
+    assert r.closed == [] and r.updated == [] and len(r.refused) == 1
+    item, reason = r.refused[0]
     assert item.offset == 999
-    assert "already closed by the watermark" in reason and "wf-a" in reason
+    assert "more than the update horizon (300000 ms) behind the watermark" in reason and "wf-a" in reason
+
+
+def test_late_samples_within_the_horizon_complete_their_window_as_a_new_version():
+    samples = series(seconds=120, gpus=3, util=lambda t, g: (5 * t + 13 * g) % 101)
+    on_time = [s for s in samples if s["gpu_index"] != 2]
+    late = [s for s in samples if s["gpu_index"] == 2 and s["event_time"] < BASE_MS + 60_000]
+    agg = WindowAggregator(CFG, {})
+    first = feed(agg, 0, on_time).closed
+    assert [(w["window_start"], w["version"]) for w in first] == [(BASE_MS, 1)]
+    r = feed(agg, 0, late[:20], first_offset=1000)
+    r2 = feed(agg, 0, late[20:], first_offset=2000)
+    assert r.refused == r2.refused == [] and r.closed == r2.closed == []
+    (after, before), = r2.updated
+    assert before == r.updated[0][0] and r.updated[0][1] == first[0]
+    assert after["version"] == 3 and after["gpu_count"] == 3
+    expected = expected_windows([s for s in samples if s["event_time"] < BASE_MS + 60_000])[("wf-a", BASE_MS)]
+    assert_window_matches(after, expected)
+
+
+def test_windows_close_as_the_watermark_passes_them_within_a_batch():
+    """In one batch the watermark passes a window's end, then a sample of that window comes:
+    the window closed when the watermark passed it, and the sample completes it as a new
+    version; both are in the result, so the batch boundaries never change what a window holds."""
+    agg = WindowAggregator(CFG, {})
+    feed(agg, 0, series(seconds=30, gpus=1))
+    batch = series(seconds=60, start=BASE_MS + 30_000, gpus=1) + [sample(event_time=BASE_MS + 45_000,
+                                                                        gpu_uuid="wf-a-gpu7")]
+    r = feed(agg, 0, batch, first_offset=100)
+    assert r.refused == []
+    (first,) = r.closed
+    (after, before), = r.updated
+    assert before == first and (first["gpu_count"], first["sample_count"], first["version"]) == (1, 60, 1)
+    assert (after["gpu_count"], after["sample_count"], after["version"]) == (2, 61, 2)
+
+
+def test_a_window_whose_samples_all_came_late_is_emitted_once_complete_so_far():
+    agg = WindowAggregator(CFG, {})
+    feed(agg, 0, series("wf-busy", seconds=200))
+    cut_off = series("wf-cut-off", seconds=60, start=BASE_MS + 60_000)
+    r = feed(agg, 0, cut_off, first_offset=1000)
+    (window, before), = r.updated
+    assert before is None and window["version"] == 1 and window["workflow_id"] == "wf-cut-off"
+    assert_window_matches(window, expected_windows(cut_off)[("wf-cut-off", BASE_MS + 60_000)])
+
+
+def test_kept_windows_are_dropped_once_past_the_horizon():
+    agg = WindowAggregator(CFG, {})
+    r = feed(agg, 0, series(seconds=75))
+    key = f"wf-a@{BASE_MS}"
+    assert r.history_changed == {key} and key in agg.history
+    r = feed(agg, 0, series(seconds=1, start=BASE_MS + 380_000), first_offset=500)
+    assert key in r.history_removed and key not in agg.history
+
+
+def test_kept_windows_survive_a_restart_and_take_late_samples_after_it():
+    store: dict = {}
+    history: dict = {}
+    samples = series(seconds=90, gpus=2)
+    feed(WindowAggregator(CFG, store, history), 0, [s for s in samples if s["gpu_index"] == 0])
+    store, history = json.loads(json.dumps(store)), json.loads(json.dumps(history))
+    r = feed(WindowAggregator(CFG, store, history), 0, [s for s in samples if s["gpu_index"] == 1],
+             first_offset=1000)
+    (after, _), = r.updated
+    assert after["version"] == 2 and after["gpu_seconds"] == 120.0
+
+
+NOW = BASE_MS + 86_400_000
+
+
+def test_a_sample_from_the_future_is_refused_and_moves_no_watermark():
+    agg = WindowAggregator(CFG, {}, clock=lambda: NOW)
+    feed(agg, 0, series("wf-a", seconds=30, start=NOW - 60_000))
+    watermark = agg.watermark(0)
+    year_ahead = sample(workflow_id="wf-bad-clock", event_time=NOW + 365 * 86_400_000)
+    r = feed(agg, 0, [year_ahead], first_offset=100)
+    (item, reason), = r.refused
+    assert item.offset == 100 and "ahead of the worker's clock" in reason and "wf-bad-clock" in reason
+    assert agg.watermark(0) == watermark and r.closed == []
+    # The bystander's later samples are on time, not late.
+    r = feed(agg, 0, series("wf-a", seconds=30, start=NOW - 30_000), first_offset=200)
+    assert r.refused == []
+    # Nor does a quiet partition's clock follow a time from the future.
+    assert agg.advance(0, NOW + 3_600_000, closed_at=NOW).closed == []
+    assert agg.watermark(0) == NOW - 1000 - CFG.allowed_lateness_ms
+
+
+def test_within_the_allowed_skew_a_sample_ahead_of_the_clock_counts():
+    agg = WindowAggregator(CFG, {}, clock=lambda: NOW)
+    r = feed(agg, 0, [sample(event_time=NOW + CFG.max_future_skew_ms)])
+    assert r.refused == [] and agg.newest(0) == NOW + CFG.max_future_skew_ms
+
+
+def test_a_state_poisoned_by_a_future_sample_is_repaired_when_its_partition_loads():
+    # Written by a worker without the check: wf-bad's clock is a year ahead, and so is the partition's.
+    store: dict = {}
+    feed(WindowAggregator(CFG, store, clock=lambda: 10**15), 0,
+         series("wf-a", seconds=30, start=NOW - 60_000)
+         + [sample(workflow_id="wf-bad", event_time=NOW + 365 * 86_400_000)])
+    assert store["wf-bad"]["max_event_time"] > NOW + CFG.max_future_skew_ms
+    agg = WindowAggregator(CFG, store, clock=lambda: NOW)
+    assert agg.newest(0) < NOW  # wf-a's state was forgotten under the poisoned clock: nothing is left
+    r = feed(agg, 0, series("wf-a", seconds=30, start=NOW - 30_000), first_offset=100)
+    assert r.refused == [] and "wf-bad" in r.changed | r.removed
+    assert store.get("wf-bad", {"windows": {}})["windows"] == {}
 
 
 def test_sample_within_allowed_lateness_still_counts():
@@ -90,7 +195,7 @@ def test_sample_within_allowed_lateness_still_counts():
     feed(agg, 0, samples)
     straggler = sample(event_time=BASE_MS + 59_000, gpu_uuid="wf-a-gpu9")
     r = feed(agg, 0, [straggler], first_offset=100)
-    assert r.late == []
+    assert r.refused == []
     r = feed(agg, 0, [sample(event_time=BASE_MS + 71_000, gpu_uuid="wf-a-gpu0")], first_offset=101)
     assert r.closed[0]["sample_count"] == 61 and r.closed[0]["gpu_count"] == 2
 
@@ -155,7 +260,7 @@ def test_shared_gpus_count_for_each_workflow_by_its_share():
 
 
 def test_samples_of_one_message_count_once_each_and_replays_are_skipped_by_position():
-    agg = WindowAggregator(WindowConfig(size_ms=60_000, allowed_lateness_ms=0, retention_ms=600_000), {})
+    agg = WindowAggregator(WindowConfig(size_ms=60_000, allowed_lateness_ms=0, retention_ms=600_000, update_horizon_ms=300_000), {})
     batch = [Incoming.row(7, sample(gpu_uuid=f"GPU-{i}", gpu_index=i), i) for i in range(4)]
     first = agg.process(0, batch[:2], closed_at=0)
     assert first.replayed == 0
