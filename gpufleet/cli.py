@@ -20,6 +20,10 @@ def _bootstrap_arg(p: argparse.ArgumentParser) -> None:
                         "started by `gpufleet kafka start`)")
     p.add_argument("--topic-prefix", default=os.environ.get("GPUFLEET_TOPIC_PREFIX", ""),
                    help="prefix for every topic name (env GPUFLEET_TOPIC_PREFIX)")
+    p.add_argument("--partitions", type=int, default=int(os.environ.get("GPUFLEET_PARTITIONS", "32")),
+                   help="partitions of each topic that scales with the fleet, where this command creates it "
+                        "(env GPUFLEET_PARTITIONS; default 32: at most that many workers share the load). "
+                        "Topics that exist keep theirs")
 
 
 def _clickhouse_args(p: argparse.ArgumentParser) -> None:
@@ -51,26 +55,31 @@ def cmd_kafka(args: argparse.Namespace) -> int:
 
     kafka_dir = args.data_dir / "kafka"
     if args.action == "start":
-        info = local_kafka.start(kafka_dir, port=args.port)
-        print(f"Kafka is running: bootstrap {info.bootstrap}, pid {info.pid}, log {info.log_file}")
+        info = local_kafka.start(kafka_dir, brokers=args.brokers, port=args.port)
+        print(f"Kafka is running: bootstrap {info.bootstrap}")
+        for node in info.nodes:
+            print(f"  node {node.node_id}: {node.address}, pid {node.pid}, log {node.log_file}")
     elif args.action == "stop":
         print("stopped" if local_kafka.stop(kafka_dir) else "no broker was running")
     else:
+        recorded = local_kafka.read_state(kafka_dir.resolve())
         info = local_kafka.status(kafka_dir)
-        if info is None:
+        if recorded is None or info is None:
             print("not running")
             return 1
-        answering = local_kafka.answers_metadata(info.bootstrap)
-        print(f"running: bootstrap {info.bootstrap}, pid {info.pid}, "
-              f"{'answering' if answering else 'NOT answering'}, log {info.log_file}")
-        return 0 if answering else 1
+        live = local_kafka.live_brokers(info.bootstrap)
+        for node in recorded.nodes:
+            running = node.node_id in {n.node_id for n in info.nodes}
+            state = ("answering" if node.node_id in live else "NOT answering") if running else "stopped"
+            print(f"node {node.node_id}: {node.address}, {state}, log {node.log_file}")
+        return 0 if live >= {n.node_id for n in recorded.nodes} else 1
     return 0
 
 
 def cmd_topics(args: argparse.Namespace) -> int:
     from schemas.admin import ensure_topics
 
-    created = ensure_topics(_resolve_bootstrap(args), prefix=args.topic_prefix)
+    created = ensure_topics(_resolve_bootstrap(args), prefix=args.topic_prefix, partitions=args.partitions)
     print("created: " + (", ".join(created) if created else "nothing (all exist)"))
     return 0
 
@@ -78,7 +87,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     import faust
 
-    from schemas.admin import create_topics, ensure_topics
+    from schemas.admin import brokers_in, create_topics, ensure_topics, replication_for
     from streams.app import StreamSettings, changelog_topics, create_app, tune_gc
     from streams.detect_waste import DetectorConfig
     from streams.raise_alerts import AlertConfig, load_detector_config
@@ -86,7 +95,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from streams.window_utilization import WindowConfig
 
     bootstrap = _resolve_bootstrap(args)
-    ensure_topics(bootstrap, prefix=args.topic_prefix)
+    ensure_topics(bootstrap, prefix=args.topic_prefix, partitions=args.partitions)
+    partitions, trace_partitions = _stream_partitions(bootstrap, args.topic_prefix)
     if args.thresholds:
         detectors, team_detectors = load_detector_config(args.thresholds)
     else:
@@ -104,6 +114,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
                             retention_ms=max(3_600_000, int(args.update_horizon_s * 1000))),
         workflow_ended_s=args.workflow_ended_s,
         idle_partition_s=args.idle_partition_s,
+        partitions=partitions,
+        trace_partitions=trace_partitions,
+        replication=replication_for(brokers_in(bootstrap))[0],
         alerts=AlertConfig(detectors=detectors, team_detectors=team_detectors, min_duration_s=args.detector_min_s),
         schedule=ScheduleConfig(enabled=args.periodic_profiles, interval_s=args.profile_every_s,
                                 budget_fraction=args.profile_budget, report_s=args.schedule_report_s,
@@ -121,13 +134,29 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stream_partitions(bootstrap: str, prefix: str) -> tuple[int, int]:
+    """The partitions the worker's input topics have on the cluster: the co-partitioned
+    sample topics' (which must agree: a workflow's samples, life cycle and profile results
+    meet in one state) and the kernel events'."""
+    from schemas.admin import partitions_of
+    from schemas.topics import CO_PARTITIONED, KERNEL_EVENTS
+
+    names = [prefix + t.name for t in (*CO_PARTITIONED, KERNEL_EVENTS)]
+    counts = partitions_of(bootstrap, names)
+    co = {prefix + t.name: counts.get(prefix + t.name) for t in CO_PARTITIONED}
+    if len(set(co.values())) != 1 or None in co.values():
+        sys.exit("the worker needs " + ", ".join(co) + " to have the same number of partitions; they have "
+                 + ", ".join(f"{n}: {c}" for n, c in co.items()) + ". Recreate them with one --partitions")
+    return next(iter(co.values())), counts[prefix + KERNEL_EVENTS.name]
+
+
 def cmd_sink(args: argparse.Namespace) -> int:
     from schemas.admin import ensure_topics
     from sinks.consume_to_clickhouse import ClickHouseSink
     from sinks.write_clickhouse import ClickHouseWriter, connect
 
     bootstrap = _resolve_bootstrap(args)
-    ensure_topics(bootstrap, prefix=args.topic_prefix)
+    ensure_topics(bootstrap, prefix=args.topic_prefix, partitions=args.partitions)
     dsn = _dsn(args)
     writer = ClickHouseWriter(connect(dsn), args.database)
     sink = ClickHouseSink(bootstrap, writer, group_id=args.group_id, topic_prefix=args.topic_prefix)
@@ -159,7 +188,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from schemas.topics import GPU_SAMPLES
 
     bootstrap = _resolve_bootstrap(args)
-    ensure_topics(bootstrap, prefix=args.topic_prefix)
+    ensure_topics(bootstrap, prefix=args.topic_prefix, partitions=args.partitions)
     fleet = build_fleet(args.seed, args.hosts, args.gpus_per_host, args.workflows)
     start_ms = args.start_ms if args.start_ms is not None else (int(time.time()) // 60 * 60 - int(args.duration_s)) * 1000
     plan = SimulationPlan(start_ms, int(args.duration_s / args.interval_s), int(args.interval_s * 1000), args.speed)
@@ -199,7 +228,7 @@ def cmd_notify(args: argparse.Namespace) -> int:
     from sinks.route_alerts import load_routing
 
     bootstrap = _resolve_bootstrap(args)
-    ensure_topics(bootstrap, prefix=args.topic_prefix)
+    ensure_topics(bootstrap, prefix=args.topic_prefix, partitions=args.partitions)
     notifier = AlertNotifier(bootstrap, load_routing(args.routing), args.data_dir / "notifier-sent.log",
                              group_id=args.group_id, topic_prefix=args.topic_prefix)
     stop = threading.Event()
@@ -247,7 +276,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         simulated = SimulatedGpus(fleet, host, int(time.time() * 1000))
         print(f"simulating host {host} of a {args.hosts}-host fleet every {args.interval:g}s")
     try:
-        ensure_topics(bootstrap, prefix=args.topic_prefix)
+        ensure_topics(bootstrap, prefix=args.topic_prefix, partitions=args.partitions)
     except Exception as exc:  # noqa: BLE001 - the agent must start (and spool) while the broker is away
         print(f"could not check the topics ({exc}); spooling until the broker answers")
     keys = AttributionKeys(
@@ -292,7 +321,7 @@ def cmd_ingest_trace(args: argparse.Namespace) -> int:
     from schemas.codec import Codec
 
     bootstrap = _resolve_bootstrap(args)
-    ensure_topics(bootstrap, prefix=args.topic_prefix)
+    ensure_topics(bootstrap, prefix=args.topic_prefix, partitions=args.partitions)
     publisher = Publisher(bootstrap, Codec())
     rc = 0
     for path in args.traces:
@@ -371,7 +400,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from schemas.admin import ensure_topics
 
     bootstrap = _resolve_bootstrap(args)
-    ensure_topics(bootstrap, prefix=args.topic_prefix)
+    ensure_topics(bootstrap, prefix=args.topic_prefix, partitions=args.partitions)
     hosts = args.host or hosts_of(bootstrap, args.workflow_id, args.topic_prefix)
     if not hosts:
         sys.exit(f"workflow {args.workflow_id} is not running on any host (no agent reported it without "
@@ -455,9 +484,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="warning")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("kafka", help="start, stop or check the local Kafka broker")
+    p = sub.add_parser("kafka", help="start, stop or check the local Kafka broker or cluster")
     p.add_argument("action", choices=["start", "stop", "status"])
-    p.add_argument("--port", type=int, default=None, help="listener port (default: a free one)")
+    p.add_argument("--brokers", type=int, default=1,
+                   help="nodes of the local cluster (KRaft, each broker and controller); 3 replicates "
+                        "every topic three times, a write acknowledged by two")
+    p.add_argument("--port", type=int, default=None, help="first node's listener port (default: a free one)")
     p.set_defaults(func=cmd_kafka)
 
     p = sub.add_parser("topics", help="create gpufleet's topics (idempotent)")

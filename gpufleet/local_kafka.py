@@ -1,9 +1,17 @@
-"""Runs a single-node Apache Kafka broker (KRaft) on loopback from the jars in docker/kafka/libs.
+"""Runs Apache Kafka (KRaft) on loopback from the jars in docker/kafka/libs: one node, or a
+cluster of several.
 
-Used by ``gpufleet kafka start|stop|status``, by ``gpufleet demo`` and by the integration
-tests' session fixture. The broker is a child process started in its own session; its
-state (pid, bootstrap address) lives in ``<data dir>/broker.json`` so that another
-command can stop it.
+Used by ``gpufleet kafka start|stop|status``, by ``gpufleet demo``, by the integration tests'
+session fixture and by the fault tests, which kill and restart single nodes. Each node is a
+child process started in its own session, and is broker and controller at once (KRaft's
+combined mode): a 3-node cluster is 3 JVMs instead of 6 on a small machine, and killing one
+node takes away a broker and a controller voter together, the harder case (the 2 left keep
+the quorum and lead every partition). Large production clusters run their controllers apart.
+
+State lives under the data directory: ``cluster.json`` (cluster id, and each node's id,
+ports and pid: another command can stop it) and one folder per node, ``node-<id>/`` with its
+``server.properties``, log directory and ``broker.log``. A node restarted keeps its ports, so
+clients and the controller quorum find it where it was.
 """
 
 from __future__ import annotations
@@ -21,22 +29,63 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from schemas.admin import replication_for
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 KAFKA_DIR = REPO_ROOT / "docker" / "kafka"
 LIBS_DIR = KAFKA_DIR / "libs"
 MIN_JAVA = 17
+# The node a killed broker's partitions wait for before moving: the controller declares a
+# broker dead after this long without its heartbeats (Kafka's default is 9 s).
+SESSION_TIMEOUT_MS = 6000
 
 
 class KafkaRunnerError(RuntimeError):
-    """The local broker could not be set up, started or stopped; the message says why."""
+    """The local Kafka could not be set up, started or stopped; the message says why."""
 
 
 @dataclass(frozen=True)
-class BrokerInfo:
+class Node:
+    node_id: int
     pid: int
-    bootstrap: str
+    port: int
+    controller_port: int
     data_dir: Path
-    log_file: Path
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def log_file(self) -> Path:
+        return self.data_dir / "broker.log"
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    """The local cluster: its nodes, and the bootstrap address of all of them."""
+
+    data_dir: Path
+    nodes: tuple[Node, ...]
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(n.address for n in self.nodes)
+
+    @property
+    def log_file(self) -> Path:
+        """The first node's log (the only one of a single broker)."""
+        return self.nodes[0].log_file
+
+    @property
+    def pid(self) -> int:
+        return self.nodes[0].pid
+
+    def node(self, node_id: int) -> Node:
+        for n in self.nodes:
+            if n.node_id == node_id:
+                return n
+        raise KeyError(f"no node {node_id} in {self.data_dir}")
 
 
 def free_port() -> int:
@@ -77,27 +126,33 @@ def java_executable() -> str:
     return java
 
 
-def _server_properties(data_dir: Path, port: int, controller_port: int, partitions: int) -> str:
+def _server_properties(node: Node, voters: str, brokers: int, partitions: int) -> str:
+    replicas, min_isr = replication_for(brokers)
     return "\n".join([
         "process.roles=broker,controller",
-        "node.id=1",
-        f"controller.quorum.voters=1@127.0.0.1:{controller_port}",
-        f"listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-        f"advertised.listeners=PLAINTEXT://127.0.0.1:{port}",
+        f"node.id={node.node_id}",
+        f"controller.quorum.voters={voters}",
+        f"listeners=PLAINTEXT://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}",
+        f"advertised.listeners=PLAINTEXT://127.0.0.1:{node.port}",
         "controller.listener.names=CONTROLLER",
         "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
         "inter.broker.listener.name=PLAINTEXT",
-        f"log.dirs={data_dir / 'logs'}",
+        f"log.dirs={node.data_dir / 'logs'}",
         f"num.partitions={partitions}",
-        "offsets.topic.replication.factor=1",
+        f"default.replication.factor={replicas}",
+        f"min.insync.replicas={min_isr}",
+        f"offsets.topic.replication.factor={replicas}",
         "offsets.topic.num.partitions=4",
-        "transaction.state.log.replication.factor=1",
-        "transaction.state.log.min.isr=1",
-        "share.coordinator.state.topic.replication.factor=1",
-        "share.coordinator.state.topic.min.isr=1",
-        # A single local broker: let consumer groups form at once.
+        f"transaction.state.log.replication.factor={replicas}",
+        f"transaction.state.log.min.isr={min_isr}",
+        f"share.coordinator.state.topic.replication.factor={replicas}",
+        f"share.coordinator.state.topic.min.isr={min_isr}",
+        f"broker.session.timeout.ms={SESSION_TIMEOUT_MS}",
+        "broker.heartbeat.interval.ms=1000",
+        # A local cluster: let consumer groups form at once.
         "group.initial.rebalance.delay.ms=0",
         "auto.create.topics.enable=false",
+        "unclean.leader.election.enable=false",
         "",
     ])
 
@@ -119,18 +174,34 @@ def tail(path: Path, lines: int = 30) -> str:
 
 
 def _state_file(data_dir: Path) -> Path:
-    return data_dir / "broker.json"
+    return data_dir / "cluster.json"
 
 
-def read_state(data_dir: Path) -> BrokerInfo | None:
+def _read_raw(data_dir: Path) -> dict | None:
     try:
-        raw = json.loads(_state_file(data_dir).read_text())
+        return json.loads(_state_file(data_dir).read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return None
-    return BrokerInfo(raw["pid"], raw["bootstrap"], data_dir, data_dir / "broker.log")
+
+
+def _write_raw(data_dir: Path, raw: dict) -> None:
+    tmp = _state_file(data_dir).with_suffix(".tmp")
+    tmp.write_text(json.dumps(raw))
+    tmp.replace(_state_file(data_dir))
+
+
+def read_state(data_dir: Path) -> ClusterInfo | None:
+    raw = _read_raw(data_dir)
+    if raw is None or not raw.get("nodes"):
+        return None
+    return ClusterInfo(data_dir, tuple(
+        Node(n["node_id"], n.get("pid", 0), n["port"], n["controller_port"], data_dir / f"node-{n['node_id']}")
+        for n in raw["nodes"]))
 
 
 def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -152,9 +223,16 @@ def _proc_state(pid: int) -> str:
         return "X"
 
 
-def answers_metadata(bootstrap: str, timeout: float = 2.0, cluster_id: str | None = None) -> bool:
-    """True when a broker at ``bootstrap`` answers a metadata request (from cluster ``cluster_id``,
-    when given: another broker already on that port must not pass for ours)."""
+def answers_metadata(bootstrap: str, timeout: float = 2.0, cluster_id: str | None = None,
+                     brokers: int = 1) -> bool:
+    """True when the cluster at ``bootstrap`` answers a metadata request naming at least
+    ``brokers`` live brokers (of cluster ``cluster_id``, when given: another broker already
+    on that port must not pass for ours)."""
+    return len(live_brokers(bootstrap, timeout, cluster_id)) >= brokers
+
+
+def live_brokers(bootstrap: str, timeout: float = 2.0, cluster_id: str | None = None) -> set[int]:
+    """The ids of the brokers the cluster's metadata lists as live (empty if it does not answer)."""
     from confluent_kafka.admin import AdminClient  # local import: the CLI's `--help` stays fast
 
     # log_level 0: a broker that is still starting refuses connections; that is expected here.
@@ -166,65 +244,79 @@ def answers_metadata(bootstrap: str, timeout: float = 2.0, cluster_id: str | Non
     try:
         metadata = admin.list_topics(timeout=timeout)
     except Exception:  # noqa: BLE001 - any failure here means "not answering yet"
-        return False
-    return bool(metadata.brokers) and (cluster_id is None or metadata.cluster_id == cluster_id)
+        return set()
+    if cluster_id is not None and metadata.cluster_id != cluster_id:
+        return set()
+    return set(metadata.brokers)
 
 
-def formatted_cluster_id(data_dir: Path) -> str | None:
-    """The cluster id the KRaft storage in ``data_dir`` was formatted with, if it was."""
-    try:
-        text = (data_dir / "logs" / "meta.properties").read_text()
-    except FileNotFoundError:
+def status(data_dir: Path) -> ClusterInfo | None:
+    """The local cluster recorded in ``data_dir`` with the nodes now running, or None when none is."""
+    info = read_state(data_dir.resolve())
+    if info is None:
         return None
-    for line in text.splitlines():
-        if line.startswith("cluster.id="):
-            return line.split("=", 1)[1].strip()
-    return None
-
-
-def status(data_dir: Path) -> BrokerInfo | None:
-    """The running broker recorded in ``data_dir``, or None."""
-    info = read_state(data_dir)
-    if info is None or not _alive(info.pid):
-        return None
-    return info
+    running = tuple(n for n in info.nodes if _alive(n.pid))
+    return ClusterInfo(info.data_dir, running) if running else None
 
 
 def start(
     data_dir: Path,
+    brokers: int = 1,
     port: int | None = None,
     partitions: int = 4,
     heap: str = "512m",
     timeout: float = 90.0,
-) -> BrokerInfo:
-    """Start a broker (or return the one already running for ``data_dir``) and wait until it answers."""
+) -> ClusterInfo:
+    """Start the cluster of ``brokers`` nodes recorded in ``data_dir`` (created there the first
+    time), or the nodes of it that are not running, and wait until every node answers."""
     data_dir = data_dir.resolve()
-    running = status(data_dir)
-    if running is not None and answers_metadata(running.bootstrap, cluster_id=formatted_cluster_id(data_dir)):
-        return running
+    data_dir.mkdir(parents=True, exist_ok=True)
+    raw = _read_raw(data_dir)
+    if raw is None:
+        if brokers < 1:
+            raise KafkaRunnerError(f"a cluster needs at least one broker, not {brokers}")
+        raw = {"cluster_id": cluster_id(), "nodes": [
+            {"node_id": i, "port": (port if i == 1 and port else free_port()), "controller_port": free_port(), "pid": 0}
+            for i in range(1, brokers + 1)]}
+        _write_raw(data_dir, raw)
+    elif len(raw["nodes"]) != brokers:
+        raise KafkaRunnerError(f"{data_dir} holds a cluster of {len(raw['nodes'])} node(s), not {brokers}; "
+                               "stop it and use another data directory to change its size")
+    info = read_state(data_dir)
+    assert info is not None
+    for node in info.nodes:
+        if not _alive(node.pid):
+            start_node(data_dir, node.node_id, partitions=partitions, heap=heap)
+    return wait_for(data_dir, timeout)
+
+
+def start_node(data_dir: Path, node_id: int, partitions: int = 4, heap: str = "512m") -> Node:
+    """Start one node of the recorded cluster (formatting its storage the first time);
+    returns without waiting for it to answer."""
+    data_dir = data_dir.resolve()
+    raw = _read_raw(data_dir)
+    info = read_state(data_dir)
+    if raw is None or info is None:
+        raise KafkaRunnerError(f"no cluster recorded in {data_dir}: start it first")
+    node = info.node(node_id)
+    if _alive(node.pid):
+        return node
     libs = ensure_jars()
     java = java_executable()
-    data_dir.mkdir(parents=True, exist_ok=True)
-    # A restarted broker keeps its ports: clients reconnect to the same address, and the
-    # controller quorum keeps its endpoint.
-    ports_file = data_dir / "ports.json"
-    previous = json.loads(ports_file.read_text()) if ports_file.exists() else {}
-    port = port or previous.get("port") or free_port()
-    controller_port = previous.get("controller_port") or free_port()
-    ports_file.write_text(json.dumps({"port": port, "controller_port": controller_port}))
-    config = data_dir / "server.properties"
-    config.write_text(_server_properties(data_dir, port, controller_port, partitions))
-    log_file = data_dir / "broker.log"
+    node.data_dir.mkdir(parents=True, exist_ok=True)
+    voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in info.nodes)
+    config = node.data_dir / "server.properties"
+    config.write_text(_server_properties(node, voters, len(info.nodes), partitions))
     classpath = f"{libs}/*"
-    if not (data_dir / "logs" / "meta.properties").exists():
+    if not (node.data_dir / "logs" / "meta.properties").exists():
         fmt = subprocess.run(
             [java, "-cp", classpath, "kafka.tools.StorageTool", "format",
-             "--cluster-id", cluster_id(), "--config", str(config), "--ignore-formatted"],
+             "--cluster-id", raw["cluster_id"], "--config", str(config), "--ignore-formatted"],
             capture_output=True, text=True, check=False,
         )
         if fmt.returncode != 0:
-            raise KafkaRunnerError(f"formatting the KRaft storage in {data_dir} failed:\n{fmt.stdout}{fmt.stderr}")
-    with log_file.open("ab") as log:
+            raise KafkaRunnerError(f"formatting the KRaft storage in {node.data_dir} failed:\n{fmt.stdout}{fmt.stderr}")
+    with node.log_file.open("ab") as log:
         proc = subprocess.Popen(
             [java, f"-Xmx{heap}", "-Xms128m", "-XX:+UseG1GC",
              f"-Dlog4j2.configurationFile={KAFKA_DIR / 'log4j2.properties'}",
@@ -232,40 +324,70 @@ def start(
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-    bootstrap = f"127.0.0.1:{port}"
-    info = BrokerInfo(proc.pid, bootstrap, data_dir, log_file)
-    _state_file(data_dir).write_text(json.dumps({"pid": proc.pid, "bootstrap": bootstrap}))
+    for n in raw["nodes"]:
+        if n["node_id"] == node_id:
+            n["pid"] = proc.pid
+    _write_raw(data_dir, raw)
+    return Node(node.node_id, proc.pid, node.port, node.controller_port, node.data_dir)
+
+
+def wait_for(data_dir: Path, timeout: float = 90.0) -> ClusterInfo:
+    """Wait until every node recorded in ``data_dir`` is live in the cluster's metadata; a node
+    that exits meanwhile, or a timeout, raises with the end of its log (the cluster is left
+    as it is)."""
+    data_dir = data_dir.resolve()
+    info = read_state(data_dir)
+    raw = _read_raw(data_dir)
+    if info is None or raw is None:
+        raise KafkaRunnerError(f"no cluster recorded in {data_dir}")
+    wanted = {n.node_id for n in info.nodes}
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise KafkaRunnerError(
-                f"the Kafka broker exited with code {proc.returncode} while starting; "
-                f"log {log_file}:\n{tail(log_file)}"
-            )
-        if answers_metadata(bootstrap, cluster_id=formatted_cluster_id(data_dir)):
+    while True:
+        for node in info.nodes:
+            if not _alive(node.pid):
+                raise KafkaRunnerError(
+                    f"Kafka node {node.node_id} exited while starting; log {node.log_file}:\n{tail(node.log_file)}")
+        if live_brokers(info.bootstrap, cluster_id=raw["cluster_id"]) >= wanted:
             return info
-        time.sleep(0.5)
-    stop(data_dir)
-    raise KafkaRunnerError(
-        f"the Kafka broker did not answer on {bootstrap} within {timeout:.0f}s; log {log_file}:\n{tail(log_file)}"
-    )
+        if time.monotonic() > deadline:
+            logs = "\n".join(f"log {n.log_file}:\n{tail(n.log_file, 15)}" for n in info.nodes)
+            raise KafkaRunnerError(f"the Kafka cluster did not answer on {info.bootstrap} with all of "
+                                   f"{len(wanted)} node(s) within {timeout:.0f}s; {logs}")
+        time.sleep(0.3)
+
+
+def kill_node(data_dir: Path, node_id: int, sig: int = signal.SIGKILL, timeout: float = 30.0) -> bool:
+    """Send ``sig`` to one node and wait until it is gone (SIGKILL: as a crash would). True if it ran."""
+    info = read_state(data_dir.resolve())
+    if info is None:
+        return False
+    node = info.node(node_id)
+    if not _alive(node.pid):
+        return False
+    os.kill(node.pid, sig)
+    deadline = time.monotonic() + timeout
+    while _alive(node.pid):
+        if time.monotonic() > deadline:
+            os.kill(node.pid, signal.SIGKILL)
+            deadline = time.monotonic() + timeout
+        time.sleep(0.1)
+    return True
 
 
 def stop(data_dir: Path, timeout: float = 30.0) -> bool:
-    """Stop the broker recorded in ``data_dir`` (SIGTERM, then SIGKILL). True if one was running."""
+    """Stop every node recorded in ``data_dir`` (SIGTERM, then SIGKILL). True if one was running."""
     data_dir = data_dir.resolve()
     info = read_state(data_dir)
     if info is None:
         return False
-    was_running = _alive(info.pid)
-    if was_running:
-        os.kill(info.pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while _alive(info.pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if _alive(info.pid):
-            os.kill(info.pid, signal.SIGKILL)
-            while _alive(info.pid):
-                time.sleep(0.1)
-    _state_file(data_dir).unlink(missing_ok=True)
-    return was_running
+    running = [n for n in info.nodes if _alive(n.pid)]
+    for node in running:
+        os.kill(node.pid, signal.SIGTERM)
+    for node in running:
+        kill_node(data_dir, node.node_id, signal.SIGTERM, timeout)
+    raw = _read_raw(data_dir)
+    if raw is not None:
+        for n in raw["nodes"]:
+            n["pid"] = 0
+        _write_raw(data_dir, raw)
+    return bool(running)

@@ -1,4 +1,9 @@
-"""Creates gpufleet's topics on a broker, idempotently, from the declarations in ``topics``."""
+"""Creates gpufleet's topics on a cluster, idempotently, from the declarations in ``topics``.
+
+How many copies of each partition, and how many must have a write before it is
+acknowledged, follow from the cluster's size (``replication_for``); how many partitions the
+topics that scale with the fleet have is a setting of the deployment (``partitions``).
+"""
 
 from __future__ import annotations
 
@@ -11,13 +16,26 @@ from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 from schemas.topics import ALL_TOPICS, TopicSpec
 
 
-def create_topics(bootstrap: str, topics: Iterable[tuple[str, int, bool]], timeout: float = 30.0) -> list[str]:
-    """Create each ``(name, partitions, compacted)`` that does not exist yet; return the names created."""
+def replication_for(brokers: int) -> tuple[int, int]:
+    """Replication factor and ``min.insync.replicas`` on a cluster of ``brokers``: three copies
+    where there are three brokers, a write acknowledged once two have it, so that one broker
+    can be lost or restarted without losing an acknowledged record or stopping writes; one
+    and one on a single broker."""
+    replicas = min(3, max(1, brokers))
+    return replicas, (2 if replicas >= 3 else 1)
+
+
+def create_topics(bootstrap: str, topics: Iterable[tuple[str, int, bool]], timeout: float = 30.0,
+                  replication: int | None = None) -> list[str]:
+    """Create each ``(name, partitions, compacted)`` that does not exist yet, replicated as the
+    cluster allows (or ``replication`` times); return the names created."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    existing = set(admin.list_topics(timeout=timeout).topics)
+    metadata = admin.list_topics(timeout=timeout)
+    existing = set(metadata.topics)
+    replicas, min_isr = replication_for(replication or len(metadata.brokers))
     wanted = [
-        NewTopic(name, num_partitions=partitions, replication_factor=1,
-                 config={"cleanup.policy": "compact"} if compacted else {})
+        NewTopic(name, num_partitions=partitions, replication_factor=replicas,
+                 config={"min.insync.replicas": str(min_isr), **({"cleanup.policy": "compact"} if compacted else {})})
         for name, partitions, compacted in topics if name not in existing
     ]
     if not wanted:
@@ -67,6 +85,22 @@ def ensure_topics(
     specs: Iterable[TopicSpec] = ALL_TOPICS,
     prefix: str = "",
     timeout: float = 30.0,
+    partitions: int | None = None,
+    replication: int | None = None,
 ) -> list[str]:
-    """Create the declared topics (under ``prefix``) that do not exist yet; return the names created."""
-    return create_topics(bootstrap, [(prefix + s.name, s.partitions, s.compacted) for s in specs], timeout)
+    """Create the declared topics (under ``prefix``) that do not exist yet, those that scale
+    with the fleet with ``partitions`` each (default: as declared); return the names created.
+    Topics that exist keep what they have: ``partitions_of`` tells a consumer what that is."""
+    return create_topics(bootstrap, [(prefix + s.name, s.partitions_in(partitions), s.compacted) for s in specs],
+                         timeout, replication)
+
+
+def brokers_in(bootstrap: str, timeout: float = 30.0) -> int:
+    """How many brokers the cluster's metadata lists as live."""
+    return len(AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=timeout).brokers)
+
+
+def partitions_of(bootstrap: str, names: Iterable[str], timeout: float = 30.0) -> dict[str, int]:
+    """How many partitions each of the topics ``names`` has on the cluster (missing: left out)."""
+    topics = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=timeout).topics
+    return {n: len(topics[n].partitions) for n in names if n in topics and topics[n].error is None}

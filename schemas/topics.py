@@ -12,6 +12,10 @@ import msgspec
 
 
 class TopicSpec(msgspec.Struct, frozen=True):
+    """A topic's contract. ``partitions``: 1 for a topic that has one partition by design (the
+    fleet-wide scheduler, the dead letters); for the others the count used where the
+    deployment sets none (tests, the demo), since the deployment's ``--partitions`` decides."""
+
     name: str
     schema: str
     key_field: str | None
@@ -22,6 +26,10 @@ class TopicSpec(msgspec.Struct, frozen=True):
 
     def carries(self, schema: str) -> bool:
         return schema == self.schema or schema in self.other_schemas
+
+    def partitions_in(self, deployment: int | None) -> int:
+        """The partitions of this topic in a deployment that gives ``deployment`` to those that scale."""
+        return 1 if self.partitions == 1 else (deployment or self.partitions)
 
 
 GPU_SAMPLES = TopicSpec(
@@ -87,6 +95,13 @@ PROFILE_SCHEDULE = TopicSpec(
     doc="Internal to the worker: what runs on each partition of the window stage, for the one periodic "
         "profiling scheduler (one partition, so its budget is fleet-wide).",
 )
+
+# The default of a deployment's --partitions: room for 32 workers (each keeps up with about
+# 50,000 samples a second here) before the topics must be recreated.
+DEFAULT_PARTITIONS = 32
+
+# Keyed by workflow and read together into one per-workflow state: the same partition count.
+CO_PARTITIONED: tuple[TopicSpec, ...] = (GPU_SAMPLES, WORKFLOW_EVENTS, PROFILE_RESULTS)
 
 ALL_TOPICS: tuple[TopicSpec, ...] = (
     GPU_SAMPLES, HOST_SAMPLES, WORKFLOW_EVENTS, WORKFLOW_WINDOWS, WORKFLOW_SUMMARIES, ALERTS, DEAD_LETTERS,

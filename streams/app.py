@@ -7,13 +7,7 @@ from dataclasses import dataclass, field
 
 import faust
 
-from schemas.topics import (
-    GPU_SAMPLES,
-    KERNEL_EVENTS,
-    PROFILE_RESULTS,
-    PROFILE_SCHEDULE,
-    WORKFLOW_EVENTS,
-)
+from schemas.topics import GPU_SAMPLES, KERNEL_EVENTS, PROFILE_SCHEDULE
 from streams import faust_fixes
 from streams.auto_profile import AutoProfileConfig
 from streams.raise_alerts import AlertConfig
@@ -47,25 +41,29 @@ class StreamSettings:
     commit_interval_s: float = 1.0
     # A killed worker's partitions move to a live one after this long without heartbeats.
     session_timeout_s: float = 10.0
+    # Partitions of the co-partitioned sample topics and of the kernel events, as the cluster
+    # has them (the CLI reads them; every worker of a group must agree), and the copies of
+    # the changelog topics Faust creates.
+    partitions: int = GPU_SAMPLES.partitions
+    trace_partitions: int = KERNEL_EVENTS.partitions
+    replication: int = 1
 
     def topic(self, name: str) -> str:
         return self.topic_prefix + name
 
 
-# The worker's tables: name -> partitions (each co-partitioned with the topic it is built from).
-TABLES = {"window-state": GPU_SAMPLES.partitions, "window-history": GPU_SAMPLES.partitions,
-          "trace-state": KERNEL_EVENTS.partitions,
-          "profile-schedule": PROFILE_SCHEDULE.partitions}
-if not GPU_SAMPLES.partitions == WORKFLOW_EVENTS.partitions == PROFILE_RESULTS.partitions:
-    # the window state serves all three topics
-    raise RuntimeError("gpu-samples, workflow-events and profile-results must have the same partitions")
+def tables(settings: StreamSettings) -> dict[str, int]:
+    """The worker's tables: name -> partitions (each co-partitioned with the topics it is built
+    from: the window state and history serve samples, life-cycle events and profile results)."""
+    return {"window-state": settings.partitions, "window-history": settings.partitions,
+            "trace-state": settings.trace_partitions, "profile-schedule": PROFILE_SCHEDULE.partitions}
 
 
 def changelog_topics(settings: StreamSettings) -> list[tuple[str, int, bool]]:
     """The tables' changelog topics, as Faust names them. Created before the worker starts:
     a changelog topic Faust creates itself at start-up can be missing from the metadata it
     reads next, and the table's partitions then never resume."""
-    return [(f"{settings.app_id}-{name}-changelog", partitions, True) for name, partitions in TABLES.items()]
+    return [(f"{settings.app_id}-{name}-changelog", partitions, True) for name, partitions in tables(settings).items()]
 
 
 def tune_gc() -> None:
@@ -89,8 +87,8 @@ def create_app(settings: StreamSettings) -> faust.App:
         store="memory://",
         datadir=settings.data_dir,
         processing_guarantee="at_least_once",
-        topic_partitions=GPU_SAMPLES.partitions,
-        topic_replication_factor=1,
+        topic_partitions=settings.partitions,
+        topic_replication_factor=settings.replication,
         table_standby_replicas=0,
         consumer_auto_offset_reset="earliest",
         broker_commit_interval=settings.commit_interval_s,

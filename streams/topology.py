@@ -100,16 +100,16 @@ class _BeforeCommit(faust.Sensor):
 
 
 def _register_windows(app: faust.App, settings, codec: Codec) -> None:
-    samples_topic = app.topic(settings.topic(GPU_SAMPLES.name), partitions=GPU_SAMPLES.partitions)
+    samples_topic = app.topic(settings.topic(GPU_SAMPLES.name), partitions=settings.partitions)
     windows_topic = app.topic(settings.topic(WORKFLOW_WINDOWS.name))
     summaries_topic = app.topic(settings.topic(WORKFLOW_SUMMARIES.name))
     alerts_topic = app.topic(settings.topic(ALERTS.name))
     requests_topic = app.topic(settings.topic(PROFILE_REQUESTS.name))
     dlq_topic = app.topic(settings.topic(DEAD_LETTERS.name))
     # One entry per workflow; the changelog partition is the workflow's source partition.
-    table = app.Table("window-state", default=None, partitions=GPU_SAMPLES.partitions, key_type=str)
+    table = app.Table("window-state", default=None, partitions=settings.partitions, key_type=str)
     # Closed windows within the update horizon, for late samples: "<workflow>@<start>" -> window.
-    history = app.Table("window-history", default=None, partitions=GPU_SAMPLES.partitions, key_type=str)
+    history = app.Table("window-history", default=None, partitions=settings.partitions, key_type=str)
     aggregator = WindowAggregator(settings.window, table.data, history.data)
     unsaved: dict[str, int] = {}  # workflow -> its partition: state changed since the last commit
     unsaved_history: dict[str, int] = {}  # the same for kept windows
@@ -217,7 +217,7 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
                 stats["invalid"] += len(bad)
                 stats["replayed"] += result.replayed
 
-    events_topic = app.topic(settings.topic(WORKFLOW_EVENTS.name), partitions=WORKFLOW_EVENTS.partitions)
+    events_topic = app.topic(settings.topic(WORKFLOW_EVENTS.name), partitions=settings.partitions)
 
     @app.agent(events_topic, name="workflow-life-cycle")
     async def life_cycle(stream: faust.StreamT) -> None:
@@ -248,7 +248,7 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
                     result.changed.add(event["workflow_id"])
                 await finish(partition, result, now)
 
-    results_topic = app.topic(settings.topic(PROFILE_RESULTS.name), partitions=PROFILE_RESULTS.partitions)
+    results_topic = app.topic(settings.topic(PROFILE_RESULTS.name), partitions=settings.partitions)
     schedule_topic = app.topic(settings.topic(PROFILE_SCHEDULE.name))
 
     @app.agent(results_topic, name="root-cause")
@@ -306,14 +306,14 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
 
 
 def _register_trace_analysis(app: faust.App, settings, codec: Codec) -> None:
-    events_topic = app.topic(settings.topic(KERNEL_EVENTS.name), partitions=KERNEL_EVENTS.partitions)
+    events_topic = app.topic(settings.topic(KERNEL_EVENTS.name), partitions=settings.trace_partitions)
     analyses_topic = app.topic(settings.topic(TRACE_ANALYSES.name))
     findings_topic = app.topic(settings.topic(FINDINGS.name))
     statuses_topic = app.topic(settings.topic(PROFILE_STATUSES.name))
     results_topic = app.topic(settings.topic(PROFILE_RESULTS.name))
     dlq_topic = app.topic(settings.topic(DEAD_LETTERS.name))
     # One entry per trace; the changelog partition is the trace's source partition.
-    table = app.Table("trace-state", default=None, partitions=KERNEL_EVENTS.partitions, key_type=str)
+    table = app.Table("trace-state", default=None, partitions=settings.trace_partitions, key_type=str)
     sessions = TraceSessions(settings.trace_sessions, table.data)
 
     @app.on_partitions_assigned.connect

@@ -18,7 +18,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_kafka.BrokerInfo]:
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_kafka.ClusterInfo]:
     data_dir = tmp_path_factory.mktemp("kafka")
     info = local_kafka.start(data_dir)
     yield info
@@ -26,7 +26,7 @@ def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[local_kafka.Brok
 
 
 @pytest.fixture
-def prefix(kafka: local_kafka.BrokerInfo) -> str:
+def prefix(kafka: local_kafka.ClusterInfo) -> str:
     """A fresh namespace of topics for one test."""
     value = f"t{uuid.uuid4().hex[:10]}."
     ensure_topics(kafka.bootstrap, prefix=value)

@@ -17,7 +17,7 @@ def test_a_broker_that_cannot_start_names_its_log(kafka, tmp_path):
     with pytest.raises(local_kafka.KafkaRunnerError) as err:
         local_kafka.start(tmp_path / "k2", port=busy_port, timeout=60)
     message = str(err.value)
-    assert str(tmp_path / "k2" / "broker.log") in message
+    assert str(tmp_path / "k2" / "node-1" / "broker.log") in message
     assert "Address already in use" in message or "BindException" in message
     assert local_kafka.status(tmp_path / "k2") is None
 
@@ -43,3 +43,12 @@ def test_created_topics_have_leaders_when_create_topics_returns(kafka, prefix):
     finally:
         consumer.close()
     assert create_topics(kafka.bootstrap, [(n, 4, False) for n in names]) == []
+
+
+def test_topics_on_one_broker_have_one_copy(kafka, prefix):
+    from confluent_kafka.admin import AdminClient
+
+    from schemas.topics import GPU_SAMPLES
+
+    topic = AdminClient({"bootstrap.servers": kafka.bootstrap}).list_topics(timeout=10).topics[prefix + GPU_SAMPLES.name]
+    assert {len(p.replicas) for p in topic.partitions.values()} == {1}

@@ -48,10 +48,18 @@ def test_services_run_commands_the_cli_accepts(compose):
 
 def test_services_reach_kafka_and_clickhouse_by_their_service_names(compose):
     env = compose["x-gpufleet"]["environment"]
-    assert env["GPUFLEET_BOOTSTRAP"].split(":")[0] in compose["services"]
+    brokers = [address.split(":")[0] for address in env["GPUFLEET_BOOTSTRAP"].split(",")]
+    assert brokers == ["kafka-1", "kafka-2", "kafka-3"] and set(brokers) <= set(compose["services"])
     assert "@clickhouse:8123" in env["GPUFLEET_CLICKHOUSE_DSN"]
-    kafka = compose["services"]["kafka"]["environment"]
-    assert kafka["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft, no ZooKeeper
+    for n, name in enumerate(brokers, 1):
+        kafka = compose["services"][name]["environment"]
+        assert kafka["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft, no ZooKeeper
+        assert kafka["KAFKA_NODE_ID"] == n and f"PLAINTEXT://{name}:9092" in kafka["KAFKA_ADVERTISED_LISTENERS"]
+        assert kafka["KAFKA_CONTROLLER_QUORUM_VOTERS"] == ",".join(f"{i}@{b}:9093" for i, b in enumerate(brokers, 1))
+        assert (kafka["KAFKA_DEFAULT_REPLICATION_FACTOR"], kafka["KAFKA_MIN_INSYNC_REPLICAS"]) == (3, 2)
+        assert kafka["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == 3
+    for service in gpufleet_services(compose).values():
+        assert set(brokers) <= set(service.get("depends_on", {})) or service.get("profiles") == ["gpu-host"]
     agent = compose["services"]["agent"]
     assert agent["network_mode"] == "host" and agent["pid"] == "host"
     assert agent["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
