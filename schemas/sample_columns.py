@@ -19,6 +19,7 @@ from schemas.codec import SCHEMA_DIR
 from schemas.validate_sample import BOUNDS, samples_of, validate_sample
 
 NAME = "GpuSampleColumns"
+CLOCK = "PartitionClock"  # also on the samples topic: the fleet's event time, no samples
 SHARED = ("host", "workflow_id", "owner", "team")
 
 
@@ -114,7 +115,10 @@ def _passes(block: dict) -> bool:
 
 def samples_checked(name: str, record: dict) -> list[tuple[dict | None, str | None]]:
     """Each sample of a ``GpuSample``, ``GpuSampleBatch`` or ``GpuSampleColumns`` message with
-    the reason it is unusable (or None); a block whose shape is wrong is one ``(None, reason)``."""
+    the reason it is unusable (or None); a block whose shape is wrong is one ``(None, reason)``.
+    A ``PartitionClock`` carries no sample."""
+    if name == CLOCK:
+        return []
     if name != NAME:
         return samples_of(name, record)
     reason = shape_error(record)
@@ -129,7 +133,8 @@ def samples_checked(name: str, record: dict) -> list[tuple[dict | None, str | No
 
 def blocks_of(name: str, record: dict) -> tuple[list[dict], list[str]]:
     """The usable blocks of a ``GpuSample``, ``GpuSampleBatch`` or ``GpuSampleColumns``
-    message, and the reason for each sample (or the whole message) that is not usable."""
+    message, and the reason for each sample (or the whole message) that is not usable
+    (a ``PartitionClock``: none of either)."""
     if name == NAME and shape_error(record) is None and (not size(record) or _passes(record)):
         return ([record] if size(record) else []), []
     checked = samples_checked(name, record)

@@ -115,6 +115,7 @@ class ClickHouseSink:
         tables: tuple[Table, ...] = TABLES,
         batch_rows: int = 20_000,
         batch_wait_s: float = 1.0,
+        consumer_overrides: dict | None = None,
     ) -> None:
         self.writer = writer
         self.prefix = topic_prefix
@@ -123,7 +124,7 @@ class ClickHouseSink:
         self.batch_wait_s = batch_wait_s
         self.codec = Codec()
         self.stats = SinkStats()
-        self.consumer = Consumer(consumer_config(bootstrap, group_id))
+        self.consumer = Consumer(consumer_config(bootstrap, group_id, **(consumer_overrides or {})))
         self.producer = Producer(producer_config(bootstrap))
         self.admin = AdminClient({"bootstrap.servers": bootstrap})
         self.topic_ids: dict[str, str] = {}  # topic -> Kafka's id of it, refreshed on each assignment

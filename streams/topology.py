@@ -4,6 +4,8 @@ samples -> validate -> windows -> detectors -> topics; kernel events -> trace se
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
 from collections import defaultdict
 from collections.abc import MutableMapping
@@ -12,7 +14,7 @@ import faust
 
 from schemas.codec import Codec
 from schemas.dead_letter import dead_letter
-from schemas.sample_columns import blocks_of, size
+from schemas.sample_columns import CLOCK, blocks_of, size
 from schemas.topics import (
     ALERTS,
     DEAD_LETTERS,
@@ -41,6 +43,7 @@ from streams.window_utilization import BatchResult, Incoming, WindowAggregator
 log = logging.getLogger(__name__)
 
 STAGE = "window-utilization"
+CLOCK_REPEAT_MS = 30_000
 TRACE_STAGE = "trace-analysis"
 
 
@@ -88,6 +91,17 @@ def _by_partition(events) -> dict[int, list]:
     return by_partition
 
 
+def drop_unowned(data: MutableMapping, owned: set[int], unsaved: dict[str, int]) -> int:
+    """Remove the entries of ``data`` (each a dict naming its ``partition``) whose partition is
+    not in ``owned``, and their unsaved changes; returns how many."""
+    gone = [k for k, v in data.items() if isinstance(v, dict) and v.get("partition") not in owned]
+    for key in gone:
+        del data[key]
+    for key in [k for k, p in unsaved.items() if p not in owned]:
+        del unsaved[key]
+    return len(gone)
+
+
 class _BeforeCommit(faust.Sensor):
     """Calls ``hook`` when the consumer starts a commit, before it takes the offsets."""
 
@@ -128,11 +142,32 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
 
     app.sensors.add(_BeforeCommit(save_state))
     stats = defaultdict(int)
-    last_batch: dict[int, float] = {}  # partition -> wall time of its last samples
     ended_after_ms = int(settings.workflow_ended_s * 1000)
+    quiet_ms = int(settings.idle_partition_s * 1000)
+    worker_name = f"{socket.gethostname()}:{os.getpid()}"
+    clock_sent = {"time": -1, "at": 0}  # the last PartitionClock this worker sent, and when
+
+    def assigned() -> list[int]:
+        """The partitions of the sample topics this worker owns now."""
+        name = samples_topic.get_topic_name()
+        return sorted(tp.partition for tp in app.consumer.assignment() if tp.topic == name)
 
     @app.on_partitions_assigned.connect
-    async def _reindex(*args, **kwargs) -> None:
+    async def _reindex(sender, assigned: set, **kwargs) -> None:
+        """What this worker no longer owns is dropped, unsaved changes included: the new owner
+        restores the state as of the last commit from the changelog and reads on from the
+        committed offsets, and nothing more is emitted for it here."""
+        name = samples_topic.get_topic_name()
+        mine = {tp.partition for tp in assigned if tp.topic == name}
+        dropped = drop_unowned(table.data, mine, unsaved) + drop_unowned(history.data, mine, unsaved_history)
+        if dropped:
+            log.info("dropped the state of %d workflows and kept windows of partitions now owned elsewhere", dropped)
+
+    @app.on_rebalance_complete.connect
+    async def _reindex_restored(sender, **kwargs) -> None:
+        """The tables are restored: the per-partition indexes (open windows, clocks) are built
+        again from them when next used. Built earlier, during the restore, they would miss
+        the windows restored after them, which would then never close."""
         aggregator.forget_partitions()
 
     async def finish(partition: int, result, now: int) -> None:
@@ -192,11 +227,14 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
         async for events in stream.take_events(settings.batch_size, within=settings.batch_within_s):
             now = int(time.time() * 1000)
             for partition, messages in _by_partition(events).items():
-                last_batch[partition] = time.monotonic()
                 good: list[Incoming] = []
+                clocks: list[int] = []
                 ok, errors = codec.decode_many([m.value for m in messages])
                 bad = [(messages[i], reason) for i, reason in errors]
                 for i, name, record in ok:
+                    if name == CLOCK:
+                        clocks.append(record["event_time"])
+                        continue
                     if not GPU_SAMPLES.carries(name):
                         bad.append((messages[i], f"expected {GPU_SAMPLES.schema}, got {name}"))
                         continue
@@ -206,6 +244,8 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
                     bad += [(messages[i], reason) for reason in reasons]
                 result = aggregator.process(partition, good, closed_at=now)
                 await finish(partition, result, now)
+                if clocks:
+                    await finish(partition, aggregator.follow(partition, max(clocks), quiet_ms, closed_at=now), now)
                 refused = []
                 if result.refused:  # rare: index the batch only then
                     by_offset = {m.offset: m for m in messages}
@@ -279,26 +319,34 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
     @app.timer(interval=settings.schedule.report_s)
     async def _report_running() -> None:
         """Tell the periodic scheduler what runs on this worker's partitions."""
-        if not settings.schedule.enabled:
+        if not settings.schedule.enabled or app.rebalancing:
             return
         now = int(time.time() * 1000)
-        mine = sorted(tp.partition for tp in app.consumer.assignment() if tp.topic == samples_topic.get_topic_name())
-        for p, running in aggregator.running(mine).items():
+        for p, running in aggregator.running(assigned()).items():
             await _send(codec, schedule_topic, PROFILE_SCHEDULE, {
                 "source_partition": p, "at": now, "running": running, "finished": []})
 
     @app.timer(interval=max(1.0, settings.idle_partition_s / 4))
-    async def _idle_partitions() -> None:
-        """Partitions silent for ``idle_partition_s`` follow the busiest partition's clock."""
-        if not last_batch:
+    async def _partition_clocks() -> None:
+        """The newest event time of this worker's partitions, to every partition of the sample
+        topic, through Kafka: a partition whose samples stopped follows it, whichever worker
+        owns it (a worker that owns only quiet partitions has no clock of its own to follow).
+        Also, on the partitions owned here, summaries of workflows whose ending was decided
+        elsewhere (the life cycle) go out."""
+        if app.rebalancing:  # the tables are being restored: nothing to decide from yet
             return
-        newest = max(aggregator.newest(p) for p in last_batch)
+        mine = assigned()
+        newest = max((aggregator.newest(p) for p in mine), default=-1)
         now = int(time.time() * 1000)
-        for p, t in list(last_batch.items()):
-            quiet = time.monotonic() - t > settings.idle_partition_s
-            # Also for busy partitions: an ending decided elsewhere (the life cycle) is picked up here.
-            result = aggregator.advance(p, newest, closed_at=now) if quiet else BatchResult()
-            await finish(p, result, now)
+        for p in mine:
+            await finish(p, BatchResult(), now)
+        # Sent when it moved, and now and then (a partition that changed owner hears it again).
+        if newest < 0 or (newest == clock_sent["time"] and now - clock_sent["at"] < CLOCK_REPEAT_MS):
+            return
+        value = codec.encode(CLOCK, {"event_time": newest, "worker": worker_name, "sent_at": now})
+        for p in range(settings.partitions):
+            await samples_topic.send(value=value, partition=p, force=True)
+        clock_sent.update(time=newest, at=now)
 
     @app.timer(interval=10.0)
     async def _report() -> None:
@@ -317,8 +365,14 @@ def _register_trace_analysis(app: faust.App, settings, codec: Codec) -> None:
     sessions = TraceSessions(settings.trace_sessions, table.data)
 
     @app.on_partitions_assigned.connect
-    async def _forget(*args, **kwargs) -> None:
-        sessions.forget()
+    async def _forget(sender, assigned: set, **kwargs) -> None:
+        """Traces of partitions now owned elsewhere are dropped: their new owner goes on with them."""
+        name = events_topic.get_topic_name()
+        drop_unowned(table.data, {tp.partition for tp in assigned if tp.topic == name}, {})
+
+    @app.on_rebalance_complete.connect
+    async def _reindex_restored(sender, **kwargs) -> None:
+        sessions.forget()  # its indexes are built again from the restored table
 
     async def persist_and_emit(result) -> None:
         for tid in result.changed:
@@ -363,6 +417,8 @@ def _register_trace_analysis(app: faust.App, settings, codec: Codec) -> None:
 
     @app.timer(interval=settings.trace_sessions.timeout_ms / 4000)
     async def _expire() -> None:
+        if app.rebalancing:  # the table is being restored
+            return
         await persist_and_emit(sessions.expire(int(time.time() * 1000)))
 
 

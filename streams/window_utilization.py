@@ -328,6 +328,16 @@ class WindowAggregator:
             self._close(partition, event_time - self.config.allowed_lateness_ms, closed_at, result)
         return result
 
+    def follow(self, partition: int, fleet_time: int, quiet_ms: int, closed_at: int) -> BatchResult:
+        """The fleet's event time (``PartitionClock``) reached ``partition``: if its own clock is
+        more than ``quiet_ms`` behind, its samples stopped, and it follows the fleet's. Decided
+        on event time alone, so a replay of the partition decides alike."""
+        self._load_partition(partition)
+        newest = self._max_event_time[partition]
+        if newest >= 0 and fleet_time - newest > quiet_ms:
+            return self.advance(partition, fleet_time, closed_at)
+        return self._result(partition)
+
     def ended(self, partition: int, silent_ms: int) -> list[str]:
         """Workflows of ``partition`` with no open window that either had no sample for
         ``silent_ms`` of event time or are marked ``ending`` (their hosts said so), and are not

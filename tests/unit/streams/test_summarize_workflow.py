@@ -69,6 +69,16 @@ def test_an_idle_partition_follows_the_busy_ones():
     assert agg.advance(1, agg.newest(0), closed_at=0).closed == []  # never backwards
 
 
+def test_a_quiet_partition_follows_the_fleet_clock_only_when_far_enough_behind():
+    agg = WindowAggregator(CFG, {})
+    feed(agg, 0, [sample(workflow_id="wf-a", event_time=BASE_MS + t * 1000) for t in range(50)])
+    assert agg.follow(0, BASE_MS + 100_000, quiet_ms=60_000, closed_at=0).closed == []  # 51 s behind: not quiet
+    result = agg.follow(0, BASE_MS + 120_000, quiet_ms=60_000, closed_at=0)
+    assert [(w["workflow_id"], w["window_start"]) for w in result.closed] == [("wf-a", BASE_MS)]
+    assert agg.newest(0) == BASE_MS + 120_000
+    assert agg.follow(1, BASE_MS + 999_000, quiet_ms=0, closed_at=0).closed == []  # no clock of its own yet
+
+
 def test_a_workflow_its_hosts_ended_is_summarised_once_its_windows_close():
     agg = WindowAggregator(CFG, {})
     feed(agg, 0, [sample(workflow_id="wf-a", event_time=BASE_MS + t * 1000) for t in range(50)])

@@ -1,0 +1,132 @@
+"""Several workers in one group: a partition whose samples stopped closes its windows even
+on a worker that owns nothing else, and windows and alerts stay exact when a worker joins
+and when one is killed with SIGKILL."""
+
+from __future__ import annotations
+
+import signal
+import uuid
+from collections import defaultdict
+
+from confluent_kafka import KafkaException, Producer
+from confluent_kafka.admin import AdminClient
+
+from producers.publish_kafka import Publisher
+from producers.simulate_fleet import build_fleet
+from schemas.admin import ensure_topics
+from schemas.kafka_config import producer_config
+from schemas.topics import ALERTS, GPU_SAMPLES, WORKFLOW_SUMMARIES, WORKFLOW_WINDOWS
+from tests.integration.helpers import CODEC, committed_everything, read_topic, wait_until, worker_process
+from tests.unit.samples import BASE_MS, sample
+
+
+def group_members(bootstrap: str, group: str) -> list[set[tuple[str, int]]]:
+    """Each member's assigned partitions (empty while the group is rebalancing or gone)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    try:
+        (description,) = [f.result(10) for f in admin.describe_consumer_groups([group]).values()]
+    except KafkaException:  # the coordinator is loading, or the group does not exist yet
+        return []
+    return [{(tp.topic, tp.partition) for tp in m.assignment.topic_partitions} for m in description.members]
+
+
+def records(bootstrap, topic, partitions, name):
+    return [r for *_, n, r in read_topic(bootstrap, topic, partitions) if n == name]
+
+
+def test_a_worker_that_owns_only_a_quiet_partition_closes_its_windows(kafka, tmp_path):
+    prefix = f"t{uuid.uuid4().hex[:10]}."
+    ensure_topics(kafka.bootstrap, prefix=prefix, partitions=2)
+    samples_topic = prefix + GPU_SAMPLES.name
+    app_id = f"{prefix}worker"
+    options = ("--idle-partition-s", "5", "--workflow-ended-s", "120")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with worker_process(kafka.bootstrap, prefix, tmp_path / "a", app_id, *options), \
+            worker_process(kafka.bootstrap, prefix, tmp_path / "b", app_id, *options):
+        def one_partition_each():
+            members = group_members(kafka.bootstrap, app_id)
+            owned = [{p for t, p in m if t == samples_topic} for m in members]
+            return len(owned) == 2 and sorted(map(sorted, owned)) == [[0], [1]]
+
+        wait_until(one_partition_each, 90, "two workers owning one sample partition each")
+        producer = Producer(producer_config(kafka.bootstrap))
+        for t in range(400):
+            producer.produce(samples_topic, partition=0, key=b"wf-busy", value=CODEC.encode(
+                "GpuSample", sample(workflow_id="wf-busy", event_time=BASE_MS + t * 1000)))
+            if t < 90:  # then its samples stop: the partition goes quiet
+                producer.produce(samples_topic, partition=1, key=b"wf-quiet", value=CODEC.encode(
+                    "GpuSample", sample(workflow_id="wf-quiet", event_time=BASE_MS + t * 1000)))
+        assert producer.flush(30) == 0
+
+        def quiet_windows():
+            got = {w["window_start"] for w in records(kafka.bootstrap, prefix + WORKFLOW_WINDOWS.name, 2,
+                                                      "WorkflowWindow") if w["workflow_id"] == "wf-quiet"}
+            return got if got == {BASE_MS, BASE_MS + 60_000} else None
+
+        wait_until(quiet_windows, 90, "both windows of the workflow on the quiet partition")
+        summaries = wait_until(lambda: [s for s in records(kafka.bootstrap, prefix + WORKFLOW_SUMMARIES.name, 2,
+                                                           "WorkflowSummary") if s["workflow_id"] == "wf-quiet"],
+                               60, "the summary of the workflow that stopped")
+    assert summaries[0]["gpu_seconds"] == 90.0
+
+
+def test_windows_and_alerts_stay_exact_when_a_worker_joins_and_one_is_killed(kafka, prefix, tmp_path):
+    fleet = build_fleet(seed=21, hosts=2, gpus_per_host=4, workflows=6)
+    pub = Publisher(kafka.bootstrap, CODEC)
+    app_id = f"{prefix}worker"
+    samples_topic = prefix + GPU_SAMPLES.name
+    options = ("--detector-min-s", "120", "--idle-partition-s", "5")
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+
+    def publish(first_s, last_s):
+        pub.publish(GPU_SAMPLES, [s for t in range(first_s, last_s) for s in fleet.samples_at(t, BASE_MS, 1000)],
+                    topic=samples_topic)
+        assert pub.flush() == 0
+
+    def members():
+        return len([m for m in group_members(kafka.bootstrap, app_id) if m])
+
+    publish(0, 200)
+    with worker_process(kafka.bootstrap, prefix, tmp_path / "a", app_id, *options) as first:
+        wait_until(lambda: members() == 1, 90, "the first worker in the group")
+        with worker_process(kafka.bootstrap, prefix, tmp_path / "b", app_id, *options):
+            wait_until(lambda: members() == 2, 90, "the second worker to join and take partitions")
+            publish(200, 400)
+            wait_until(lambda: committed_everything(kafka.bootstrap, app_id, GPU_SAMPLES, samples_topic), 90,
+                       "both workers to commit the samples so far")
+            first.send_signal(signal.SIGKILL)
+            first.wait(10)
+            publish(400, 600)
+            wait_until(lambda: committed_everything(kafka.bootstrap, app_id, GPU_SAMPLES, samples_topic), 120,
+                       "the worker left to take over and commit everything")
+            last_window = BASE_MS + 8 * 60_000
+
+            def all_windows():
+                got = records(kafka.bootstrap, prefix + WORKFLOW_WINDOWS.name, WORKFLOW_WINDOWS.partitions,
+                              "WorkflowWindow")
+                keys = {(w["workflow_id"], w["window_start"]) for w in got}
+                return got if all((w.workflow_id, last_window) in keys for w in fleet.workflows) else None
+
+            windows = wait_until(all_windows, 90, "window 8 of every workflow")
+    emissions = defaultdict(list)
+    for w in windows:
+        emissions[(w["workflow_id"], w["window_start"], w["version"])].append(
+            {k: v for k, v in w.items() if k != "closed_at"})
+    for (wf, start, version), copies in emissions.items():
+        gpus = len(fleet.workflow(wf).gpus)
+        assert all(c == copies[0] for c in copies), f"{wf} window {start}: a replay emitted other numbers"
+        assert copies[0]["sample_count"] == 60 * gpus and copies[0]["gpu_count"] == gpus, (wf, start)
+        assert version == 1, "no sample came late: every window is whole when it first closes"
+    print(sorted(((wf, (st - BASE_MS) // 60_000, v, [c["sample_count"] for c in cs]) for (wf, st, v), cs in emissions.items() if wf == "wf-21-0004")))
+    missing = {(w.workflow_id, BASE_MS + n * 60_000) for w in fleet.workflows for n in range(9)} - {
+        (wf, start) for wf, start, _ in emissions}
+    assert not missing, f"windows never emitted: {sorted((wf, (s - BASE_MS) // 60_000) for wf, s in missing)}"
+    alerts = records(kafka.bootstrap, prefix + ALERTS.name, ALERTS.partitions, "Alert")
+    episodes = defaultdict(set)
+    for a in alerts:
+        if a["status"] == "FIRING":
+            episodes[(a["workflow_id"], a["detector"])].add(a["alert_id"])
+    assert episodes and all(len(ids) == 1 for ids in episodes.values()), episodes
