@@ -9,8 +9,10 @@ import socket
 import time
 from collections import defaultdict
 from collections.abc import MutableMapping
+from itertools import compress
 
 import faust
+from faust.types import TP
 
 from schemas.codec import Codec
 from schemas.dead_letter import dead_letter
@@ -32,7 +34,9 @@ from schemas.topics import (
     key_of,
     request_of_trace,
 )
+from streams import faust_fixes
 from streams.auto_profile import auto_profile_requests
+from streams.in_order import InOrder
 from streams.raise_alerts import raise_alerts
 from streams.root_cause import apply_profile_result, profile_result
 from streams.schedule_profiles import FleetSchedule, is_periodic
@@ -125,6 +129,10 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
     # Closed windows within the update horizon, for late samples: "<workflow>@<start>" -> window.
     history = app.Table("window-history", default=None, partitions=settings.partitions, key_type=str)
     aggregator = WindowAggregator(settings.window, table.data, history.data)
+    # The samples topic has no gaps in its offsets: a partition's messages are applied in order.
+    samples_name = settings.topic(GPU_SAMPLES.name)
+    faust_fixes.CONTIGUOUS.add(samples_name)
+    in_order = InOrder()
     unsaved: dict[str, int] = {}  # workflow -> its partition: state changed since the last commit
     unsaved_history: dict[str, int] = {}  # the same for kept windows
 
@@ -167,8 +175,10 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
     async def _reindex_restored(sender, **kwargs) -> None:
         """The tables are restored: the per-partition indexes (open windows, clocks) are built
         again from them when next used. Built earlier, during the restore, they would miss
-        the windows restored after them, which would then never close."""
+        the windows restored after them, which would then never close. Each partition's
+        messages are taken in order again from where the consumer is sought."""
         aggregator.forget_partitions()
+        in_order.reset()
 
     async def finish(partition: int, result, now: int) -> None:
         """Alerts and job totals for the windows ``result`` closed, corrected totals for the
@@ -227,6 +237,17 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
         async for events in stream.take_events(settings.batch_size, within=settings.batch_within_s):
             now = int(time.time() * 1000)
             for partition, messages in _by_partition(events).items():
+                tp = TP(samples_name, partition)
+                keep, seek = in_order.admit(partition, [m.offset for m in messages],
+                                            app.consumer._committed_offset.get(tp))
+                if seek is not None:
+                    await app.consumer.seek(tp, seek)
+                    messages = list(compress(messages, keep))
+                    stats["reread"] += 1
+                elif not all(keep):
+                    messages = list(compress(messages, keep))
+                if not messages:
+                    continue
                 good: list[Incoming] = []
                 clocks: list[int] = []
                 ok, errors = codec.decode_many([m.value for m in messages])

@@ -209,3 +209,29 @@ def test_the_flow_stops_before_stream_partitions_are_sought_to_their_committed_o
     stopped = Seeking(flow_active=False)  # faust's own call, from a fetch that came in stopped
     asyncio.run(Consumer.perform_seek(stopped))
     assert stopped.calls == ["seek_to_committed (flow stopped)"]
+
+
+class Gaps:
+    """What ``_add_gap`` touches."""
+
+    def __init__(self):
+        from intervaltree import IntervalTree
+
+        self._committed_offset = {TOPIC_PARTITION: 602, TP("compacted.v1", 0): 10}
+        self._gap = defaultdict(IntervalTree)
+
+
+def test_a_jump_in_a_contiguous_topic_is_not_recorded_as_a_gap_the_commit_may_pass():
+    faust_fixes.apply()
+    consumer = Gaps()
+    faust_fixes.CONTIGUOUS.add(TOPIC_PARTITION.topic)
+    try:
+        asyncio.run(Consumer._add_gap(consumer, TOPIC_PARTITION, 603, 1260))
+        asyncio.run(Consumer._add_gap(consumer, TP("compacted.v1", 0), 11, 20))
+    finally:
+        faust_fixes.CONTIGUOUS.discard(TOPIC_PARTITION.topic)
+    assert not consumer._gap[TOPIC_PARTITION]  # the commit cannot pass 603..1259
+    assert sorted((i.begin, i.end) for i in consumer._gap[TP("compacted.v1", 0)]) == [(11, 21)]  # faust's own
+    # And the drain loop still records a jump as a gap through _add_gap only.
+    drain = inspect.getsource(Consumer._drain_messages)
+    assert len(re.findall(r"await self\._add_gap\(tp, r_offset \+ 1, offset\)", drain)) == 1
