@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import (
     OFFSET_INVALID,
     Consumer,
+    KafkaError,
     KafkaException,
     Producer,
     TopicCollection,
@@ -44,6 +45,9 @@ from sinks.write_clickhouse import ClickHouseWriter, Position, Row, table_for_to
 log = logging.getLogger(__name__)
 
 STAGE = "clickhouse-sink"
+# Commit errors that mean the partitions are being or have been given to another member.
+_MOVED = frozenset({KafkaError.REBALANCE_IN_PROGRESS, KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID,
+                    KafkaError._NO_OFFSET, KafkaError.FENCED_INSTANCE_ID})
 
 
 def topic_ids(admin: AdminClient, topics: list[str], timeout: float = 30.0) -> dict[str, str]:
@@ -232,9 +236,22 @@ class ClickHouseSink:
             if self.producer.flush(30):
                 raise RuntimeError("dead letters could not be delivered; not committing offsets")
             self.stats.dead_letters += len(bad)
-        self._commit()
+        self._commit(messages)
         self.stats.batches += 1
 
-    def _commit(self) -> None:
-        """Commit the consumed positions; only ever called after the batch's inserts succeeded."""
-        self.consumer.commit(asynchronous=False)
+    def _commit(self, messages: list) -> None:
+        """Commit the positions after ``messages``; only ever called after their inserts
+        succeeded. A commit refused because the partitions moved to another sink meanwhile (a
+        rebalance) is not an error: the rows are stored, and the new owner resumes after them."""
+        after: dict[tuple[str, int], int] = {}
+        for m in messages:
+            key = (m.topic(), m.partition())
+            after[key] = max(after.get(key, 0), m.offset() + 1)
+        try:
+            self.consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in after.items()],
+                                 asynchronous=False)
+        except KafkaException as exc:
+            if exc.args[0].code() not in _MOVED:
+                raise
+            log.warning("commit refused (%s): the partitions moved to another sink, which resumes after "
+                        "the rows stored", exc.args[0].name())

@@ -77,6 +77,9 @@ def read_topic(bootstrap: str, topic: str, partitions: int, timeout: float = 10.
     try:
         ends = {}
         tps = []
+        listed = c.list_topics(topic, timeout=timeout).topics.get(topic)
+        if listed is not None and listed.error is None and listed.partitions:
+            partitions = len(listed.partitions)  # as created (a deployment's --partitions), maybe not as declared
         for p in range(partitions):
             low, high = _watermarks(c, TopicPartition(topic, p), timeout)
             if high > low:
@@ -120,7 +123,8 @@ def committed_everything(bootstrap: str, group: str, spec: TopicSpec, topic: str
     """True when ``group`` has committed the end offset of every partition of ``topic``."""
     c = Consumer(consumer_config(bootstrap, group))
     try:
-        tps = [TopicPartition(topic, p) for p in range(spec.partitions)]
+        partitions = c.list_topics(topic, timeout=10).topics[topic].partitions  # as created, maybe not as declared
+        tps = [TopicPartition(topic, p) for p in partitions]
         committed = c.committed(tps, timeout=10)
         for tp in committed:
             high = c.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=10)[1]

@@ -16,7 +16,13 @@ from producers.simulate_fleet import build_fleet
 from schemas.admin import ensure_topics
 from schemas.kafka_config import producer_config
 from schemas.topics import ALERTS, GPU_SAMPLES, WORKFLOW_SUMMARIES, WORKFLOW_WINDOWS
-from tests.integration.helpers import CODEC, committed_everything, read_topic, wait_until, worker_process
+from tests.integration.helpers import (
+    CODEC,
+    committed_everything,
+    read_topic,
+    wait_until,
+    worker_process,
+)
 from tests.unit.samples import BASE_MS, sample
 
 
@@ -25,7 +31,7 @@ def group_members(bootstrap: str, group: str) -> list[set[tuple[str, int]]]:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     try:
         (description,) = [f.result(10) for f in admin.describe_consumer_groups([group]).values()]
-    except KafkaException:  # the coordinator is loading, or the group does not exist yet
+    except (KafkaException, TimeoutError):  # the coordinator is loading or moving, or no group yet
         return []
     return [{(tp.topic, tp.partition) for tp in m.assignment.topic_partitions} for m in description.members]
 

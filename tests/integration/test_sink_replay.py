@@ -17,7 +17,7 @@ from tests.unit.samples import BASE_MS, sample
 class CrashBeforeCommit(ClickHouseSink):
     """Our sink, dying at the worst moment: rows are in ClickHouse, offsets not committed."""
 
-    def _commit(self) -> None:
+    def _commit(self, messages) -> None:
         raise SystemExit("simulated crash between insert and commit")
 
 
