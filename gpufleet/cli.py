@@ -31,6 +31,10 @@ def _clickhouse_args(p: argparse.ArgumentParser) -> None:
                    help="chdb:///path (embedded, the default under the data dir) or http(s)://user:pw@host:port "
                         "(env GPUFLEET_CLICKHOUSE_DSN)")
     p.add_argument("--database", default=os.environ.get("GPUFLEET_DATABASE", "gpufleet"))
+    p.add_argument("--clickhouse-cluster", default=os.environ.get("GPUFLEET_CLICKHOUSE_CLUSTER"),
+                   help="a ClickHouse cluster (a server's remote_servers) to create the tables on: replicated "
+                        "tables per shard and a Distributed table each, queried under the same names "
+                        "(env GPUFLEET_CLICKHOUSE_CLUSTER)")
 
 
 def _resolve_bootstrap(args: argparse.Namespace) -> str:
@@ -158,7 +162,7 @@ def cmd_sink(args: argparse.Namespace) -> int:
     bootstrap = _resolve_bootstrap(args)
     ensure_topics(bootstrap, prefix=args.topic_prefix, partitions=args.partitions)
     dsn = _dsn(args)
-    writer = ClickHouseWriter(connect(dsn), args.database)
+    writer = ClickHouseWriter(connect(dsn), args.database, cluster=args.clickhouse_cluster)
     sink = ClickHouseSink(bootstrap, writer, group_id=args.group_id, topic_prefix=args.topic_prefix)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -100,17 +100,22 @@ class Rejected:
 
 class ClickHouseWriter:
     def __init__(self, client: Client, database: str = "gpufleet",
-                 retries: int = 5, backoff_s: float = 0.2) -> None:
+                 retries: int = 5, backoff_s: float = 0.2, cluster: str | None = None) -> None:
         if not database.replace("_", "").isalnum():
             raise ValueError(f"database name {database!r} must be letters, digits and _")
         self.client = client
         self.database = database
+        self.cluster = cluster  # a ClickHouse cluster's name: the tables are created on it
         self.retries = retries
         self.backoff_s = backoff_s
 
     def ensure_tables(self) -> None:
         """Create the database and tables if they do not exist, then apply the migrations this
-        database has not had yet (idempotent)."""
+        database has not had yet (idempotent). On a cluster, the tables are created at their
+        current definitions and the migrations recorded as applied (``sinks.clickhouse_cluster``)."""
+        if self.cluster:
+            self._ensure_cluster_tables()
+            return
         for statement in create_statements(self.database):
             self.client.command(statement)
         db = self.database
@@ -124,6 +129,17 @@ class ClickHouseWriter:
             self.client.insert("schema_migrations", [[version, description]], column_names=["version", "description"],
                                database=db)
             log.info("applied migration %d to %s: %s", version, db, description)
+
+    def _ensure_cluster_tables(self) -> None:
+        from sinks.clickhouse_cluster import cluster_statements
+
+        for statement in cluster_statements(self.database, self.cluster):
+            self.client.command(statement)
+        done = {r[0] for r in self.client.query(f"SELECT version FROM {self.database}.schema_migrations").result_rows}
+        rows = [[version, description] for version, description, _ in MIGRATIONS if version not in done]
+        if rows:
+            self.client.insert("schema_migrations", rows, column_names=["version", "description"],
+                               database=self.database)
 
     def resume_offsets(self, table: Table, topics: Sequence[str]) -> dict[Position, int]:
         """The next Kafka offset after the rows of ``topics`` stored in ``table``, per topic
