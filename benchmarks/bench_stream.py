@@ -124,9 +124,16 @@ class Lag:
         self.tps = [TopicPartition(topic, p) for p in range(partitions)]
 
     def __call__(self) -> tuple[int, int]:
-        committed = sum(max(tp.offset, 0) for tp in self.consumer.committed(self.tps, timeout=10))
-        end = sum(self.consumer.get_watermark_offsets(tp, timeout=10, cached=False)[1] for tp in self.tps)
-        return committed, end
+        for attempt in range(20):  # the group's coordinator can be loading or moving: ask again
+            try:
+                committed = sum(max(tp.offset, 0) for tp in self.consumer.committed(self.tps, timeout=10))
+                end = sum(self.consumer.get_watermark_offsets(tp, timeout=10, cached=False)[1] for tp in self.tps)
+                return committed, end
+            except KafkaException:
+                if attempt == 19:
+                    raise
+                time.sleep(0.5)
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         self.consumer.close()
