@@ -29,11 +29,14 @@ class InOrder:
     def admit(self, partition: int, offsets: list[int], start: int | None) -> tuple[list[bool], int | None]:
         """For ``offsets`` (ascending) of one partition: which to apply, and the offset to seek
         the partition back to (None: no hole). ``start``: where the partition was sought (its
-        committed offset), for its first messages since ``reset``; None: whatever comes first.
+        committed offset), for its first messages since ``reset``; None or negative (none
+        committed yet): whatever comes first.
         A batch that only brings messages past a hole asks for the seek again: messages the
         consumer had fetched before the seek can still come, and after them it drops the
         re-read as copies unless it is sought again."""
         keep, seek = [], None
+        if start is not None and start < 0:  # "no committed offset" (-1001, -1): the first that comes
+            start = None
         expected = self._next.get(partition, start)
         for offset in offsets:
             if expected is None or offset == expected:

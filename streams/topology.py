@@ -245,6 +245,7 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
                     messages = list(compress(messages, keep))
                     stats["reread"] += 1
                 elif not all(keep):
+                    stats["copies_skipped"] += len(keep) - sum(keep)
                     messages = list(compress(messages, keep))
                 if not messages:
                     continue

@@ -34,6 +34,7 @@ def test_copies_of_applied_messages_are_skipped():
 def test_without_a_committed_offset_the_first_message_starts_the_partition():
     guard = InOrder()
     assert guard.admit(0, [5000, 5001], start=None) == ([True, True], None)
+    assert guard.admit(1, [0, 1], start=-1001) == ([True, True], None)  # OFFSET_INVALID: a new group
 
 
 def test_a_new_assignment_starts_over_where_the_consumer_was_sought():
