@@ -21,6 +21,7 @@ from schemas.codec import Codec, CodecError
 from schemas.dead_letter import dead_letter
 from schemas.kafka_config import consumer_config, producer_config
 from schemas.topics import ALERTS, DEAD_LETTERS
+from sinks.commit_offsets import Committer
 from sinks.notify_owner import NotifyError, is_root_cause, send_email, send_webhook
 from sinks.route_alerts import Routing
 
@@ -74,6 +75,7 @@ class AlertNotifier:
         self.topic = topic_prefix + ALERTS.name
         self.dead_letter_topic = topic_prefix + DEAD_LETTERS.name
         self.consumer = Consumer(consumer_config(bootstrap, group_id))
+        self.committer = Committer(self.consumer)
         self.producer = Producer(producer_config(bootstrap))
         self.webhook_backoff_s = webhook_backoff_s
         self.messages = 0
@@ -88,7 +90,7 @@ class AlertNotifier:
                     self._handle(m)
                 if batch:
                     self.producer.flush(30)
-                    self.consumer.commit(asynchronous=False)
+                    self.committer.commit(batch)
         finally:
             self.consumer.close()
             self.producer.flush(30)

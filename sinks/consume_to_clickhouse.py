@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from confluent_kafka import (
     OFFSET_INVALID,
     Consumer,
-    KafkaError,
     KafkaException,
     Producer,
     TopicCollection,
@@ -40,14 +39,12 @@ from schemas.kafka_config import consumer_config, producer_config
 from schemas.sample_columns import samples_checked
 from schemas.topics import DEAD_LETTERS, GPU_SAMPLES
 from sinks.clickhouse_ddl import TABLES, Table
+from sinks.commit_offsets import Committer
 from sinks.write_clickhouse import ClickHouseWriter, Position, Row, table_for_topic
 
 log = logging.getLogger(__name__)
 
 STAGE = "clickhouse-sink"
-# Commit errors that mean the partitions are being or have been given to another member.
-_MOVED = frozenset({KafkaError.REBALANCE_IN_PROGRESS, KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID,
-                    KafkaError._NO_OFFSET, KafkaError.FENCED_INSTANCE_ID})
 
 
 def topic_ids(admin: AdminClient, topics: list[str], timeout: float = 30.0) -> dict[str, str]:
@@ -129,6 +126,7 @@ class ClickHouseSink:
         self.codec = Codec()
         self.stats = SinkStats()
         self.consumer = Consumer(consumer_config(bootstrap, group_id, **(consumer_overrides or {})))
+        self.committer = Committer(self.consumer)
         self.producer = Producer(producer_config(bootstrap))
         self.admin = AdminClient({"bootstrap.servers": bootstrap})
         self.topic_ids: dict[str, str] = {}  # topic -> Kafka's id of it, refreshed on each assignment
@@ -241,17 +239,6 @@ class ClickHouseSink:
 
     def _commit(self, messages: list) -> None:
         """Commit the positions after ``messages``; only ever called after their inserts
-        succeeded. A commit refused because the partitions moved to another sink meanwhile (a
-        rebalance) is not an error: the rows are stored, and the new owner resumes after them."""
-        after: dict[tuple[str, int], int] = {}
-        for m in messages:
-            key = (m.topic(), m.partition())
-            after[key] = max(after.get(key, 0), m.offset() + 1)
-        try:
-            self.consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in after.items()],
-                                 asynchronous=False)
-        except KafkaException as exc:
-            if exc.args[0].code() not in _MOVED:
-                raise
-            log.warning("commit refused (%s): the partitions moved to another sink, which resumes after "
-                        "the rows stored", exc.args[0].name())
+        succeeded (``sinks.commit_offsets``: a rebalance or a coordinator that moved is not
+        an error)."""
+        self.committer.commit(messages)

@@ -123,7 +123,8 @@ def test_nothing_is_lost_or_doubled_when_a_broker_a_worker_and_a_sink_are_killed
     notifier = AlertNotifier(cluster.bootstrap, load_routing(tmp_path / "routing.toml"), tmp_path / "sent.log",
                              group_id=f"{prefix}notifier", topic_prefix=prefix)
     stop_notifier = threading.Event()
-    threading.Thread(target=notifier.run, args=(stop_notifier,), daemon=True).start()
+    notifying = threading.Thread(target=notifier.run, args=(stop_notifier,), daemon=True)
+    notifying.start()
 
     published: list[dict] = []
     stop_publishing = threading.Event()
@@ -202,6 +203,10 @@ def test_nothing_is_lost_or_doubled_when_a_broker_a_worker_and_a_sink_are_killed
             wait_until(stored, 180, "every GPU-second of every closed window in ClickHouse, one row per window")
         except AssertionError:
             pytest.fail(_differences(chdb_client, database, published, closed_before, cluster, prefix))
+        idle = fleet.workflows[0].workflow_id
+        wait_until(lambda: any((m["workflow_id"], m["detector"]) == (idle, "idle_allocated") for m in Hook.received),
+                   60, "the owner of the idle workflow to be told")
+        assert notifying.is_alive(), "the notifier survived the faults"
         raw = chdb_client.query(f"SELECT count() FROM {database}.gpu_samples").result_rows[0][0]
         wait_until(lambda: chdb_client.query(f"SELECT count() FROM {database}.gpu_samples").result_rows[0][0]
                    == len(published), 120, f"every raw sample stored once ({raw} of {len(published)} so far)")
@@ -223,7 +228,6 @@ def test_nothing_is_lost_or_doubled_when_a_broker_a_worker_and_a_sink_are_killed
     for a in alerts:
         if a["status"] == "FIRING":
             episodes[(a["workflow_id"], a["detector"])].add(a["alert_id"])
-    idle = fleet.workflows[0].workflow_id
     assert (idle, "idle_allocated") in episodes and all(len(ids) == 1 for ids in episodes.values()), episodes
     notified = Counter((m["workflow_id"], m["detector"], m["status"]) for m in Hook.received)
     assert all(n == 1 for n in notified.values()), notified
