@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+from typing import ClassVar
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
@@ -19,6 +22,40 @@ from sinks.consume_to_clickhouse import ClickHouseSink
 from sinks.write_clickhouse import ClickHouseWriter
 
 CODEC = Codec()
+
+
+class Hook(BaseHTTPRequestHandler):
+    """A webhook receiver: the alerts it was sent, in ``received`` (reset it per test)."""
+
+    received: ClassVar[list] = []
+
+    def do_POST(self):
+        Hook.received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"])))["gpufleet_alert"])
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def start_notifier(bootstrap: str, prefix: str, tmp_path: Path) -> tuple[threading.Thread, threading.Event, object]:
+    """``gpufleet notify`` for ``prefix``'s alerts in a thread, routing every alert to a local
+    webhook (``Hook.received``, emptied here); returns the thread, its stop event and the server."""
+    from http.server import ThreadingHTTPServer
+
+    from sinks.consume_alerts import AlertNotifier
+    from sinks.route_alerts import load_routing
+
+    Hook.received = []
+    http = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    (tmp_path / "routing.toml").write_text(f'[default]\nwebhook = "http://127.0.0.1:{http.server_address[1]}/"\n')
+    notifier = AlertNotifier(bootstrap, load_routing(tmp_path / "routing.toml"), tmp_path / "sent.log",
+                             group_id=f"{prefix}notifier", topic_prefix=prefix)
+    stop = threading.Event()
+    thread = threading.Thread(target=notifier.run, args=(stop,), daemon=True)
+    thread.start()
+    return thread, stop, http
 
 
 def wait_until(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.3):

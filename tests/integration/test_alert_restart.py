@@ -7,38 +7,22 @@ state in the changelog and the notifier's sent-log must keep every message singl
 
 from __future__ import annotations
 
-import json
 import signal
-import threading
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import ClassVar
 
 from producers.publish_kafka import Publisher
 from producers.simulate_fleet import HEALTHY, build_fleet
 from schemas.topics import ALERTS, GPU_SAMPLES, WORKFLOW_WINDOWS
-from sinks.consume_alerts import AlertNotifier
-from sinks.route_alerts import load_routing
 from tests.integration.helpers import (
     CODEC,
+    Hook,
     committed_everything,
     read_topic,
+    start_notifier,
     wait_until,
     worker_process,
 )
 from tests.unit.samples import BASE_MS
-
-
-class Hook(BaseHTTPRequestHandler):
-    received: ClassVar[list] = []
-
-    def do_POST(self):
-        Hook.received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"])))["gpufleet_alert"])
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
 
 
 def alerts_on_topic(kafka, prefix):
@@ -49,15 +33,7 @@ def test_restarted_worker_sends_no_duplicate_notification(kafka, prefix, tmp_pat
     fleet = build_fleet(seed=21, hosts=2, gpus_per_host=4, workflows=4)
     wasteful = {w.workflow_id for w in fleet.workflows if w.profile is not HEALTHY}
     assert wasteful
-    Hook.received = []
-    http = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
-    threading.Thread(target=http.serve_forever, daemon=True).start()
-    (tmp_path / "routing.toml").write_text(f'[default]\nwebhook = "http://127.0.0.1:{http.server_address[1]}/"\n')
-    notifier = AlertNotifier(kafka.bootstrap, load_routing(tmp_path / "routing.toml"), tmp_path / "sent.log",
-                             group_id=f"{prefix}notifier", topic_prefix=prefix)
-    stop = threading.Event()
-    thread = threading.Thread(target=notifier.run, args=(stop,), daemon=True)
-    thread.start()
+    thread, stop, http = start_notifier(kafka.bootstrap, prefix, tmp_path)
     pub = Publisher(kafka.bootstrap, CODEC)
     app_id = f"{prefix}worker"
     options = ("--detector-min-s", "120", "--idle-partition-s", "2")

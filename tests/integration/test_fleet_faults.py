@@ -13,13 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import signal
 import threading
 import time
 from collections import Counter, defaultdict
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import ClassVar
 
 import pytest
 
@@ -28,14 +25,14 @@ from producers.publish_kafka import Publisher
 from producers.simulate_fleet import HEALTHY, IDLE, build_fleet
 from schemas.admin import ensure_topics
 from schemas.topics import ALERTS, DEAD_LETTERS, GPU_SAMPLES, WORKFLOW_WINDOWS
-from sinks.consume_alerts import AlertNotifier
 from sinks.consume_to_clickhouse import ClickHouseSink
-from sinks.route_alerts import load_routing
 from sinks.write_clickhouse import ClickHouseWriter
 from tests.integration.helpers import (
     CODEC,
+    Hook,
     committed_everything,
     read_topic,
+    start_notifier,
     wait_until,
     worker_process,
 )
@@ -45,18 +42,6 @@ from tests.unit.samples import BASE_MS
 PARTITIONS = 6
 TICKS_PER_S = 20
 WORKER_OPTIONS = ("--detector-min-s", "120", "--idle-partition-s", "5")
-
-
-class Hook(BaseHTTPRequestHandler):
-    received: ClassVar[list] = []
-
-    def do_POST(self):
-        Hook.received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"])))["gpufleet_alert"])
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
 
 
 class DyingSink(ClickHouseSink):
@@ -116,15 +101,7 @@ def test_nothing_is_lost_or_doubled_when_a_broker_a_worker_and_a_sink_are_killed
     samples_topic = prefix + GPU_SAMPLES.name
     ClickHouseWriter(chdb_client, database).ensure_tables()
 
-    Hook.received = []
-    http = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
-    threading.Thread(target=http.serve_forever, daemon=True).start()
-    (tmp_path / "routing.toml").write_text(f'[default]\nwebhook = "http://127.0.0.1:{http.server_address[1]}/"\n')
-    notifier = AlertNotifier(cluster.bootstrap, load_routing(tmp_path / "routing.toml"), tmp_path / "sent.log",
-                             group_id=f"{prefix}notifier", topic_prefix=prefix)
-    stop_notifier = threading.Event()
-    notifying = threading.Thread(target=notifier.run, args=(stop_notifier,), daemon=True)
-    notifying.start()
+    notifying, stop_notifier, http = start_notifier(cluster.bootstrap, prefix, tmp_path)
 
     published: list[dict] = []
     stop_publishing = threading.Event()
