@@ -117,7 +117,10 @@ def killed_worker(bootstrap: str, data_dir: Path, gpus: int) -> None:
     lag = Lag(bootstrap, app, topic, PARTITIONS)
     try:
         time.sleep(40)  # both in the group, keeping up
-        before = [lag_of(lag) for _ in range(10) if time.sleep(0.5) is None]
+        before = []
+        for _ in range(10):
+            time.sleep(0.5)
+            before.append(lag_of(lag))
         normal = max(2 * median(before), 10)
         killed = time.monotonic()
         procs[0].send_signal(signal.SIGKILL)

@@ -98,8 +98,8 @@ PROFILE_SCHEDULE = TopicSpec(
         "profiling scheduler (one partition, so its budget is fleet-wide).",
 )
 
-# The default of a deployment's --partitions: room for 32 workers (each keeps up with about
-# 50,000 samples a second here) before the topics must be recreated.
+# The default of a deployment's --partitions: room for 32 workers (one read 128k samples a
+# second here in benchmarks/bench_fleet.py) before the topics must be recreated.
 DEFAULT_PARTITIONS = 32
 
 # Keyed by workflow and read together into one per-workflow state: the same partition count.

@@ -14,6 +14,7 @@ Plain logic, no Faust: the worker asks it about each batch and does the seek.
 from __future__ import annotations
 
 import logging
+from itertools import compress
 
 log = logging.getLogger(__name__)
 
@@ -53,3 +54,8 @@ class InOrder:
         if expected is not None:
             self._next[partition] = expected
         return keep, seek
+
+    def take(self, partition: int, messages: list, start: int | None) -> tuple[list, int | None]:
+        """``admit`` for messages (anything with an ``offset``): those to apply, and the seek."""
+        keep, seek = self.admit(partition, [m.offset for m in messages], start)
+        return (messages if all(keep) else list(compress(messages, keep))), seek

@@ -9,7 +9,6 @@ import socket
 import time
 from collections import defaultdict
 from collections.abc import MutableMapping
-from itertools import compress
 
 import faust
 from faust.types import TP
@@ -238,15 +237,13 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
             now = int(time.time() * 1000)
             for partition, messages in _by_partition(events).items():
                 tp = TP(samples_name, partition)
-                keep, seek = in_order.admit(partition, [m.offset for m in messages],
-                                            app.consumer._committed_offset.get(tp))
+                kept, seek = in_order.take(partition, messages, app.consumer._committed_offset.get(tp))
                 if seek is not None:
                     await app.consumer.seek(tp, seek)
-                    messages = list(compress(messages, keep))
                     stats["reread"] += 1
-                elif not all(keep):
-                    stats["copies_skipped"] += len(keep) - sum(keep)
-                    messages = list(compress(messages, keep))
+                else:
+                    stats["copies_skipped"] += len(messages) - len(kept)
+                messages = kept
                 if not messages:
                     continue
                 good: list[Incoming] = []

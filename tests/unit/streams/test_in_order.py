@@ -42,3 +42,13 @@ def test_a_new_assignment_starts_over_where_the_consumer_was_sought():
     guard.admit(0, [20], start=20)
     guard.reset()
     assert guard.admit(0, [15], start=15) == ([True], None)
+
+
+def test_take_keeps_the_messages_to_apply():
+    class M:
+        def __init__(self, offset):
+            self.offset = offset
+    guard = InOrder()
+    batch = [M(10), M(11), M(15)]
+    kept, seek = guard.take(0, batch, start=10)
+    assert [m.offset for m in kept] == [10, 11] and seek == 12
