@@ -20,7 +20,7 @@ import fastavro
 
 SCHEMA_DIR = Path(__file__).resolve().parent
 MAGIC = 0
-_HEADER = struct.Struct(">bI")
+_HEADER = struct.Struct(">BI")  # unsigned: a reason names the byte as it was sent
 
 Record = dict[str, Any]
 
@@ -114,10 +114,12 @@ class Codec:
             raise CodecError(f"message of {len(data)} bytes is shorter than the 5-byte wire header")
         magic, schema_id = _HEADER.unpack_from(data)
         if magic != MAGIC:
-            raise CodecError(f"bad magic byte {magic} (expected {MAGIC}): not Confluent wire format")
+            raise CodecError(f"not a gpufleet Avro message: it starts with byte 0x{magic:02x}, where the "
+                             f"Confluent wire format has 0x{MAGIC:02x}")
         writer = self._by_id.get(schema_id)
         if writer is None:
-            raise CodecError(f"unknown schema id {schema_id}")
+            raise CodecError(f"unknown schema id {schema_id}: written with a schema this release does not know "
+                             f"(a newer gpufleet, or not a gpufleet record)")
         reader = self._latest[writer.name]
         buf = io.BytesIO(data)
         buf.seek(_HEADER.size)

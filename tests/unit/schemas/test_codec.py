@@ -33,7 +33,7 @@ def test_round_trip_keeps_every_field(codec):
 
 def test_wire_header_is_magic_zero_and_big_endian_schema_id(codec):
     data = codec.encode("WorkflowWindow", window())
-    magic, schema_id = struct.unpack(">bI", data[:5])
+    magic, schema_id = struct.unpack(">BI", data[:5])
     assert magic == 0
     ids = {v.name: v.id for v in load_catalog()}
     assert schema_id == ids["WorkflowWindow"] == codec.schema_id("WorkflowWindow")
@@ -44,7 +44,9 @@ def test_wire_header_is_magic_zero_and_big_endian_schema_id(codec):
     [
         (None, "null value"),
         (b"\x00\x00", "shorter than the 5-byte"),
-        (b"\x07\x00\x00\x00\x01abc", "bad magic byte 7"),
+        (b"\x07\x00\x00\x00\x01abc", "starts with byte 0x07, where the Confluent wire format has 0x00"),
+        # A high first byte is named as sent (it was once read as signed: "-100").
+        (b"\x9c\x00\x00\x00\x01abc", "starts with byte 0x9c,"),
         (b"\x00\x00\x00\x03\xe7abc", "unknown schema id 999"),
     ],
 )
