@@ -16,6 +16,7 @@ from math import isnan
 from operator import gt
 
 from schemas.codec import SCHEMA_DIR
+from schemas.validate_ids import ids_error
 from schemas.validate_sample import BOUNDS, samples_of, validate_sample
 
 NAME = "GpuSampleColumns"
@@ -88,6 +89,9 @@ def shape_error(block: dict) -> str | None:
     samples, or it names no workflow), or None."""
     if not block["workflow_id"]:
         return "empty workflow_id: the samples cannot be attributed to a workflow"
+    reason = ids_error(block)
+    if reason:
+        return reason
     n = size(block)
     for k in COLUMNS:
         col = block[k]

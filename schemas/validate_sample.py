@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from schemas.validate_ids import ids_error
+
 # 2000-01-01T00:00:00Z: an event time before this is a clock or unit error (seconds, not ms).
 MIN_EVENT_TIME_MS = 946_684_800_000
 MAX_INTERVAL_MS = 3_600_000
@@ -53,6 +55,9 @@ def validate_sample(r: dict) -> str | None:
     """None when the sample is usable, else what is wrong with it, in words."""
     if not r["workflow_id"]:
         return "empty workflow_id: the sample cannot be attributed to a workflow"
+    reason = ids_error(r)
+    if reason:
+        return reason
     for bounds in BOUNDS:
         value = r.get(bounds.field)
         if value is not None and not bounds.allows(value):

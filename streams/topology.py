@@ -33,6 +33,7 @@ from schemas.topics import (
     key_of,
     request_of_trace,
 )
+from schemas.validate_ids import ids_error
 from streams import faust_fixes
 from streams.auto_profile import auto_profile_requests
 from streams.in_order import InOrder
@@ -290,8 +291,12 @@ def _register_windows(app: faust.App, settings, codec: Codec) -> None:
                 for i, reason in errors:
                     await _dead_letter(codec, dlq_topic, "workflow-life-cycle", messages[i], reason, now)
                 result = BatchResult()
-                for _, name, event in ok:
+                for i, name, event in ok:
                     if name != WORKFLOW_EVENTS.schema:
+                        continue
+                    reason = ids_error(event)
+                    if reason:
+                        await _dead_letter(codec, dlq_topic, "workflow-life-cycle", messages[i], reason, now)
                         continue
                     state = aggregator.state_of(event["workflow_id"], partition, event["owner"], event["team"])
                     hosts = set(state.get("hosts", []))
@@ -426,10 +431,12 @@ def _register_trace_analysis(app: faust.App, settings, codec: Codec) -> None:
                 ok, errors = codec.decode_many([m.value for m in messages])
                 records = []
                 for i, name, record in ok:
-                    if KERNEL_EVENTS.carries(name):
-                        records.append((name, record))
-                    else:
+                    if not KERNEL_EVENTS.carries(name):
                         errors.append((i, f"expected KernelEvent or TraceEnd, got {name}"))
+                    elif reason := ids_error(record):
+                        errors.append((i, reason))
+                    else:
+                        records.append((name, record))
                 for i, reason in errors:
                     await _dead_letter(codec, dlq_topic, TRACE_STAGE, messages[i], reason, now)
                 await persist_and_emit(sessions.apply(partition, records, now))

@@ -1,0 +1,58 @@
+"""Checks the ids that arrive from jobs and hosts: workflow, owner, team, host.
+
+They come from a job's environment (``GPUFLEET_WORKFLOW_ID``, ``SLURM_JOB_USER`` …) or a host's
+name, so whoever starts a job chooses them. They end up in e-mail headers, webhook messages,
+HTML reports, file names and SQL results, so the contract allows only what an id needs: 1 to
+256 ASCII letters, digits and ``_ . : @ / + = ~ , # -``, with spaces inside (never first or
+last). A record with another id is a dead letter that says which field and why; nothing
+downstream ever sees it.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+MAX_ID_LENGTH = 256
+ALLOWED = "letters, digits, spaces inside and _ . : @ / + = ~ , # -"
+_ID = re.compile(r"[A-Za-z0-9_.:@/+=~,#-](?:[A-Za-z0-9_.:@/+=~,# -]*[A-Za-z0-9_.:@/+=~,#-])?")
+_BAD_CHAR = re.compile(r"[^A-Za-z0-9_.:@/+=~,# -]")
+
+# The fields of each record that carry such ids; ``owner`` and ``team`` may be null.
+ID_FIELDS = ("workflow_id", "host", "owner", "team")
+OPTIONAL = frozenset({"owner", "team"})
+
+
+@lru_cache(maxsize=65_536)
+def _is_id(value: str) -> bool:
+    return len(value) <= MAX_ID_LENGTH and _ID.fullmatch(value) is not None
+
+
+def id_error(field: str, value: object) -> str | None:
+    """None when ``value`` may be the id in ``field``, else what is wrong with it, in words."""
+    if value is None:
+        return None if field in OPTIONAL else f"{field} is missing"
+    if not isinstance(value, str):
+        return f"{field} is a {type(value).__name__}, not a string"
+    if _is_id(value):
+        return None
+    shown = repr(value if len(value) <= 60 else value[:60] + "…")
+    if not value:
+        return f"{field} is empty"
+    if len(value) > MAX_ID_LENGTH:
+        return f"{field} {shown} has {len(value)} characters (at most {MAX_ID_LENGTH})"
+    bad = _BAD_CHAR.search(value)
+    if bad is not None:
+        return (f"{field} {shown} has the character U+{ord(bad.group()):04X} at {bad.start()}: "
+                f"an id is made of {ALLOWED}")
+    return f"{field} {shown} starts or ends with a space"
+
+
+def ids_error(record: dict, fields: tuple[str, ...] = ID_FIELDS) -> str | None:
+    """The first id of ``record`` (of ``fields`` it has) that is not allowed, or None."""
+    for field in fields:
+        if field in record:
+            reason = id_error(field, record[field])
+            if reason:
+                return reason
+    return None
