@@ -19,7 +19,7 @@ from confluent_kafka import Consumer, Producer
 
 from schemas.codec import Codec, CodecError
 from schemas.dead_letter import dead_letter
-from schemas.kafka_config import consumer_config, producer_config
+from schemas.kafka_config import Connection, consumer_config, producer_config
 from schemas.topics import ALERTS, DEAD_LETTERS
 from sinks.commit_offsets import Committer
 from sinks.notify_owner import NotifyError, is_root_cause, send_email, send_webhook
@@ -67,16 +67,16 @@ class SentLog:
 
 
 class AlertNotifier:
-    def __init__(self, bootstrap: str, routing: Routing, sent_log: Path, group_id: str = "gpufleet-notifier",
+    def __init__(self, kafka: str | Connection, routing: Routing, sent_log: Path, group_id: str = "gpufleet-notifier",
                  topic_prefix: str = "", webhook_backoff_s: float = 0.5) -> None:
         self.routing = routing
         self.sent = SentLog(sent_log)
         self.codec = Codec()
         self.topic = topic_prefix + ALERTS.name
         self.dead_letter_topic = topic_prefix + DEAD_LETTERS.name
-        self.consumer = Consumer(consumer_config(bootstrap, group_id))
+        self.consumer = Consumer(consumer_config(kafka, group_id))
         self.committer = Committer(self.consumer)
-        self.producer = Producer(producer_config(bootstrap))
+        self.producer = Producer(producer_config(kafka))
         self.webhook_backoff_s = webhook_backoff_s
         self.messages = 0
         self.failures = 0
@@ -87,7 +87,12 @@ class AlertNotifier:
             while not stop.is_set():
                 batch = [m for m in self.consumer.consume(num_messages=500, timeout=0.5) if not m.error()]
                 for m in batch:
-                    self._handle(m)
+                    try:
+                        self._handle(m)
+                    except Exception as exc:  # one alert must never stop the notifier (nor its restart)
+                        log.exception("alert %s[%d]@%d could not be handled", m.topic(), m.partition(), m.offset())
+                        self.failures += 1
+                        self._dead_letter(m, f"the notifier could not handle this alert: {type(exc).__name__}")
                 if batch:
                     self.producer.flush(30)
                     self.committer.commit(batch)

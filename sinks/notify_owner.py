@@ -1,13 +1,20 @@
 """Messages an alert's owner and team: a Slack-compatible webhook (JSON, retried with backoff)
-and e-mail over SMTP. What the message says comes from the alert itself."""
+and e-mail over SMTP. What the message says comes from the alert itself.
+
+A webhook's URL is its secret (whoever has it can post to the channel): it is never written to
+a log or an error, only its scheme and host (``redact_url``). E-mail over TLS verifies the
+server's certificate against the system's CAs or the routing file's ``ca_file``.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import smtplib
+import ssl
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from email.message import EmailMessage
 
@@ -50,9 +57,25 @@ def text(alert: dict) -> str:
     return "\n".join(lines)
 
 
+def redact_url(url: str) -> str:
+    """What of a webhook's URL may be shown: its scheme and host (the path holds its secret)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host = parts.hostname or "?"
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "<unparsable webhook URL>"
+    return f"{parts.scheme or '?'}://{host}{port}/…"
+
+
 def send_webhook(url: str, alert: dict, retries: int = 4, backoff_s: float = 0.5, timeout_s: float = 10.0) -> None:
     """POST a Slack-compatible message; retry connection errors and 5xx/429 with backoff."""
     body = json.dumps({"text": text(alert), "gpufleet_alert": alert}).encode()
+    shown = redact_url(url)
+    try:
+        urllib.request.Request(url)
+    except ValueError:
+        raise NotifyError(f"webhook {shown} is not a URL this notifier can post to") from None
     for attempt in range(retries + 1):
         request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
         try:
@@ -61,28 +84,55 @@ def send_webhook(url: str, alert: dict, retries: int = 4, backoff_s: float = 0.5
                 return
         except urllib.error.HTTPError as exc:
             if exc.code < 500 and exc.code != 429:
-                raise NotifyError(f"webhook {url} refused the alert: HTTP {exc.code}") from exc
-            error: Exception = exc
+                raise NotifyError(f"webhook {shown} refused the alert: HTTP {exc.code}") from None
+            error = f"HTTP {exc.code}"
         except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
-            error = exc
+            error = _why(exc)
         if attempt == retries:
-            raise NotifyError(f"webhook {url} failed {retries + 1} times: {error}") from error
+            raise NotifyError(f"webhook {shown} failed {retries + 1} times: {error}") from None
         delay = backoff_s * 2**attempt
-        log.warning("webhook %s failed (%s); retry %d in %.1fs", url, error, attempt + 1, delay)
+        log.warning("webhook %s failed (%s); retry %d in %.1fs", shown, error, attempt + 1, delay)
         time.sleep(delay)
 
 
+def _why(exc: BaseException) -> str:
+    """An error's reason without the URL some of them carry."""
+    reason = getattr(exc, "reason", None)
+    return f"{type(exc).__name__}: {reason if reason is not None else exc}"
+
+
+def header_safe(value: str) -> str:
+    """A header value that cannot start another header: control characters are shown escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in value)
+
+
+def tls_context(smtp: SmtpSettings) -> ssl.SSLContext:
+    """Verifies the server's certificate and name: against ``ca_file`` when given, else the system's CAs."""
+    return ssl.create_default_context(cafile=smtp.ca_file)
+
+
 def send_email(smtp: SmtpSettings, to: str, alert: dict) -> None:
-    message = EmailMessage()
-    message["From"], message["To"], message["Subject"] = smtp.sender, to, subject(alert)
-    message.set_content(text(alert))
-    client_class = smtplib.SMTP_SSL if smtp.ssl else smtplib.SMTP
+    where = f"e-mail to {header_safe(to)} via {smtp.host}:{smtp.port}"
     try:
-        with client_class(smtp.host, smtp.port, timeout=smtp.timeout_s) as client:
+        message = EmailMessage()
+        message["From"], message["To"] = header_safe(smtp.sender), header_safe(to)
+        message["Subject"] = header_safe(subject(alert))
+        message.set_content(text(alert))
+    except (ValueError, TypeError) as exc:
+        raise NotifyError(f"{where}: the message cannot be built: {exc}") from None
+    try:
+        if smtp.ssl:
+            client = smtplib.SMTP_SSL(smtp.host, smtp.port, timeout=smtp.timeout_s, context=tls_context(smtp))
+        else:
+            client = smtplib.SMTP(smtp.host, smtp.port, timeout=smtp.timeout_s)
+        with client:
             if smtp.starttls:
-                client.starttls()
+                client.starttls(context=tls_context(smtp))
             if smtp.username:
                 client.login(smtp.username, smtp.password or "")
             client.send_message(message)
+    except ssl.SSLCertVerificationError as exc:
+        raise NotifyError(f"{where} refused: the server's certificate is not trusted ({exc.verify_message}); "
+                          f"give its CA as ca_file in the routing file's [smtp]") from None
     except (smtplib.SMTPException, OSError) as exc:
-        raise NotifyError(f"e-mail to {to} via {smtp.host}:{smtp.port} failed: {exc}") from exc
+        raise NotifyError(f"{where} failed: {type(exc).__name__}: {exc}") from None

@@ -15,8 +15,11 @@
     port = 587
     starttls = true
     username = "gpufleet"
-    password_env = "GPUFLEET_SMTP_PASSWORD"   # the secret stays in the environment
+    password_env = "GPUFLEET_SMTP_PASSWORD"   # the secret stays in the environment,
+    # password_file = "/run/secrets/smtp"     # or in a file
     sender = "gpufleet@example.com"
+    # ca_file = "/etc/gpufleet/smtp-ca.pem"   # the server's certificate is always verified:
+                                              # against the system's CAs unless this is given
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class SmtpSettings:
     password: str | None = field(default=None, repr=False)
     sender: str = "gpufleet@localhost"
     timeout_s: float = 10.0
+    ca_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -71,11 +75,13 @@ def load_routing(path: Path) -> Routing:
         password = smtp_raw.get("password")
         if smtp_raw.get("password_env"):
             password = os.environ.get(smtp_raw["password_env"])
+        if smtp_raw.get("password_file"):
+            password = Path(smtp_raw["password_file"]).read_text().strip()
         smtp = SmtpSettings(
             host=smtp_raw.get("host", "localhost"), port=int(smtp_raw.get("port", 25)),
             starttls=bool(smtp_raw.get("starttls", False)), ssl=bool(smtp_raw.get("ssl", False)),
             username=smtp_raw.get("username"), password=password,
-            sender=smtp_raw.get("sender", "gpufleet@localhost"),
+            sender=smtp_raw.get("sender", "gpufleet@localhost"), ca_file=smtp_raw.get("ca_file"),
         )
     return Routing(
         default_webhook=default.get("webhook"),
