@@ -17,7 +17,10 @@ DEFAULT_DATA_DIR = Path(os.environ.get("GPUFLEET_DATA_DIR", "data"))
 def _bootstrap_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bootstrap", default=os.environ.get("GPUFLEET_BOOTSTRAP"),
                    help="Kafka bootstrap servers (env GPUFLEET_BOOTSTRAP; default: the local broker "
-                        "started by `gpufleet kafka start`)")
+                        "started by `gpufleet kafka start`). How to authenticate comes from the "
+                        "environment: GPUFLEET_KAFKA_CONFIG (a client properties file) or "
+                        "GPUFLEET_KAFKA_SECURITY_PROTOCOL, _SASL_MECHANISM, _USERNAME, _PASSWORD(_FILE), "
+                        "_CA, _CERT, _KEY")
     p.add_argument("--topic-prefix", default=os.environ.get("GPUFLEET_TOPIC_PREFIX", ""),
                    help="prefix for every topic name (env GPUFLEET_TOPIC_PREFIX)")
     p.add_argument("--partitions", type=int, default=int(os.environ.get("GPUFLEET_PARTITIONS", "32")),
@@ -37,15 +40,33 @@ def _clickhouse_args(p: argparse.ArgumentParser) -> None:
                         "(env GPUFLEET_CLICKHOUSE_CLUSTER)")
 
 
-def _resolve_bootstrap(args: argparse.Namespace) -> str:
-    if args.bootstrap:
-        return args.bootstrap
-    from gpufleet import local_kafka
+def _kafka(args: argparse.Namespace, principal: str, check: bool = True):
+    """How this command reaches Kafka: ``--bootstrap`` (or GPUFLEET_BOOTSTRAP) with the security
+    settings of the environment (``schemas.kafka_config``), checked before anything runs; or
+    the local cluster, where a secure one is reached as ``principal`` unless the environment
+    says otherwise. ``check=False``: no check (the agent starts, and spools, while Kafka is away)."""
+    from schemas.kafka_config import Connection, KafkaConfigError, Security, check_access
 
-    info = local_kafka.status(args.data_dir / "kafka")
-    if info is None:
-        sys.exit("no --bootstrap given and no local broker running: start one with `gpufleet kafka start`")
-    return info.bootstrap
+    try:
+        security = Security.from_environment()
+    except (KafkaConfigError, OSError) as exc:
+        sys.exit(f"Kafka client settings: {exc}")
+    if args.bootstrap:
+        kafka = Connection(args.bootstrap, security)
+    else:
+        from gpufleet import local_kafka
+
+        info = local_kafka.status(args.data_dir / "kafka")
+        if info is None:
+            sys.exit("no --bootstrap given and no local broker running: start one with `gpufleet kafka start`")
+        use_local = info.secure and security.protocol == "PLAINTEXT"
+        kafka = info.connection(principal) if use_local else Connection(info.bootstrap, security)
+    try:
+        if check:
+            check_access(kafka)
+    except KafkaConfigError as exc:
+        sys.exit(str(exc))
+    return kafka
 
 
 def _dsn(args: argparse.Namespace) -> str:
@@ -59,10 +80,16 @@ def cmd_kafka(args: argparse.Namespace) -> int:
 
     kafka_dir = args.data_dir / "kafka"
     if args.action == "start":
-        info = local_kafka.start(kafka_dir, brokers=args.brokers, port=args.port)
-        print(f"Kafka is running: bootstrap {info.bootstrap}")
+        try:
+            info = local_kafka.start(kafka_dir, brokers=args.brokers, port=args.port, secure=args.secure)
+        except local_kafka.KafkaRunnerError as exc:
+            sys.exit(str(exc))
+        print(f"Kafka is running: bootstrap {info.bootstrap}" + (" (SASL_SSL, mutual TLS, ACLs)" if info.secure else ""))
         for node in info.nodes:
             print(f"  node {node.node_id}: {node.address}, pid {node.pid}, log {node.log_file}")
+        if info.credentials is not None:
+            print(f"  each component's client settings: {info.credentials.properties('<component>')} "
+                  "(used by gpufleet's commands here by themselves; elsewhere: GPUFLEET_KAFKA_CONFIG)")
     elif args.action == "stop":
         print("stopped" if local_kafka.stop(kafka_dir) else "no broker was running")
     else:
@@ -71,7 +98,7 @@ def cmd_kafka(args: argparse.Namespace) -> int:
         if recorded is None or info is None:
             print("not running")
             return 1
-        live = local_kafka.live_brokers(info.bootstrap)
+        live = local_kafka.live_brokers(info.connection())
         for node in recorded.nodes:
             running = node.node_id in {n.node_id for n in info.nodes}
             state = ("answering" if node.node_id in live else "NOT answering") if running else "stopped"
@@ -83,7 +110,7 @@ def cmd_kafka(args: argparse.Namespace) -> int:
 def cmd_topics(args: argparse.Namespace) -> int:
     from schemas.admin import ensure_topics
 
-    created = ensure_topics(_resolve_bootstrap(args), prefix=args.topic_prefix, partitions=args.partitions)
+    created = ensure_topics(_kafka(args, "admin"), prefix=args.topic_prefix, partitions=args.partitions)
     print("created: " + (", ".join(created) if created else "nothing (all exist)"))
     return 0
 
@@ -98,9 +125,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from streams.schedule_profiles import ScheduleConfig
     from streams.window_utilization import WindowConfig
 
-    bootstrap = _resolve_bootstrap(args)
-    ensure_topics(bootstrap, prefix=args.topic_prefix, partitions=args.partitions)
-    partitions, trace_partitions = _stream_partitions(bootstrap, args.topic_prefix)
+    kafka = _kafka(args, "worker")
+    ensure_topics(kafka, prefix=args.topic_prefix, partitions=args.partitions)
+    partitions, trace_partitions = _stream_partitions(kafka, args.topic_prefix)
     if args.thresholds:
         detectors, team_detectors = load_detector_config(args.thresholds)
     else:
@@ -108,7 +135,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
                                    low_util_critical_pct=min(args.low_utilization_pct, args.critical_utilization_pct))
         team_detectors = {}
     settings = StreamSettings(
-        bootstrap=bootstrap,
+        bootstrap=kafka.bootstrap,
+        security=kafka.security,
         app_id=args.app_id,
         topic_prefix=args.topic_prefix,
         data_dir=str(args.data_dir / "worker"),
@@ -120,13 +148,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
         idle_partition_s=args.idle_partition_s,
         partitions=partitions,
         trace_partitions=trace_partitions,
-        replication=replication_for(brokers_in(bootstrap))[0],
+        replication=replication_for(brokers_in(kafka))[0],
         alerts=AlertConfig(detectors=detectors, team_detectors=team_detectors, min_duration_s=args.detector_min_s),
         schedule=ScheduleConfig(enabled=args.periodic_profiles, interval_s=args.profile_every_s,
                                 budget_fraction=args.profile_budget, report_s=args.schedule_report_s,
                                 seed=args.schedule_seed),
     )
-    create_topics(bootstrap, changelog_topics(settings))
+    create_topics(kafka, changelog_topics(settings))
     app = create_app(settings)
     tune_gc()
     worker = faust.Worker(app, loglevel=args.log_level, quiet=True)
@@ -138,7 +166,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stream_partitions(bootstrap: str, prefix: str) -> tuple[int, int]:
+def _stream_partitions(kafka, prefix: str) -> tuple[int, int]:
     """The partitions the worker's input topics have on the cluster: the co-partitioned
     sample topics' (which must agree: a workflow's samples, life cycle and profile results
     meet in one state) and the kernel events'."""
@@ -146,7 +174,7 @@ def _stream_partitions(bootstrap: str, prefix: str) -> tuple[int, int]:
     from schemas.topics import CO_PARTITIONED, KERNEL_EVENTS
 
     names = [prefix + t.name for t in (*CO_PARTITIONED, KERNEL_EVENTS)]
-    counts = partitions_of(bootstrap, names)
+    counts = partitions_of(kafka, names)
     co = {prefix + t.name: counts.get(prefix + t.name) for t in CO_PARTITIONED}
     if len(set(co.values())) != 1 or None in co.values():
         sys.exit("the worker needs " + ", ".join(co) + " to have the same number of partitions; they have "
@@ -159,11 +187,11 @@ def cmd_sink(args: argparse.Namespace) -> int:
     from sinks.consume_to_clickhouse import ClickHouseSink
     from sinks.write_clickhouse import ClickHouseWriter, connect
 
-    bootstrap = _resolve_bootstrap(args)
-    ensure_topics(bootstrap, prefix=args.topic_prefix, partitions=args.partitions)
+    kafka = _kafka(args, "sink")
+    ensure_topics(kafka, prefix=args.topic_prefix, partitions=args.partitions)
     dsn = _dsn(args)
     writer = ClickHouseWriter(connect(dsn), args.database, cluster=args.clickhouse_cluster)
-    sink = ClickHouseSink(bootstrap, writer, group_id=args.group_id, topic_prefix=args.topic_prefix)
+    sink = ClickHouseSink(kafka, writer, group_id=args.group_id, topic_prefix=args.topic_prefix)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -191,12 +219,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from schemas.codec import Codec
     from schemas.topics import GPU_SAMPLES
 
-    bootstrap = _resolve_bootstrap(args)
-    ensure_topics(bootstrap, prefix=args.topic_prefix, partitions=args.partitions)
+    kafka = _kafka(args, "agent")
+    ensure_topics(kafka, prefix=args.topic_prefix, partitions=args.partitions)
     fleet = build_fleet(args.seed, args.hosts, args.gpus_per_host, args.workflows)
     start_ms = args.start_ms if args.start_ms is not None else (int(time.time()) // 60 * 60 - int(args.duration_s)) * 1000
     plan = SimulationPlan(start_ms, int(args.duration_s / args.interval_s), int(args.interval_s * 1000), args.speed)
-    progress = run_simulation(fleet, plan, Publisher(bootstrap, Codec()), topic=args.topic_prefix + GPU_SAMPLES.name)
+    progress = run_simulation(fleet, plan, Publisher(kafka, Codec()), topic=args.topic_prefix + GPU_SAMPLES.name)
     print(f"published {progress.samples} samples over {progress.ticks_done} ticks from {fleet.gpu_count} GPUs")
     return 0
 
@@ -231,9 +259,9 @@ def cmd_notify(args: argparse.Namespace) -> int:
     from sinks.consume_alerts import AlertNotifier
     from sinks.route_alerts import load_routing
 
-    bootstrap = _resolve_bootstrap(args)
-    ensure_topics(bootstrap, prefix=args.topic_prefix, partitions=args.partitions)
-    notifier = AlertNotifier(bootstrap, load_routing(args.routing), args.data_dir / "notifier-sent.log",
+    kafka = _kafka(args, "notifier")
+    ensure_topics(kafka, prefix=args.topic_prefix, partitions=args.partitions)
+    notifier = AlertNotifier(kafka, load_routing(args.routing), args.data_dir / "notifier-sent.log",
                              group_id=args.group_id, topic_prefix=args.topic_prefix)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -258,7 +286,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     from schemas.admin import ensure_topics
     from schemas.codec import Codec
 
-    bootstrap = _resolve_bootstrap(args)
+    kafka = _kafka(args, "agent", check=False)
     host = args.host or socket.gethostname()
     settings = AgentSettings(host=host, interval_s=args.interval, heartbeat_s=args.heartbeat_s,
                              topic_prefix=args.topic_prefix, cluster=args.cluster,
@@ -280,7 +308,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         simulated = SimulatedGpus(fleet, host, int(time.time() * 1000))
         print(f"simulating host {host} of a {args.hosts}-host fleet every {args.interval:g}s")
     try:
-        ensure_topics(bootstrap, prefix=args.topic_prefix, partitions=args.partitions)
+        ensure_topics(kafka, prefix=args.topic_prefix, partitions=args.partitions)
     except Exception as exc:  # noqa: BLE001 - the agent must start (and spool) while the broker is away
         print(f"could not check the topics ({exc}); spooling until the broker answers")
     keys = AttributionKeys(
@@ -291,16 +319,16 @@ def cmd_agent(args: argparse.Namespace) -> int:
     agent = HostAgent(settings, spool, Codec(), nvml=nvml, simulated=simulated, attributor=ProcessAttributor(keys))
     stop = threading.Event()
     # Profile requests for this host's workflows, answered beside the sampling loop.
-    coordinator = ProfileCoordinator(host, Publisher(bootstrap, Codec()), args.profile_dir or profile_dir(),
+    coordinator = ProfileCoordinator(host, Publisher(kafka, Codec()), args.profile_dir or profile_dir(),
                                      topic_prefix=args.topic_prefix)
     for sig in (signal.SIGINT, signal.SIGTERM):  # stop now, not after the wait for the next tick
         signal.signal(sig, lambda *_: (stop.set(), coordinator.started.set()))
     agent.observers.append(coordinator.observe)  # the host's view while a profile is captured
-    listener = ProfileListener(bootstrap, coordinator, topic_prefix=args.topic_prefix)
+    listener = ProfileListener(kafka, coordinator, topic_prefix=args.topic_prefix)
     profiles = threading.Thread(target=listener.run, args=(stop,), name="profiles", daemon=True)
     profiles.start()
     try:
-        run_agent(agent, Forwarder(spool, bootstrap, send_every_s=args.send_every), stop, profiling=coordinator.capturing,
+        run_agent(agent, Forwarder(spool, kafka, send_every_s=args.send_every), stop, profiling=coordinator.capturing,
                   wake=coordinator.started)
     finally:
         stop.set()
@@ -324,9 +352,9 @@ def cmd_ingest_trace(args: argparse.Namespace) -> int:
     from schemas.admin import ensure_topics
     from schemas.codec import Codec
 
-    bootstrap = _resolve_bootstrap(args)
-    ensure_topics(bootstrap, prefix=args.topic_prefix, partitions=args.partitions)
-    publisher = Publisher(bootstrap, Codec())
+    kafka = _kafka(args, "agent")
+    ensure_topics(kafka, prefix=args.topic_prefix, partitions=args.partitions)
+    publisher = Publisher(kafka, Codec())
     rc = 0
     for path in args.traces:
         end = publish_trace(path, args.workflow, publisher, topic_prefix=args.topic_prefix)
@@ -403,9 +431,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from gpufleet.profile import hosts_of, profile
     from schemas.admin import ensure_topics
 
-    bootstrap = _resolve_bootstrap(args)
-    ensure_topics(bootstrap, prefix=args.topic_prefix, partitions=args.partitions)
-    hosts = args.host or hosts_of(bootstrap, args.workflow_id, args.topic_prefix)
+    kafka = _kafka(args, "operator")
+    ensure_topics(kafka, prefix=args.topic_prefix, partitions=args.partitions)
+    hosts = args.host or hosts_of(kafka, args.workflow_id, args.topic_prefix)
     if not hosts:
         sys.exit(f"workflow {args.workflow_id} is not running on any host (no agent reported it without "
                  "ending it); name hosts with --host to ask anyway")
@@ -419,7 +447,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         detail = status["reason"] or status["trace_id"] or ""
         print(f"  {where}: {status['state'].lower().replace('_', ' ')}{' - ' + detail if detail else ''}", flush=True)
 
-    outcome = profile(bootstrap, args.workflow_id, hosts, steps=steps, duration_ms=duration_ms,
+    outcome = profile(kafka, args.workflow_id, hosts, steps=steps, duration_ms=duration_ms,
                       timeout_s=args.timeout, prefix=args.topic_prefix, requester=os.environ.get("USER", "cli"),
                       on_status=show)
     for a in sorted(outcome.analyses, key=lambda a: a["trace_id"]):
@@ -493,6 +521,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--brokers", type=int, default=1,
                    help="nodes of the local cluster (KRaft, each broker and controller); 3 replicates "
                         "every topic three times, a write acknowledged by two")
+    p.add_argument("--secure", action="store_true",
+                   help="a cluster that speaks only SASL_SSL (SCRAM-SHA-512 and a client certificate), "
+                        "with a user and ACLs per component; its CA, certificates and passwords are made "
+                        "under the data dir the first time")
     p.add_argument("--port", type=int, default=None, help="first node's listener port (default: a free one)")
     p.set_defaults(func=cmd_kafka)
 

@@ -29,7 +29,9 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpufleet.kafka_security import ADMIN, MECHANISM, LocalCredentials, create_users, grant
 from schemas.admin import replication_for
+from schemas.kafka_config import Connection, Security, client_config
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 KAFKA_DIR = REPO_ROOT / "docker" / "kafka"
@@ -67,10 +69,21 @@ class ClusterInfo:
 
     data_dir: Path
     nodes: tuple[Node, ...]
+    secure: bool = False
 
     @property
     def bootstrap(self) -> str:
         return ",".join(n.address for n in self.nodes)
+
+    @property
+    def credentials(self) -> LocalCredentials | None:
+        """The secure cluster's CA, certificates and passwords (None for a PLAINTEXT cluster)."""
+        return LocalCredentials(self.data_dir / "secure") if self.secure else None
+
+    def connection(self, principal: str = ADMIN) -> Connection:
+        """How ``principal`` reaches this cluster (any client, over PLAINTEXT)."""
+        credentials = self.credentials
+        return Connection(self.bootstrap, credentials.security(principal) if credentials else Security())
 
     @property
     def log_file(self) -> Path:
@@ -126,17 +139,52 @@ def java_executable() -> str:
     return java
 
 
-def _server_properties(node: Node, voters: str, brokers: int, partitions: int) -> str:
+def _listeners(node: Node, credentials: LocalCredentials | None) -> list[str]:
+    """PLAINTEXT listeners; or, for a secure cluster, SASL_SSL for clients and between brokers
+    (SCRAM-SHA-512, and a certificate from the cluster's CA required: mutual TLS) and mutual TLS
+    between the controllers, with Kafka's authorizer: what no ACL allows is refused."""
+    if credentials is None:
+        return [
+            f"listeners=PLAINTEXT://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}",
+            f"advertised.listeners=PLAINTEXT://127.0.0.1:{node.port}",
+            "controller.listener.names=CONTROLLER",
+            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "inter.broker.listener.name=PLAINTEXT",
+        ]
+    admin = credentials.password(ADMIN).reveal()
+    nodes = ";".join(f"User:node-{i}" for i in credentials.node_ids())
+    return [
+        f"listeners=SASL_SSL://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}",
+        f"advertised.listeners=SASL_SSL://127.0.0.1:{node.port}",
+        "controller.listener.names=CONTROLLER",
+        "listener.security.protocol.map=SASL_SSL:SASL_SSL,CONTROLLER:SSL",
+        "inter.broker.listener.name=SASL_SSL",
+        f"sasl.enabled.mechanisms={MECHANISM}",
+        f"sasl.mechanism.inter.broker.protocol={MECHANISM}",
+        (f"listener.name.sasl_ssl.{MECHANISM.lower()}.sasl.jaas.config="
+         f'org.apache.kafka.common.security.scram.ScramLoginModule required username="{ADMIN}" password="{admin}";'),
+        "ssl.keystore.type=PEM",
+        f"ssl.keystore.location={credentials.keystore(node.node_id)}",
+        "ssl.truststore.type=PEM",
+        f"ssl.truststore.location={credentials.ca_file}",
+        "ssl.client.auth=required",
+        "listener.name.sasl_ssl.ssl.client.auth=required",  # a SASL_SSL listener's own (KIP-684)
+        # A certificate's subject "CN=node-1,O=gpufleet" is the principal User:node-1.
+        "ssl.principal.mapping.rules=RULE:^CN=([^,]+),O=gpufleet$/$1/,DEFAULT",
+        "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        f"super.users=User:{ADMIN};{nodes}",
+        "allow.everyone.if.no.acl.found=false",
+    ]
+
+
+def _server_properties(node: Node, voters: str, brokers: int, partitions: int,
+                       credentials: LocalCredentials | None = None) -> str:
     replicas, min_isr = replication_for(brokers)
     return "\n".join([
         "process.roles=broker,controller",
         f"node.id={node.node_id}",
         f"controller.quorum.voters={voters}",
-        f"listeners=PLAINTEXT://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}",
-        f"advertised.listeners=PLAINTEXT://127.0.0.1:{node.port}",
-        "controller.listener.names=CONTROLLER",
-        "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-        "inter.broker.listener.name=PLAINTEXT",
+        *_listeners(node, credentials),
         f"log.dirs={node.data_dir / 'logs'}",
         f"num.partitions={partitions}",
         f"default.replication.factor={replicas}",
@@ -196,7 +244,7 @@ def read_state(data_dir: Path) -> ClusterInfo | None:
         return None
     return ClusterInfo(data_dir, tuple(
         Node(n["node_id"], n.get("pid", 0), n["port"], n["controller_port"], data_dir / f"node-{n['node_id']}")
-        for n in raw["nodes"]))
+        for n in raw["nodes"]), secure=bool(raw.get("secure")))
 
 
 def _alive(pid: int) -> bool:
@@ -223,24 +271,20 @@ def _proc_state(pid: int) -> str:
         return "X"
 
 
-def answers_metadata(bootstrap: str, timeout: float = 2.0, cluster_id: str | None = None,
+def answers_metadata(kafka: str | Connection, timeout: float = 2.0, cluster_id: str | None = None,
                      brokers: int = 1) -> bool:
     """True when the cluster at ``bootstrap`` answers a metadata request naming at least
     ``brokers`` live brokers (of cluster ``cluster_id``, when given: another broker already
     on that port must not pass for ours)."""
-    return len(live_brokers(bootstrap, timeout, cluster_id)) >= brokers
+    return len(live_brokers(kafka, timeout, cluster_id)) >= brokers
 
 
-def live_brokers(bootstrap: str, timeout: float = 2.0, cluster_id: str | None = None) -> set[int]:
+def live_brokers(kafka: str | Connection, timeout: float = 2.0, cluster_id: str | None = None) -> set[int]:
     """The ids of the brokers the cluster's metadata lists as live (empty if it does not answer)."""
     from confluent_kafka.admin import AdminClient  # local import: the CLI's `--help` stays fast
 
     # log_level 0: a broker that is still starting refuses connections; that is expected here.
-    admin = AdminClient({
-        "bootstrap.servers": bootstrap,
-        "socket.timeout.ms": int(timeout * 1000),
-        "log_level": 0,
-    })
+    admin = AdminClient(client_config(kafka, **{"socket.timeout.ms": int(timeout * 1000), "log_level": 0}))
     try:
         metadata = admin.list_topics(timeout=timeout)
     except Exception:  # noqa: BLE001 - any failure here means "not answering yet"
@@ -256,7 +300,7 @@ def status(data_dir: Path) -> ClusterInfo | None:
     if info is None:
         return None
     running = tuple(n for n in info.nodes if _alive(n.pid))
-    return ClusterInfo(info.data_dir, running) if running else None
+    return ClusterInfo(info.data_dir, running, info.secure) if running else None
 
 
 def start(
@@ -266,28 +310,44 @@ def start(
     partitions: int = 4,
     heap: str = "512m",
     timeout: float = 90.0,
+    secure: bool = False,
 ) -> ClusterInfo:
     """Start the cluster of ``brokers`` nodes recorded in ``data_dir`` (created there the first
-    time), or the nodes of it that are not running, and wait until every node answers."""
+    time), or the nodes of it that are not running, and wait until every node answers.
+
+    ``secure``: a cluster that only speaks SASL_SSL with mutual TLS, where a principal per
+    component may do only what ``gpufleet.kafka_security.RIGHTS`` allow it (on the topics
+    without prefix; ``kafka_security.grant`` adds a prefix's). Its CA, certificates, passwords
+    and client property files are made the first time, under ``data_dir/secure``."""
     data_dir = data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     raw = _read_raw(data_dir)
     if raw is None:
         if brokers < 1:
             raise KafkaRunnerError(f"a cluster needs at least one broker, not {brokers}")
-        raw = {"cluster_id": cluster_id(), "nodes": [
+        raw = {"cluster_id": cluster_id(), "secure": secure, "nodes": [
             {"node_id": i, "port": (port if i == 1 and port else free_port()), "controller_port": free_port(), "pid": 0}
             for i in range(1, brokers + 1)]}
+        if secure:
+            LocalCredentials(data_dir / "secure").create(list(range(1, brokers + 1)))
         _write_raw(data_dir, raw)
     elif len(raw["nodes"]) != brokers:
         raise KafkaRunnerError(f"{data_dir} holds a cluster of {len(raw['nodes'])} node(s), not {brokers}; "
                                "stop it and use another data directory to change its size")
+    elif bool(raw.get("secure")) != secure:
+        raise KafkaRunnerError(f"{data_dir} holds a {'secure' if raw.get('secure') else 'PLAINTEXT'} cluster; "
+                               "stop it and use another data directory to change that")
     info = read_state(data_dir)
     assert info is not None
     for node in info.nodes:
         if not _alive(node.pid):
             start_node(data_dir, node.node_id, partitions=partitions, heap=heap)
-    return wait_for(data_dir, timeout)
+    info = wait_for(data_dir, timeout)
+    if info.credentials is not None:
+        credentials, admin = info.credentials, info.connection(ADMIN)
+        create_users(admin, {p: s for p, s in credentials.passwords().items() if p != ADMIN})
+        grant(admin)
+    return info
 
 
 def start_node(data_dir: Path, node_id: int, partitions: int = 4, heap: str = "512m") -> Node:
@@ -306,12 +366,19 @@ def start_node(data_dir: Path, node_id: int, partitions: int = 4, heap: str = "5
     node.data_dir.mkdir(parents=True, exist_ok=True)
     voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in info.nodes)
     config = node.data_dir / "server.properties"
-    config.write_text(_server_properties(node, voters, len(info.nodes), partitions))
+    credentials = info.credentials
+    fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # a secure node's holds a password
+    with os.fdopen(fd, "w") as f:
+        f.write(_server_properties(node, voters, len(info.nodes), partitions, credentials))
     classpath = f"{libs}/*"
     if not (node.data_dir / "logs" / "meta.properties").exists():
+        # The brokers' own SCRAM user exists from the start (they authenticate to each other
+        # with it); the components' users are created through the admin API once it runs.
+        scram = ["--add-scram", f"{MECHANISM}=[name={ADMIN},password={credentials.password(ADMIN).reveal()}]"] \
+            if credentials else []
         fmt = subprocess.run(
             [java, "-cp", classpath, "kafka.tools.StorageTool", "format",
-             "--cluster-id", raw["cluster_id"], "--config", str(config), "--ignore-formatted"],
+             "--cluster-id", raw["cluster_id"], "--config", str(config), "--ignore-formatted", *scram],
             capture_output=True, text=True, check=False,
         )
         if fmt.returncode != 0:
@@ -347,7 +414,7 @@ def wait_for(data_dir: Path, timeout: float = 90.0) -> ClusterInfo:
             if not _alive(node.pid):
                 raise KafkaRunnerError(
                     f"Kafka node {node.node_id} exited while starting; log {node.log_file}:\n{tail(node.log_file)}")
-        if live_brokers(info.bootstrap, cluster_id=raw["cluster_id"]) >= wanted:
+        if live_brokers(info.connection(ADMIN), cluster_id=raw["cluster_id"]) >= wanted:
             return info
         if time.monotonic() > deadline:
             logs = "\n".join(f"log {n.log_file}:\n{tail(n.log_file, 15)}" for n in info.nodes)

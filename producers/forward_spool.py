@@ -26,7 +26,7 @@ from confluent_kafka import KafkaError, Producer
 
 from producers.spool import Position, Spool
 from schemas.codec import Codec, CodecError
-from schemas.kafka_config import producer_config
+from schemas.kafka_config import Connection, producer_config
 from schemas.sample_columns import NAME as COLUMNS
 from schemas.sample_columns import columns_of, rows_of, shape_error
 from schemas.topics import GPU_SAMPLES
@@ -81,7 +81,7 @@ class SampleCoalescer:
 
 
 class Forwarder:
-    def __init__(self, spool: Spool, bootstrap: str, max_in_flight: int = 20_000, send_every_s: float = 0.0,
+    def __init__(self, spool: Spool, kafka: str | Connection, max_in_flight: int = 20_000, send_every_s: float = 0.0,
                  clock=time.monotonic, **overrides: object) -> None:
         self.spool = spool
         self.max_in_flight = max_in_flight
@@ -97,7 +97,7 @@ class Forwarder:
             "on_delivery": self._on_error,
         }
         config.update(overrides)
-        self.producer = Producer(producer_config(bootstrap, **config))
+        self.producer = Producer(producer_config(kafka, **config))
         self._batch_end: Position | None = None  # end of the batch in flight
         self._batch_size = 0
         self.sent = 0

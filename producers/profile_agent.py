@@ -26,7 +26,7 @@ from producers.profile_hook import safe_name
 from producers.publish_kafka import Publisher
 from producers.publish_trace import publish_trace
 from schemas.codec import Codec
-from schemas.kafka_config import consumer_config
+from schemas.kafka_config import Connection, consumer_config
 from schemas.topics import PROFILE_REQUESTS, PROFILE_STATUSES, trace_id_of
 
 log = logging.getLogger(__name__)
@@ -170,14 +170,14 @@ class ProfileListener:
     """Reads the control topic for the agent (a consumer group per host: every host sees every
     request) and drives the coordinator; runs in its own thread beside the sampling loop."""
 
-    def __init__(self, bootstrap: str, coordinator: ProfileCoordinator, topic_prefix: str = "") -> None:
+    def __init__(self, kafka: str | Connection, coordinator: ProfileCoordinator, topic_prefix: str = "") -> None:
         self.coordinator = coordinator
         self.codec = Codec()
         # A new host reads the topic from the start but skips requests past their deadline, so
         # none is missed while it joins; commits as it reads (a request lost to a crash ends at
         # the requester's deadline, with this host named).
         self.consumer = Consumer(consumer_config(
-            bootstrap, f"gpufleet-agent-profiles-{coordinator.host}", **{"enable.auto.commit": True}))
+            kafka, f"gpufleet-agent-profiles-{coordinator.host}", **{"enable.auto.commit": True}))
         self.assigned = threading.Event()
         self.consumer.subscribe([topic_prefix + PROFILE_REQUESTS.name],
                                 on_assign=lambda consumer, partitions: self.assigned.set())

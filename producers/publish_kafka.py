@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from confluent_kafka import KafkaError, Message, Producer
 
 from schemas.codec import Codec
-from schemas.kafka_config import producer_config
+from schemas.kafka_config import Connection, producer_config
 from schemas.topics import TopicSpec, key_of
 
 log = logging.getLogger(__name__)
@@ -18,8 +18,8 @@ log = logging.getLogger(__name__)
 class Publisher:
     """Encodes dicts with the topic's schema and produces them with the topic's key."""
 
-    def __init__(self, bootstrap: str, codec: Codec, **overrides: object) -> None:
-        self._producer = Producer(producer_config(bootstrap, **overrides))
+    def __init__(self, kafka: str | Connection, codec: Codec, **overrides: object) -> None:
+        self._producer = Producer(producer_config(kafka, **overrides))
         self._codec = codec
         self._lock = threading.Lock()
         self.delivered = 0

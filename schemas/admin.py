@@ -13,7 +13,12 @@ from collections.abc import Iterable
 from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
+from schemas.kafka_config import Connection, client_config, connection
 from schemas.topics import ALL_TOPICS, TopicSpec
+
+
+class TopicsMissing(RuntimeError):
+    """Topics a component needs do not exist and its principal may not create them."""
 
 
 def replication_for(brokers: int) -> tuple[int, int]:
@@ -25,11 +30,11 @@ def replication_for(brokers: int) -> tuple[int, int]:
     return replicas, (2 if replicas >= 3 else 1)
 
 
-def create_topics(bootstrap: str, topics: Iterable[tuple[str, int, bool]], timeout: float = 30.0,
+def create_topics(kafka: str | Connection, topics: Iterable[tuple[str, int, bool]], timeout: float = 30.0,
                   replication: int | None = None) -> list[str]:
     """Create each ``(name, partitions, compacted)`` that does not exist yet, replicated as the
     cluster allows (or ``replication`` times); return the names created."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin = AdminClient(client_config(kafka))
     metadata = admin.list_topics(timeout=timeout)
     existing = set(metadata.topics)
     replicas, min_isr = replication_for(replication or len(metadata.brokers))
@@ -40,14 +45,20 @@ def create_topics(bootstrap: str, topics: Iterable[tuple[str, int, bool]], timeo
     ]
     if not wanted:
         return []
-    created = []
+    created, refused = [], []
     for name, future in admin.create_topics(wanted, operation_timeout=timeout).items():
         try:
             future.result(timeout)
             created.append(name)
         except KafkaException as exc:
-            if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
+            if exc.args[0].name() in ("TOPIC_AUTHORIZATION_FAILED", "CLUSTER_AUTHORIZATION_FAILED"):
+                refused.append(name)
+            elif exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
                 raise
+    if refused:
+        raise TopicsMissing(f"{len(refused)} topic(s) do not exist and {connection(kafka).security.principal} "
+                            f"may not create them: {', '.join(sorted(refused))}; an administrator creates "
+                            f"them (`gpufleet topics create`)")
     wait_until_served(admin, [t.topic for t in wanted], timeout)
     return created
 
@@ -81,7 +92,7 @@ def wait_until_served(admin: AdminClient, names: list[str], timeout: float = 30.
 
 
 def ensure_topics(
-    bootstrap: str,
+    kafka: str | Connection,
     specs: Iterable[TopicSpec] = ALL_TOPICS,
     prefix: str = "",
     timeout: float = 30.0,
@@ -91,16 +102,16 @@ def ensure_topics(
     """Create the declared topics (under ``prefix``) that do not exist yet, those that scale
     with the fleet with ``partitions`` each (default: as declared); return the names created.
     Topics that exist keep what they have: ``partitions_of`` tells a consumer what that is."""
-    return create_topics(bootstrap, [(prefix + s.name, s.partitions_in(partitions), s.compacted) for s in specs],
+    return create_topics(kafka, [(prefix + s.name, s.partitions_in(partitions), s.compacted) for s in specs],
                          timeout, replication)
 
 
-def brokers_in(bootstrap: str, timeout: float = 30.0) -> int:
+def brokers_in(kafka: str | Connection, timeout: float = 30.0) -> int:
     """How many brokers the cluster's metadata lists as live."""
-    return len(AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=timeout).brokers)
+    return len(AdminClient(client_config(kafka)).list_topics(timeout=timeout).brokers)
 
 
-def partitions_of(bootstrap: str, names: Iterable[str], timeout: float = 30.0) -> dict[str, int]:
+def partitions_of(kafka: str | Connection, names: Iterable[str], timeout: float = 30.0) -> dict[str, int]:
     """How many partitions each of the topics ``names`` has on the cluster (missing: left out)."""
-    topics = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=timeout).topics
+    topics = AdminClient(client_config(kafka)).list_topics(timeout=timeout).topics
     return {n: len(topics[n].partitions) for n in names if n in topics and topics[n].error is None}

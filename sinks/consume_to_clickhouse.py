@@ -35,7 +35,7 @@ from confluent_kafka.admin import AdminClient
 
 from schemas.codec import Codec
 from schemas.dead_letter import dead_letter
-from schemas.kafka_config import consumer_config, producer_config
+from schemas.kafka_config import Connection, client_config, consumer_config, producer_config
 from schemas.sample_columns import samples_checked
 from schemas.topics import DEAD_LETTERS, GPU_SAMPLES
 from sinks.clickhouse_ddl import TABLES, Table
@@ -109,7 +109,7 @@ class SinkStats:
 class ClickHouseSink:
     def __init__(
         self,
-        bootstrap: str,
+        kafka: str | Connection,
         writer: ClickHouseWriter,
         group_id: str = "gpufleet-clickhouse-sink",
         topic_prefix: str = "",
@@ -125,10 +125,10 @@ class ClickHouseSink:
         self.batch_wait_s = batch_wait_s
         self.codec = Codec()
         self.stats = SinkStats()
-        self.consumer = Consumer(consumer_config(bootstrap, group_id, **(consumer_overrides or {})))
+        self.consumer = Consumer(consumer_config(kafka, group_id, **(consumer_overrides or {})))
         self.committer = Committer(self.consumer)
-        self.producer = Producer(producer_config(bootstrap))
-        self.admin = AdminClient({"bootstrap.servers": bootstrap})
+        self.producer = Producer(producer_config(kafka))
+        self.admin = AdminClient(client_config(kafka))
         self.topic_ids: dict[str, str] = {}  # topic -> Kafka's id of it, refreshed on each assignment
         self.dead_letter_topic = topic_prefix + DEAD_LETTERS.name
 

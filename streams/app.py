@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import faust
 
+from schemas.kafka_config import Security
 from schemas.topics import GPU_SAMPLES, KERNEL_EVENTS, PROFILE_SCHEDULE
 from streams import faust_fixes
 from streams.auto_profile import AutoProfileConfig
@@ -24,6 +25,7 @@ class StreamSettings:
     """
 
     bootstrap: str
+    security: Security = field(default_factory=Security)
     app_id: str = "gpufleet-worker"
     topic_prefix: str = ""
     data_dir: str = "data/worker"
@@ -84,6 +86,7 @@ def create_app(settings: StreamSettings) -> faust.App:
     app = faust.App(
         settings.app_id,
         broker=f"kafka://{settings.bootstrap}",
+        broker_credentials=settings.security.faust_credentials(),
         store="memory://",
         datadir=settings.data_dir,
         processing_guarantee="at_least_once",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -71,13 +72,15 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str, inter
 
 @contextmanager
 def worker_process(bootstrap: str, prefix: str, data_dir: Path, app_id: str,
-                   *options: str) -> Iterator[subprocess.Popen]:
-    """``gpufleet worker`` as its own process, as it runs in production."""
+                   *options: str, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
+    """``gpufleet worker`` as its own process, as it runs in production (``env``: more
+    environment variables, such as its Kafka credentials)."""
     log = data_dir / f"{app_id}.log"
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpufleet", "--data-dir", str(data_dir), "--log-level", "info",
          "worker", "--bootstrap", bootstrap, "--topic-prefix", prefix, "--app-id", app_id, *options],
         stdout=log.open("ab"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
     )
     proc.log_path = log  # type: ignore[attr-defined]
     try:

@@ -1,0 +1,225 @@
+"""Who may do what on gpufleet's Kafka topics, and the secure local cluster's credentials.
+
+Each component runs as a principal of its own and is granted only what it needs (``RIGHTS``):
+
+============ ==================================================================================
+agent        writes GPU and host samples, workflow events, kernel events and profile statuses;
+             reads profile requests (its consumer groups: ``gpufleet-agent-…``)
+worker       reads samples, workflow and kernel events, profile results and its schedule; writes
+             every topic it derives; owns the topics and group named by its app id (changelogs)
+sink         reads every topic it stores in ClickHouse; writes dead letters
+notifier     reads alerts; writes dead letters
+operator     asks for profiles and reads what came of them, and where workflows run (``gpufleet profile``)
+subscriber   reads the output topics only: windows, summaries, alerts, analyses, findings
+admin        a super user: creates topics, users and ACLs; never used by a component
+============ ==================================================================================
+
+Every component but the subscriber may also describe (not read) every gpufleet topic, so that
+it can tell that the topics it needs exist. ``bindings`` turns the table into Kafka ACLs for a
+topic prefix; ``grant`` creates them. ``LocalCredentials`` makes and keeps the secure local
+cluster's CA, certificates, passwords and client property files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from schemas.kafka_config import Connection, Secret, Security
+from schemas.topics import (
+    ALERTS,
+    ALL_TOPICS,
+    DEAD_LETTERS,
+    FINDINGS,
+    GPU_SAMPLES,
+    HOST_SAMPLES,
+    KERNEL_EVENTS,
+    PROFILE_REQUESTS,
+    PROFILE_RESULTS,
+    PROFILE_SCHEDULE,
+    PROFILE_STATUSES,
+    TRACE_ANALYSES,
+    WORKFLOW_EVENTS,
+    WORKFLOW_SUMMARIES,
+    WORKFLOW_WINDOWS,
+    TopicSpec,
+)
+
+ADMIN = "admin"
+MECHANISM = "SCRAM-SHA-512"
+DEFAULT_WORKER_APP_ID = "gpufleet-worker"
+
+
+@dataclass(frozen=True)
+class Rights:
+    """What one principal may do: topics it reads and writes, and the prefixes of the consumer
+    groups (and, for the worker, of the topics) it owns."""
+
+    reads: tuple[TopicSpec, ...] = ()
+    writes: tuple[TopicSpec, ...] = ()
+    groups: tuple[str, ...] = ()
+    owns_topics_prefixed: tuple[str, ...] = ()
+    describes_all: bool = True
+
+
+def _sink_topics() -> tuple[TopicSpec, ...]:
+    from sinks.clickhouse_ddl import TABLES
+
+    return tuple(dict.fromkeys(t.topic for t in TABLES))
+
+
+def rights(worker_app_id: str = DEFAULT_WORKER_APP_ID) -> dict[str, Rights]:
+    outputs = (WORKFLOW_WINDOWS, WORKFLOW_SUMMARIES, ALERTS, TRACE_ANALYSES, FINDINGS)
+    return {
+        "agent": Rights(reads=(PROFILE_REQUESTS,),
+                        writes=(GPU_SAMPLES, HOST_SAMPLES, WORKFLOW_EVENTS, KERNEL_EVENTS, PROFILE_STATUSES),
+                        groups=("gpufleet-agent-",)),
+        "worker": Rights(reads=(GPU_SAMPLES, WORKFLOW_EVENTS, PROFILE_RESULTS, KERNEL_EVENTS, PROFILE_SCHEDULE),
+                         writes=(GPU_SAMPLES, *outputs, DEAD_LETTERS, PROFILE_REQUESTS, PROFILE_STATUSES,
+                                 PROFILE_RESULTS, PROFILE_SCHEDULE),
+                         groups=(worker_app_id,), owns_topics_prefixed=(worker_app_id,)),
+        "sink": Rights(reads=_sink_topics(), writes=(DEAD_LETTERS,), groups=("gpufleet-clickhouse-sink",)),
+        "notifier": Rights(reads=(ALERTS,), writes=(DEAD_LETTERS,), groups=("gpufleet-notifier",)),
+        "operator": Rights(reads=(WORKFLOW_EVENTS, PROFILE_STATUSES, PROFILE_RESULTS, TRACE_ANALYSES, FINDINGS),
+                           writes=(PROFILE_REQUESTS,), groups=("gpufleet-profile",)),
+        "subscriber": Rights(reads=outputs, groups=("gpufleet-subscriber",), describes_all=False),
+    }
+
+
+PRINCIPALS = (ADMIN, *rights())
+
+
+def bindings(topic_prefix: str = "", worker_app_id: str = DEFAULT_WORKER_APP_ID) -> list:
+    """The ACLs that give each principal its ``rights`` on the topics under ``topic_prefix``."""
+    from confluent_kafka.admin import (
+        AclBinding,
+        AclOperation,
+        AclPermissionType,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    def allow(kind, name, pattern, principal, operation):
+        return AclBinding(kind, name, pattern, f"User:{principal}", "*", operation, AclPermissionType.ALLOW)
+
+    topic, group, literal, prefixed = ResourceType.TOPIC, ResourceType.GROUP, ResourcePatternType.LITERAL, \
+        ResourcePatternType.PREFIXED
+    out = []
+    all_topics_prefix = topic_prefix + os.path.commonprefix([s.name for s in ALL_TOPICS])
+    for principal, r in rights(worker_app_id).items():
+        for spec in r.reads:
+            out.append(allow(topic, topic_prefix + spec.name, literal, principal, AclOperation.READ))
+        for spec in r.writes:
+            out.append(allow(topic, topic_prefix + spec.name, literal, principal, AclOperation.WRITE))
+        for name in r.groups:
+            out.append(allow(group, name, prefixed, principal, AclOperation.READ))
+        for name in r.owns_topics_prefixed:
+            out.append(allow(topic, name, prefixed, principal, AclOperation.ALL))
+        if r.describes_all:
+            out.append(allow(topic, all_topics_prefix, prefixed, principal, AclOperation.DESCRIBE))
+    return out
+
+
+def grant(admin: Connection, topic_prefix: str = "", worker_app_id: str = DEFAULT_WORKER_APP_ID,
+          timeout: float = 30.0) -> int:
+    """Create the ACLs of ``bindings`` (existing ones are kept); returns how many were asked for."""
+    from confluent_kafka.admin import AdminClient
+
+    from schemas.kafka_config import client_config
+
+    wanted = bindings(topic_prefix, worker_app_id)
+    client = AdminClient(client_config(admin))  # kept until the futures are done: they die with it
+    for future in client.create_acls(wanted, request_timeout=timeout).values():
+        future.result(timeout)
+    return len(wanted)
+
+
+def create_users(admin: Connection, passwords: dict[str, Secret], timeout: float = 30.0) -> None:
+    """Give each principal its SCRAM credential (set again where it exists)."""
+    from confluent_kafka.admin import (
+        AdminClient,
+        ScramCredentialInfo,
+        ScramMechanism,
+        UserScramCredentialUpsertion,
+    )
+
+    from schemas.kafka_config import client_config
+
+    info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192)
+    upserts = [UserScramCredentialUpsertion(user, info, password.reveal().encode())
+               for user, password in passwords.items()]
+    client = AdminClient(client_config(admin))  # kept until the futures are done: they die with it
+    for future in client.alter_user_scram_credentials(upserts, request_timeout=timeout).values():
+        future.result(timeout)
+
+
+class LocalCredentials:
+    """The secure local cluster's secrets, under ``<kafka data dir>/secure`` (mode 0700): a CA,
+    a certificate per node and per principal, a password per principal, and for each principal
+    a client properties file that ``GPUFLEET_KAFKA_CONFIG`` (or the CLI, by itself) can use."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+
+    @property
+    def ca_file(self) -> Path:
+        return self.dir / "ca.pem"
+
+    def exists(self) -> bool:
+        return (self.dir / "passwords.json").exists()
+
+    def create(self, node_ids: list[int]) -> None:
+        from gpufleet.certificates import Authority
+
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.dir, 0o700)
+        ca = Authority.create("gpufleet local Kafka CA")
+        ca.save(self.dir)
+        for node_id in node_ids:
+            issued = ca.issue(self.dir / "nodes", f"node-{node_id}", hosts=("127.0.0.1", "localhost"), server=True)
+            keystore = self.keystore(node_id)
+            fd = os.open(keystore, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:  # Kafka's PEM key store: the key, then the chain
+                f.write(issued.key.read_bytes() + issued.cert.read_bytes())
+        passwords = {p: secrets.token_urlsafe(24) for p in PRINCIPALS}
+        _write_private(self.dir / "passwords.json", json.dumps(passwords))
+        for principal in PRINCIPALS:
+            issued = ca.issue(self.dir / "clients", principal)
+            _write_private(self.properties(principal), "\n".join([
+                "security.protocol=SASL_SSL",
+                f"sasl.mechanism={MECHANISM}",
+                f"sasl.username={principal}",
+                f"sasl.password={passwords[principal]}",
+                f"ssl.ca.location={self.ca_file}",
+                f"ssl.certificate.location={issued.cert}",
+                f"ssl.key.location={issued.key}",
+                "",
+            ]))
+
+    def node_ids(self) -> list[int]:
+        return sorted(int(p.name[len("node-"):-len(".keystore.pem")]) for p in (self.dir / "nodes").glob("node-*.keystore.pem"))
+
+    def keystore(self, node_id: int) -> Path:
+        return self.dir / "nodes" / f"node-{node_id}.keystore.pem"
+
+    def properties(self, principal: str) -> Path:
+        return self.dir / "clients" / f"{principal}.properties"
+
+    def password(self, principal: str) -> Secret:
+        return Secret(json.loads((self.dir / "passwords.json").read_text())[principal])
+
+    def passwords(self) -> dict[str, Secret]:
+        return {p: Secret(v) for p, v in json.loads((self.dir / "passwords.json").read_text()).items()}
+
+    def security(self, principal: str) -> Security:
+        return Security.from_properties(self.properties(principal))
+
+
+def _write_private(path: Path, text: str) -> None:
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)

@@ -1,0 +1,49 @@
+"""The rights table as Kafka ACLs: each role gets what the pipeline needs of it, and no more."""
+
+from confluent_kafka.admin import AclOperation, ResourcePatternType, ResourceType
+
+from gpufleet.kafka_security import PRINCIPALS, bindings, rights
+from schemas.topics import ALERTS, ALL_TOPICS, GPU_SAMPLES, PROFILE_REQUESTS
+
+
+def granted(prefix="p."):
+    out = {}
+    for b in bindings(prefix, worker_app_id="p.worker"):
+        out.setdefault(b.principal.removeprefix("User:"), set()).add(
+            (b.restype, b.name, b.resource_pattern_type, b.operation))
+    return out
+
+
+def test_every_topic_has_a_writer_and_every_topic_read_has_a_writer():
+    table = rights()
+    written = {s.name for r in table.values() for s in r.writes}
+    read = {s.name for r in table.values() for s in r.reads}
+    assert written == {s.name for s in ALL_TOPICS}
+    assert read <= written
+
+
+def test_alerts_are_written_by_the_worker_alone_and_profile_requests_by_worker_and_operator():
+    g = granted()
+    writers = {p for p, acls in g.items() if (ResourceType.TOPIC, "p." + ALERTS.name, ResourcePatternType.LITERAL,
+                                              AclOperation.WRITE) in acls}
+    assert writers == {"worker"}
+    writers = {p for p, acls in g.items() if (ResourceType.TOPIC, "p." + PROFILE_REQUESTS.name,
+                                              ResourcePatternType.LITERAL, AclOperation.WRITE) in acls}
+    assert writers == {"worker", "operator"}
+
+
+def test_the_subscriber_writes_nothing_and_sees_only_outputs():
+    acls = granted()["subscriber"]
+    assert all(op in (AclOperation.READ,) for _, _, _, op in acls)
+    assert (ResourceType.TOPIC, "p." + GPU_SAMPLES.name, ResourcePatternType.LITERAL, AclOperation.READ) not in acls
+    assert not any(t == ResourceType.TOPIC and pattern == ResourcePatternType.PREFIXED for t, _, pattern, _ in acls)
+
+
+def test_only_the_worker_owns_topics_and_only_under_its_app_id():
+    owners = {p: {(n, pat) for t, n, pat, op in acls if op == AclOperation.ALL} for p, acls in granted().items()}
+    assert owners.pop("worker") == {("p.worker", ResourcePatternType.PREFIXED)}
+    assert not any(owners.values())
+
+
+def test_every_component_has_a_principal_and_admin_needs_no_acl():
+    assert set(granted()) == set(PRINCIPALS) - {"admin"}
