@@ -31,8 +31,10 @@ def _bootstrap_arg(p: argparse.ArgumentParser) -> None:
 
 def _clickhouse_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clickhouse-dsn", default=os.environ.get("GPUFLEET_CLICKHOUSE_DSN"),
-                   help="chdb:///path (embedded, the default under the data dir) or http(s)://user:pw@host:port "
-                        "(env GPUFLEET_CLICKHOUSE_DSN)")
+                   help="chdb:///path (embedded, the default under the data dir) or http(s)://user@host:port "
+                        "(env GPUFLEET_CLICKHOUSE_DSN; the password from GPUFLEET_CLICKHOUSE_PASSWORD or _FILE). "
+                        "Queries use GPUFLEET_CLICKHOUSE_READER_DSN where set (the read-only user of "
+                        "`gpufleet clickhouse-users`)")
     p.add_argument("--database", default=os.environ.get("GPUFLEET_DATABASE", "gpufleet"))
     p.add_argument("--clickhouse-cluster", default=os.environ.get("GPUFLEET_CLICKHOUSE_CLUSTER"),
                    help="a ClickHouse cluster (a server's remote_servers) to create the tables on: replicated "
@@ -243,14 +245,33 @@ def cmd_sql(args: argparse.Namespace) -> int:
     from clickhouse_connect.driver.exceptions import ClickHouseError
 
     from gpufleet.sql import FORMATS, run_query
+    from sinks.write_clickhouse import refusal
 
     client = _client(args, read_only=not args.write)
 
     try:
         columns, rows = run_query(client, args.query)
     except ClickHouseError as exc:
-        sys.exit(f"query failed: {str(exc).splitlines()[0]}")
+        sys.exit(f"query failed: {refusal(exc)}")
     print(FORMATS[args.format](columns, rows))
+    return 0
+
+
+def cmd_clickhouse_users(args: argparse.Namespace) -> int:
+    from sinks.clickhouse_access import access_statements, password_sha256
+
+    hashes = []
+    for role in ("READER", "WRITER"):
+        name = f"GPUFLEET_CLICKHOUSE_{role}_PASSWORD"
+        password = Path(os.environ[name + "_FILE"]).read_text().strip() if os.environ.get(name + "_FILE") \
+            else os.environ.get(name)
+        if not password:
+            sys.exit(f"set {name} (or {name}_FILE) to the {role.lower()}'s password")
+        hashes.append(password_sha256(password))
+    try:
+        print(";\n".join(access_statements(args.database, *hashes)) + ";")
+    except ValueError as exc:
+        sys.exit(str(exc))
     return 0
 
 
@@ -376,9 +397,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 def _client(args: argparse.Namespace, read_only: bool = True):
     """A client on the configured ClickHouse, with a plain message when the embedded one is busy."""
-    from sinks.write_clickhouse import connect
+    from sinks.write_clickhouse import connect, redact_dsn
 
-    dsn = _dsn(args)
+    dsn = (read_only and os.environ.get("GPUFLEET_CLICKHOUSE_READER_DSN")) or _dsn(args)
     if dsn.startswith("chdb://") and read_only:
         from gpufleet.query_server import find_server
 
@@ -390,7 +411,7 @@ def _client(args: argparse.Namespace, read_only: bool = True):
     except Exception as exc:
         if not dsn.startswith("chdb://"):
             raise
-        sys.exit(f"cannot open the embedded ClickHouse at {dsn}: {exc}\n"
+        sys.exit(f"cannot open the embedded ClickHouse at {redact_dsn(dsn)}: {exc}\n"
                  "The embedded engine allows one process per data directory: if a gpufleet demo or "
                  "sink is running on it, wait for it to finish, or point --clickhouse-dsn at a server.")
 
@@ -400,13 +421,14 @@ def cmd_opportunities(args: argparse.Namespace) -> int:
 
     from gpufleet.opportunities import opportunities
     from gpufleet.sql import FORMATS
+    from sinks.write_clickhouse import refusal
 
     try:
         columns, rows = opportunities(_client(args), args.database, args.by, args.since, args.limit)
     except ValueError as exc:
         sys.exit(str(exc))
     except ClickHouseError as exc:
-        sys.exit(f"query failed: {str(exc).splitlines()[0]}")
+        sys.exit(f"query failed: {refusal(exc)}")
     if not rows and args.format == "table":
         print(f"no wasted GPU-hours recorded (--since {args.since})")
         return 0
@@ -682,6 +704,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["table", "csv", "json"], default="table")
     p.add_argument("--write", action="store_true", help="allow statements that change data")
     p.set_defaults(func=cmd_sql)
+
+    p = sub.add_parser("clickhouse-users",
+                       help="print the SQL that creates a server's gpufleet users: a writer for the sink and a "
+                            "read-only reader for queries (passwords from GPUFLEET_CLICKHOUSE_READER_PASSWORD and "
+                            "GPUFLEET_CLICKHOUSE_WRITER_PASSWORD, or their _FILE; only their hashes are printed)")
+    p.add_argument("--database", default=os.environ.get("GPUFLEET_DATABASE", "gpufleet"))
+    p.set_defaults(func=cmd_clickhouse_users)
     return parser
 
 

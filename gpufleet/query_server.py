@@ -5,11 +5,14 @@ owns it -- the sink, or ``gpufleet demo`` -- serves read-only queries on loopbac
 second, read-only session on the same directory, and leaves the port and a secret in
 ``<data path>/query-server.json`` (mode 0600). ``gpufleet sql``, ``opportunities``,
 ``report`` and ``workflows`` find that file and send their queries there, so analysts can
-query while the pipeline runs. Queries run one at a time; ClickHouse refuses writes.
+query while the pipeline runs. Queries run one at a time in a read-only session (``READ_ONLY_SETTINGS``): ClickHouse
+refuses writes, SET and the table functions that reach files or the network. The token is
+compared in constant time.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import os
@@ -24,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from clickhouse_connect.driver.exceptions import ClickHouseError, DatabaseError
+
+from sinks.write_clickhouse import refusal
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +75,8 @@ class QueryServer:
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
-                if self.headers.get("Authorization") != f"Bearer {server.token}":
+                given = self.headers.get("Authorization", "").encode()
+                if not hmac.compare_digest(given, f"Bearer {server.token}".encode()):  # in constant time
                     self._reply(403, {"error": "wrong or missing token"})
                     return
                 try:
@@ -80,7 +86,7 @@ class QueryServer:
                     self._reply(200, {"columns": list(result.column_names),
                                       "rows": [_encode(list(r)) for r in result.result_rows]})
                 except (ClickHouseError, ValueError, KeyError, TypeError) as exc:  # ClickHouse's own message
-                    self._reply(400, {"error": str(exc).splitlines()[0] if str(exc) else repr(exc)})
+                    self._reply(400, {"error": refusal(exc)})
 
             def _reply(self, status: int, body: dict) -> None:
                 data = json.dumps(body, default=str).encode()

@@ -8,7 +8,9 @@ returned with the error code, so the rest of the batch still lands.
 from __future__ import annotations
 
 import logging
+import os
 import time
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,18 +39,60 @@ def default_dsn(data_dir: Path) -> str:
     return f"chdb://{(data_dir / 'clickhouse').resolve()}"
 
 
+# A read-only session: SELECT only. No INSERT, DDL or SET, and no table function that reaches
+# files or the network (file, url, remote, s3, mysql, executable, ...): ClickHouse refuses
+# them all under readonly=1 (readonly=2 allows SET and, with it, every table function).
+READ_ONLY_SETTINGS = {"readonly": 1}
+READONLY_CODE = 164
+
+PASSWORD_ENV = "GPUFLEET_CLICKHOUSE_PASSWORD"
+
+
+def dsn_password(env: dict | None = None) -> str | None:
+    """The ClickHouse password from ``GPUFLEET_CLICKHOUSE_PASSWORD`` or the file that
+    ``GPUFLEET_CLICKHOUSE_PASSWORD_FILE`` names (a DSN should not hold it: DSNs get printed)."""
+    env = os.environ if env is None else env
+    if env.get(PASSWORD_ENV + "_FILE"):
+        return Path(env[PASSWORD_ENV + "_FILE"]).read_text().strip()
+    return env.get(PASSWORD_ENV) or None
+
+
+def redact_dsn(dsn: str) -> str:
+    """``dsn`` as it may be shown: without its password."""
+    parts = urllib.parse.urlsplit(dsn)
+    if parts.password is None:
+        return dsn
+    netloc = f"{parts.username or ''}:***@{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
 def connect(dsn: str, read_only: bool = False) -> Client:
     """A clickhouse-connect client for ``chdb:///path`` (embedded) or ``http(s)://…`` (server).
 
-    ``read_only`` makes it a read-only session (``readonly=2``: reads and SET only). It is set
-    for the whole session because the embedded engine cannot leave read-only mode per query.
+    ``read_only``: a session of ``READ_ONLY_SETTINGS``, for the whole session because the
+    embedded engine cannot leave read-only mode per query. On a server, connect the query
+    path as the reader user (``sinks.clickhouse_access``), whose profile enforces the same.
+    A server's password comes from the DSN or from ``dsn_password``.
     """
     if dsn.startswith("chdb://"):
         path = dsn[len("chdb://"):]
         if path.startswith("/"):
             Path(path).mkdir(parents=True, exist_ok=True)
-    settings = {"readonly": 2} if read_only else None
-    return clickhouse_connect.get_client(dsn=dsn, settings=settings)
+        return clickhouse_connect.get_client(dsn=dsn, settings=READ_ONLY_SETTINGS if read_only else None)
+    options: dict[str, Any] = {}
+    password = dsn_password()
+    if password is not None and urllib.parse.urlsplit(dsn).password is None:
+        options["password"] = password
+    return clickhouse_connect.get_client(dsn=dsn, settings=READ_ONLY_SETTINGS if read_only else None, **options)
+
+
+def refusal(exc: BaseException) -> str:
+    """ClickHouse's error in a line, saying what the read-only query path allows when that was the reason."""
+    first = str(exc).splitlines()[0] if str(exc) else repr(exc)
+    if error_code(exc) == READONLY_CODE and not first.startswith("refused:"):
+        return ("refused: gpufleet's query path is read-only: it runs SELECT, never writes, changes settings or "
+                f"calls table functions that reach files or the network (file, url, remote, s3, ...). {first}")
+    return first
 
 
 def error_code(exc: BaseException) -> int | None:

@@ -38,6 +38,8 @@ def test_served_queries_are_read_only_and_errors_come_back(served):
     remote = find_server(client.path)
     with pytest.raises(DatabaseError, match="readonly"):
         remote.query(f"INSERT INTO {database}.t VALUES (9, now())")
+    with pytest.raises(DatabaseError, match="^refused: gpufleet's query path is read-only.*READONLY"):
+        remote.query("SELECT * FROM file('/etc/passwd', 'LineAsString')")
     with pytest.raises(DatabaseError, match="UNKNOWN_TABLE|Unknown table"):
         remote.query(f"SELECT * FROM {database}.missing")
     result = remote.query(f"SELECT max(at) AS last FROM {database}.t")

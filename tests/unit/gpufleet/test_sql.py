@@ -4,7 +4,7 @@ import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError
 
 from gpufleet.sql import format_csv, format_json, format_table, run_query
-from sinks.write_clickhouse import connect
+from sinks.write_clickhouse import connect, refusal
 
 
 def test_table_aligns_numbers_right_and_counts_rows():
@@ -27,3 +27,32 @@ def test_read_only_sessions_refuse_writes(chdb_client, database):
         run_query(reader, f"INSERT INTO {database}.t VALUES (1)")
     run_query(chdb_client, f"INSERT INTO {database}.t VALUES (1)")
     assert run_query(reader, f"SELECT count() AS n FROM {database}.t") == (["n"], [(1,)])
+
+
+# What a read-only session must refuse: writes, DDL, settings, and every table function that
+# reaches the host's files, other servers or the network.
+REFUSED = [
+    "INSERT INTO {db}.t VALUES (1)",
+    "CREATE TABLE {db}.u (x UInt8) ENGINE = Memory",
+    "DROP TABLE {db}.t",
+    "SET max_threads = 1",
+    "SELECT * FROM file('/etc/passwd', 'LineAsString')",
+    "SELECT * FROM url('http://127.0.0.1:9/x', 'CSV', 'a String')",
+    "SELECT * FROM remote('127.0.0.1:9', system.one)",
+    "SELECT * FROM s3('http://127.0.0.1:9/bucket-name/x.csv', 'CSV', 'a String')",
+    "SELECT * FROM mysql('127.0.0.1:9', 'd', 't', 'u', 'p')",
+    "SELECT * FROM executable('cat /etc/passwd', 'LineAsString', 'a String')",
+    "SELECT * FROM {db}.t SETTINGS readonly = 0",
+]
+
+
+@pytest.mark.parametrize("sql", REFUSED)
+def test_read_only_sessions_refuse_writes_settings_and_table_functions_that_reach_out(chdb_client, database, sql):
+    chdb_client.command(f"CREATE DATABASE IF NOT EXISTS {database}")
+    chdb_client.command(f"CREATE TABLE IF NOT EXISTS {database}.t (x UInt8) ENGINE = MergeTree ORDER BY x")
+    reader = connect(f"chdb://{chdb_client.path}", read_only=True)
+    with pytest.raises(DatabaseError) as raised:
+        run_query(reader, sql.format(db=database))
+    assert refusal(raised.value).startswith("refused: gpufleet's query path is read-only")
+    assert run_query(reader, f"SELECT count() AS n FROM {database}.t") == (["n"], [(0,)])  # reads still work
+

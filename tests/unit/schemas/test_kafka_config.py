@@ -7,7 +7,14 @@ import ssl
 import pytest
 
 from gpufleet.certificates import Authority
-from schemas.kafka_config import Connection, KafkaConfigError, Secret, Security, client_config, producer_config
+from schemas.kafka_config import (
+    Connection,
+    KafkaConfigError,
+    Secret,
+    Security,
+    client_config,
+    producer_config,
+)
 
 PASSWORD = "s3cr3t-Value"
 
@@ -60,7 +67,7 @@ def test_a_password_file_others_can_read_is_refused(tmp_path):
 
 
 def test_a_properties_file_under_the_environment(pki, tmp_path):
-    ca, cert, key = pki
+    ca, _cert, _key = pki
     path = tmp_path / "client.properties"
     path.write_text(f"# the sink\nsecurity.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-512\nsasl.username=sink\n"
                     f"sasl.password={PASSWORD}\nssl.ca.location={ca}\n")
@@ -87,7 +94,7 @@ def test_settings_that_cannot_work_are_refused_saying_how(values, says):
 
 
 def test_the_password_never_shows(pki):
-    ca, cert, key = pki
+    ca, _cert, _key = pki
     security = Security("SASL_SSL", username="agent", password=Secret(PASSWORD), ca_file=str(ca))
     for text in (repr(security), str(security), repr(Connection("h:1", security)), str(Connection("h:1", security)),
                  repr(security.password), f"{security.password}"):

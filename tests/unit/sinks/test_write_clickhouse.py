@@ -250,3 +250,22 @@ def test_trace_analysis_rows_keep_idle_time_per_stream(writer, tmp_path):
         f"SELECT system_ticks, system_gpu_utilization_mean_pct, system_sm_active_mean_pct, system_host_cpu_mean_pct "
         f"FROM {writer.database}.trace_analyses ORDER BY trace_id").result_rows
     assert sorted(got, key=str) == sorted([(None, None, None, None), (40, 12.5, None, 97.0)], key=str)
+
+
+def test_a_dsn_is_shown_without_its_password():
+    from sinks.write_clickhouse import redact_dsn
+
+    assert redact_dsn("https://sink:hunter2@ch.example.com:8443/gpufleet") == "https://sink:***@ch.example.com:8443/gpufleet"
+    assert redact_dsn("http://ch:8123") == "http://ch:8123"
+    assert redact_dsn("chdb:///data/clickhouse") == "chdb:///data/clickhouse"
+
+
+def test_the_password_comes_from_the_environment_or_a_file(tmp_path):
+    from sinks.write_clickhouse import dsn_password
+
+    secret = tmp_path / "pw"
+    secret.write_text("from-file\n")
+    assert dsn_password({"GPUFLEET_CLICKHOUSE_PASSWORD": "from-env"}) == "from-env"
+    assert dsn_password({"GPUFLEET_CLICKHOUSE_PASSWORD_FILE": str(secret), "GPUFLEET_CLICKHOUSE_PASSWORD": "x"}) \
+        == "from-file"
+    assert dsn_password({}) is None
