@@ -299,7 +299,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     from producers.forward_spool import Forwarder
     from producers.host_agent import AgentSettings, HostAgent, SimulatedGpus, run_agent
     from producers.profile_agent import ProfileCoordinator, ProfileListener
-    from producers.profile_hook import profile_dir
+    from producers.profile_handoff import HandoffError, default_dir
     from producers.publish_kafka import Publisher
     from producers.sample_nvml import NvmlSampler, NvmlUnavailable
     from producers.simulate_fleet import build_fleet
@@ -340,8 +340,11 @@ def cmd_agent(args: argparse.Namespace) -> int:
     agent = HostAgent(settings, spool, Codec(), nvml=nvml, simulated=simulated, attributor=ProcessAttributor(keys))
     stop = threading.Event()
     # Profile requests for this host's workflows, answered beside the sampling loop.
-    coordinator = ProfileCoordinator(host, Publisher(kafka, Codec()), args.profile_dir or profile_dir(),
-                                     topic_prefix=args.topic_prefix)
+    try:
+        coordinator = ProfileCoordinator(host, Publisher(kafka, Codec()), args.profile_dir or default_dir(),
+                                         topic_prefix=args.topic_prefix)
+    except HandoffError as exc:
+        sys.exit(str(exc))
     for sig in (signal.SIGINT, signal.SIGTERM):  # stop now, not after the wait for the next tick
         signal.signal(sig, lambda *_: (stop.set(), coordinator.started.set()))
     agent.observers.append(coordinator.observe)  # the host's view while a profile is captured

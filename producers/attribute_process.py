@@ -53,6 +53,18 @@ class ProcessInfo:
     source: str = "none"  # how the workflow was found: env:<KEY>, slurm-cgroup, k8s-cgroup, none
 
 
+def workflow_of_environment(env: dict[str, str], keys: tuple[str, ...] = AttributionKeys.workflow
+                            ) -> tuple[str, str] | None:
+    """The workflow a process's environment names, and the key that named it; None if none does.
+    A Slurm job is ``slurm-<id>`` whether its id comes from here or from the cgroup. The agent
+    (for every GPU process) and the profiling hook (announcing its own process) both use it, so
+    a profile request finds the ranks of the workflow the agent reported."""
+    for key in keys:
+        if env.get(key):
+            return (f"slurm-{env[key]}" if key == "SLURM_JOB_ID" else env[key]), key
+    return None
+
+
 class ProcessAttributor:
     def __init__(self, keys: AttributionKeys = AttributionKeys(), proc: Path = Path("/proc")) -> None:
         self.keys = keys
@@ -89,11 +101,10 @@ class ProcessAttributor:
         common = {"owner": owner, "team": team, "cmdline": cmdline, "framework": framework,
                   "framework_version": version, "model": _first(env, self.keys.model),
                   "rank": int(rank) if rank is not None and rank.isdigit() else None}
-        for k in self.keys.workflow:
-            if env.get(k):
-                # A Slurm job is "slurm-<id>" whether its id comes from the environment or the cgroup.
-                workflow = f"slurm-{env[k]}" if k == "SLURM_JOB_ID" else env[k]
-                return ProcessInfo(pid, workflow, scheduler_job_id=job, source=f"env:{k}", **common)
+        found = workflow_of_environment(env, self.keys.workflow)
+        if found is not None:
+            workflow, key = found
+            return ProcessInfo(pid, workflow, scheduler_job_id=job, source=f"env:{key}", **common)
         m = SLURM_CGROUP.search(cgroup)
         if m:
             return ProcessInfo(pid, f"slurm-{m.group(1)}", scheduler_job_id=m.group(1), source="slurm-cgroup", **common)

@@ -11,7 +11,6 @@ came before the request's deadline. Nothing waits forever.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -22,7 +21,7 @@ from pathlib import Path
 from confluent_kafka import Consumer
 
 from producers.profile_context import ProfileContext
-from producers.profile_hook import safe_name
+from producers.profile_handoff import Handoff
 from producers.publish_kafka import Publisher
 from producers.publish_trace import publish_trace
 from schemas.codec import Codec
@@ -54,17 +53,12 @@ class ProfileCoordinator:
     # Set when a capture starts: the sampling loop wakes to sample it at the profile's rate.
     started: threading.Event = field(default_factory=threading.Event)
 
+    def __post_init__(self) -> None:
+        self.handoff = Handoff(self.directory)  # refuses a directory others could have made or write
+
     def hooks(self) -> list[dict]:
         """The processes on this host that enabled the hook and are still alive."""
-        out = []
-        for path in self.directory.glob("hook-*.json"):
-            try:
-                info = json.loads(path.read_text())
-                os.kill(info["pid"], 0)
-            except (OSError, ValueError, KeyError):
-                continue
-            out.append(info)
-        return out
+        return self.handoff.hooks()
 
     def handle(self, request: dict) -> None:
         """A request from the control topic."""
@@ -81,13 +75,9 @@ class ProfileCoordinator:
                     f"{self.host}: it no longer runs here, or its training script does not call "
                     "producers.profile_hook.enable()"))
             return
-        self.directory.mkdir(parents=True, exist_ok=True)
         for h in sorted(ranks, key=lambda h: h["rank"]):
-            ask = {"request_id": request["request_id"], "steps": request.get("steps"),
-                   "duration_ms": request.get("duration_ms")}
-            tmp = self.directory / f".request-{h['pid']}.json.part"
-            tmp.write_text(json.dumps(ask))
-            os.replace(tmp, self.directory / f"request-{h['pid']}.json")
+            self.handoff.ask(h["pid"], {"request_id": request["request_id"], "steps": request.get("steps"),
+                                        "duration_ms": request.get("duration_ms")})
             with self._lock:
                 self.captures.append(_Capture(request, h["pid"], h["rank"],
                                               ProfileContext(request["workflow_id"], h["rank"])))
@@ -109,10 +99,9 @@ class ProfileCoordinator:
         """Publish what has become of each capture in progress."""
         now_ms = int(self.clock() * 1000)
         for c in self.captures:
-            name = f"{safe_name(c.request['request_id'])}-{c.pid}"
-            trace = self.directory / f"trace-{name}.json"
-            error = self.directory / f"error-{name}.txt"
-            if trace.exists():
+            trace = self.handoff.trace(c.request["request_id"], c.pid)
+            error = self.handoff.error(c.request["request_id"], c.pid) if trace is None else None
+            if trace is not None:
                 trace_id = trace_id_of(c.request["request_id"], self.host, c.rank)
                 with self._lock:
                     system = c.context.summary()
@@ -125,10 +114,8 @@ class ProfileCoordinator:
                     self._status(c.request, "TRACE_PUBLISHED", rank=c.rank, pid=c.pid, trace_id=trace_id)
                 trace.unlink(missing_ok=True)
                 c.done = True
-            elif error.exists():
-                self._status(c.request, "FAILED", rank=c.rank, pid=c.pid,
-                             reason=f"the profiling hook failed: {error.read_text().strip()}")
-                error.unlink(missing_ok=True)
+            elif error is not None:
+                self._status(c.request, "FAILED", rank=c.rank, pid=c.pid, reason=f"the profiling hook failed: {error}")
                 c.done = True
             elif not _alive(c.pid):
                 self._status(c.request, "FAILED", rank=c.rank, pid=c.pid,
@@ -137,7 +124,7 @@ class ProfileCoordinator:
             elif now_ms > c.request["deadline_ms"]:
                 self._status(c.request, "FAILED", rank=c.rank, pid=c.pid, reason=(
                     "no trace before the deadline: the process made no optimizer step, or is stuck"))
-                (self.directory / f"request-{c.pid}.json").unlink(missing_ok=True)
+                self.handoff.withdraw(c.pid)
                 c.done = True
         with self._lock:
             self.captures = [c for c in self.captures if not c.done]

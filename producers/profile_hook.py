@@ -8,38 +8,29 @@ PyTorch's global optimizer post-step hook, so the training loop needs no other c
 marks each step (``ProfilerStep#N``, from one optimizer step's end to the next) as the
 trace analysis expects.
 
-It talks to the agent through files in the profile directory (``GPUFLEET_PROFILE_DIR``,
-default ``/tmp/gpufleet-profile``), which needs no network and no port:
-
-- ``hook-<pid>.json``: written at ``enable()``: pid, rank, workflow; the agent finds the
-  ranks of a workflow here (the launcher, e.g. torchrun, does not enable the hook, so it
-  is never mistaken for a rank);
-- ``request-<pid>.json``: the agent asks; the hook removes it when it starts;
-- ``trace-<request>-<pid>.json``: the trace (written under a temporary name, then renamed);
-- ``error-<request>-<pid>.txt``: why the capture failed.
+It talks to the agent through files in a private profile directory, which needs no network
+and no port: ``producers.profile_handoff`` is that protocol, on both sides. The hook names its
+workflow by the agent's own rules (``producers.attribute_process.workflow_of_environment``),
+so a Slurm job is ``slurm-<id>`` to both.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 import time
 from pathlib import Path
 
-log = logging.getLogger(__name__)
+from producers.attribute_process import workflow_of_environment
+from producers.profile_handoff import Handoff, default_dir
 
-DEFAULT_DIR = "/tmp/gpufleet-profile"
-WORKFLOW_KEYS = ("GPUFLEET_WORKFLOW_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
+log = logging.getLogger(__name__)
 
 
 def profile_dir() -> Path:
-    return Path(os.environ.get("GPUFLEET_PROFILE_DIR", DEFAULT_DIR))
-
-
-def safe_name(request_id: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in request_id)
+    """The profile directory this process and its host agent share (``GPUFLEET_PROFILE_DIR``)."""
+    return default_dir()
 
 
 class _Hook:
@@ -47,34 +38,26 @@ class _Hook:
         import torch  # the optional 'profiling' extra
 
         self.torch = torch
-        self.dir = directory
+        self.handoff = Handoff(directory)
         self.poll_s = poll_s
         self.pid = os.getpid()
         self.rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
         self.pending: dict | None = None
         self.active: dict | None = None
         self.lock = threading.Lock()
-        self.dir.mkdir(parents=True, exist_ok=True)
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         register_optimizer_step_post_hook(self._after_step)
         threading.Thread(target=self._watch, name="gpufleet-profile-hook", daemon=True).start()
         # Announced last: an agent never asks a hook that is not listening yet.
-        workflow = next((os.environ[k] for k in WORKFLOW_KEYS if os.environ.get(k)), None)
-        announce = {"pid": self.pid, "rank": self.rank, "workflow_id": workflow, "torch": torch.__version__,
-                    "cuda": torch.cuda.is_available()}
-        _write_atomically(self.dir / f"hook-{self.pid}.json", json.dumps(announce))
+        found = workflow_of_environment(dict(os.environ))
+        self.handoff.announce(self.pid, self.rank, found[0] if found else None, torch=torch.__version__,
+                              cuda=torch.cuda.is_available())
 
     def _watch(self) -> None:
-        request_file = self.dir / f"request-{self.pid}.json"
         while True:
-            if request_file.exists():
-                try:
-                    request = json.loads(request_file.read_text())
-                except (OSError, ValueError):
-                    time.sleep(self.poll_s)  # being written: read it next time
-                    continue
-                request_file.unlink(missing_ok=True)
+            request = self.handoff.take_request(self.pid)
+            if request is not None:
                 with self.lock:
                     if self.pending is None and self.active is None:
                         self.pending = request
@@ -128,25 +111,16 @@ class _Hook:
 
     def _finish(self, active: dict) -> None:
         request = active["request"]
-        name = f"{safe_name(request['request_id'])}-{self.pid}"
         try:
             active["prof"].__exit__(None, None, None)
-            tmp = self.dir / f".trace-{name}.json.part"
-            active["prof"].export_chrome_trace(str(tmp))
-            os.replace(tmp, self.dir / f"trace-{name}.json")
+            active["prof"].export_chrome_trace(str(self.handoff.trace_part(request["request_id"], self.pid)))
+            self.handoff.trace_done(request["request_id"], self.pid)
         except Exception as exc:  # noqa: BLE001 - as above
             self._fail(request, f"the trace could not be written: {exc!r}")
 
     def _fail(self, request: dict, reason: str) -> None:
         log.warning("gpufleet profile %s failed: %s", request.get("request_id"), reason)
-        name = f"{safe_name(request['request_id'])}-{self.pid}"
-        _write_atomically(self.dir / f"error-{name}.txt", reason)
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.part")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+        self.handoff.fail(str(request.get("request_id")), self.pid, reason)
 
 
 _HOOK: _Hook | None = None

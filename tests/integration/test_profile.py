@@ -35,10 +35,12 @@ def gpufleet(*args, **kwargs):
 
 # How the training script is started: (command before the script, environment, ranks it runs).
 LAUNCHERS = {
-    "python": ([str(TORCH_PYTHON), "-W", "ignore"], {"RANK": "0"}, 1),
+    "python": ([str(TORCH_PYTHON), "-W", "ignore"], {"RANK": "0", "GPUFLEET_WORKFLOW_ID": "wf-train"}, 1),
     # torchrun starts the ranks and sets RANK/LOCAL_RANK; the launcher process is not a rank.
     "torchrun": ([str(TORCH_PYTHON), "-W", "ignore", "-m", "torch.distributed.run", "--standalone",
-                  "--nproc_per_node", "2"], {}, 2),
+                  "--nproc_per_node", "2"], {"GPUFLEET_WORKFLOW_ID": "wf-train"}, 2),
+    # A Slurm job that sets nothing of gpufleet's: the agent calls it slurm-<id>, and so must the hook.
+    "slurm": ([str(TORCH_PYTHON), "-W", "ignore"], {"SLURM_JOB_ID": "4242", "SLURM_PROCID": "0"}, 1),
 }
 
 
@@ -48,7 +50,8 @@ def training(request, kafka, prefix, tmp_path):
     default), the agent of its host and a worker, all running."""
     command, launcher_env, ranks = LAUNCHERS[getattr(request, "param", "python")]
     profile_dir = tmp_path / "profile"
-    env = {**os.environ, "GPUFLEET_WORKFLOW_ID": "wf-train", "GPUFLEET_PROFILE_DIR": str(profile_dir), **launcher_env}
+    env = {k: v for k, v in os.environ.items() if k not in ("GPUFLEET_WORKFLOW_ID", "SLURM_JOB_ID")}
+    env = {**env, "GPUFLEET_PROFILE_DIR": str(profile_dir), **launcher_env}
     trainer = subprocess.Popen([*command, str(ROOT / "tests/integration/small_training.py"), "--seconds", "240"],
                                env=env, stdout=(tmp_path / "trainer.log").open("w"), stderr=subprocess.STDOUT)
     log = (tmp_path / "agent.log").open("w")
@@ -127,3 +130,12 @@ def test_under_torchrun_the_ranks_are_profiled_not_the_launcher(training):
     for rank in (0, 1):
         assert f"gpu-host-000 rank {rank}: analysed" in run.stdout
         assert f"/gpu-host-000/rank{rank}: GPU idle" in run.stdout
+
+
+@pytest.mark.parametrize("training", ["slurm"], indirect=True)
+def test_a_slurm_job_known_only_by_slurms_variables_is_profiled(training):
+    run = gpufleet("profile", "slurm-4242", "--host", "gpu-host-000", "--steps", "3", "--timeout", "120",
+                   "--bootstrap", training["bootstrap"], "--topic-prefix", training["prefix"], timeout=180)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "gpu-host-000 rank 0: analysed" in run.stdout
+
