@@ -3,8 +3,8 @@
 Each component runs as a principal of its own and is granted only what it needs (``RIGHTS``):
 
 ============ ==================================================================================
-agent        writes GPU and host samples, workflow events, kernel events and profile statuses;
-             reads profile requests (its consumer groups: ``gpufleet-agent-…``)
+agent        writes GPU and host samples, workflow events, kernel events, profile statuses and dead
+             letters (requests it cannot use); reads profile requests (its consumer groups: ``gpufleet-agent-…``)
 worker       reads samples, workflow and kernel events, profile results and its schedule; writes
              every topic it derives; owns the topics and group named by its app id (changelogs)
 sink         reads every topic it stores in ClickHouse; writes dead letters
@@ -75,7 +75,8 @@ def rights(worker_app_id: str = DEFAULT_WORKER_APP_ID) -> dict[str, Rights]:
     outputs = (WORKFLOW_WINDOWS, WORKFLOW_SUMMARIES, ALERTS, TRACE_ANALYSES, FINDINGS)
     return {
         "agent": Rights(reads=(PROFILE_REQUESTS,),
-                        writes=(GPU_SAMPLES, HOST_SAMPLES, WORKFLOW_EVENTS, KERNEL_EVENTS, PROFILE_STATUSES),
+                        writes=(GPU_SAMPLES, HOST_SAMPLES, WORKFLOW_EVENTS, KERNEL_EVENTS, PROFILE_STATUSES,
+                                DEAD_LETTERS),
                         groups=("gpufleet-agent-",)),
         "worker": Rights(reads=(GPU_SAMPLES, WORKFLOW_EVENTS, PROFILE_RESULTS, KERNEL_EVENTS, PROFILE_SCHEDULE),
                          writes=(GPU_SAMPLES, *outputs, DEAD_LETTERS, PROFILE_REQUESTS, PROFILE_STATUSES,

@@ -25,10 +25,13 @@ from producers.profile_handoff import Handoff
 from producers.publish_kafka import Publisher
 from producers.publish_trace import publish_trace
 from schemas.codec import Codec
+from schemas.dead_letter import dead_letter
 from schemas.kafka_config import Connection, consumer_config
-from schemas.topics import PROFILE_REQUESTS, PROFILE_STATUSES, trace_id_of
+from schemas.topics import DEAD_LETTERS, PROFILE_REQUESTS, PROFILE_STATUSES, trace_id_of
 
 log = logging.getLogger(__name__)
+
+STAGE = "profile-agent"
 
 
 @dataclass
@@ -166,6 +169,7 @@ class ProfileListener:
         self.consumer = Consumer(consumer_config(
             kafka, f"gpufleet-agent-profiles-{coordinator.host}", **{"enable.auto.commit": True}))
         self.assigned = threading.Event()
+        self.topic_prefix = topic_prefix
         self.consumer.subscribe([topic_prefix + PROFILE_REQUESTS.name],
                                 on_assign=lambda consumer, partitions: self.assigned.set())
 
@@ -175,13 +179,20 @@ class ProfileListener:
                 for m in self.consumer.consume(num_messages=100, timeout=0.5):
                     if m.error():
                         continue
-                    try:
-                        name, request = self.codec.decode(m.value())
-                    except ValueError as exc:
-                        log.warning("unreadable profile request at offset %d: %s", m.offset(), exc)
-                        continue
-                    if name == "ProfileRequest":
-                        self.coordinator.handle(request)
+                    self._handle(m)
                 self.coordinator.check()
         finally:
             self.consumer.close()
+
+    def _handle(self, m) -> None:
+        """One message of the control topic; what cannot be used is a dead letter with the reason."""
+        try:
+            name, request = self.codec.decode(m.value())
+            if name != PROFILE_REQUESTS.schema:
+                raise ValueError(f"expected {PROFILE_REQUESTS.schema}, got {name}")
+            self.coordinator.handle(request)
+        except Exception as exc:  # noqa: BLE001 - one bad request must not stop this host's profiling
+            reason = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+            log.warning("profile request %s[%d]@%d refused: %s", m.topic(), m.partition(), m.offset(), reason)
+            record = dead_letter(STAGE, reason, m.topic(), m.partition(), m.offset(), m.key(), m.value())
+            self.coordinator.publisher.publish(DEAD_LETTERS, [record], topic=self.topic_prefix + DEAD_LETTERS.name)

@@ -10,6 +10,7 @@ import pytest
 
 from producers.profile_agent import ProfileCoordinator
 from schemas.topics import request_of_trace, trace_id_of
+from tests.unit.samples import sample
 from tests.unit.traces import kernel, runtime, write_trace
 
 
@@ -113,3 +114,45 @@ def test_failures_end_with_a_reason(tmp_path, process):
     assert rec.statuses()[-1] == (0, "FAILED", f"process {process.pid} exited before its trace was written")
     c.handle(request(request_id="od-5", deadline_ms=0))  # stale: ignored
     assert len(rec.statuses()) == 7  # 1 + (ACCEPTED, FAILED) x 3: nothing for the stale one
+
+
+class Message:
+    def __init__(self, value, offset=7):
+        self._value, self._offset = value, offset
+
+    def topic(self):
+        return "gpufleet.profile-requests.v1"
+
+    def partition(self):
+        return 0
+
+    def offset(self):
+        return self._offset
+
+    def key(self):
+        return b"wf-a"
+
+    def value(self):
+        return self._value
+
+
+def test_a_request_the_agent_cannot_use_is_a_dead_letter_and_the_next_one_is_served(tmp_path, process):
+    from producers.profile_agent import ProfileListener
+    from schemas.codec import Codec
+
+    rec = Recorder()
+    coordinator = ProfileCoordinator("h1", rec, tmp_path)
+    listener = ProfileListener("127.0.0.1:1", coordinator)  # no broker needed: messages are handed in
+    try:
+        codec = Codec()
+        listener._handle(Message(b"\x9cnot avro"))
+        listener._handle(Message(codec.encode("GpuSample", sample())))
+        announce(tmp_path, process.pid)
+        listener._handle(Message(codec.encode("ProfileRequest", request())))
+    finally:
+        listener.consumer.close()
+    letters = [r for _, name, r in rec.records if name == "DeadLetter"]
+    assert [(d["stage"], d["source_offset"]) for d in letters] == [("profile-agent", 7)] * 2
+    assert "not a gpufleet Avro message" in letters[0]["reason"]
+    assert letters[1]["reason"] == "expected ProfileRequest, got GpuSample"
+    assert rec.statuses() == [(0, "ACCEPTED", None)]  # the agent went on
