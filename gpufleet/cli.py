@@ -400,7 +400,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 def _client(args: argparse.Namespace, read_only: bool = True):
     """A client on the configured ClickHouse, with a plain message when the embedded one is busy."""
-    from sinks.write_clickhouse import connect, redact_dsn
+    from sinks.write_clickhouse import connect, redact_dsn, scrub
 
     dsn = (read_only and os.environ.get("GPUFLEET_CLICKHOUSE_READER_DSN")) or _dsn(args)
     if dsn.startswith("chdb://") and read_only:
@@ -411,9 +411,9 @@ def _client(args: argparse.Namespace, read_only: bool = True):
             return remote
     try:
         return connect(dsn, read_only=read_only)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any failure to connect ends the command with its reason
         if not dsn.startswith("chdb://"):
-            raise
+            sys.exit(f"cannot reach ClickHouse at {redact_dsn(dsn)}: {scrub(str(exc).splitlines()[0], dsn)}")
         sys.exit(f"cannot open the embedded ClickHouse at {redact_dsn(dsn)}: {exc}\n"
                  "The embedded engine allows one process per data directory: if a gpufleet demo or "
                  "sink is running on it, wait for it to finish, or point --clickhouse-dsn at a server.")

@@ -66,6 +66,14 @@ def redact_dsn(dsn: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
 
 
+def scrub(text: str, dsn: str) -> str:
+    """``text`` (an error's, say) with the DSN's password and the environment's replaced by ***."""
+    for secret in (urllib.parse.urlsplit(dsn).password, dsn_password()):
+        if secret:
+            text = text.replace(secret, "***").replace(urllib.parse.quote(secret, safe=""), "***")
+    return text
+
+
 def connect(dsn: str, read_only: bool = False) -> Client:
     """A clickhouse-connect client for ``chdb:///path`` (embedded) or ``http(s)://…`` (server).
 

@@ -205,3 +205,87 @@ def test_the_pipeline_runs_end_to_end_over_sasl_ssl_with_acls(secure, topics, tm
     assert sink.stats.dead_letters == 0
     log = worker.log_path.read_text()
     assert "AUTHORIZATION_FAILED" not in log and "Authorization" not in log, log[-3000:]
+    assert not any(p.reveal() in log for p in secure.credentials.passwords().values())  # the worker's log
+
+
+@pytest.mark.filterwarnings("ignore:Requiring AUTH while not requiring TLS")
+def test_no_secret_leaks_into_logs_errors_dead_letters_or_clickhouse(secure, topics, tmp_path, chdb_client, database,
+                                                                      caplog, monkeypatch):
+    """Known secrets everywhere a component uses one: Kafka passwords, a ClickHouse password, an
+    SMTP password and a webhook URL, on paths that fail (so that errors are written). None may
+    appear in a log line, an error, a dead letter or a ClickHouse row."""
+    from aiosmtpd.controller import Controller
+    from aiosmtpd.smtp import AuthResult
+
+    from gpufleet.local_kafka import free_port
+    from sinks.consume_alerts import AlertNotifier
+    from sinks.route_alerts import load_routing
+    from tests.integration.test_notifier import Mailbox, alert
+    from tests.unit.sinks.test_notify_owner import Refusing
+
+    smtp_password, webhook_secret, clickhouse_password = "smtp-S3cret-7f1", "T0K/B0T/hook-S3cret-9a2", "ch-S3cret-4c7"
+    secrets = [smtp_password, webhook_secret, clickhouse_password,
+               *(p.reveal() for p in secure.credentials.passwords().values())]
+    monkeypatch.setenv("GPUFLEET_CLICKHOUSE_PASSWORD", clickhouse_password)
+    monkeypatch.setenv("GPUFLEET_SMTP_PASSWORD", smtp_password)
+    caplog.set_level("DEBUG")
+
+    from http.server import ThreadingHTTPServer
+    http = ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    smtp = Controller(Mailbox(), hostname="127.0.0.1", port=free_port(), auth_required=True, auth_require_tls=False,
+                      authenticator=lambda *args: AuthResult(success=False, handled=False))
+    smtp.start()
+    routing = tmp_path / "routing.toml"
+    routing.write_text(f'[default]\nwebhook = "http://127.0.0.1:{http.server_address[1]}/forbidden/{webhook_secret}"\n'
+                       f'email_owners = true\n[smtp]\nhost = "127.0.0.1"\nport = {smtp.port}\nusername = "gpufleet"\n'
+                       f'password_env = "GPUFLEET_SMTP_PASSWORD"\n')
+    try:
+        worker = Publisher(secure.connection("worker"), CODEC)  # alerts come from the worker only
+        worker.publish(ALERTS, [alert(f"a{i}", "FIRING", True, "nlp", "ana@example.com") for i in range(3)],
+                       topic=topics + ALERTS.name)
+        assert worker.flush() == 0
+        notifier = AlertNotifier(secure.connection("notifier"), load_routing(routing), tmp_path / "sent.log",
+                                 group_id="gpufleet-notifier-leak-test", topic_prefix=topics, webhook_backoff_s=0.01)
+        stop = threading.Event()
+        thread = threading.Thread(target=notifier.run, args=(stop,), daemon=True)
+        thread.start()
+        wait_until(lambda: notifier.failures >= 6, 60, "both channels to refuse the three alerts")
+        stop.set()
+        thread.join(30)
+    finally:
+        smtp.stop()
+        http.shutdown()
+
+    # The dead letters and alerts into ClickHouse, through the sink.
+    sink = ClickHouseSink(secure.connection("sink"), ClickHouseWriter(chdb_client, database),
+                          group_id="gpufleet-clickhouse-sink-leak-test", topic_prefix=topics, batch_wait_s=0.3)
+    sink.writer.ensure_tables()
+    stop = threading.Event()
+    thread = threading.Thread(target=sink.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: chdb_client.query(f"SELECT count() FROM {database}.dead_letters").result_rows[0][0] >= 6,
+                   60, "the notifier's dead letters in ClickHouse")
+    finally:
+        stop.set()
+        thread.join(30)
+    reasons = [r for (r,) in chdb_client.query(f"SELECT reason FROM {database}.dead_letters").result_rows]
+    assert any("webhook http://127.0.0.1:" in r and "HTTP 403" in r for r in reasons), reasons
+    assert any("SMTPAuthenticationError" in r for r in reasons), reasons
+
+    # A query through a server DSN that holds a password: refused, and the password not shown.
+    cli = subprocess.run([sys.executable, "-m", "gpufleet", "--data-dir", str(tmp_path), "sql", "--clickhouse-dsn",
+                          f"http://reader:{clickhouse_password}@127.0.0.1:{free_port()}", "SELECT 1"],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert cli.returncode != 0 and "cannot reach ClickHouse at http://reader:***@127.0.0.1:" in cli.stderr
+
+    rows = []
+    for table in ("dead_letters", "alerts"):
+        result = chdb_client.query(f"SELECT * FROM {database}.{table}")
+        rows += [str(v) for row in result.result_rows for v in row]
+    seen = {"logs": caplog.text, "ClickHouse rows": "\n".join(rows), "the command line": cli.stdout + cli.stderr}
+    for where, text in seen.items():
+        for secret in secrets:
+            assert secret not in text, f"a secret appears in {where}"
+    assert len(caplog.records) > 10  # the logs were there to be read
