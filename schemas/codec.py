@@ -99,7 +99,7 @@ class Codec:
         buf.write(_HEADER.pack(MAGIC, version.id))
         try:
             fastavro.schemaless_writer(buf, version.parsed, record)
-        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as exc:  # inf in a long: Overflow
             raise CodecError(f"cannot encode {name}: {exc}") from exc
         return buf.getvalue()
 

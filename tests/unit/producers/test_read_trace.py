@@ -52,6 +52,26 @@ def test_an_event_named_by_a_number_is_read_not_a_crash(tmp_path, kineto_layout)
     assert not trace.partial and [e["name"] for e in trace.events] == ["", "gemm"]
 
 
+@pytest.mark.parametrize("kineto_layout", [False, True])
+@pytest.mark.parametrize("field, value", [("cat", []), ("cat", 7), ("dur", ""), ("ts", "3"), ("ts", 1e300),
+                                          ("dur", True), ("ts", 2**60)])
+def test_an_event_with_a_time_or_category_of_the_wrong_type_is_skipped_not_a_crash(tmp_path, kineto_layout, field,
+                                                                                  value):
+    """Found by tests/property: a category [] raised 'unhashable type', a duration "" a TypeError."""
+    events = [runtime("cudaLaunchKernel", 0, 2, corr=1), kernel("gemm", 3, 4, corr=1), kernel("relu", 9, 1, corr=2)]
+    events[2][field] = value
+    trace = read_trace(write_trace(tmp_path / "t.json", events, kineto_layout=kineto_layout))
+    assert not trace.partial and [e["name"] for e in trace.events] == ["cudaLaunchKernel", "gemm"]
+    assert trace.events_seen == 4
+
+
+def test_a_number_too_large_for_the_streaming_parser_ends_the_read_as_damage(tmp_path):
+    events = [runtime("cudaLaunchKernel", 0, 2, corr=1), kernel("gemm", 3, 4, corr=1), kernel("relu", 9, 1, corr=2)]
+    events[2]["ts"] = 10**30  # beyond 64 bits: ijson stops there
+    trace = read_trace(write_trace(tmp_path / "t.json", events))
+    assert trace.partial and "trace damaged after 2 events" in trace.error and len(trace.events) == 2
+
+
 def test_objects_after_trace_events_are_not_read_as_events(tmp_path):
     # After traceEvents, top-level objects close with "  }" lines too: the block that holds
     # the end of traceEvents is cut there.
