@@ -68,6 +68,7 @@ def _kafka(args: argparse.Namespace, principal: str, check: bool = True):
             check_access(kafka)
     except KafkaConfigError as exc:
         sys.exit(str(exc))
+    logging.getLogger("gpufleet").info("Kafka at %s", kafka)
     return kafka
 
 
@@ -237,7 +238,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(DemoOptions(
         data_dir=args.data_dir, seed=args.seed, hosts=args.hosts, gpus_per_host=args.gpus_per_host,
         workflows=args.workflows, sim_minutes=args.sim_minutes, speed=args.speed,
-        max_wall_s=args.max_wall_s, keep_kafka=args.keep_kafka,
+        max_wall_s=args.max_wall_s, keep_kafka=args.keep_kafka, secure=args.secure,
     ))
 
 
@@ -612,6 +613,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speed", type=float, default=30.0, help="simulated seconds per wall second")
     p.add_argument("--max-wall-s", type=float, default=180.0, help="stop after this many wall seconds at most")
     p.add_argument("--keep-kafka", action="store_true", help="leave the broker running afterwards")
+    p.add_argument("--secure", action="store_true",
+                   help="run it on a secure local cluster (as `gpufleet kafka start --secure`): SASL_SSL, mutual "
+                        "TLS and ACLs, the agent, worker and sink each as its own user")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("analyze", help="analyse PyTorch profiler (Kineto) trace files")

@@ -53,12 +53,13 @@ class DemoOptions:
     speed: float = 30.0
     max_wall_s: float = 180.0
     keep_kafka: bool = False
+    secure: bool = False  # a SASL_SSL cluster with ACLs, each component as its own user
 
 
 class OffsetWatch:
     """Reads end offsets and a group's committed offsets, to show progress and lag."""
 
-    def __init__(self, bootstrap: str) -> None:
+    def __init__(self, bootstrap) -> None:
         self._consumers: dict[str, Consumer] = {}
         self._bootstrap = bootstrap
 
@@ -131,24 +132,26 @@ def run_demo(opts: DemoOptions) -> int:
     t0 = time.monotonic()
     print(f"gpufleet demo: data under {data_dir} (cleared at the start of each demo)")
     print("starting Kafka ...", flush=True)
-    broker = local_kafka.start(data_dir / "kafka")
-    print(f"  broker on {broker.bootstrap} (log {broker.log_file})")
+    broker = local_kafka.start(data_dir / "kafka", secure=opts.secure)
+    print(f"  broker on {broker.bootstrap} (log {broker.log_file})"
+          + (": SASL_SSL with mutual TLS and ACLs, each component as its own user" if broker.secure else ""))
     worker = None
     sink_thread = None
     queries = None
     stop = threading.Event()
     try:
-        ensure_topics(broker.bootstrap)
+        ensure_topics(broker.connection("admin"))
         worker_log = data_dir / "worker.log"
+        # Without --bootstrap the worker finds the local cluster, as its own user where it is secure.
         worker = subprocess.Popen(
             [sys.executable, "-m", "gpufleet", "--data-dir", str(data_dir), "--log-level", "info",
-             "worker", "--bootstrap", broker.bootstrap, "--app-id", WORKER_GROUP],
+             "worker", "--app-id", WORKER_GROUP],
             stdout=worker_log.open("wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
         print(f"  worker pid {worker.pid} (log {worker_log})")
         dsn = default_dsn(data_dir)
         writer = ClickHouseWriter(connect(dsn), DATABASE)
-        sink = ClickHouseSink(broker.bootstrap, writer, group_id=SINK_GROUP)
+        sink = ClickHouseSink(broker.connection("sink"), writer, group_id=SINK_GROUP)
         sink_thread = threading.Thread(target=sink.run, args=(stop,), name="sink", daemon=True)
         sink_thread.start()
         queries = QueryServer(Path(dsn[len("chdb://"):])).start()
@@ -161,14 +164,14 @@ def run_demo(opts: DemoOptions) -> int:
         progress = SimulationProgress()
         sim_thread = threading.Thread(
             target=run_simulation, name="simulator",
-            kwargs={"fleet": fleet, "plan": plan, "publisher": Publisher(broker.bootstrap, Codec()),
+            kwargs={"fleet": fleet, "plan": plan, "publisher": Publisher(broker.connection("agent"), Codec()),
                     "stop": stop, "progress": progress},
             daemon=True,
         )
         print(f"simulating {len(fleet.workflows)} workflows on {fleet.gpu_count} GPUs "
               f"({opts.hosts} hosts), {opts.sim_minutes:g} simulated minutes at {opts.speed:g}x\n")
         sim_thread.start()
-        watch = OffsetWatch(broker.bootstrap)
+        watch = OffsetWatch(broker.connection("admin"))
         last_samples, last_t = 0, time.monotonic()
         caught_up_since = None
         while True:

@@ -30,3 +30,16 @@ def test_demo_then_sql(tmp_path):
 
     refused = gpufleet("--data-dir", data, "sql", "DROP TABLE gpufleet.gpu_samples", timeout=60)
     assert refused.returncode != 0 and "readonly" in refused.stderr
+
+
+def test_the_demo_on_a_secure_cluster_runs_each_component_as_its_own_user(tmp_path):
+    data = tmp_path / "data"
+    demo = gpufleet("--data-dir", str(data), "demo", "--secure", "--hosts", "2", "--gpus-per-host", "2",
+                    "--workflows", "4", "--sim-minutes", "3", "--speed", "60", "--max-wall-s", "150", timeout=240)
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    assert "SASL_SSL with mutual TLS and ACLs" in demo.stdout
+    assert "rows stored: gpu_samples 720, workflow_windows 8," in demo.stdout
+    worker_log = (data / "worker.log").read_text()
+    assert "(SASL_SSL, User:worker)" in worker_log  # as itself
+    assert "AUTHORIZATION_FAILED" not in worker_log  # and it had what it needed
+    assert "SASL_SSL" in (data / "kafka" / "node-1" / "server.properties").read_text()
