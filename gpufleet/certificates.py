@@ -82,10 +82,11 @@ class Authority:
         _write_private(directory / "ca.key", _key_pem(self.key))
         return Issued(directory / "ca.pem", directory / "ca.key")
 
-    def issue(self, directory: Path, name: str, hosts: tuple[str, ...] = (), server: bool = False) -> Issued:
+    def issue(self, directory: Path, name: str, hosts: tuple[str, ...] = (), server: bool = False,
+              stem: str | None = None) -> Issued:
         """A certificate for ``name`` (its common name), valid for TLS clients, and for servers
         reached as ``hosts`` (DNS names or IP addresses) when ``server``. Written as
-        ``<name>.pem`` (the certificate, then the CA's) and ``<name>.key``."""
+        ``<stem>.pem`` (the certificate, then the CA's) and ``<stem>.key`` (stem: ``name``)."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
         usages = [ExtendedKeyUsageOID.CLIENT_AUTH] + ([ExtendedKeyUsageOID.SERVER_AUTH] if server else [])
@@ -109,6 +110,7 @@ class Authority:
         cert = builder.sign(self.key, hashes.SHA256())
         directory.mkdir(parents=True, exist_ok=True)
         chain = cert.public_bytes(serialization.Encoding.PEM) + self.cert.public_bytes(serialization.Encoding.PEM)
-        (directory / f"{name}.pem").write_bytes(chain)
-        _write_private(directory / f"{name}.key", _key_pem(key))
-        return Issued(directory / f"{name}.pem", directory / f"{name}.key")
+        stem = stem or name
+        (directory / f"{stem}.pem").write_bytes(chain)
+        _write_private(directory / f"{stem}.key", _key_pem(key))
+        return Issued(directory / f"{stem}.pem", directory / f"{stem}.key")

@@ -110,6 +110,31 @@ def cmd_kafka(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_kafka_access(args: argparse.Namespace) -> int:
+    """A deployment's Kafka secrets (made once) and its users and ACLs (granted as admin)."""
+    from gpufleet.kafka_security import LocalCredentials, create_users, grant
+
+    credentials = LocalCredentials(args.dir)
+    if args.action == "credentials":
+        if credentials.exists():
+            print(f"{args.dir} holds credentials already; nothing made")
+            return 0
+        nodes = [n for n in args.nodes.split(",") if n]
+        if not nodes:
+            sys.exit("name the nodes with --nodes (the host names clients reach them by)")
+        extra = tuple(h for h in (args.external_host, "localhost") if h)
+        credentials.create({i: (name, *extra) for i, name in enumerate(nodes, 1)}, mount=args.mount)
+        print(f"made a CA, {len(nodes)} node certificate(s) and a folder per principal under {args.dir / 'clients'}")
+        return 0
+    if not credentials.exists():
+        sys.exit(f"no credentials in {args.dir}: make them with `gpufleet kafka-access credentials`")
+    admin = _kafka(args, "admin")
+    create_users(admin, credentials.passwords())
+    n = grant(admin, args.topic_prefix, worker_app_id=args.app_id)
+    print(f"users of {', '.join(credentials.passwords())} set; {n} ACLs granted")
+    return 0
+
+
 def cmd_topics(args: argparse.Namespace) -> int:
     from schemas.admin import ensure_topics
 
@@ -553,6 +578,19 @@ def build_parser() -> argparse.ArgumentParser:
                         "under the data dir the first time")
     p.add_argument("--port", type=int, default=None, help="first node's listener port (default: a free one)")
     p.set_defaults(func=cmd_kafka)
+
+    p = sub.add_parser("kafka-access", help="a deployment's Kafka security: make its CA, certificates, passwords "
+                                            "and client settings once (credentials), then create its users and "
+                                            "ACLs as the administrator (grant)")
+    p.add_argument("action", choices=["credentials", "grant"])
+    p.add_argument("--dir", type=Path, required=True, help="where the secrets live (kept 0700)")
+    p.add_argument("--nodes", default="", help="credentials: the nodes' host names, comma-separated, in node id order")
+    p.add_argument("--external-host", default=None, help="credentials: another name the nodes answer to")
+    p.add_argument("--mount", default=None,
+                   help="credentials: where a component's container sees its clients/<principal> folder")
+    p.add_argument("--app-id", default="gpufleet-worker", help="grant: the worker's app id (its group and changelogs)")
+    _bootstrap_arg(p)
+    p.set_defaults(func=cmd_kafka_access)
 
     p = sub.add_parser("topics", help="create gpufleet's topics (idempotent)")
     _bootstrap_arg(p)

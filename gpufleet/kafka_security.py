@@ -158,9 +158,20 @@ def create_users(admin: Connection, passwords: dict[str, Secret], timeout: float
 
 
 class LocalCredentials:
-    """The secure local cluster's secrets, under ``<kafka data dir>/secure`` (mode 0700): a CA,
-    a certificate per node and per principal, a password per principal, and for each principal
-    a client properties file that ``GPUFLEET_KAFKA_CONFIG`` (or the CLI, by itself) can use."""
+    """A secure cluster's secrets in one directory (mode 0700), made once by ``create``:
+
+    - ``ca.pem``, ``ca.key``: the cluster's own CA;
+    - ``nodes/node-<id>.keystore.pem``: each node's key and certificate (a PEM key store);
+    - ``passwords.json``: each component principal's SCRAM password;
+    - ``clients/<principal>/``: ``client.properties`` (the settings ``GPUFLEET_KAFKA_CONFIG``
+      reads), the principal's certificate and key and the CA: all a component needs, so a
+      container mounts its own folder and nothing else.
+
+    Nodes talk to each other and the administrator talks to them with mutual TLS alone (the
+    certificate's name is the principal: ``node-<id>``, ``admin``); the components use
+    SCRAM-SHA-512 over TLS with a client certificate as well. No password is needed to start
+    a node, and none is on any command line.
+    """
 
     def __init__(self, directory: Path) -> None:
         self.dir = directory
@@ -172,47 +183,47 @@ class LocalCredentials:
     def exists(self) -> bool:
         return (self.dir / "passwords.json").exists()
 
-    def create(self, node_ids: list[int]) -> None:
+    def create(self, node_hosts: dict[int, tuple[str, ...]], mount: str | None = None) -> None:
+        """The CA, a certificate per node (valid for its ``node_hosts``) and per principal, the
+        passwords and the client folders. ``mount``: where a container sees its client folder
+        (the paths in ``client.properties``); by default where it is here."""
         from gpufleet.certificates import Authority
 
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self.dir, 0o700)
-        ca = Authority.create("gpufleet local Kafka CA")
+        ca = Authority.create("gpufleet Kafka CA")
         ca.save(self.dir)
-        for node_id in node_ids:
-            issued = ca.issue(self.dir / "nodes", f"node-{node_id}", hosts=("127.0.0.1", "localhost"), server=True)
-            keystore = self.keystore(node_id)
-            fd = os.open(keystore, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "wb") as f:  # Kafka's PEM key store: the key, then the chain
-                f.write(issued.key.read_bytes() + issued.cert.read_bytes())
-        passwords = {p: secrets.token_urlsafe(24) for p in PRINCIPALS}
+        for node_id, hosts in node_hosts.items():
+            issued = ca.issue(self.dir / "nodes", f"node-{node_id}", hosts=hosts, server=True)
+            _write_private(self.keystore(node_id), issued.key.read_text() + issued.cert.read_text())
+        passwords = {p: secrets.token_urlsafe(24) for p in PRINCIPALS if p != ADMIN}
         _write_private(self.dir / "passwords.json", json.dumps(passwords))
         for principal in PRINCIPALS:
-            issued = ca.issue(self.dir / "clients", principal)
-            _write_private(self.properties(principal), "\n".join([
-                "security.protocol=SASL_SSL",
-                f"sasl.mechanism={MECHANISM}",
-                f"sasl.username={principal}",
-                f"sasl.password={passwords[principal]}",
-                f"ssl.ca.location={self.ca_file}",
-                f"ssl.certificate.location={issued.cert}",
-                f"ssl.key.location={issued.key}",
-                "",
-            ]))
+            folder = self.dir / "clients" / principal
+            ca.issue(folder, principal, stem="client")
+            (folder / "ca.pem").write_bytes(self.ca_file.read_bytes())
+            seen_as = Path(mount) if mount else folder
+            if principal == ADMIN:  # mutual TLS on the nodes' internal listener
+                auth = ["security.protocol=SSL"]
+            else:
+                auth = ["security.protocol=SASL_SSL", f"sasl.mechanism={MECHANISM}", f"sasl.username={principal}",
+                        f"sasl.password={passwords[principal]}"]
+            _write_private(folder / "client.properties", "\n".join([
+                *auth, f"ssl.ca.location={seen_as / 'ca.pem'}", f"ssl.certificate.location={seen_as / 'client.pem'}",
+                f"ssl.key.location={seen_as / 'client.key'}", ""]))
 
     def node_ids(self) -> list[int]:
-        return sorted(int(p.name[len("node-"):-len(".keystore.pem")]) for p in (self.dir / "nodes").glob("node-*.keystore.pem"))
+        return sorted(int(p.name[len("node-"):-len(".keystore.pem")])
+                      for p in (self.dir / "nodes").glob("node-*.keystore.pem"))
 
     def keystore(self, node_id: int) -> Path:
         return self.dir / "nodes" / f"node-{node_id}.keystore.pem"
 
     def properties(self, principal: str) -> Path:
-        return self.dir / "clients" / f"{principal}.properties"
-
-    def password(self, principal: str) -> Secret:
-        return Secret(json.loads((self.dir / "passwords.json").read_text())[principal])
+        return self.dir / "clients" / principal / "client.properties"
 
     def passwords(self) -> dict[str, Secret]:
+        """The components' SCRAM passwords (the administrator has none: it uses its certificate)."""
         return {p: Secret(v) for p, v in json.loads((self.dir / "passwords.json").read_text()).items()}
 
     def security(self, principal: str) -> Security:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from gpufleet.kafka_security import ADMIN, MECHANISM, LocalCredentials, create_users, grant
 from schemas.admin import replication_for
-from schemas.kafka_config import Connection, Security, client_config
+from schemas.kafka_config import Connection, client_config
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 KAFKA_DIR = REPO_ROOT / "docker" / "kafka"
@@ -53,6 +53,11 @@ class Node:
     port: int
     controller_port: int
     data_dir: Path
+    internal_port: int = 0  # a secure cluster's: nodes and the administrator, with mutual TLS
+
+    @property
+    def internal_address(self) -> str:
+        return f"127.0.0.1:{self.internal_port}"
 
     @property
     def address(self) -> str:
@@ -81,9 +86,13 @@ class ClusterInfo:
         return LocalCredentials(self.data_dir / "secure") if self.secure else None
 
     def connection(self, principal: str = ADMIN) -> Connection:
-        """How ``principal`` reaches this cluster (any client, over PLAINTEXT)."""
+        """How ``principal`` reaches this cluster (any client, over PLAINTEXT). The administrator
+        of a secure cluster uses the internal listeners, with its certificate."""
         credentials = self.credentials
-        return Connection(self.bootstrap, credentials.security(principal) if credentials else Security())
+        if credentials is None:
+            return Connection(self.bootstrap)
+        bootstrap = ",".join(n.internal_address for n in self.nodes) if principal == ADMIN else self.bootstrap
+        return Connection(bootstrap, credentials.security(principal))
 
     @property
     def log_file(self) -> Path:
@@ -140,9 +149,10 @@ def java_executable() -> str:
 
 
 def _listeners(node: Node, credentials: LocalCredentials | None) -> list[str]:
-    """PLAINTEXT listeners; or, for a secure cluster, SASL_SSL for clients and between brokers
-    (SCRAM-SHA-512, and a certificate from the cluster's CA required: mutual TLS) and mutual TLS
-    between the controllers, with Kafka's authorizer: what no ACL allows is refused."""
+    """PLAINTEXT listeners; or, for a secure cluster, SASL_SSL for the components (SCRAM-SHA-512,
+    and a certificate from the cluster's CA required) and mutual TLS alone between nodes, for
+    the controllers and for the administrator, with Kafka's authorizer: what no ACL allows is
+    refused. docker/compose.yaml configures its nodes the same way."""
     if credentials is None:
         return [
             f"listeners=PLAINTEXT://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}",
@@ -151,24 +161,23 @@ def _listeners(node: Node, credentials: LocalCredentials | None) -> list[str]:
             "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
             "inter.broker.listener.name=PLAINTEXT",
         ]
-    admin = credentials.password(ADMIN).reveal()
     nodes = ";".join(f"User:node-{i}" for i in credentials.node_ids())
     return [
-        f"listeners=SASL_SSL://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}",
-        f"advertised.listeners=SASL_SSL://127.0.0.1:{node.port}",
+        (f"listeners=CLIENT://127.0.0.1:{node.port},INTERNAL://127.0.0.1:{node.internal_port},"
+         f"CONTROLLER://127.0.0.1:{node.controller_port}"),
+        f"advertised.listeners=CLIENT://127.0.0.1:{node.port},INTERNAL://127.0.0.1:{node.internal_port}",
         "controller.listener.names=CONTROLLER",
-        "listener.security.protocol.map=SASL_SSL:SASL_SSL,CONTROLLER:SSL",
-        "inter.broker.listener.name=SASL_SSL",
+        "listener.security.protocol.map=CLIENT:SASL_SSL,INTERNAL:SSL,CONTROLLER:SSL",
+        "inter.broker.listener.name=INTERNAL",
         f"sasl.enabled.mechanisms={MECHANISM}",
-        f"sasl.mechanism.inter.broker.protocol={MECHANISM}",
-        (f"listener.name.sasl_ssl.{MECHANISM.lower()}.sasl.jaas.config="
-         f'org.apache.kafka.common.security.scram.ScramLoginModule required username="{ADMIN}" password="{admin}";'),
+        (f"listener.name.client.{MECHANISM.lower()}.sasl.jaas.config="
+         "org.apache.kafka.common.security.scram.ScramLoginModule required;"),
         "ssl.keystore.type=PEM",
         f"ssl.keystore.location={credentials.keystore(node.node_id)}",
         "ssl.truststore.type=PEM",
         f"ssl.truststore.location={credentials.ca_file}",
         "ssl.client.auth=required",
-        "listener.name.sasl_ssl.ssl.client.auth=required",  # a SASL_SSL listener's own (KIP-684)
+        "listener.name.client.ssl.client.auth=required",  # a SASL_SSL listener's own (KIP-684)
         # A certificate's subject "CN=node-1,O=gpufleet" is the principal User:node-1.
         "ssl.principal.mapping.rules=RULE:^CN=([^,]+),O=gpufleet$/$1/,DEFAULT",
         "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
@@ -243,7 +252,8 @@ def read_state(data_dir: Path) -> ClusterInfo | None:
     if raw is None or not raw.get("nodes"):
         return None
     return ClusterInfo(data_dir, tuple(
-        Node(n["node_id"], n.get("pid", 0), n["port"], n["controller_port"], data_dir / f"node-{n['node_id']}")
+        Node(n["node_id"], n.get("pid", 0), n["port"], n["controller_port"], data_dir / f"node-{n['node_id']}",
+             n.get("internal_port", 0))
         for n in raw["nodes"]), secure=bool(raw.get("secure")))
 
 
@@ -326,10 +336,11 @@ def start(
         if brokers < 1:
             raise KafkaRunnerError(f"a cluster needs at least one broker, not {brokers}")
         raw = {"cluster_id": cluster_id(), "secure": secure, "nodes": [
-            {"node_id": i, "port": (port if i == 1 and port else free_port()), "controller_port": free_port(), "pid": 0}
+            {"node_id": i, "port": (port if i == 1 and port else free_port()), "controller_port": free_port(),
+             "pid": 0, **({"internal_port": free_port()} if secure else {})}
             for i in range(1, brokers + 1)]}
         if secure:
-            LocalCredentials(data_dir / "secure").create(list(range(1, brokers + 1)))
+            LocalCredentials(data_dir / "secure").create({i: ("127.0.0.1", "localhost") for i in range(1, brokers + 1)})
         _write_raw(data_dir, raw)
     elif len(raw["nodes"]) != brokers:
         raise KafkaRunnerError(f"{data_dir} holds a cluster of {len(raw['nodes'])} node(s), not {brokers}; "
@@ -345,7 +356,7 @@ def start(
     info = wait_for(data_dir, timeout)
     if info.credentials is not None:
         credentials, admin = info.credentials, info.connection(ADMIN)
-        create_users(admin, {p: s for p, s in credentials.passwords().items() if p != ADMIN})
+        create_users(admin, credentials.passwords())
         grant(admin)
     return info
 
@@ -367,18 +378,14 @@ def start_node(data_dir: Path, node_id: int, partitions: int = 4, heap: str = "5
     voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in info.nodes)
     config = node.data_dir / "server.properties"
     credentials = info.credentials
-    fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # a secure node's holds a password
+    fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(_server_properties(node, voters, len(info.nodes), partitions, credentials))
     classpath = f"{libs}/*"
     if not (node.data_dir / "logs" / "meta.properties").exists():
-        # The brokers' own SCRAM user exists from the start (they authenticate to each other
-        # with it); the components' users are created through the admin API once it runs.
-        scram = ["--add-scram", f"{MECHANISM}=[name={ADMIN},password={credentials.password(ADMIN).reveal()}]"] \
-            if credentials else []
         fmt = subprocess.run(
             [java, "-cp", classpath, "kafka.tools.StorageTool", "format",
-             "--cluster-id", raw["cluster_id"], "--config", str(config), "--ignore-formatted", *scram],
+             "--cluster-id", raw["cluster_id"], "--config", str(config), "--ignore-formatted"],
             capture_output=True, text=True, check=False,
         )
         if fmt.returncode != 0:
@@ -395,7 +402,7 @@ def start_node(data_dir: Path, node_id: int, partitions: int = 4, heap: str = "5
         if n["node_id"] == node_id:
             n["pid"] = proc.pid
     _write_raw(data_dir, raw)
-    return Node(node.node_id, proc.pid, node.port, node.controller_port, node.data_dir)
+    return Node(node.node_id, proc.pid, node.port, node.controller_port, node.data_dir, node.internal_port)
 
 
 def wait_for(data_dir: Path, timeout: float = 90.0) -> ClusterInfo:

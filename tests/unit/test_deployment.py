@@ -21,22 +21,27 @@ def compose():
     return yaml.safe_load((DOCKER / "compose.yaml").read_text())
 
 
-def gpufleet_services(compose):
-    return {name: s for name, s in compose["services"].items() if s.get("image") == "gpufleet:latest"}
+@pytest.fixture(scope="module")
+def agent_compose():
+    return yaml.safe_load((DOCKER / "agent.yaml").read_text())
 
 
-def test_services_run_commands_the_cli_accepts(compose):
-    services = gpufleet_services(compose)
-    assert set(services) == {"worker", "sink", "notifier", "agent"}
+def gpufleet_services(*composes):
+    return {name: s for c in composes for name, s in c["services"].items() if s.get("image") == "gpufleet:latest"}
+
+
+def test_services_run_commands_the_cli_accepts(compose, agent_compose):
+    services = gpufleet_services(compose, agent_compose)
+    assert set(services) == {"kafka-secrets", "kafka-grant", "worker", "sink", "notifier", "agent"}
     entrypoint = re.search(r'ENTRYPOINT \[(.*)\]', (DOCKER / "Dockerfile").read_text()).group(1)
     prefix = json.loads(f"[{entrypoint}]")
     assert prefix[0] == "gpufleet"
     parser = build_parser()
     for name, service in services.items():
         args = parser.parse_args(prefix[1:] + service["command"])  # exits (SystemExit) on any unknown option
-        assert args.func.__name__ == f"cmd_{service['command'][0]}", name
+        assert args.func.__name__ == f"cmd_{service['command'][0].replace('-', '_')}", name
         for mounted in service.get("volumes", []):
-            source = mounted.split(":")[0]
+            source = mounted["source"] if isinstance(mounted, dict) else mounted.split(":")[0]
             if source.startswith("./"):
                 assert (DOCKER / source).exists(), f"{name} mounts {source}, which is not in docker/"
     for option in ("--thresholds", "--routing"):
@@ -46,7 +51,7 @@ def test_services_run_commands_the_cli_accepts(compose):
                 assert (DOCKER / "config" / Path(path).name).exists(), path
 
 
-def test_services_reach_kafka_and_clickhouse_by_their_service_names(compose):
+def test_services_reach_kafka_and_clickhouse_by_their_service_names(compose, agent_compose):
     env = compose["x-gpufleet"]["environment"]
     brokers = [address.split(":")[0] for address in env["GPUFLEET_BOOTSTRAP"].split(",")]
     assert brokers == ["kafka-1", "kafka-2", "kafka-3"] and set(brokers) <= set(compose["services"])
@@ -54,15 +59,70 @@ def test_services_reach_kafka_and_clickhouse_by_their_service_names(compose):
     for n, name in enumerate(brokers, 1):
         kafka = compose["services"][name]["environment"]
         assert kafka["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft, no ZooKeeper
-        assert kafka["KAFKA_NODE_ID"] == n and f"PLAINTEXT://{name}:9092" in kafka["KAFKA_ADVERTISED_LISTENERS"]
+        assert kafka["KAFKA_NODE_ID"] == n and f"CLIENT://{name}:9092" in kafka["KAFKA_ADVERTISED_LISTENERS"]
+        assert kafka["KAFKA_SSL_KEYSTORE_LOCATION"] == f"/secrets/nodes/node-{n}.keystore.pem"
         assert kafka["KAFKA_CONTROLLER_QUORUM_VOTERS"] == ",".join(f"{i}@{b}:9093" for i, b in enumerate(brokers, 1))
         assert (kafka["KAFKA_DEFAULT_REPLICATION_FACTOR"], kafka["KAFKA_MIN_INSYNC_REPLICAS"]) == (3, 2)
         assert kafka["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == 3
-    for service in gpufleet_services(compose).values():
-        assert set(brokers) <= set(service.get("depends_on", {})) or service.get("profiles") == ["gpu-host"]
-    agent = compose["services"]["agent"]
+    for name, service in gpufleet_services(compose).items():
+        if name not in ("kafka-secrets", "kafka-grant"):
+            assert service.get("depends_on", {}).get("kafka-grant") == {"condition": "service_completed_successfully"}
+    agent = agent_compose["services"]["agent"]
     assert agent["network_mode"] == "host" and agent["pid"] == "host"
     assert agent["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
+
+
+def as_properties(env: dict) -> dict:
+    """The broker properties the apache/kafka image makes of KAFKA_* variables."""
+    out = {}
+    for key, value in env.items():
+        if key.startswith("KAFKA_"):
+            name = key[len("KAFKA_"):].lower().replace("___", "-").replace("__", "\0").replace("_", ".")
+            out[name.replace("\0", "_")] = str(value).replace("$$", "$")
+    return out
+
+
+def test_the_compose_cluster_is_secured_as_the_tested_local_one(compose):
+    """Kafka's security settings in compose.yaml are those of `gpufleet kafka start --secure`,
+    which the integration tests run (there is no Docker engine where the tests run)."""
+    from gpufleet.kafka_security import LocalCredentials
+    from gpufleet.local_kafka import Node, _listeners
+
+    local = dict(line.split("=", 1) for line in _listeners(
+        Node(1, 0, 9092, 9093, Path("/n"), 9094), LocalCredentials(Path("/nonexistent"))))
+    deployed = as_properties(compose["services"]["kafka-1"]["environment"])
+    for key in ("controller.listener.names", "inter.broker.listener.name", "sasl.enabled.mechanisms",
+                "listener.name.client.scram-sha-512.sasl.jaas.config", "ssl.keystore.type", "ssl.truststore.type",
+                "ssl.client.auth", "listener.name.client.ssl.client.auth", "ssl.principal.mapping.rules",
+                "authorizer.class.name", "allow.everyone.if.no.acl.found"):
+        assert deployed[key] == local[key], key
+    protocols = dict(p.split(":") for p in deployed["listener.security.protocol.map"].split(","))
+    assert protocols == {**dict(p.split(":") for p in local["listener.security.protocol.map"].split(",")),
+                         "EXTERNAL": "SASL_SSL"}  # and the agents' listener, secured as the components'
+    assert deployed["listener.name.external.ssl.client.auth"] == "required"
+    assert deployed["super.users"] == "User:admin;User:node-1;User:node-2;User:node-3"
+
+
+def test_each_component_mounts_only_its_own_kafka_credentials(compose):
+    from gpufleet.kafka_security import PRINCIPALS
+
+    for name, service in gpufleet_services(compose).items():
+        mounts = [v for v in service.get("volumes", []) if isinstance(v, dict) and v["source"] == "kafka-secrets"]
+        if name == "kafka-secrets":
+            continue  # makes them
+        folders = {v["volume"]["subpath"] for v in mounts if "volume" in v}
+        principal = {"kafka-grant": "admin"}.get(name, name)
+        assert folders == {f"clients/{principal}"} and principal in PRINCIPALS, name
+        assert all(v["read_only"] for v in mounts), name
+        whole = [v for v in mounts if "volume" not in v]
+        assert not whole or name == "kafka-grant", f"{name} mounts every component's secrets"
+
+
+def test_no_password_has_a_default():
+    for path in (DOCKER / "compose.yaml", DOCKER / "agent.yaml"):
+        text = path.read_text()
+        assert not re.search(r"PASSWORD:-", text), path
+        assert re.search(r"CLICKHOUSE_PASSWORD:\?", text) or path.name == "agent.yaml"
 
 
 def test_the_image_copies_every_package_the_cli_needs():
