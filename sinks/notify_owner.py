@@ -120,6 +120,8 @@ def send_email(smtp: SmtpSettings, to: str, alert: dict) -> None:
         message.set_content(text(alert))
     except (ValueError, TypeError) as exc:
         raise NotifyError(f"{where}: the message cannot be built: {exc}") from None
+    if smtp.username and not (smtp.ssl or smtp.starttls):
+        raise NotifyError(f"{where} refused: the SMTP password would go in clear; set starttls or ssl in [smtp]")
     try:
         if smtp.ssl:
             client = smtplib.SMTP_SSL(smtp.host, smtp.port, timeout=smtp.timeout_s, context=tls_context(smtp))

@@ -3,6 +3,7 @@ each component as its own principal with only its rights, on a real broker."""
 
 from __future__ import annotations
 
+import ssl
 import subprocess
 import sys
 import threading
@@ -208,7 +209,6 @@ def test_the_pipeline_runs_end_to_end_over_sasl_ssl_with_acls(secure, topics, tm
     assert not any(p.reveal() in log for p in secure.credentials.passwords().values())  # the worker's log
 
 
-@pytest.mark.filterwarnings("ignore:Requiring AUTH while not requiring TLS")
 def test_no_secret_leaks_into_logs_errors_dead_letters_or_clickhouse(secure, topics, tmp_path, chdb_client, database,
                                                                       caplog, monkeypatch):
     """Known secrets everywhere a component uses one: Kafka passwords, a ClickHouse password, an
@@ -233,13 +233,18 @@ def test_no_secret_leaks_into_logs_errors_dead_letters_or_clickhouse(secure, top
     from http.server import ThreadingHTTPServer
     http = ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
     threading.Thread(target=http.serve_forever, daemon=True).start()
-    smtp = Controller(Mailbox(), hostname="127.0.0.1", port=free_port(), auth_required=True, auth_require_tls=False,
-                      authenticator=lambda *args: AuthResult(success=False, handled=False))
+    ca = Authority.create("mail CA")
+    ca_file = ca.save(tmp_path / "mail").cert
+    issued = ca.issue(tmp_path / "mail", "localhost", hosts=("localhost",), server=True)
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(issued.cert, issued.key)
+    smtp = Controller(Mailbox(), hostname="127.0.0.1", port=free_port(), tls_context=tls, require_starttls=True,
+                      auth_required=True, authenticator=lambda *args: AuthResult(success=False, handled=False))
     smtp.start()
     routing = tmp_path / "routing.toml"
     routing.write_text(f'[default]\nwebhook = "http://127.0.0.1:{http.server_address[1]}/forbidden/{webhook_secret}"\n'
-                       f'email_owners = true\n[smtp]\nhost = "127.0.0.1"\nport = {smtp.port}\nusername = "gpufleet"\n'
-                       f'password_env = "GPUFLEET_SMTP_PASSWORD"\n')
+                       f'email_owners = true\n[smtp]\nhost = "localhost"\nport = {smtp.port}\nstarttls = true\n'
+                       f'ca_file = "{ca_file}"\nusername = "gpufleet"\npassword_env = "GPUFLEET_SMTP_PASSWORD"\n')
     try:
         worker = Publisher(secure.connection("worker"), CODEC)  # alerts come from the worker only
         worker.publish(ALERTS, [alert(f"a{i}", "FIRING", True, "nlp", "ana@example.com") for i in range(3)],

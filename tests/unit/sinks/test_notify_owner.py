@@ -102,3 +102,9 @@ def test_a_newline_in_an_id_cannot_add_a_header(tls_mail_server):
     headers = content.split("\r\n\r\n", 1)[0] if "\r\n\r\n" in content else content.split("\n\n", 1)[0]
     assert "Bcc:" not in [line.split(" ", 1)[0] for line in headers.splitlines()]
     assert "wf\\nBcc: everyone@example.com" in headers
+
+
+def test_smtp_never_sends_a_password_in_clear():
+    smtp = SmtpSettings(host="127.0.0.1", port=free_port(), username="gpufleet", password="secret")
+    with pytest.raises(NotifyError, match="the SMTP password would go in clear; set starttls or ssl"):
+        send_email(smtp, "ana@example.com", alert("a1", "FIRING", True, "t", "ana@example.com"))
