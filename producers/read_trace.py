@@ -163,7 +163,7 @@ def _metadata_streamed(path: Path) -> dict[str, Any]:
                     if prefix == key and event in ("end_map", "end_array", "string", "number", "boolean", "null"):
                         meta[key] = builder.value
                         key, builder = None, None
-        except (ijson.JSONError, EOFError, OSError) as exc:
+        except (ijson.JSONError, UnicodeDecodeError, EOFError, OSError) as exc:
             raise TraceError(f"{path} is not a readable JSON trace: {exc}") from exc
     return meta
 
@@ -258,7 +258,7 @@ def _streamed_items(fh: _Prefixed) -> Iterator[Any]:
 
     try:
         yield from ijson.items(fh, "traceEvents.item", use_float=True)
-    except ijson.JSONError as exc:  # IncompleteJSONError too
+    except (ijson.JSONError, UnicodeDecodeError) as exc:  # IncompleteJSONError too; text not UTF-8
         raise TraceDamaged(f"invalid JSON: {exc}") from exc
 
 
