@@ -37,7 +37,14 @@ from schemas.codec import Codec
 from schemas.dead_letter import dead_letter
 from schemas.kafka_config import Connection, client_config, consumer_config, producer_config
 from schemas.sample_columns import samples_checked
-from schemas.topics import DEAD_LETTERS, GPU_SAMPLES
+from schemas.topics import (
+    DEAD_LETTERS,
+    GPU_SAMPLES,
+    HOST_SAMPLES,
+    PROFILE_STATUSES,
+    WORKFLOW_EVENTS,
+)
+from schemas.validate_ids import ids_error
 from sinks.clickhouse_ddl import TABLES, Table
 from sinks.commit_offsets import Committer
 from sinks.write_clickhouse import ClickHouseWriter, Position, Row, table_for_topic
@@ -45,6 +52,9 @@ from sinks.write_clickhouse import ClickHouseWriter, Position, Row, table_for_to
 log = logging.getLogger(__name__)
 
 STAGE = "clickhouse-sink"
+# Topics the host agents write and the sink stores as they come (the GPU samples are checked
+# whole, ids included, by samples_checked): their ids are checked here.
+FROM_HOSTS = (HOST_SAMPLES, WORKFLOW_EVENTS, PROFILE_STATUSES)
 
 
 def topic_ids(admin: AdminClient, topics: list[str], timeout: float = 30.0) -> dict[str, str]:
@@ -215,6 +225,9 @@ class ClickHouseSink:
                         bad.append((m, reason))
                     else:
                         rows[table.name].append(Row(m.partition(), m.offset(), sample, m.topic(), topic_id))
+                continue
+            if table.topic in FROM_HOSTS and (reason := ids_error(record)):  # what the worker did not check
+                bad.append((m, reason))
                 continue
             rows[table.name].append(Row(m.partition(), m.offset(), record, m.topic(), topic_id))
         index = {(m.topic(), m.partition(), m.offset()): m for m in messages}

@@ -91,3 +91,42 @@ def test_bad_records_are_dead_lettered_and_processing_goes_on(kafka, prefix, tmp
     assert sum(1 for stage, _ in rows if stage == "clickhouse-sink") == 3
     assert chdb_client.query(
         f"SELECT countIf(utilization_pct < 0), count() FROM {database}.gpu_samples").result_rows[0] == (0, 141)
+
+
+def test_hostile_ids_are_dead_letters_at_every_stage_and_reach_no_table(kafka, prefix, tmp_path, chdb_client, database):
+    """Ids come from jobs' environments: a newline in an owner once crashed the notifier on
+    every restart. At ingest they are refused, by the worker and the sink alike."""
+    from producers.publish_kafka import Publisher
+    from schemas.topics import HOST_SAMPLES, WORKFLOW_EVENTS
+
+    hostile = "ana\nBcc: everyone@example.com"
+    pub = Publisher(kafka.bootstrap, CODEC)
+    pub.publish(GPU_SAMPLES, [*ticks(0, 75), sample(event_time=BASE_MS + 75_000, owner=hostile),
+                              sample(event_time=BASE_MS + 75_000, workflow_id="wf-<script>")],
+                topic=prefix + GPU_SAMPLES.name)
+    event = {"workflow_id": "wf-a", "event": "STARTED", "event_time": BASE_MS, "host": "gpu-host-000",
+             "owner": hostile, "team": "vision", "gpu_uuids": ["GPU-0"], "pids": [1], "cmdline": None,
+             "framework": None, "framework_version": None, "scheduler_job_id": None, "attribution": "env:X"}
+    pub.publish(WORKFLOW_EVENTS, [event], topic=prefix + WORKFLOW_EVENTS.name)
+    host = {"event_time": BASE_MS, "interval_ms": 1000, "host": "gpu\rhost", "cpu_count": 8, "cpu_pct": 1.0,
+            "memory_used_bytes": 1, "memory_total_bytes": 2, "workflows": [], "spool_dropped_total": 0}
+    pub.publish(HOST_SAMPLES, [host], topic=prefix + HOST_SAMPLES.name)
+    assert pub.flush() == 0
+
+    with running_sink(kafka.bootstrap, prefix, chdb_client, database):
+        with worker_process(kafka.bootstrap, prefix, tmp_path, f"{prefix}worker") as worker:
+            def letters():
+                got = [(r["stage"], r["reason"]) for *_, n, r in read_topic(kafka.bootstrap, prefix + DEAD_LETTERS.name, 1)
+                       if n == "DeadLetter"]
+                return got if len(got) >= 7 else None
+
+            got = wait_until(letters, 90, "the dead letters of the worker and the sink")
+            wait_until(lambda: chdb_client.query(f"SELECT count() FROM {database}.gpu_samples").result_rows[0][0] >= 75,
+                       60, "the good samples in ClickHouse")
+            assert worker.poll() is None
+    by_stage = sorted(stage for stage, _ in got)
+    assert by_stage == ["clickhouse-sink"] * 4 + ["window-utilization"] * 2 + ["workflow-life-cycle"], got
+    assert all("has the character U+000A" in reason or "U+003C" in reason or "U+000D" in reason for _, reason in got)
+    for table in ("gpu_samples", "workflows", "host_samples"):
+        text = str(chdb_client.query(f"SELECT * FROM {database}.{table}").result_rows)
+        assert "Bcc" not in text and "<script>" not in text and "gpu\\rhost" not in text, table
