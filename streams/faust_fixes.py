@@ -47,6 +47,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import types
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from faust.transport.consumer import Consumer
 from mode import Service
@@ -154,9 +156,38 @@ async def _add_gap_unless_contiguous(self, tp, offset_from: int, offset_to: int)
     await _original_add_gap(self, tp, offset_from, offset_to)
 
 
+_PATCHES = {
+    "_new_offset": _new_offset_fixed,
+    "wait_first": _wait_first_fast,
+    "perform_seek": _perform_seek_with_flow_stopped,
+    "_add_gap": _add_gap_unless_contiguous,
+}
+# What the consumer class itself defines under those names (None: it inherits the method).
+_DEFINED = {name: Consumer.__dict__.get(name) for name in _PATCHES}
+
+
 def apply() -> None:
-    """Idempotent: patch faust's consumer class once per process."""
-    Consumer._new_offset = _new_offset_fixed
-    Consumer.wait_first = _wait_first_fast
-    Consumer.perform_seek = _perform_seek_with_flow_stopped
-    Consumer._add_gap = _add_gap_unless_contiguous
+    """Idempotent: patch faust's consumer class (for the whole process: the worker calls it
+    once, in ``streams.app.create_app``)."""
+    for name, fixed in _PATCHES.items():
+        setattr(Consumer, name, fixed)
+
+
+def revert() -> None:
+    """Faust's consumer class as it was before ``apply``."""
+    for name, defined in _DEFINED.items():
+        if defined is None:
+            if name in Consumer.__dict__:
+                delattr(Consumer, name)
+        else:
+            setattr(Consumer, name, defined)
+
+
+@contextmanager
+def applied() -> Iterator[None]:
+    """The fixes for the length of a ``with`` block (tests: nothing leaks into other tests)."""
+    apply()
+    try:
+        yield
+    finally:
+        revert()

@@ -19,6 +19,24 @@ from streams import faust_fixes
 TOPIC_PARTITION = TP("gpu-samples.v1", 0)
 
 
+@pytest.fixture(autouse=True)
+def fixed():
+    """Each test runs with the fixes applied, and Faust is as it was after it."""
+    with faust_fixes.applied():
+        yield
+
+
+def test_revert_leaves_faust_as_it_was():
+    names = ("_new_offset", "wait_first", "perform_seek", "_add_gap")
+    faust_fixes.revert()
+    before = {n: Consumer.__dict__.get(n) for n in names}
+    assert Consumer.wait_first is Service.wait_first  # inherited, not the fix
+    with faust_fixes.applied():
+        assert Consumer._new_offset is faust_fixes._new_offset_fixed
+    assert {n: Consumer.__dict__.get(n) for n in names} == before
+    faust_fixes.apply()  # as the fixture expects to find it
+
+
 class Offsets:
     """Just the state ``Consumer._new_offset`` reads, and ``seek``."""
 
@@ -36,13 +54,11 @@ class Offsets:
 def test_duplicated_acks_no_longer_hold_the_commit_back():
     acked = [744, 745, 745, 746, 746, 747, 747]  # as seen after a restart: every message twice
     assert faust_fixes._original_new_offset(Offsets(744, acked), TOPIC_PARTITION) == 746  # faust: 2 at a time
-    faust_fixes.apply()
     assert Consumer._new_offset is faust_fixes._new_offset_fixed
     assert Consumer._new_offset(Offsets(744, acked), TOPIC_PARTITION) == 748
 
 
 def test_gaps_still_hold_the_commit_back():
-    faust_fixes.apply()
     assert Consumer._new_offset(Offsets(9, [10, 11, 11, 13]), TOPIC_PARTITION) == 12
 
 
@@ -55,7 +71,6 @@ async def commits(consumer, n):
 
 
 def test_a_head_that_never_arrives_is_read_again_after_some_commits():
-    faust_fixes.apply()
     consumer = Offsets(748, range(751, 1600))  # 748..750 were dropped: faust waits for them for ever
     assert asyncio.run(commits(consumer, faust_fixes.STALLED_COMMITS - 1)) == [None] * (faust_fixes.STALLED_COMMITS - 1)
     assert consumer.seeks == []
@@ -67,7 +82,6 @@ def test_a_head_that_never_arrives_is_read_again_after_some_commits():
 
 
 def test_a_head_that_arrives_in_time_is_not_read_again():
-    faust_fixes.apply()
     consumer = Offsets(748, range(751, 800))
     asyncio.run(commits(consumer, faust_fixes.STALLED_COMMITS - 1))
     consumer._acked[TOPIC_PARTITION] += [748, 749, 750]
@@ -163,7 +177,6 @@ def test_an_error_in_the_delivery_reaches_the_drain_loop():
 
 
 def test_fix_is_installed_on_the_consumer():
-    faust_fixes.apply()
     assert Consumer.wait_first is faust_fixes._wait_first_fast
 
 
@@ -201,7 +214,6 @@ class Seeking:
 
 
 def test_the_flow_stops_before_stream_partitions_are_sought_to_their_committed_offsets():
-    faust_fixes.apply()
     consumer = Seeking()
     asyncio.run(Consumer.perform_seek(consumer))
     assert consumer.calls == ["stop_flow", "seek_to_committed (flow stopped)"]
@@ -222,7 +234,6 @@ class Gaps:
 
 
 def test_a_jump_in_a_contiguous_topic_is_not_recorded_as_a_gap_the_commit_may_pass():
-    faust_fixes.apply()
     consumer = Gaps()
     faust_fixes.CONTIGUOUS.add(TOPIC_PARTITION.topic)
     try:
