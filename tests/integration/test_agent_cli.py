@@ -5,11 +5,10 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 
 from schemas.sample_columns import rows_of
 from schemas.topics import GPU_SAMPLES, HOST_SAMPLES
-from tests.integration.helpers import read_topic
+from tests.integration.helpers import read_topic, wait_until
 
 
 def test_sim_agent_publishes_and_flushes_on_sigterm(kafka, prefix, tmp_path):
@@ -19,7 +18,10 @@ def test_sim_agent_publishes_and_flushes_on_sigterm(kafka, prefix, tmp_path):
          "--hosts", "2", "--gpus-per-host", "4", "--workflows", "3", "--host", "gpu-host-001"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
-    time.sleep(4)
+    # One host sample per tick, sent with the rest every 5 s: five on the topic, five ticks done.
+    wait_until(lambda: len(read_topic(kafka.bootstrap, prefix + HOST_SAMPLES.name, HOST_SAMPLES.partitions)) >= 5
+               or proc.poll() is not None, 60, "five ticks of the agent")
+    assert proc.poll() is None
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out

@@ -54,9 +54,20 @@ def test_every_workflow_is_profiled_within_the_budget_and_a_restart_repeats_none
         assert sorted(profiled) == sorted(running), "each workflow once"
 
     # A new worker takes the schedule over from the changelog: nothing is due within the hour.
+    # The scheduler writes each partition's report to its changelog, then asks for what is due:
+    # three rounds of reports on the changelog after the restart, and it has decided three times.
+    changelog = f"{prefix}worker-profile-schedule-changelog"
+    log_before = worker.log_path.stat().st_size  # both workers write to the same log
     with worker_process(kafka.bootstrap, prefix, tmp_path, f"{prefix}worker", *OPTIONS) as worker:
         wait_until(lambda: worker.log_path.read_text().count("[^Worker]: Ready") >= 2 or worker.poll() is not None,
-                   60, "the restarted worker")  # (both workers write to the same log)
-        time.sleep(8)  # several report intervals
+                   60, "the restarted worker")
+        reports = len(read_topic(kafka.bootstrap, changelog, 1))
+        partitions = GPU_SAMPLES.partitions
+        wait_until(lambda: len(read_topic(kafka.bootstrap, changelog, 1)) >= reports + 3 * partitions
+                   or worker.poll() is not None, 60, "three rounds of the restarted scheduler")
         assert worker.poll() is None
+        with worker.log_path.open() as f:
+            f.seek(log_before)
+            restarted = f.read()
+        assert "periodic profile of" not in restarted, restarted[-2000:]
         assert len(periodic(kafka.bootstrap, topic)) == len(running)
