@@ -113,17 +113,17 @@ def test_hostile_ids_are_dead_letters_at_every_stage_and_reach_no_table(kafka, p
     pub.publish(HOST_SAMPLES, [host], topic=prefix + HOST_SAMPLES.name)
     assert pub.flush() == 0
 
-    with running_sink(kafka.bootstrap, prefix, chdb_client, database):
-        with worker_process(kafka.bootstrap, prefix, tmp_path, f"{prefix}worker") as worker:
-            def letters():
-                got = [(r["stage"], r["reason"]) for *_, n, r in read_topic(kafka.bootstrap, prefix + DEAD_LETTERS.name, 1)
-                       if n == "DeadLetter"]
-                return got if len(got) >= 7 else None
+    def letters():
+        got = [(r["stage"], r["reason"]) for *_, n, r in read_topic(kafka.bootstrap, prefix + DEAD_LETTERS.name, 1)
+               if n == "DeadLetter"]
+        return got if len(got) >= 7 else None
 
-            got = wait_until(letters, 90, "the dead letters of the worker and the sink")
-            wait_until(lambda: chdb_client.query(f"SELECT count() FROM {database}.gpu_samples").result_rows[0][0] >= 75,
-                       60, "the good samples in ClickHouse")
-            assert worker.poll() is None
+    with running_sink(kafka.bootstrap, prefix, chdb_client, database), \
+            worker_process(kafka.bootstrap, prefix, tmp_path, f"{prefix}worker") as worker:
+        got = wait_until(letters, 90, "the dead letters of the worker and the sink")
+        wait_until(lambda: chdb_client.query(f"SELECT count() FROM {database}.gpu_samples").result_rows[0][0] >= 75,
+                   60, "the good samples in ClickHouse")
+        assert worker.poll() is None
     by_stage = sorted(stage for stage, _ in got)
     assert by_stage == ["clickhouse-sink"] * 4 + ["window-utilization"] * 2 + ["workflow-life-cycle"], got
     assert all("has the character U+000A" in reason or "U+003C" in reason or "U+000D" in reason for _, reason in got)
