@@ -31,9 +31,7 @@ from schemas.kafka_config import (
     producer_config,
 )
 from schemas.topics import ALERTS, GPU_SAMPLES, WORKFLOW_WINDOWS
-from sinks.consume_to_clickhouse import ClickHouseSink
-from sinks.write_clickhouse import ClickHouseWriter
-from tests.integration.helpers import CODEC, wait_until, worker_process
+from tests.integration.helpers import CODEC, running_sink, wait_until, worker_process
 from tests.unit.samples import BASE_MS
 
 
@@ -180,29 +178,20 @@ def test_the_pipeline_runs_end_to_end_over_sasl_ssl_with_acls(secure, topics, tm
     publisher.publish(GPU_SAMPLES, samples, topic=topics + GPU_SAMPLES.name)
     assert publisher.flush() == 0
 
-    sink = ClickHouseSink(secure.connection("sink"), ClickHouseWriter(chdb_client, database),
-                          group_id="gpufleet-clickhouse-sink-secure-test", topic_prefix=topics, batch_wait_s=0.3)
-    sink.writer.ensure_tables()
-    stop = threading.Event()
-    thread = threading.Thread(target=sink.run, args=(stop,), daemon=True)
-    thread.start()
     worker_env = {"GPUFLEET_KAFKA_CONFIG": str(secure.credentials.properties("worker"))}
-    try:
-        with worker_process(secure.bootstrap, topics, tmp_path, f"{topics}worker", "--detector-min-s", "60",
-                            env=worker_env) as worker:
-            wanted = len(fleet.workflows) * 2
+    with running_sink(secure.connection("sink"), topics, chdb_client, database,
+                      group_id="gpufleet-clickhouse-sink-secure-test") as sink, \
+            worker_process(secure.bootstrap, topics, tmp_path, f"{topics}worker", "--detector-min-s", "60",
+                           env=worker_env) as worker:
+        wanted = len(fleet.workflows) * 2
 
-            def windows() -> int:
-                return chdb_client.query(f"SELECT count() FROM {database}.workflow_windows FINAL").result_rows[0][0]
+        def windows() -> int:
+            return chdb_client.query(f"SELECT count() FROM {database}.workflow_windows FINAL").result_rows[0][0]
 
-            wait_until(lambda: windows() >= wanted or worker.poll() is not None, 120,
-                       f"{wanted} windows in ClickHouse")
-            assert worker.poll() is None, worker.log_path.read_text()[-3000:]
-            wait_until(lambda: chdb_client.query(f"SELECT count() FROM {database}.gpu_samples")
-                       .result_rows[0][0] >= len(samples), 60, "every sample in ClickHouse")
-    finally:
-        stop.set()
-        thread.join(30)
+        wait_until(lambda: windows() >= wanted or worker.poll() is not None, 120, f"{wanted} windows in ClickHouse")
+        assert worker.poll() is None, worker.log_path.read_text()[-3000:]
+        wait_until(lambda: chdb_client.query(f"SELECT count() FROM {database}.gpu_samples")
+                   .result_rows[0][0] >= len(samples), 60, "every sample in ClickHouse")
     assert sink.stats.dead_letters == 0
     log = worker.log_path.read_text()
     assert "AUTHORIZATION_FAILED" not in log and "Authorization" not in log, log[-3000:]
@@ -263,18 +252,10 @@ def test_no_secret_leaks_into_logs_errors_dead_letters_or_clickhouse(secure, top
         http.shutdown()
 
     # The dead letters and alerts into ClickHouse, through the sink.
-    sink = ClickHouseSink(secure.connection("sink"), ClickHouseWriter(chdb_client, database),
-                          group_id="gpufleet-clickhouse-sink-leak-test", topic_prefix=topics, batch_wait_s=0.3)
-    sink.writer.ensure_tables()
-    stop = threading.Event()
-    thread = threading.Thread(target=sink.run, args=(stop,), daemon=True)
-    thread.start()
-    try:
+    with running_sink(secure.connection("sink"), topics, chdb_client, database,
+                      group_id="gpufleet-clickhouse-sink-leak-test"):
         wait_until(lambda: chdb_client.query(f"SELECT count() FROM {database}.dead_letters").result_rows[0][0] >= 6,
                    60, "the notifier's dead letters in ClickHouse")
-    finally:
-        stop.set()
-        thread.join(30)
     reasons = [r for (r,) in chdb_client.query(f"SELECT reason FROM {database}.dead_letters").result_rows]
     assert any("webhook http://127.0.0.1:" in r and "HTTP 403" in r for r in reasons), reasons
     assert any("SMTPAuthenticationError" in r for r in reasons), reasons
