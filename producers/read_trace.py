@@ -250,10 +250,10 @@ def _event_blocks(fh: IO[bytes], head: bytes) -> Iterator[Iterable[Event | None]
     bracket = head.find(b"[", anchor) if anchor >= 0 else -1
     if bracket >= 0 and head[bracket + 1:].lstrip(b" \r\t").startswith(b"\n  {\n"):
         return _kineto_blocks(fh, head[bracket + 1:])
-    return iter([_typed(_streamed_items(_Prefixed(head, fh)))])
+    return iter([_typed(_streamed_items(_HeadFirst(head, fh)))])
 
 
-def _streamed_items(fh: _Prefixed) -> Iterator[Any]:
+def _streamed_items(fh: _HeadFirst) -> Iterator[Any]:
     import ijson
 
     try:
@@ -347,7 +347,7 @@ def _one_by_one(body: bytes) -> Iterator[Event | None]:
         pos = end
 
 
-class _Prefixed:
+class _HeadFirst:
     """A file object that first returns bytes already read from it."""
 
     def __init__(self, head: bytes, fh: IO[bytes]) -> None:

@@ -126,8 +126,9 @@ def key_of(spec: TopicSpec, record: dict) -> bytes | None:
 
 
 def trace_id_for(path: str, workflow_id: str) -> str:
-    """A trace file's id: stable per file, so publishing the same file again replaces, not
-    adds, its analysis."""
+    """A trace file's id: stable per file. The worker does not analyse a trace again within an
+    hour of its end (``TraceSessionConfig.done_retention_ms``: a replay); a file published again
+    after that is analysed again, and its analysis replaces the first in ClickHouse (same key)."""
     return f"{workflow_id}/{PurePath(path).name}"
 
 

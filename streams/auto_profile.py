@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from streams.root_cause import FOLLOWS
 
-DETECTORS = ("low_utilization", "input_bound")
+# The detectors whose firing alert asks for an automatic profile: the trace shows their cause.
+PROFILED_DETECTORS = ("low_utilization", "input_bound")
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ def auto_profile_requests(state: dict, alerts: list[dict], config: AutoProfileCo
         return []
     out = []
     for alert in alerts:
-        if alert["status"] != "FIRING" or alert["detector"] not in DETECTORS:
+        if alert["status"] != "FIRING" or alert["detector"] not in PROFILED_DETECTORS:
             continue
         last = state.get("auto_profiled_at")
         if last is not None and alert["window_end"] - last < config.every_s * 1000:

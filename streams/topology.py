@@ -448,7 +448,7 @@ def _register_trace_analysis(app: faust.App, settings, codec: Codec) -> None:
         await persist_and_emit(sessions.expire(int(time.time() * 1000)))
 
 
-class _Prefixed(MutableMapping):
+class _KeyPrefixed(MutableMapping):
     """The entries of a table whose keys start with ``prefix``, without it."""
 
     def __init__(self, data, prefix: str) -> None:
@@ -477,7 +477,7 @@ def _register_schedule(app: faust.App, settings, codec: Codec) -> None:
     dlq_topic = app.topic(settings.topic(DEAD_LETTERS.name))
     # "report:<partition>" -> what runs there; "wf:<workflow>" -> its schedule.
     table = app.Table("profile-schedule", default=None, partitions=PROFILE_SCHEDULE.partitions, key_type=str)
-    schedule = FleetSchedule(settings.schedule, _Prefixed(table.data, "report:"), _Prefixed(table.data, "wf:"))
+    schedule = FleetSchedule(settings.schedule, _KeyPrefixed(table.data, "report:"), _KeyPrefixed(table.data, "wf:"))
 
     @app.agent(reports_topic, name="profile-scheduler")
     async def scheduler(stream: faust.StreamT) -> None:

@@ -2,13 +2,13 @@
 
 import pytest
 
-from streams.detect_waste import DetectorConfig, detect
+from streams.detect_waste import DETECTORS, DetectorConfig, detect
 from tests.unit.samples import window
 
 CFG = DetectorConfig()
 
 
-@pytest.mark.parametrize("overrides, fired", [
+CASES = [
     ({"utilization_mean_pct": 60.0}, set()),
     ({"utilization_mean_pct": 20.0}, {"low_utilization"}),
     ({"utilization_mean_pct": 0.0, "idle_gpus": 2, "gpu_count": 2, "utilization_max_pct": 0.0},
@@ -25,9 +25,17 @@ CFG = DetectorConfig()
     ({"utilization_mean_pct": 30.0, "workflow_cpu_mean_pct": 100.0, "gpu_count": 2}, set()),
     ({"utilization_mean_pct": 30.0, "host_iowait_mean_pct": 35.0}, {"input_bound"}),
     ({"utilization_mean_pct": 80.0, "workflow_cpu_mean_pct": 800.0, "gpu_count": 2}, set()),
-])
+]
+
+
+@pytest.mark.parametrize("overrides, fired", CASES)
 def test_detectors(overrides, fired):
     assert set(detect(window(**overrides), CFG)) == fired
+
+
+def test_every_registered_detector_has_a_case_that_fires_it():
+    """A detector is a function in streams/detect_waste.py, in DETECTORS, with a case here."""
+    assert {fn.__name__ for fn in DETECTORS} == {name for _, fired in CASES for name in fired}
 
 
 def test_low_utilization_severity_and_words():

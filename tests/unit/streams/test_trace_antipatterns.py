@@ -1,5 +1,7 @@
 """Each antipattern rule firing and not firing, on hand-built traces read from files."""
 
+from pathlib import Path
+
 import pytest
 
 from gpufleet.analyze import analyze_file_with_findings
@@ -155,3 +157,13 @@ def test_a_starved_gpu_on_a_host_waiting_for_io_is_storage_bound(tmp_path):
     assert "cpu_bound_input" not in found
     assert "storage_bound_input" not in with_context(tmp_path, STARVED, context(host_iowait_mean_pct=5.0))
     assert "storage_bound_input" not in with_context(tmp_path, BUSY, context(host_iowait_mean_pct=35.0))
+
+
+def test_every_registered_rule_has_its_case_here():
+    """A rule is a function in streams/trace_antipatterns.py, in RULES, with a test here."""
+    from streams.trace_antipatterns import RULES
+
+    tested_apart = {"memory_pressure", "cpu_bound_input", "storage_bound_input"}  # by the tests above
+    assert {rule.__name__ for rule in RULES} == set(CASES) | tested_apart
+    here = Path(__file__).read_text()
+    assert all(f'["{name}"]' in here for name in tested_apart)
