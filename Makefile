@@ -46,7 +46,7 @@ test-unit: setup
 	$(BIN)/pytest tests/unit
 
 lint: setup
-	$(BIN)/ruff check producers streams schemas sinks gpufleet tests benchmarks
+	$(BIN)/ruff check producers streams schemas kafka_client sinks gpufleet tests benchmarks
 
 bench: setup
 	$(BIN)/python benchmarks/bench_window_utilization.py

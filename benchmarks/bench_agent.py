@@ -24,14 +24,14 @@ sys.path.insert(0, str(ROOT))
 from confluent_kafka import Producer
 
 from gpufleet import local_kafka
+from kafka_client.admin import ensure_topics
+from kafka_client.config import producer_config
 from producers.attribute_process import ProcessAttributor
 from producers.forward_spool import Forwarder
 from producers.host_agent import AgentSettings, HostAgent
 from producers.sample_nvml import NvmlSampler
 from producers.spool import Spool
-from schemas.admin import ensure_topics
 from schemas.codec import Codec, load_catalog
-from schemas.kafka_config import producer_config
 from schemas.topics import GPU_SAMPLES
 from tests.fakes.fake_nvml import FakeGpu, FakeNvml, FakeProcess
 from tests.unit.producers.proc_tree import make_process

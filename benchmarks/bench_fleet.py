@@ -37,8 +37,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_stream import AgentSends, Lag, fleet_10k, produce, rate_from_commits, stop, worker
 
 from gpufleet import local_kafka
-from schemas.admin import ensure_topics
-from schemas.kafka_config import consumer_config, producer_config
+from kafka_client.admin import ensure_topics
+from kafka_client.config import consumer_config, producer_config
 from schemas.topics import GPU_SAMPLES
 
 START_MS = 1_767_225_600_000

@@ -40,16 +40,18 @@ from typing import ClassVar
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # tests.unit.samples
+
 from gpufleet import local_kafka
+from kafka_client.admin import create_topics, ensure_topics
+from kafka_client.config import consumer_config, producer_config
 from producers.simulate_fleet import build_fleet
-from schemas.admin import create_topics, ensure_topics
 from schemas.codec import Codec
-from schemas.kafka_config import consumer_config, producer_config
 from schemas.sample_columns import columns_of
 from schemas.topics import GPU_SAMPLES, key_of
-from schemas.validate_sample import batch_samples
 from sinks.consume_alerts import AlertNotifier
 from sinks.route_alerts import load_routing
+from tests.unit.samples import batch_samples  # the older GpuSampleBatch format, for comparison
 
 CODEC = Codec()
 GPUS_PER_HOST = 8

@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "traces"
 HTA_PYTHON = ROOT / "benchmarks" / ".venv-hta" / "bin" / "python"
-PACKAGES = ("gpufleet", "producers", "streams", "sinks", "schemas")
+PACKAGES = ("gpufleet", "producers", "streams", "sinks", "schemas", "kafka_client")
 
 OURS = r"""
 import json, sys

@@ -12,13 +12,17 @@ on a noisy machine. The windowing should cost a fraction of decoding, not a mult
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.unit.samples
 
 from producers.simulate_fleet import build_fleet
 from schemas.codec import Codec
 from schemas.sample_columns import blocks_of, columns_of
-from schemas.validate_sample import batch_samples
 from streams.window_utilization import Incoming, WindowAggregator, WindowConfig
+from tests.unit.samples import batch_samples  # the older GpuSampleBatch format, for comparison
 
 START = 1_767_225_600_000
 BATCH = 2000  # messages per batch, as the worker takes them

@@ -44,10 +44,10 @@ def _clickhouse_args(p: argparse.ArgumentParser) -> None:
 
 def _kafka(args: argparse.Namespace, principal: str, check: bool = True):
     """How this command reaches Kafka: ``--bootstrap`` (or GPUFLEET_BOOTSTRAP) with the security
-    settings of the environment (``schemas.kafka_config``), checked before anything runs; or
+    settings of the environment (``kafka_client.config``), checked before anything runs; or
     the local cluster, where a secure one is reached as ``principal`` unless the environment
     says otherwise. ``check=False``: no check (the agent starts, and spools, while Kafka is away)."""
-    from schemas.kafka_config import Connection, KafkaConfigError, Security, check_access
+    from kafka_client.config import Connection, KafkaConfigError, Security, check_access
 
     try:
         security = Security.from_environment()
@@ -136,7 +136,7 @@ def cmd_kafka_access(args: argparse.Namespace) -> int:
 
 
 def cmd_topics(args: argparse.Namespace) -> int:
-    from schemas.admin import ensure_topics
+    from kafka_client.admin import ensure_topics
 
     created = ensure_topics(_kafka(args, "admin"), prefix=args.topic_prefix, partitions=args.partitions)
     print("created: " + (", ".join(created) if created else "nothing (all exist)"))
@@ -146,7 +146,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     import faust
 
-    from schemas.admin import brokers_in, create_topics, ensure_topics, replication_for
+    from kafka_client.admin import brokers_in, create_topics, ensure_topics, replication_for
     from streams.app import StreamSettings, changelog_topics, create_app, tune_gc
     from streams.detect_waste import DetectorConfig
     from streams.raise_alerts import AlertConfig, load_detector_config
@@ -198,7 +198,7 @@ def _stream_partitions(kafka, prefix: str) -> tuple[int, int]:
     """The partitions the worker's input topics have on the cluster: the co-partitioned
     sample topics' (which must agree: a workflow's samples, life cycle and profile results
     meet in one state) and the kernel events'."""
-    from schemas.admin import partitions_of
+    from kafka_client.admin import partitions_of
     from schemas.topics import CO_PARTITIONED, KERNEL_EVENTS
 
     names = [prefix + t.name for t in (*CO_PARTITIONED, KERNEL_EVENTS)]
@@ -211,7 +211,7 @@ def _stream_partitions(kafka, prefix: str) -> tuple[int, int]:
 
 
 def cmd_sink(args: argparse.Namespace) -> int:
-    from schemas.admin import ensure_topics
+    from kafka_client.admin import ensure_topics
     from sinks.consume_to_clickhouse import ClickHouseSink
     from sinks.write_clickhouse import ClickHouseWriter, connect
 
@@ -240,10 +240,10 @@ def cmd_sink(args: argparse.Namespace) -> int:
 def cmd_simulate(args: argparse.Namespace) -> int:
     import time
 
+    from kafka_client.admin import ensure_topics
     from producers.publish_kafka import Publisher
     from producers.run_simulation import SimulationPlan, run_simulation
     from producers.simulate_fleet import build_fleet
-    from schemas.admin import ensure_topics
     from schemas.codec import Codec
     from schemas.topics import GPU_SAMPLES
 
@@ -302,7 +302,7 @@ def cmd_clickhouse_users(args: argparse.Namespace) -> int:
 
 
 def cmd_notify(args: argparse.Namespace) -> int:
-    from schemas.admin import ensure_topics
+    from kafka_client.admin import ensure_topics
     from sinks.consume_alerts import AlertNotifier
     from sinks.route_alerts import load_routing
 
@@ -321,6 +321,7 @@ def cmd_notify(args: argparse.Namespace) -> int:
 def cmd_agent(args: argparse.Namespace) -> int:
     import socket
 
+    from kafka_client.admin import ensure_topics
     from producers.attribute_process import AttributionKeys, ProcessAttributor
     from producers.forward_spool import Forwarder
     from producers.host_agent import AgentSettings, HostAgent, SimulatedGpus, run_agent
@@ -330,7 +331,6 @@ def cmd_agent(args: argparse.Namespace) -> int:
     from producers.sample_nvml import NvmlSampler, NvmlUnavailable
     from producers.simulate_fleet import build_fleet
     from producers.spool import Spool
-    from schemas.admin import ensure_topics
     from schemas.codec import Codec
 
     kafka = _kafka(args, "agent", check=False)
@@ -397,9 +397,9 @@ def cmd_nvml_check(args: argparse.Namespace) -> int:
 
 
 def cmd_ingest_trace(args: argparse.Namespace) -> int:
+    from kafka_client.admin import ensure_topics
     from producers.publish_kafka import Publisher
     from producers.publish_trace import publish_trace
-    from schemas.admin import ensure_topics
     from schemas.codec import Codec
 
     kafka = _kafka(args, "agent")
@@ -480,7 +480,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     from gpufleet.opportunities import parse_since
     from gpufleet.profile import hosts_of, profile
-    from schemas.admin import ensure_topics
+    from kafka_client.admin import ensure_topics
 
     kafka = _kafka(args, "operator")
     ensure_topics(kafka, prefix=args.topic_prefix, partitions=args.partitions)

@@ -24,12 +24,12 @@ from gpufleet import local_kafka
 from gpufleet.opportunities import opportunities
 from gpufleet.query_server import QueryServer
 from gpufleet.sql import format_table, run_query
+from kafka_client.admin import ensure_topics
+from kafka_client.config import consumer_config
 from producers.publish_kafka import Publisher
 from producers.run_simulation import SimulationPlan, SimulationProgress, run_simulation
 from producers.simulate_fleet import build_fleet
-from schemas.admin import ensure_topics
 from schemas.codec import Codec
-from schemas.kafka_config import consumer_config
 from schemas.topics import ALERTS, DEAD_LETTERS, GPU_SAMPLES, WORKFLOW_WINDOWS
 from sinks.clickhouse_ddl import TABLES
 from sinks.consume_to_clickhouse import ClickHouseSink

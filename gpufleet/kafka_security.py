@@ -28,7 +28,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from schemas.kafka_config import Connection, Secret, Security
+from kafka_client.config import Connection, Secret, Security
 from schemas.topics import (
     ALERTS,
     ALL_TOPICS,
@@ -129,7 +129,7 @@ def grant(admin: Connection, topic_prefix: str = "", worker_app_id: str = DEFAUL
     """Create the ACLs of ``bindings`` (existing ones are kept); returns how many were asked for."""
     from confluent_kafka.admin import AdminClient
 
-    from schemas.kafka_config import client_config
+    from kafka_client.config import client_config
 
     wanted = bindings(topic_prefix, worker_app_id)
     client = AdminClient(client_config(admin))  # kept until the futures are done: they die with it
@@ -147,7 +147,7 @@ def create_users(admin: Connection, passwords: dict[str, Secret], timeout: float
         UserScramCredentialUpsertion,
     )
 
-    from schemas.kafka_config import client_config
+    from kafka_client.config import client_config
 
     info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192)
     upserts = [UserScramCredentialUpsertion(user, info, password.reveal().encode())

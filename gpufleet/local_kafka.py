@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpufleet.kafka_security import ADMIN, MECHANISM, LocalCredentials, create_users, grant
-from schemas.admin import replication_for
-from schemas.kafka_config import Connection, client_config
+from kafka_client.admin import replication_for
+from kafka_client.config import Connection, client_config
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 KAFKA_DIR = REPO_ROOT / "docker" / "kafka"

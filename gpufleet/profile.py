@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, TopicPartition
 
+from kafka_client.config import consumer_config
 from producers.publish_kafka import Publisher
 from schemas.codec import Codec
-from schemas.kafka_config import consumer_config
 from schemas.topics import (
     FINDINGS,
     PROFILE_REQUESTS,

@@ -24,9 +24,9 @@ import time
 
 from confluent_kafka import KafkaError, Producer
 
+from kafka_client.config import Connection, producer_config
 from producers.spool import Position, Spool
 from schemas.codec import Codec, CodecError
-from schemas.kafka_config import Connection, producer_config
 from schemas.sample_columns import NAME as COLUMNS
 from schemas.sample_columns import columns_of, rows_of, shape_error
 from schemas.topics import GPU_SAMPLES

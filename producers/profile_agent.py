@@ -20,13 +20,13 @@ from pathlib import Path
 
 from confluent_kafka import Consumer
 
+from kafka_client.config import Connection, consumer_config
 from producers.profile_context import ProfileContext
 from producers.profile_handoff import Handoff
 from producers.publish_kafka import Publisher
 from producers.publish_trace import publish_trace
 from schemas.codec import Codec
 from schemas.dead_letter import dead_letter
-from schemas.kafka_config import Connection, consumer_config
 from schemas.topics import DEAD_LETTERS, PROFILE_REQUESTS, PROFILE_STATUSES, trace_id_of
 
 log = logging.getLogger(__name__)

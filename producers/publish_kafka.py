@@ -8,8 +8,8 @@ from collections.abc import Iterable
 
 from confluent_kafka import KafkaError, Message, Producer
 
+from kafka_client.config import Connection, producer_config
 from schemas.codec import Codec
-from schemas.kafka_config import Connection, producer_config
 from schemas.topics import TopicSpec, key_of
 
 log = logging.getLogger(__name__)

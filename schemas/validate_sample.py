@@ -68,20 +68,6 @@ def validate_sample(r: dict) -> str | None:
     return None
 
 
-def batch_samples(samples: list[dict], per_tick: bool = True, max_samples: int = 1000) -> list[dict]:
-    """Group samples into ``GpuSampleBatch`` records, in the order each group first appears:
-    one per (host, workflow, event time), or with ``per_tick=False`` one per (host, workflow)
-    over several ticks (its ``event_time`` is its first sample's), at most ``max_samples``
-    samples each so that a backlog does not make a message too large for the broker."""
-    groups: dict[tuple, list[dict]] = {}
-    for s in samples:
-        key = (s["host"], s["workflow_id"], s["event_time"] if per_tick else None)
-        groups.setdefault(key, []).append(s)
-    return [{"host": host, "workflow_id": wf, "event_time": members[i]["event_time"],
-             "samples": members[i:i + max_samples]}
-            for (host, wf, _), members in groups.items() for i in range(0, len(members), max_samples)]
-
-
 def samples_of(name: str, record: dict) -> list[tuple[dict, str | None]]:
     """The samples a ``GpuSample`` or ``GpuSampleBatch`` message carries, each with the reason
     it is unusable (or None). A batch's sample must belong to the batch's workflow: the

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, Producer
 
+from kafka_client.config import Connection, consumer_config, producer_config
 from schemas.codec import Codec, CodecError
 from schemas.dead_letter import dead_letter
-from schemas.kafka_config import Connection, consumer_config, producer_config
 from schemas.topics import ALERTS, DEAD_LETTERS
 from sinks.commit_offsets import Committer
 from sinks.notify_owner import NotifyError, is_root_cause, send_email, send_webhook

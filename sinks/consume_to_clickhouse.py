@@ -33,9 +33,9 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient
 
+from kafka_client.config import Connection, client_config, consumer_config, producer_config
 from schemas.codec import Codec
 from schemas.dead_letter import dead_letter
-from schemas.kafka_config import Connection, client_config, consumer_config, producer_config
 from schemas.sample_columns import samples_checked
 from schemas.topics import (
     DEAD_LETTERS,

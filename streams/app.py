@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import faust
 
-from schemas.kafka_config import Security
+from kafka_client.config import Security
 from schemas.topics import GPU_SAMPLES, KERNEL_EVENTS, PROFILE_SCHEDULE
 from streams import faust_fixes
 from streams.auto_profile import AutoProfileConfig

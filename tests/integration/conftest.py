@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from gpufleet import local_kafka
-from schemas.admin import ensure_topics
+from kafka_client.admin import ensure_topics
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -16,8 +16,8 @@ from typing import ClassVar
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from kafka_client.config import consumer_config
 from schemas.codec import Codec
-from schemas.kafka_config import consumer_config
 from schemas.topics import TopicSpec
 from sinks.consume_to_clickhouse import ClickHouseSink
 from sinks.write_clickhouse import ClickHouseWriter

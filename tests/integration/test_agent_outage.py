@@ -6,12 +6,12 @@ import threading
 import time
 
 from gpufleet import local_kafka
+from kafka_client.admin import ensure_topics
 from producers.attribute_process import ProcessAttributor
 from producers.forward_spool import Forwarder
 from producers.host_agent import AgentSettings, HostAgent, run_agent
 from producers.sample_nvml import NvmlSampler
 from producers.spool import Spool
-from schemas.admin import ensure_topics
 from schemas.sample_columns import rows_of
 from schemas.topics import GPU_SAMPLES, HOST_SAMPLES
 from tests.fakes.fake_nvml import FakeGpu, FakeNvml, FakeProcess

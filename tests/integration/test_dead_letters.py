@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from confluent_kafka import Producer
 
-from schemas.kafka_config import producer_config
+from kafka_client.config import producer_config
 from schemas.topics import (
     DEAD_LETTERS,
     GPU_SAMPLES,

@@ -20,9 +20,9 @@ from collections import Counter, defaultdict
 import pytest
 
 from gpufleet import local_kafka
+from kafka_client.admin import ensure_topics
 from producers.publish_kafka import Publisher
 from producers.simulate_fleet import HEALTHY, IDLE, build_fleet
-from schemas.admin import ensure_topics
 from schemas.topics import ALERTS, DEAD_LETTERS, GPU_SAMPLES, WORKFLOW_WINDOWS
 from sinks.consume_to_clickhouse import ClickHouseSink
 from sinks.write_clickhouse import ClickHouseWriter

@@ -14,8 +14,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from gpufleet import local_kafka
-from schemas.admin import ensure_topics
-from schemas.kafka_config import consumer_config, producer_config
+from kafka_client.admin import ensure_topics
+from kafka_client.config import consumer_config, producer_config
 from schemas.topics import ALL_TOPICS, DEAD_LETTERS, GPU_SAMPLES, PROFILE_SCHEDULE
 from tests.integration.helpers import wait_until
 

@@ -30,7 +30,7 @@ def test_stop_and_status_without_a_broker(tmp_path):
 def test_created_topics_have_leaders_when_create_topics_returns(kafka, prefix):
     from confluent_kafka import Consumer, TopicPartition
 
-    from schemas.admin import create_topics
+    from kafka_client.admin import create_topics
 
     names = [f"{prefix}leaders-{i}" for i in range(3)]
     assert sorted(create_topics(kafka.bootstrap, [(n, 4, False) for n in names])) == names

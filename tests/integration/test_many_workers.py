@@ -11,10 +11,10 @@ from collections import defaultdict
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
+from kafka_client.admin import ensure_topics
+from kafka_client.config import producer_config
 from producers.publish_kafka import Publisher
 from producers.simulate_fleet import build_fleet
-from schemas.admin import ensure_topics
-from schemas.kafka_config import producer_config
 from schemas.topics import ALERTS, GPU_SAMPLES, WORKFLOW_SUMMARIES, WORKFLOW_WINDOWS
 from tests.integration.helpers import (
     CODEC,

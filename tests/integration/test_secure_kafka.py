@@ -18,10 +18,8 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from gpufleet import local_kafka
 from gpufleet.certificates import Authority
 from gpufleet.kafka_security import ADMIN, grant
-from producers.publish_kafka import Publisher
-from producers.simulate_fleet import build_fleet
-from schemas.admin import TopicsMissing, ensure_topics
-from schemas.kafka_config import (
+from kafka_client.admin import TopicsMissing, ensure_topics
+from kafka_client.config import (
     Connection,
     KafkaConfigError,
     Secret,
@@ -30,6 +28,8 @@ from schemas.kafka_config import (
     consumer_config,
     producer_config,
 )
+from producers.publish_kafka import Publisher
+from producers.simulate_fleet import build_fleet
 from schemas.topics import ALERTS, GPU_SAMPLES, WORKFLOW_WINDOWS
 from tests.integration.helpers import CODEC, running_sink, wait_until, worker_process
 from tests.unit.samples import BASE_MS
@@ -128,7 +128,7 @@ def test_each_principal_may_do_only_what_its_role_needs(secure, topics):
     assert consume_from_start(admin, samples, "admin-reader") == 1
     # A component may not create topics: it is told which are missing and who creates them.
     with pytest.raises(TopicsMissing, match=r"User:agent may not create them: .*gpufleet-topics-test"):
-        from schemas.admin import create_topics
+        from kafka_client.admin import create_topics
         create_topics(agent, [(topics + "gpufleet-topics-test", 1, False)])
 
 

@@ -8,8 +8,8 @@ import uuid
 
 from confluent_kafka.admin import AdminClient
 
+from kafka_client.admin import ensure_topics, wait_until_served
 from producers.publish_kafka import Publisher
-from schemas.admin import ensure_topics, wait_until_served
 from schemas.topics import GPU_SAMPLES
 from sinks.clickhouse_ddl import GPU_SAMPLES_TABLE
 from tests.integration.helpers import CODEC, committed_everything, running_sink, wait_until

@@ -7,11 +7,10 @@ import time
 
 from producers.publish_kafka import Publisher
 from schemas.topics import GPU_SAMPLES
-from schemas.validate_sample import batch_samples
 from sinks.consume_to_clickhouse import ClickHouseSink
 from sinks.write_clickhouse import ClickHouseWriter
 from tests.integration.helpers import CODEC, committed_everything, wait_until
-from tests.unit.samples import BASE_MS, sample
+from tests.unit.samples import BASE_MS, batch_samples, sample
 
 
 class CrashBeforeCommit(ClickHouseSink):

@@ -101,3 +101,17 @@ def assert_window_matches(actual: dict, expected: dict, rel: float = 1e-6) -> No
             assert actual[field] == pytest.approx(value, rel=rel), field
         else:
             assert actual[field] == value, field
+
+
+def batch_samples(samples: list[dict], per_tick: bool = True, max_samples: int = 1000) -> list[dict]:
+    """Group samples into ``GpuSampleBatch`` records, in the order each group first appears:
+    one per (host, workflow, event time), or with ``per_tick=False`` one per (host, workflow)
+    over several ticks (its ``event_time`` is its first sample's), at most ``max_samples``
+    samples each so that a backlog does not make a message too large for the broker."""
+    groups: dict[tuple, list[dict]] = {}
+    for s in samples:
+        key = (s["host"], s["workflow_id"], s["event_time"] if per_tick else None)
+        groups.setdefault(key, []).append(s)
+    return [{"host": host, "workflow_id": wf, "event_time": members[i]["event_time"],
+             "samples": members[i:i + max_samples]}
+            for (host, wf, _), members in groups.items() for i in range(0, len(members), max_samples)]

@@ -2,8 +2,8 @@
 
 from schemas.codec import Codec
 from schemas.topics import GPU_SAMPLES, key_of
-from schemas.validate_sample import batch_samples, samples_of
-from tests.unit.samples import BASE_MS, sample
+from schemas.validate_sample import samples_of
+from tests.unit.samples import BASE_MS, batch_samples, sample
 
 
 def tick():

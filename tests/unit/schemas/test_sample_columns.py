@@ -18,9 +18,9 @@ from schemas.sample_columns import (
     samples_checked,
 )
 from schemas.topics import GPU_SAMPLES, key_of
-from schemas.validate_sample import BOUNDS, batch_samples, validate_sample
+from schemas.validate_sample import BOUNDS, validate_sample
 from streams.window_utilization import Incoming, WindowAggregator, WindowConfig
-from tests.unit.samples import BASE_MS, sample
+from tests.unit.samples import BASE_MS, batch_samples, sample
 
 CODEC = Codec()
 

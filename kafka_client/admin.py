@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
-from schemas.kafka_config import Connection, client_config, connection
+from kafka_client.config import Connection, client_config, connection
 from schemas.topics import ALL_TOPICS, TopicSpec
 
 

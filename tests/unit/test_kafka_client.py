@@ -7,7 +7,7 @@ import ssl
 import pytest
 
 from gpufleet.certificates import Authority
-from schemas.kafka_config import (
+from kafka_client.config import (
     Connection,
     KafkaConfigError,
     Secret,
