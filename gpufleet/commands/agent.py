@@ -1,0 +1,151 @@
+"""``gpufleet agent``, ``nvml-check`` and ``simulate``: the host side."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from gpufleet.commands.common import fleet_args, kafka_args, kafka_connection
+
+
+def add(sub) -> None:
+    p = sub.add_parser("agent", help="the host agent: sample GPUs (NVML or simulated) and publish to Kafka")
+    kafka_args(p)
+    p.add_argument("--source", choices=["nvml", "sim"], default="nvml")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
+    p.add_argument("--send-every", type=float, default=5.0,
+                   help="seconds between sends to Kafka, each workflow's samples since the last send in one "
+                        "message (default 5; 0 sends each tick at once). Keep it under the worker's --lateness-s")
+    p.add_argument("--profile-interval", type=float, default=0.1,
+                   help="seconds between samples while a profile is captured on this host (default 10 Hz)")
+    p.add_argument("--host", default=None, help="host name to report (default: this machine's)")
+    p.add_argument("--heartbeat-s", type=float, default=60.0, help="seconds between workflow heartbeats")
+    p.add_argument("--workflow-keys", default="GPUFLEET_WORKFLOW_ID,SLURM_JOB_ID,TORCHELASTIC_RUN_ID",
+                   help="environment variables naming a process's workflow, first found wins")
+    p.add_argument("--owner-keys", default="GPUFLEET_OWNER,SLURM_JOB_USER,USER")
+    p.add_argument("--team-keys", default="GPUFLEET_TEAM,SLURM_JOB_ACCOUNT")
+    p.add_argument("--model-keys", default="GPUFLEET_MODEL", help="environment variables naming the job's model")
+    p.add_argument("--cluster", default=os.environ.get("GPUFLEET_CLUSTER"),
+                   help="the cluster this host belongs to, on every workflow event (env GPUFLEET_CLUSTER)")
+    p.add_argument("--spool-dir", type=Path, default=None, help="default: <data dir>/agent-spool")
+    p.add_argument("--spool-max-mb", type=int, default=256)
+    p.add_argument("--profile-dir", type=Path, default=None,
+                   help="where training processes with gpufleet's profiling hook meet the agent "
+                        "(env GPUFLEET_PROFILE_DIR; default /tmp/gpufleet-profile)")
+    fleet_args(p)
+    p.set_defaults(func=cmd_agent)
+
+    p = sub.add_parser("nvml-check", help="check the real NVML path on a machine with NVIDIA GPUs")
+    p.add_argument("--seconds", type=float, default=60.0)
+    p.add_argument("--no-load", action="store_true", help="do not start the PyTorch load")
+    p.set_defaults(func=cmd_nvml_check)
+
+    p = sub.add_parser("simulate", help="publish samples from a simulated fleet")
+    kafka_args(p)
+    fleet_args(p)
+    p.add_argument("--duration-s", type=float, default=600.0, help="simulated seconds")
+    p.add_argument("--interval-s", type=float, default=1.0, help="simulated sampling interval")
+    p.add_argument("--speed", type=float, default=60.0, help="simulated seconds per wall second (0: no pacing)")
+    p.add_argument("--start-ms", type=int, default=None, help="event time of the first tick (default: now - duration)")
+    p.set_defaults(func=cmd_simulate)
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    import socket
+
+    from kafka_client.admin import ensure_topics
+    from producers.attribute_process import AttributionKeys, ProcessAttributor
+    from producers.forward_spool import Forwarder
+    from producers.host_agent import AgentSettings, HostAgent, SimulatedGpus, run_agent
+    from producers.profile_agent import ProfileCoordinator, ProfileListener
+    from producers.profile_handoff import HandoffError, default_dir
+    from producers.publish_kafka import Publisher
+    from producers.sample_nvml import NvmlSampler, NvmlUnavailable
+    from producers.simulate_fleet import build_fleet
+    from producers.spool import Spool
+    from schemas.codec import Codec
+
+    kafka = kafka_connection(args, "agent", check=False)
+    # A simulated host is one of the simulated fleet's, the first by default.
+    host = args.host or (socket.gethostname() if args.source == "nvml" else "gpu-host-000")
+    settings = AgentSettings(host=host, interval_s=args.interval, heartbeat_s=args.heartbeat_s,
+                             topic_prefix=args.topic_prefix, cluster=args.cluster,
+                             profile_interval_s=args.profile_interval)
+    nvml = simulated = None
+    if args.source == "nvml":
+        nvml = NvmlSampler()
+        try:
+            devices = nvml.open()
+        except NvmlUnavailable as exc:
+            sys.exit(str(exc))
+        print(f"sampling {len(devices)} GPU device(s) through NVML every {args.interval:g}s as host {host}")
+    else:
+        fleet = build_fleet(args.seed, args.hosts, args.gpus_per_host, args.workflows)
+        simulated = SimulatedGpus(fleet, host, int(time.time() * 1000))
+        print(f"simulating host {host} of a {args.hosts}-host fleet every {args.interval:g}s")
+    try:
+        ensure_topics(kafka, prefix=args.topic_prefix, partitions=args.partitions)
+    except Exception as exc:  # noqa: BLE001 - the agent must start (and spool) while the broker is away
+        print(f"could not check the topics ({exc}); spooling until the broker answers")
+    keys = AttributionKeys(
+        workflow=tuple(args.workflow_keys.split(",")), owner=tuple(args.owner_keys.split(",")),
+        team=tuple(args.team_keys.split(",")), model=tuple(args.model_keys.split(",")),
+    )
+    spool = Spool(args.spool_dir or args.data_dir / "agent-spool", max_bytes=args.spool_max_mb << 20)
+    agent = HostAgent(settings, spool, Codec(), nvml=nvml, simulated=simulated, attributor=ProcessAttributor(keys))
+    stop = threading.Event()
+    # Profile requests for this host's workflows, answered beside the sampling loop.
+    try:
+        coordinator = ProfileCoordinator(host, Publisher(kafka, Codec()), args.profile_dir or default_dir(),
+                                         topic_prefix=args.topic_prefix)
+    except HandoffError as exc:
+        sys.exit(str(exc))
+    for sig in (signal.SIGINT, signal.SIGTERM):  # stop now, not after the wait for the next tick
+        signal.signal(sig, lambda *_: (stop.set(), coordinator.started.set()))
+    agent.observers.append(coordinator.observe)  # the host's view while a profile is captured
+    listener = ProfileListener(kafka, coordinator, topic_prefix=args.topic_prefix)
+    profiles = threading.Thread(target=listener.run, args=(stop,), name="profiles", daemon=True)
+    profiles.start()
+    try:
+        run_agent(agent, Forwarder(spool, kafka, send_every_s=args.send_every), stop, profiling=coordinator.capturing,
+                  wake=coordinator.started)
+    finally:
+        stop.set()
+        profiles.join(10)
+        if nvml is not None:
+            nvml.close()
+    print(f"agent stopped after {agent.ticks} ticks, {agent.samples} GPU samples; "
+          f"{spool.dropped} dropped by a full spool")
+    return 0
+
+
+def cmd_nvml_check(args: argparse.Namespace) -> int:
+    from gpufleet.nvml_check import main as check
+
+    return check([f"--seconds={args.seconds}"] + (["--no-load"] if args.no_load else []))
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    import time
+
+    from kafka_client.admin import ensure_topics
+    from producers.publish_kafka import Publisher
+    from producers.run_simulation import SimulationPlan, run_simulation
+    from producers.simulate_fleet import build_fleet
+    from schemas.codec import Codec
+    from schemas.topics import GPU_SAMPLES
+
+    kafka = kafka_connection(args, "agent")
+    ensure_topics(kafka, prefix=args.topic_prefix, partitions=args.partitions)
+    fleet = build_fleet(args.seed, args.hosts, args.gpus_per_host, args.workflows)
+    start_ms = args.start_ms if args.start_ms is not None else (int(time.time()) // 60 * 60 - int(args.duration_s)) * 1000
+    plan = SimulationPlan(start_ms, int(args.duration_s / args.interval_s), int(args.interval_s * 1000), args.speed)
+    progress = run_simulation(fleet, plan, Publisher(kafka, Codec()), topic=args.topic_prefix + GPU_SAMPLES.name)
+    print(f"published {progress.samples} samples over {progress.ticks_done} ticks from {fleet.gpu_count} GPUs")
+    return 0
+

@@ -1,0 +1,106 @@
+"""``gpufleet kafka``, ``kafka-access`` and ``topics``: the local cluster, a deployment's Kafka security, the topics."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from gpufleet.commands.common import kafka_args, kafka_connection
+
+
+def add(sub) -> None:
+    p = sub.add_parser("kafka", help="start, stop or check the local Kafka broker or cluster")
+    p.add_argument("action", choices=["start", "stop", "status"])
+    p.add_argument("--brokers", type=int, default=1,
+                   help="nodes of the local cluster (KRaft, each broker and controller); 3 replicates "
+                        "every topic three times, a write acknowledged by two")
+    p.add_argument("--secure", action="store_true",
+                   help="a cluster that speaks only SASL_SSL (SCRAM-SHA-512 and a client certificate), "
+                        "with a user and ACLs per component; its CA, certificates and passwords are made "
+                        "under the data dir the first time")
+    p.add_argument("--port", type=int, default=None, help="first node's listener port (default: a free one)")
+    p.set_defaults(func=cmd_kafka)
+
+    p = sub.add_parser("kafka-access", help="a deployment's Kafka security: make its CA, certificates, passwords "
+                                            "and client settings once (credentials), then create its users and "
+                                            "ACLs as the administrator (grant)")
+    p.add_argument("action", choices=["credentials", "grant"])
+    p.add_argument("--dir", type=Path, required=True, help="where the secrets live (kept 0700)")
+    p.add_argument("--nodes", default="", help="credentials: the nodes' host names, comma-separated, in node id order")
+    p.add_argument("--external-host", default=None, help="credentials: another name the nodes answer to")
+    p.add_argument("--mount", default=None,
+                   help="credentials: where a component's container sees its clients/<principal> folder")
+    p.add_argument("--app-id", default="gpufleet-worker", help="grant: the worker's app id (its group and changelogs)")
+    kafka_args(p)
+    p.set_defaults(func=cmd_kafka_access)
+
+    p = sub.add_parser("topics", help="create gpufleet's topics (idempotent)")
+    kafka_args(p)
+    p.set_defaults(func=cmd_topics)
+
+
+def cmd_kafka(args: argparse.Namespace) -> int:
+    from gpufleet import local_kafka
+
+    kafka_dir = args.data_dir / "kafka"
+    if args.action == "start":
+        try:
+            info = local_kafka.start(kafka_dir, brokers=args.brokers, port=args.port, secure=args.secure)
+        except local_kafka.KafkaRunnerError as exc:
+            sys.exit(str(exc))
+        print(f"Kafka is running: bootstrap {info.bootstrap}" + (" (SASL_SSL, mutual TLS, ACLs)" if info.secure else ""))
+        for node in info.nodes:
+            print(f"  node {node.node_id}: {node.address}, pid {node.pid}, log {node.log_file}")
+        if info.credentials is not None:
+            print(f"  each component's client settings: {info.credentials.properties('<component>')} "
+                  "(used by gpufleet's commands here by themselves; elsewhere: GPUFLEET_KAFKA_CONFIG)")
+    elif args.action == "stop":
+        print("stopped" if local_kafka.stop(kafka_dir) else "no broker was running")
+    else:
+        recorded = local_kafka.read_state(kafka_dir.resolve())
+        info = local_kafka.status(kafka_dir)
+        if recorded is None or info is None:
+            print("not running")
+            return 1
+        live = local_kafka.live_brokers(info.connection())
+        for node in recorded.nodes:
+            running = node.node_id in {n.node_id for n in info.nodes}
+            state = ("answering" if node.node_id in live else "NOT answering") if running else "stopped"
+            print(f"node {node.node_id}: {node.address}, {state}, log {node.log_file}")
+        return 0 if live >= {n.node_id for n in recorded.nodes} else 1
+    return 0
+
+
+def cmd_kafka_access(args: argparse.Namespace) -> int:
+    """A deployment's Kafka secrets (made once) and its users and ACLs (granted as admin)."""
+    from gpufleet.kafka_security import LocalCredentials, create_users, grant
+
+    credentials = LocalCredentials(args.dir)
+    if args.action == "credentials":
+        if credentials.exists():
+            print(f"{args.dir} holds credentials already; nothing made")
+            return 0
+        nodes = [n for n in args.nodes.split(",") if n]
+        if not nodes:
+            sys.exit("name the nodes with --nodes (the host names clients reach them by)")
+        extra = tuple(h for h in (args.external_host, "localhost") if h)
+        credentials.create({i: (name, *extra) for i, name in enumerate(nodes, 1)}, mount=args.mount)
+        print(f"made a CA, {len(nodes)} node certificate(s) and a folder per principal under {args.dir / 'clients'}")
+        return 0
+    if not credentials.exists():
+        sys.exit(f"no credentials in {args.dir}: make them with `gpufleet kafka-access credentials`")
+    admin = kafka_connection(args, "admin")
+    create_users(admin, credentials.passwords())
+    n = grant(admin, args.topic_prefix, worker_app_id=args.app_id)
+    print(f"users of {', '.join(credentials.passwords())} set; {n} ACLs granted")
+    return 0
+
+
+def cmd_topics(args: argparse.Namespace) -> int:
+    from kafka_client.admin import ensure_topics
+
+    created = ensure_topics(kafka_connection(args, "admin"), prefix=args.topic_prefix, partitions=args.partitions)
+    print("created: " + (", ".join(created) if created else "nothing (all exist)"))
+    return 0
+

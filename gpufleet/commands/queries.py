@@ -1,0 +1,139 @@
+"""``gpufleet sql``, ``workflows``, ``workflow``, ``opportunities``, ``report`` and ``clickhouse-users``: what ClickHouse knows."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from gpufleet.commands.common import clickhouse_args, query_client
+
+
+def add(sub) -> None:
+    p = sub.add_parser("sql", help="run a SQL query on gpufleet's ClickHouse (read-only by default)")
+    p.add_argument("query")
+    clickhouse_args(p)
+    p.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    p.add_argument("--write", action="store_true", help="allow statements that change data")
+    p.set_defaults(func=cmd_sql)
+
+    p = sub.add_parser("workflows", help="workflows with their utilisation, waste and firing alerts")
+    clickhouse_args(p)
+    p.add_argument("--since-minutes", type=float, default=1440, help="how far back from the newest window")
+    p.set_defaults(func=cmd_workflows)
+
+    p = sub.add_parser("workflow", help="one workflow's timeline of windows and alerts")
+    p.add_argument("workflow_id")
+    clickhouse_args(p)
+    p.set_defaults(func=cmd_workflow)
+
+    p = sub.add_parser("opportunities", help="rank where the fleet loses the most GPU-hours, and to what")
+    clickhouse_args(p)
+    p.add_argument("--by", default="cause",
+                   choices=["cause", "team", "owner", "workflow", "framework", "model", "cluster", "gpu-model",
+                            "antipattern"])
+    p.add_argument("--since", default="7d", help="how far back: 7d, 12h, 30m, or all")
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    p.set_defaults(func=cmd_opportunities)
+
+    p = sub.add_parser("report", help="write the fleet report: one self-contained HTML file with charts")
+    clickhouse_args(p)
+    p.add_argument("--html", type=Path, required=True, help="where to write it")
+    p.add_argument("--since", default="7d", help="how far back: 7d, 12h, 30m, or all")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("clickhouse-users",
+                       help="print the SQL that creates a server's gpufleet users: a writer for the sink and a "
+                            "read-only reader for queries (passwords from GPUFLEET_CLICKHOUSE_READER_PASSWORD and "
+                            "GPUFLEET_CLICKHOUSE_WRITER_PASSWORD, or their _FILE; only their hashes are printed)")
+    p.add_argument("--database", default=os.environ.get("GPUFLEET_DATABASE", "gpufleet"))
+    p.set_defaults(func=cmd_clickhouse_users)
+
+
+def cmd_sql(args: argparse.Namespace) -> int:
+    from clickhouse_connect.driver.exceptions import ClickHouseError
+
+    from gpufleet.sql import FORMATS, run_query
+    from sinks.write_clickhouse import refusal
+
+    client = query_client(args, read_only=not args.write)
+
+    try:
+        columns, rows = run_query(client, args.query)
+    except ClickHouseError as exc:
+        sys.exit(f"query failed: {refusal(exc)}")
+    print(FORMATS[args.format](columns, rows))
+    return 0
+
+
+def cmd_workflows(args: argparse.Namespace) -> int:
+    from gpufleet.sql import format_table
+    from gpufleet.workflows import list_workflows
+
+    print(format_table(*list_workflows(query_client(args), args.database, args.since_minutes)))
+    return 0
+
+
+def cmd_workflow(args: argparse.Namespace) -> int:
+    from gpufleet.sql import format_table
+    from gpufleet.workflows import workflow_timeline
+
+    columns, rows = workflow_timeline(query_client(args), args.database, args.workflow_id)
+    if not rows:
+        print(f"no windows for workflow {args.workflow_id!r}")
+        return 1
+    print(format_table(columns, rows))
+    return 0
+
+
+def cmd_opportunities(args: argparse.Namespace) -> int:
+    from clickhouse_connect.driver.exceptions import ClickHouseError
+
+    from gpufleet.opportunities import opportunities
+    from gpufleet.sql import FORMATS
+    from sinks.write_clickhouse import refusal
+
+    try:
+        columns, rows = opportunities(query_client(args), args.database, args.by, args.since, args.limit)
+    except ValueError as exc:
+        sys.exit(str(exc))
+    except ClickHouseError as exc:
+        sys.exit(f"query failed: {refusal(exc)}")
+    if not rows and args.format == "table":
+        print(f"no wasted GPU-hours recorded (--since {args.since})")
+        return 0
+    print(FORMATS[args.format](columns, rows))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from gpufleet.report import gather, render
+
+    try:
+        numbers = gather(query_client(args), args.database, args.since)
+    except ValueError as exc:
+        sys.exit(str(exc))
+    args.html.write_text(render(numbers))
+    print(f"wrote {args.html} ({numbers['gpu_hours']:,.1f} GPU-hours, {numbers['workflows']} workflows)")
+    return 0
+
+
+def cmd_clickhouse_users(args: argparse.Namespace) -> int:
+    from sinks.clickhouse_access import access_statements, password_sha256
+
+    hashes = []
+    for role in ("READER", "WRITER"):
+        name = f"GPUFLEET_CLICKHOUSE_{role}_PASSWORD"
+        password = Path(os.environ[name + "_FILE"]).read_text().strip() if os.environ.get(name + "_FILE") \
+            else os.environ.get(name)
+        if not password:
+            sys.exit(f"set {name} (or {name}_FILE) to the {role.lower()}'s password")
+        hashes.append(password_sha256(password))
+    try:
+        print(";\n".join(access_statements(args.database, *hashes)) + ";")
+    except ValueError as exc:
+        sys.exit(str(exc))
+    return 0
+

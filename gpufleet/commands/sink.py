@@ -1,0 +1,69 @@
+"""``gpufleet sink`` and ``notify``: ClickHouse, and the people alerts are for."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from pathlib import Path
+
+from gpufleet.commands.common import clickhouse_args, clickhouse_dsn, kafka_args, kafka_connection
+
+
+def add(sub) -> None:
+    p = sub.add_parser("sink", help="write gpufleet's topics into ClickHouse")
+    kafka_args(p)
+    clickhouse_args(p)
+    p.add_argument("--group-id", default="gpufleet-clickhouse-sink")
+    p.set_defaults(func=cmd_sink)
+
+    p = sub.add_parser("notify", help="message owners and teams about alerts (webhook, e-mail)")
+    kafka_args(p)
+    p.add_argument("--routing", type=Path, required=True, help="routing file (TOML): see sinks/route_alerts.py")
+    p.add_argument("--group-id", default="gpufleet-notifier")
+    p.set_defaults(func=cmd_notify)
+
+
+def cmd_sink(args: argparse.Namespace) -> int:
+    from kafka_client.admin import ensure_topics
+    from sinks.consume_to_clickhouse import ClickHouseSink
+    from sinks.write_clickhouse import ClickHouseWriter, connect
+
+    kafka = kafka_connection(args, "sink")
+    ensure_topics(kafka, prefix=args.topic_prefix, partitions=args.partitions)
+    dsn = clickhouse_dsn(args)
+    writer = ClickHouseWriter(connect(dsn), args.database, cluster=args.clickhouse_cluster)
+    sink = ClickHouseSink(kafka, writer, group_id=args.group_id, topic_prefix=args.topic_prefix)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    queries = None
+    if dsn.startswith("chdb://"):  # let gpufleet sql & co. read while this process owns the engine
+        from gpufleet.query_server import QueryServer
+
+        queries = QueryServer(Path(dsn[len("chdb://"):])).start()
+    try:
+        stats = sink.run(stop)
+    finally:
+        if queries is not None:
+            queries.stop()
+    print(f"sink stopped: {dict(stats.rows)} rows, {stats.dead_letters} dead letters")
+    return 0
+
+
+def cmd_notify(args: argparse.Namespace) -> int:
+    from kafka_client.admin import ensure_topics
+    from sinks.consume_alerts import AlertNotifier
+    from sinks.route_alerts import load_routing
+
+    kafka = kafka_connection(args, "notifier")
+    ensure_topics(kafka, prefix=args.topic_prefix, partitions=args.partitions)
+    notifier = AlertNotifier(kafka, load_routing(args.routing), args.data_dir / "notifier-sent.log",
+                             group_id=args.group_id, topic_prefix=args.topic_prefix)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    notifier.run(stop)
+    print(f"notifier stopped: {notifier.messages} messages sent, {notifier.failures} refused")
+    return 0
+

@@ -1,0 +1,126 @@
+"""``gpufleet profile``, ``analyze`` and ``ingest-trace``: profiles and their traces."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from gpufleet.commands.common import kafka_args, kafka_connection
+
+
+def add(sub) -> None:
+    p = sub.add_parser("profile", help="profile a running workflow now (torch.profiler via the agents) "
+                                       "and print the findings")
+    kafka_args(p)
+    p.add_argument("workflow_id")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--steps", type=int, default=20, help="optimizer steps to capture (default 20)")
+    group.add_argument("--duration", default=None, help="or a duration: 10s, 1m")
+    p.add_argument("--host", action="append", default=[], help="ask this host (repeatable; default: every host "
+                                                                 "the agents report the workflow on)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for every host's result")
+    p.set_defaults(func=cmd_profile)
+
+    p = sub.add_parser("analyze", help="analyse PyTorch profiler (Kineto) trace files")
+    p.add_argument("traces", nargs="+", help=".json or .json.gz trace files, one per rank")
+    p.add_argument("--json", action="store_true", help="print the TraceAnalysis records as JSON")
+    p.add_argument("--workflow", default="", help="workflow id to put in the records")
+    p.set_defaults(func=cmd_analyze)
+
+    p = sub.add_parser("ingest-trace", help="publish trace files to Kafka for the worker to analyse")
+    kafka_args(p)
+    p.add_argument("traces", nargs="+", help=".json or .json.gz trace files, one per rank")
+    p.add_argument("--workflow", required=True, help="the workflow the traces belong to")
+    p.set_defaults(func=cmd_ingest_trace)
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from gpufleet.opportunities import parse_since
+    from gpufleet.profile import hosts_of, profile
+    from kafka_client.admin import ensure_topics
+
+    kafka = kafka_connection(args, "operator")
+    ensure_topics(kafka, prefix=args.topic_prefix, partitions=args.partitions)
+    hosts = args.host or hosts_of(kafka, args.workflow_id, args.topic_prefix)
+    if not hosts:
+        sys.exit(f"workflow {args.workflow_id} is not running on any host (no agent reported it without "
+                 "ending it); name hosts with --host to ask anyway")
+    duration_ms = None if args.duration is None else int(parse_since(args.duration) * 1000)
+    steps = None if duration_ms is not None else args.steps
+    what = f"{duration_ms / 1000:g} s" if duration_ms is not None else f"{steps} steps"
+    print(f"profiling {args.workflow_id} for {what} on {', '.join(hosts)} (timeout {args.timeout:g} s)", flush=True)
+
+    def show(status: dict) -> None:
+        where = status["host"] + ("" if status["rank"] is None else f" rank {status['rank']}")
+        detail = status["reason"] or status["trace_id"] or ""
+        print(f"  {where}: {status['state'].lower().replace('_', ' ')}{' - ' + detail if detail else ''}", flush=True)
+
+    outcome = profile(kafka, args.workflow_id, hosts, steps=steps, duration_ms=duration_ms,
+                      timeout_s=args.timeout, prefix=args.topic_prefix, requester=os.environ.get("USER", "cli"),
+                      on_status=show)
+    for a in sorted(outcome.analyses, key=lambda a: a["trace_id"]):
+        partial = " (partial trace)" if a["partial"] else ""
+        if a["idle_pct"] is None:  # e.g. a CPU-only process
+            print(f"\n{a['trace_id']}: GPU idle n/a: no GPU activity in {a['events']} events{partial}")
+        else:
+            print(f"\n{a['trace_id']}: GPU idle {a['idle_pct']:.1f}%, compute {a['compute_pct']:.1f}%, "
+                  f"non-compute {a['non_compute_pct']:.1f}% of {a['kernel_time_us'] / 1e6:.3f} s of kernel "
+                  f"time{partial}")
+        if a.get("system"):
+            print(f"  {_system_line(a['system'])}")
+    if outcome.findings:
+        print("\nFindings:")
+        for f in sorted(outcome.findings, key=lambda f: -f["gpu_seconds_at_stake"]):
+            print(f"  [{f['severity'].lower()}] {f['title']} ({f['gpu_seconds_at_stake']:.3f} GPU-s at stake)\n"
+                  f"      {f['evidence']}\n      try: {f['recommendation']}")
+    elif outcome.analyses:
+        print("\nNo antipattern found in these traces.")
+    if outcome.failed:
+        print("\nFailed:")
+        for where, reason in sorted(outcome.failed.items()):
+            print(f"  {where}: {reason}")
+        return 1
+    return 0
+
+
+def _system_line(system: dict) -> str:
+    """What the host agent measured during a capture, in one line."""
+    said = [(f"{system['ticks']} host samples over {system['span_ms'] / 1000:.1f} s "
+             f"(one every {system['interval_ms_mean']:.0f} ms)")]
+    for key, text in (("gpu_utilization_mean_pct", "GPU utilisation {:.0f} %"),
+                      ("sm_active_mean_pct", "SM activity {:.0f} %"), ("power_mean_watts", "power {:.0f} W"),
+                      ("workflow_cpu_mean_pct", "job CPU {:.0f} % of a core"), ("host_cpu_mean_pct", "host CPU {:.0f} %"),
+                      ("host_iowait_mean_pct", "I/O wait {:.0f} %")):
+        if system.get(key) is not None:
+            said.append(text.format(system[key]))
+    return "during the capture: " + ", ".join(said)
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from gpufleet.analyze import run
+
+    text, rc = run(args.traces, args.json, args.workflow)
+    print(text)
+    return rc
+
+
+def cmd_ingest_trace(args: argparse.Namespace) -> int:
+    from kafka_client.admin import ensure_topics
+    from producers.publish_kafka import Publisher
+    from producers.publish_trace import publish_trace
+    from schemas.codec import Codec
+
+    kafka = kafka_connection(args, "agent")
+    ensure_topics(kafka, prefix=args.topic_prefix, partitions=args.partitions)
+    publisher = Publisher(kafka, Codec())
+    rc = 0
+    for path in args.traces:
+        end = publish_trace(path, args.workflow, publisher, topic_prefix=args.topic_prefix)
+        state = f"PARTIAL ({end['error']})" if end["partial"] else "complete"
+        print(f"{path}: published {end['events']} events as trace {end['trace_id']} (rank {end['rank']}), {state}")
+        rc = rc or (1 if end["partial"] else 0)
+    if publisher.flush():
+        sys.exit("some trace events could not be delivered to Kafka")
+    return rc
+
