@@ -1,6 +1,6 @@
 """Plain helpers of the worker's wiring."""
 
-from streams.topology import drop_unowned
+from streams.stage_io import drop_unowned
 
 
 def test_state_of_partitions_owned_elsewhere_is_dropped_with_its_unsaved_changes():
