@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from streams.root_cause import FOLLOWS
+from streams.workflow_state import WorkflowState
 
 # The detectors whose firing alert asks for an automatic profile: the trace shows their cause.
 PROFILED_DETECTORS = ("low_utilization", "input_bound")
@@ -29,7 +30,7 @@ def request_id_for(alert_id: str) -> str:
     return "auto-" + "".join(c if c.isalnum() or c in "-_." else "_" for c in alert_id)
 
 
-def auto_profile_requests(state: dict, alerts: list[dict], config: AutoProfileConfig, now_ms: int) -> list[dict]:
+def auto_profile_requests(state: WorkflowState, alerts: list[dict], config: AutoProfileConfig, now_ms: int) -> list[dict]:
     """``ProfileRequest`` records for the alerts that call for one (recorded in ``state``)."""
     if not config.enabled:
         return []
@@ -37,14 +38,14 @@ def auto_profile_requests(state: dict, alerts: list[dict], config: AutoProfileCo
     for alert in alerts:
         if alert["status"] != "FIRING" or alert["detector"] not in PROFILED_DETECTORS:
             continue
-        last = state.get("auto_profiled_at")
+        last = state.auto_profiled_at
         if last is not None and alert["window_end"] - last < config.every_s * 1000:
             continue
-        state["auto_profiled_at"] = alert["window_end"]
+        state.auto_profiled_at = alert["window_end"]
         request_id = request_id_for(alert["alert_id"])
         # The episode knows its profile: the analysis, when it lands, updates this alert
         # (streams.root_cause). The alert record is the episode's last_alert: one object.
-        state.setdefault("alerts", {}).setdefault(alert["detector"], {})["profile_request_id"] = request_id
+        state.alerts.setdefault(alert["detector"], {})["profile_request_id"] = request_id
         alert["profile_request_id"] = request_id
         alert["message"] += FOLLOWS
         out.append({

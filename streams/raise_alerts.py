@@ -13,6 +13,7 @@ from msgspec.structs import replace
 
 from streams.alert_lifecycle import LifecycleConfig, step
 from streams.detect_waste import DETECTORS, DetectorConfig, detect
+from streams.workflow_state import WorkflowState
 
 
 @dataclass(frozen=True)
@@ -45,10 +46,10 @@ def load_detector_config(path) -> tuple[DetectorConfig, dict[str, DetectorConfig
     return default, teams
 
 
-def raise_alerts(state: dict, window: dict, config: AlertConfig, now_ms: int) -> list[dict]:
+def raise_alerts(state: WorkflowState, window: dict, config: AlertConfig, now_ms: int) -> list[dict]:
     """Advance every detector's life cycle by ``window``; return the alerts that transition."""
-    lifecycles = state.setdefault("alerts", {})
-    state["wasted_s"] = state.get("wasted_s", 0.0) + window["wasted_gpu_seconds"]
+    lifecycles = state.alerts
+    state.wasted_s += window["wasted_gpu_seconds"]
     violations = detect(_with_job_totals(state, window), config.detectors_for(window.get("team")))
     out = []
     for fn in DETECTORS:
@@ -56,7 +57,7 @@ def raise_alerts(state: dict, window: dict, config: AlertConfig, now_ms: int) ->
         v = violations.get(name)
         if v is not None and config.min_duration_s is not None:
             v = replace(v, min_duration_s=config.min_duration_s)
-        new, alert = step(lifecycles.get(name, {}), name, v, window, state["wasted_s"], config.lifecycle, now_ms)
+        new, alert = step(lifecycles.get(name, {}), name, v, window, state.wasted_s, config.lifecycle, now_ms)
         if alert is not None:
             new["last_alert"] = alert  # a root cause that lands later updates this record
             out.append(alert)
@@ -67,9 +68,9 @@ def raise_alerts(state: dict, window: dict, config: AlertConfig, now_ms: int) ->
     return out
 
 
-def _with_job_totals(state: dict, window: dict) -> dict:
+def _with_job_totals(state: WorkflowState, window: dict) -> dict:
     """The window with what the detectors judge over the whole job so far: the memory peak
-    (the job's totals, ``state["job"]``, hold the windows before this one)."""
-    peaks = [p for p in ((state.get("job") or {}).get("mem_peak"), window.get("memory_peak_fraction"))
+    (the job's totals, ``state.job``, hold the windows before this one)."""
+    peaks = [p for p in ((state.job or {}).get("mem_peak"), window.get("memory_peak_fraction"))
              if p is not None]
     return {**window, "job_memory_peak_fraction": max(peaks)} if peaks else window

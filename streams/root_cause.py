@@ -12,6 +12,8 @@ later transitions (its RESOLVED too).
 
 from __future__ import annotations
 
+from streams.workflow_state import WorkflowState
+
 TOP_FINDINGS = 3
 FOLLOWS = " An automatic profile was requested; its findings will follow in an update of this alert."
 
@@ -34,10 +36,10 @@ def profile_result(analysis: dict, findings: list[dict], request_id: str, host: 
     }
 
 
-def apply_profile_result(state: dict, result: dict, now_ms: int) -> dict | None:
+def apply_profile_result(state: WorkflowState, result: dict, now_ms: int) -> dict | None:
     """Merge ``result`` into the alert episode that requested it; the updated alert, or None
     (not an automatic profile of a known episode, or a result already counted)."""
-    for lifecycle in state.get("alerts", {}).values():
+    for lifecycle in state.alerts.values():
         if lifecycle.get("profile_request_id") == result["request_id"] and lifecycle.get("last_alert"):
             break
     else:

@@ -56,14 +56,18 @@ def by_partition(events) -> dict[int, list]:
 
 
 def drop_unowned(data: MutableMapping, owned: set[int], unsaved: dict[str, int]) -> int:
-    """Remove the entries of ``data`` (each a dict naming its ``partition``) whose partition is
-    not in ``owned``, and their unsaved changes; returns how many."""
-    gone = [k for k, v in data.items() if isinstance(v, dict) and v.get("partition") not in owned]
+    """Remove the entries of ``data`` (each naming its ``partition``: a dict's key, or a typed
+    state's field) whose partition is not in ``owned``, and their unsaved changes; returns how many."""
+    gone = [k for k, v in data.items() if v is not None and _partition(v) not in owned]
     for key in gone:
         del data[key]
     for key in [k for k, p in unsaved.items() if p not in owned]:
         del unsaved[key]
     return len(gone)
+
+
+def _partition(entry) -> int | None:
+    return entry.get("partition") if isinstance(entry, dict) else getattr(entry, "partition", None)
 
 
 class BeforeCommit(faust.Sensor):

@@ -22,8 +22,10 @@ import os
 import socket
 import time
 from collections import defaultdict
+from types import SimpleNamespace
 
 import faust
+from faust.serializers import codecs
 from faust.types import TP
 
 from schemas.codec import Codec
@@ -40,7 +42,7 @@ from schemas.topics import (
     WORKFLOW_WINDOWS,
 )
 from schemas.validate_ids import ids_error
-from streams import faust_fixes
+from streams import faust_fixes, workflow_state
 from streams.auto_profile import auto_profile_requests
 from streams.in_order import InOrder
 from streams.raise_alerts import raise_alerts
@@ -56,8 +58,37 @@ from streams.stage_io import (
 )
 from streams.summarize_workflow import accumulate, correct, summary
 from streams.window_utilization import BatchResult, Incoming, WindowAggregator
+from streams.workflow_state import WorkflowState
 
 log = logging.getLogger(__name__)
+
+STATE_CODEC = "gpufleet-workflow-state"
+
+
+class _StateCodec(codecs.Codec):
+    """The window-state table's values on its changelog: ``workflow_state``'s versioned JSON
+    (a deleted state is JSON null, as Faust's json codec wrote it)."""
+
+    def _dumps(self, obj: WorkflowState | None) -> bytes:
+        return b"null" if obj is None else workflow_state.encode(obj)
+
+    def _loads(self, s: bytes) -> WorkflowState | None:
+        return None if s == b"null" else workflow_state.decode(s)
+
+
+codecs.register(STATE_CODEC, _StateCodec())
+
+
+class _StateType:
+    """The window-state table's value type as Faust sees it: it takes the serializer of its
+    table and changelog from ``_options`` (as from a ``faust.Record``) and hands on what the
+    codec decoded as it is."""
+
+    _options = SimpleNamespace(serializer=STATE_CODEC)
+
+    @classmethod
+    def from_data(cls, data, *, preferred_type=None):
+        return data
 
 STAGE = "window-utilization"
 LIFE_CYCLE = "workflow-life-cycle"
@@ -78,8 +109,9 @@ class WindowStage:
         self.windows_topic, self.summaries_topic = topic(WORKFLOW_WINDOWS), topic(WORKFLOW_SUMMARIES)
         self.alerts_topic, self.requests_topic = topic(ALERTS), topic(PROFILE_REQUESTS)
         self.schedule_topic, self.dlq_topic = topic(PROFILE_SCHEDULE), topic(DEAD_LETTERS)
-        # One entry per workflow; the changelog partition is the workflow's source partition.
-        self.table = app.Table("window-state", default=None, partitions=settings.partitions, key_type=str)
+        # One WorkflowState per workflow; the changelog partition is the workflow's source partition.
+        self.table = app.Table("window-state", default=None, partitions=settings.partitions, key_type=str,
+                               value_type=_StateType)
         # Closed windows within the update horizon, for late samples: "<workflow>@<start>" -> window.
         self.history = app.Table("window-history", default=None, partitions=settings.partitions, key_type=str)
         self.aggregator = WindowAggregator(settings.window, self.table.data, self.history.data)
@@ -155,7 +187,7 @@ class WindowStage:
         alerts, requests = self._judge(result.closed, now)
         corrected = self._correct(result) | self._end(partition, result)
         summaries = [record for wf in sorted(corrected)  # its first summary, or one corrected by late samples
-                     if (record := summary(wf, self.table.data[wf], self.table.data[wf].get("end_reason", "ended"),
+                     if (record := summary(wf, self.table.data[wf], self.table.data[wf].end_reason or "ended",
                                            now)) is not None]
         for wf in result.changed | result.removed:
             self.unsaved[wf] = partition
@@ -194,7 +226,7 @@ class WindowStage:
             if state is not None:
                 correct(state, before, window)
                 result.changed.add(window["workflow_id"])
-                if state.get("ended"):
+                if state.ended:
                     corrected.add(window["workflow_id"])
         return corrected
 
@@ -203,9 +235,9 @@ class WindowStage:
         ended = set()
         for wf in self.aggregator.ended(partition, self.ended_after_ms):
             state = self.table.data[wf]
-            state["ended"] = True
-            state["end_reason"] = ("its hosts reported it ended" if state.get("ending")
-                                   else f"no samples for {self.settings.workflow_ended_s:g} s")
+            state.ended = True
+            state.end_reason = ("its hosts reported it ended" if state.ending
+                                else f"no samples for {self.settings.workflow_ended_s:g} s")
             result.changed.add(wf)
             ended.add(wf)
         return ended
@@ -289,16 +321,16 @@ class WindowStage:
         """One life-cycle event into its workflow's state: which hosts it runs on, and whether
         the last one said it ended."""
         state = self.aggregator.state_of(event["workflow_id"], partition, event["owner"], event["team"])
-        hosts = set(state.get("hosts", []))
+        hosts = set(state.hosts)
         if event["event"] == "ENDED":
             hosts.discard(event["host"])
             if not hosts:
-                state["ending"] = True
+                state.ending = True
                 log.info("workflow %s ended on its last host (%s)", event["workflow_id"], event["host"])
         else:
             hosts.add(event["host"])
-            state.pop("ending", None)
-        state["hosts"] = sorted(hosts)
+            state.ending = False
+        state.hosts = sorted(hosts)
 
     async def root_causes(self, stream: faust.StreamT) -> None:
         """Analysed ranks of requested profiles: an automatic profile's findings go into the

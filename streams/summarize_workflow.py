@@ -7,17 +7,21 @@ efficiency record of every executed workflow.
 
 from __future__ import annotations
 
+from streams.workflow_state import WorkflowState
+
 _SUMS = ("gpu_seconds", "active_gpu_seconds", "wasted_gpu_seconds", "zero_util_gpu_seconds",
          "throttled_gpu_seconds")
 
 
-def accumulate(state: dict, window: dict, alerts: list[dict]) -> None:
+def accumulate(state: WorkflowState, window: dict, alerts: list[dict]) -> None:
     """Add a closed window (and the alerts it raised) to the job's totals."""
-    job = state.setdefault("job", {
-        "first": window["window_start"], "last": window["window_end"], "windows": 0, "max_gpus": 0,
-        "util_weighted": 0.0, "energy_j": None, "mem_peak": None, "xids": 0, "fired": [],
-        **{k: 0.0 for k in _SUMS},
-    })
+    if state.job is None:
+        state.job = {
+            "first": window["window_start"], "last": window["window_end"], "windows": 0, "max_gpus": 0,
+            "util_weighted": 0.0, "energy_j": None, "mem_peak": None, "xids": 0, "fired": [],
+            **{k: 0.0 for k in _SUMS},
+        }
+    job = state.job
     job["first"] = min(job["first"], window["window_start"])
     job["last"] = max(job["last"], window["window_end"])
     job["windows"] += 1
@@ -35,13 +39,13 @@ def accumulate(state: dict, window: dict, alerts: list[dict]) -> None:
             job["fired"].append(a["detector"])
 
 
-def correct(state: dict, before: dict | None, after: dict) -> None:
+def correct(state: WorkflowState, before: dict | None, after: dict) -> None:
     """A window completed by late samples: the job's totals take ``after`` in place of
     ``before`` (its previous emission; None where the window never closed before)."""
-    if before is None or not state.get("job"):
+    if before is None or not state.job:
         accumulate(state, after, [])
         return
-    job = state["job"]
+    job = state.job
     for k in _SUMS:
         job[k] += after[k] - before[k]
     job["max_gpus"] = max(job["max_gpus"], after["gpu_count"])
@@ -54,14 +58,14 @@ def correct(state: dict, before: dict | None, after: dict) -> None:
     job["xids"] += after["xid_count"] - before["xid_count"]
 
 
-def summary(workflow_id: str, state: dict, reason: str, now_ms: int) -> dict | None:
+def summary(workflow_id: str, state: WorkflowState, reason: str, now_ms: int) -> dict | None:
     """The ``WorkflowSummary`` of a workflow's totals (None if no window of it ever closed)."""
-    job = state.get("job")
+    job = state.job
     if not job:
         return None
     seconds = job["gpu_seconds"]
     return {
-        "workflow_id": workflow_id, "owner": state.get("owner"), "team": state.get("team"),
+        "workflow_id": workflow_id, "owner": state.owner, "team": state.team,
         "first_window_start": job["first"], "last_window_end": job["last"], "end_reason": reason,
         "windows": job["windows"], "max_gpus": job["max_gpus"],
         **{k: job[k] for k in _SUMS},

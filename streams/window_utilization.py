@@ -20,7 +20,7 @@ and persists what it reports as changed. Design:
   ``version`` (``BatchResult.updated``; ClickHouse keeps the highest): a host that comes back
   after an outage and sends its spooled backlog completes its windows instead of losing them.
   Later than the horizon they are refused with the reason, never dropped silently.
-* State is one JSON-able dict per workflow in a caller-provided mapping (the Faust table).
+* State is one ``WorkflowState`` per workflow in a caller-provided mapping (the Faust table).
   Each holds the offset (and block of that message) it was updated through, so a batch
   replayed after a crash (at-least-once delivery) is not applied twice; the partition's
   watermark is derived from these states, so it can never run ahead of what the state
@@ -39,6 +39,7 @@ from schemas.sample_columns import columns_of, take
 from schemas.sample_columns import size as samples_in
 from schemas.validate_sample import NOT_WORKFLOWS
 from streams.window_efficiency import add_efficiency, efficiency_fields, new_efficiency
+from streams.workflow_state import WorkflowState
 
 Record = dict
 log = logging.getLogger(__name__)
@@ -153,15 +154,15 @@ def _start_of_key(key: str) -> int:
     return int(key.rpartition("@")[2])
 
 
-def to_window(workflow_id: str, state: dict, start: int, acc: dict, size_ms: int, closed_at: int,
+def to_window(workflow_id: str, state: WorkflowState, start: int, acc: dict, size_ms: int, closed_at: int,
               version: int = 1) -> Record:
     """The ``WorkflowWindow`` record of one accumulator."""
     interval = acc["interval_ms"]
     return {
         "workflow_id": workflow_id,
         "version": version,
-        "owner": state.get("owner"),
-        "team": state.get("team"),
+        "owner": state.owner,
+        "team": state.team,
         "window_start": start,
         "window_end": start + size_ms,
         "sample_count": acc["n"],
@@ -240,14 +241,14 @@ class WindowAggregator:
         idle: set[str] = set()
         limit = self.clock() + self.config.max_future_skew_ms
         for wf, state in self.store.items():
-            if not isinstance(state, dict) or state.get("partition") != partition:
+            if not isinstance(state, WorkflowState) or state.partition != partition:
                 continue
-            if state["max_event_time"] > limit:
+            if state.max_event_time > limit:
                 self._repair(wf, state, limit, partition)
-            newest = max(newest, state["max_event_time"])
-            for start in state["windows"]:
+            newest = max(newest, state.max_event_time)
+            for start in state.windows:
                 index.setdefault(int(start) + self.config.size_ms, set()).add(wf)
-            if not state["windows"]:
+            if not state.windows:
                 idle.add(wf)
         kept: dict[int, set[str]] = {}
         for key, closed in self.history.items():
@@ -258,21 +259,20 @@ class WindowAggregator:
         self._idle[partition] = idle
         self._kept[partition] = kept
 
-    def _repair(self, wf: str, state: dict, limit: int, partition: int) -> None:
+    def _repair(self, wf: str, state: WorkflowState, limit: int, partition: int) -> None:
         """A state whose clock was moved into the future by a sample written before future
         times were refused: its future windows are dropped, its clock set back to the newest
         window it keeps."""
-        future = [start for start in state["windows"] if int(start) > limit]
+        future = [start for start in state.windows if int(start) > limit]
         for start in future:
-            del state["windows"][start]
-        kept = [int(start) + self.config.size_ms - 1 for start in state["windows"]]
-        job = state.get("job")
-        if job:
-            kept.append(job["last"] - 1)
-        state["max_event_time"] = max(kept, default=-1)
+            del state.windows[start]
+        kept = [int(start) + self.config.size_ms - 1 for start in state.windows]
+        if state.job:
+            kept.append(state.job["last"] - 1)
+        state.max_event_time = max(kept, default=-1)
         log.warning("partition %d: workflow %s had event times in the future (beyond %d); dropped its "
                     "windows starting %s and set its clock back to %d", partition, wf, limit,
-                    ", ".join(future) or "(none)", state["max_event_time"])
+                    ", ".join(future) or "(none)", state.max_event_time)
         self.store[wf] = state
         self._repaired.setdefault(partition, set()).add(wf)
 
@@ -291,13 +291,13 @@ class WindowAggregator:
         return sum(len(v) for v in self._open[partition].values())
 
     # -- the batch ---------------------------------------------------------------------
-    def state_of(self, workflow_id: str, partition: int, owner: str | None = None, team: str | None = None) -> dict:
+    def state_of(self, workflow_id: str, partition: int, owner: str | None = None,
+                 team: str | None = None) -> WorkflowState:
         """The workflow's state, created empty if no sample of it has been applied yet (its life
         cycle can be heard of before its samples are)."""
         state = self.store.get(workflow_id)
         if state is None:
-            state = self.store[workflow_id] = {"partition": partition, "owner": owner, "team": team,
-                                               "last_offset": -1, "max_event_time": -1, "windows": {}}
+            state = self.store[workflow_id] = WorkflowState(partition=partition, owner=owner, team=team)
         return state
 
     def running(self, partitions: Iterable[int]) -> dict[int, list[str]]:
@@ -305,9 +305,9 @@ class WindowAggregator:
         workflow left out); one pass over the store for all of them."""
         out: dict[int, list[str]] = {p: [] for p in partitions}
         for wf, s in self.store.items():
-            if (isinstance(s, dict) and s.get("partition") in out and s["max_event_time"] >= 0
-                    and not s.get("ended") and not s.get("ending") and wf not in NOT_WORKFLOWS):
-                out[s["partition"]].append(wf)
+            if (isinstance(s, WorkflowState) and s.partition in out and s.max_event_time >= 0
+                    and not s.ended and not s.ending and wf not in NOT_WORKFLOWS):
+                out[s.partition].append(wf)
         return {p: sorted(wfs) for p, wfs in out.items()}
 
     def newest(self, partition: int) -> int:
@@ -347,9 +347,9 @@ class WindowAggregator:
         out = []
         for wf in self._idle[partition]:
             state = self.store[wf]
-            if state["max_event_time"] < 0 or state.get("ended"):
+            if state.max_event_time < 0 or state.ended:
                 continue  # no sample yet (its life cycle came first), or summarised already
-            if state["max_event_time"] < horizon or state.get("ending"):
+            if state.max_event_time < horizon or state.ending:
                 out.append(wf)
         return sorted(out)
 
@@ -372,10 +372,10 @@ class WindowAggregator:
             if state is None:
                 state = self.state_of(wf, partition, c["owner"], c["team"])
                 idle.add(wf)
-            elif (item.offset, item.index) <= (state["last_offset"], state.get("last_index", 0)):
+            elif (item.offset, item.index) <= (state.last_offset, state.last_index):
                 result.replayed += samples_in(c)  # applied before a restart; at-least-once replay
                 continue
-            state["last_offset"], state["last_index"] = item.offset, item.index
+            state.last_offset, state.last_index = item.offset, item.index
             self.store[wf] = state
             result.changed.add(wf)
             watermark = newest - lateness if newest >= 0 else None
@@ -392,20 +392,20 @@ class WindowAggregator:
                     else:
                         self._add_late(partition, wf, state, start, part, closed_at, reopened)
                     continue
-                if state.pop("ended", None):
-                    state.pop("ending", None)  # it came back after it ended: a new life
+                if state.ended:  # it came back after it ended: a new life
+                    state.ended = state.ending = False
                 key = str(start)
-                acc = state["windows"].get(key)
+                acc = state.windows.get(key)
                 if acc is None:
-                    acc = state["windows"][key] = _new_acc()
+                    acc = state.windows[key] = _new_acc()
                     index.setdefault(start + size, set()).add(wf)
                     idle.discard(wf)
                 _add(acc, part)
                 t = max(times)
-                state["max_event_time"] = max(state["max_event_time"], t)
+                state.max_event_time = max(state.max_event_time, t)
                 newest = max(newest, t)
             if c["owner"]:
-                state["owner"], state["team"] = c["owner"], c["team"]
+                state.owner, state.team = c["owner"], c["team"]
             if newest >= 0 and index and newest - lateness >= min(index):
                 # Windows close as soon as the watermark passes them, not at the end of the
                 # batch: what a window holds never depends on where batches begin and end.
@@ -423,7 +423,7 @@ class WindowAggregator:
             self._close(partition, newest - lateness, closed_at, result)
         return result
 
-    def _add_late(self, partition: int, wf: str, state: dict, start: int, part: Record, closed_at: int,
+    def _add_late(self, partition: int, wf: str, state: WorkflowState, start: int, part: Record, closed_at: int,
                   reopened: dict[str, Record | None]) -> None:
         """Late samples of a closed window within the horizon: added to the window as kept
         since it closed, or to a new one if it never closed (all its samples came late)."""
@@ -452,7 +452,7 @@ class WindowAggregator:
                 result.history_changed.discard(key)
                 result.history_removed.add(key)
         horizon = self._max_event_time[partition] - self.config.retention_ms
-        for wf in [wf for wf in idle if self.store[wf]["max_event_time"] < horizon]:
+        for wf in [wf for wf in idle if self.store[wf].max_event_time < horizon]:
             idle.discard(wf)
             del self.store[wf]
             result.changed.discard(wf)
@@ -467,7 +467,7 @@ class WindowAggregator:
             for wf in sorted(index.pop(end)):
                 state = self.store[wf]
                 start = end - size
-                acc = state["windows"].pop(str(start))
+                acc = state.windows.pop(str(start))
                 result.closed.append(to_window(wf, state, start, acc, size, closed_at))
                 result.changed.add(wf)
                 if self.config.update_horizon_ms:
@@ -475,5 +475,5 @@ class WindowAggregator:
                     self.history[key] = {"partition": partition, "version": 1, "acc": acc}
                     kept.setdefault(end, set()).add(key)
                     result.history_changed.add(key)
-                if not state["windows"]:
+                if not state.windows:
                     idle.add(wf)

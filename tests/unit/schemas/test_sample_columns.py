@@ -194,4 +194,4 @@ def test_late_samples_of_a_block_are_reported_together():
     ((item, reason),) = result.refused
     assert item.offset == 1 and reason.startswith(
         f"3 late samples: event times {BASE_MS}..{BASE_MS} fall in window [{BASE_MS}, {BASE_MS + 60_000})")
-    assert agg.store["wf-a"]["windows"][str(BASE_MS + 60_000)]["n"] == 4
+    assert agg.store["wf-a"].windows[str(BASE_MS + 60_000)]["n"] == 4

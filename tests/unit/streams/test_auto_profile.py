@@ -2,6 +2,7 @@
 
 from streams.auto_profile import AutoProfileConfig, auto_profile_requests, request_id_for
 from streams.root_cause import FOLLOWS
+from streams.workflow_state import WorkflowState
 from tests.unit.samples import BASE_MS
 
 HOUR = 3_600_000
@@ -13,11 +14,11 @@ def alert(detector="low_utilization", status="FIRING", end=BASE_MS, wf="wf-a"):
 
 
 def test_one_profile_per_workflow_per_interval_for_the_right_alerts():
-    state, config = {}, AutoProfileConfig()
+    state, config = WorkflowState(partition=0), AutoProfileConfig()
     fired = alert()
     (request,) = auto_profile_requests(state, [fired, alert("input_bound")], config, now_ms=42)
     # The alert and its episode know the profile: its findings will update this alert.
-    assert fired["profile_request_id"] == request["request_id"] == state["alerts"]["low_utilization"]["profile_request_id"]
+    assert fired["profile_request_id"] == request["request_id"] == state.alerts["low_utilization"]["profile_request_id"]
     assert fired["message"] == "Mean GPU utilisation 9 %." + FOLLOWS
     assert request["reason"] == "AUTO" and request["hosts"] == [] and request["steps"] == 20
     assert request["requester"] == f"low_utilization:wf-a:{BASE_MS}"
@@ -28,8 +29,8 @@ def test_one_profile_per_workflow_per_interval_for_the_right_alerts():
 
 
 def test_other_detectors_resolutions_and_a_disabled_loop_ask_for_nothing():
-    state = {}
+    state = WorkflowState(partition=0)
     assert auto_profile_requests(state, [alert("idle_allocated"), alert("throttling"), alert(status="RESOLVED")],
                                  AutoProfileConfig(), 0) == []
     assert auto_profile_requests(state, [alert()], AutoProfileConfig(enabled=False), 0) == []
-    assert state == {}
+    assert state == WorkflowState(partition=0)

@@ -3,6 +3,7 @@
 import pytest
 
 from streams.detect_waste import DETECTORS, DetectorConfig, detect
+from streams.workflow_state import WorkflowState
 from tests.unit.samples import window
 
 CFG = DetectorConfig()
@@ -63,7 +64,8 @@ def test_team_thresholds_from_a_file(tmp_path):
     assert teams["research"].idle_min_s == default.idle_min_s  # the rest comes from [default]
     config = AlertConfig(detectors=default, team_detectors=teams, min_duration_s=0)
     for team, fires in (("research", False), ("vision", True)):
-        alerts = raise_alerts({}, window(team=team, utilization_mean_pct=20.0), config, now_ms=0)
+        alerts = raise_alerts(WorkflowState(partition=0), window(team=team, utilization_mean_pct=20.0), config,
+                              now_ms=0)
         assert any(a["detector"] == "low_utilization" for a in alerts) == fires
     path.write_text("[teams.x]\nlow_util_pct = 1\n")
     with _pytest.raises(ValueError, match="unknown thresholds in \\[x\\]: low_util_pct"):
@@ -75,9 +77,10 @@ def test_memory_underuse_is_judged_over_the_job_so_far():
     job for good, even when later windows are small again."""
     from streams.raise_alerts import AlertConfig, raise_alerts
     from streams.summarize_workflow import accumulate
+    from streams.workflow_state import WorkflowState
     from tests.unit.samples import BASE_MS
 
-    config, state, fired = AlertConfig(), {}, []
+    config, state, fired = AlertConfig(), WorkflowState(partition=0), []
 
     def close(minute, peak):
         w = window(window_start=BASE_MS + minute * 60_000, window_end=BASE_MS + (minute + 1) * 60_000,

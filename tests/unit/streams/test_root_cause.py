@@ -11,6 +11,7 @@ from schemas.topics import ALERTS, PROFILE_RESULTS, trace_id_of
 from streams.auto_profile import AutoProfileConfig, auto_profile_requests
 from streams.raise_alerts import AlertConfig, raise_alerts
 from streams.root_cause import FOLLOWS, apply_profile_result, profile_result
+from streams.workflow_state import WorkflowState
 from tests.unit.samples import BASE_MS, window
 
 TRACE = Path(__file__).resolve().parents[2] / "data" / "hook-trace-h200.json.gz"
@@ -37,7 +38,7 @@ def result_of(request: dict, host: str = "host-a", rank: int = 0) -> dict:
 
 
 def test_the_alert_comes_back_with_the_root_cause_of_its_profile():
-    state = {}
+    state = WorkflowState(partition=0)
     alert, request = fire(state)
     assert alert["profile_request_id"] == request["request_id"] and alert["root_cause"] is None
     result = result_of(request)
@@ -58,7 +59,7 @@ def test_the_alert_comes_back_with_the_root_cause_of_its_profile():
 
 
 def test_more_ranks_merge_without_a_second_message_and_a_replay_changes_nothing():
-    state = {}
+    state = WorkflowState(partition=0)
     _, request = fire(state)
     first = apply_profile_result(state, result_of(request, "host-a", 0), now_ms=10)
     assert apply_profile_result(state, result_of(request, "host-a", 0), now_ms=11) is None  # replayed
@@ -69,7 +70,7 @@ def test_more_ranks_merge_without_a_second_message_and_a_replay_changes_nothing(
 
 
 def test_the_root_cause_stays_on_the_episode_and_a_new_episode_starts_without_it():
-    state = {}
+    state = WorkflowState(partition=0)
     _, request = fire(state)
     apply_profile_result(state, result_of(request), now_ms=10)
     healthy = window(window_start=BASE_MS + MINUTE, window_end=BASE_MS + 2 * MINUTE, utilization_mean_pct=80.0)
@@ -89,7 +90,7 @@ def test_the_root_cause_stays_on_the_episode_and_a_new_episode_starts_without_it
 
 def test_what_the_hosts_saw_during_the_profile_joins_the_root_cause():
     """The 10 Hz context of each rank's capture: its numbers, weighted by the time each covers."""
-    state = {}
+    state = WorkflowState(partition=0)
     _, request = fire(state)
 
     def seen(span_ms, util, cpu):
@@ -105,15 +106,15 @@ def test_what_the_hosts_saw_during_the_profile_joins_the_root_cause():
             "(30 samples, one every 100 ms).") in one["root_cause"]
     two = apply_profile_result(state, {**result_of(request, "host-b", 1), "system": seen(1000, 8.0, 50.0)}, now_ms=11)
     assert "GPU utilisation 5 %, host CPU 84 %, I/O wait 0 % (40 samples" in two["root_cause"]
-    plain = {}  # results without the hosts' view (no agent context on the trace) say nothing of it
+    plain = WorkflowState(partition=0)  # results without the hosts' view (no agent context on the trace) say nothing of it
     _, req = fire(plain)
     assert "Meanwhile" not in apply_profile_result(plain, result_of(req), now_ms=10)["root_cause"]
 
 
 @pytest.mark.parametrize("request_id", ["periodic-1", "someone-else"])
 def test_results_of_other_profiles_leave_alerts_alone(request_id):
-    state = {}
+    state = WorkflowState(partition=0)
     _, request = fire(state)
     other = {**result_of(request), "request_id": request_id}
     assert apply_profile_result(state, other, now_ms=10) is None
-    assert apply_profile_result({}, other, now_ms=10) is None
+    assert apply_profile_result(WorkflowState(partition=0), other, now_ms=10) is None

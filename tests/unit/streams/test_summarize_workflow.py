@@ -4,13 +4,14 @@ import pytest
 
 from streams.summarize_workflow import accumulate, correct, summary
 from streams.window_utilization import Incoming, WindowAggregator, WindowConfig
+from streams.workflow_state import WorkflowState
 from tests.unit.samples import BASE_MS, sample, window
 
 CFG = WindowConfig(size_ms=60_000, allowed_lateness_ms=10_000, retention_ms=3_600_000)
 
 
 def test_totals_over_windows():
-    state: dict = {"owner": "ana"}
+    state = WorkflowState(partition=0, owner="ana")
     accumulate(state, window(gpu_seconds=120.0, utilization_mean_pct=50.0, wasted_gpu_seconds=60.0), [])
     later = window(window_start=BASE_MS + 60_000, window_end=BASE_MS + 120_000, gpu_seconds=60.0,
                    utilization_mean_pct=20.0, wasted_gpu_seconds=48.0, gpu_count=3, xid_count=2)
@@ -21,7 +22,7 @@ def test_totals_over_windows():
     assert s["gpu_seconds"] == 180.0 and s["wasted_gpu_seconds"] == 108.0
     assert s["utilization_mean_pct"] == pytest.approx((50 * 120 + 20 * 60) / 180)
     assert s["alerts_fired"] == ["low_utilization"] and s["xid_count"] == 2 and s["owner"] == "ana"
-    assert summary("wf-b", {}, "x", 0) is None
+    assert summary("wf-b", WorkflowState(partition=0), "x", 0) is None
 
 
 def test_a_window_completed_late_replaces_its_first_emission_in_the_totals():
@@ -30,7 +31,7 @@ def test_a_window_completed_late_replaces_its_first_emission_in_the_totals():
                       gpu_count=4, xid_count=1)
     late_only = window(window_start=BASE_MS + 60_000, window_end=BASE_MS + 120_000, gpu_seconds=30.0,
                        utilization_mean_pct=10.0, wasted_gpu_seconds=27.0, energy_joules=None)
-    corrected, direct = {}, {}
+    corrected, direct = WorkflowState(partition=0), WorkflowState(partition=0)
     accumulate(corrected, first, [])
     correct(corrected, first, complete)
     correct(corrected, None, late_only)  # a window that never closed before: all its samples came late
@@ -53,10 +54,10 @@ def test_a_workflow_ends_after_silence_in_event_time():
     assert agg.ended(0, 60_000) == []
     feed(agg, 0, [sample(workflow_id="wf-b", event_time=BASE_MS + t * 1000) for t in range(90, 200)], first=500)
     assert agg.ended(0, 60_000) == ["wf-a"]  # silent since 89 s, the partition is at 199 s
-    agg.store["wf-a"]["ended"] = True
+    agg.store["wf-a"].ended = True
     assert agg.ended(0, 60_000) == []
     feed(agg, 0, [sample(workflow_id="wf-a", event_time=BASE_MS + 200_000)], first=900)
-    assert "ended" not in agg.store["wf-a"]  # it came back: a new life
+    assert not agg.store["wf-a"].ended  # it came back: a new life
 
 
 def test_an_idle_partition_follows_the_busy_ones():
@@ -82,7 +83,7 @@ def test_a_quiet_partition_follows_the_fleet_clock_only_when_far_enough_behind()
 def test_a_workflow_its_hosts_ended_is_summarised_once_its_windows_close():
     agg = WindowAggregator(CFG, {})
     feed(agg, 0, [sample(workflow_id="wf-a", event_time=BASE_MS + t * 1000) for t in range(50)])
-    agg.store["wf-a"]["ending"] = True
+    agg.store["wf-a"].ending = True
     assert agg.ended(0, 600_000) == []  # its window [0, 60 s) is still open
     feed(agg, 0, [sample(workflow_id="wf-b", event_time=BASE_MS + t * 1000) for t in range(50, 75)], first=100)
     assert agg.ended(0, 600_000) == ["wf-a"]
@@ -90,7 +91,7 @@ def test_a_workflow_its_hosts_ended_is_summarised_once_its_windows_close():
 
 def test_an_ending_heard_before_any_sample_waits_for_the_samples():
     agg = WindowAggregator(CFG, {})
-    agg.state_of("wf-a", 0)["ending"] = True  # the agent's ENDED arrived first
+    agg.state_of("wf-a", 0).ending = True  # the agent's ENDED arrived first
     assert agg.ended(0, 60_000) == []
     feed(agg, 0, [sample(workflow_id="wf-a", event_time=BASE_MS + t * 1000) for t in range(60)])
     assert agg.ended(0, 60_000) == []  # its window is still open

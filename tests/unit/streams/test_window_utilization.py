@@ -3,11 +3,17 @@ import random
 
 import pytest
 
+from streams import workflow_state
 from streams.window_utilization import Incoming, WindowAggregator, WindowConfig
 from tests.unit.samples import BASE_MS, assert_window_matches, expected_windows, sample
 
 CFG = WindowConfig(size_ms=60_000, allowed_lateness_ms=10_000, retention_ms=600_000, update_horizon_ms=300_000)
 
+
+
+def changelog_round_trip(store: dict) -> dict:
+    """The states as a restarted worker reads them back from the changelog."""
+    return {wf: workflow_state.decode(workflow_state.encode(state)) for wf, state in store.items()}
 
 def feed(agg, partition, samples, first_offset=0, closed_at=0):
     batch = [Incoming.row(first_offset + i, s) for i, s in enumerate(samples)]
@@ -142,7 +148,7 @@ def test_kept_windows_survive_a_restart_and_take_late_samples_after_it():
     history: dict = {}
     samples = series(seconds=90, gpus=2)
     feed(WindowAggregator(CFG, store, history), 0, [s for s in samples if s["gpu_index"] == 0])
-    store, history = json.loads(json.dumps(store)), json.loads(json.dumps(history))
+    store, history = changelog_round_trip(store), json.loads(json.dumps(history))
     r = feed(WindowAggregator(CFG, store, history), 0, [s for s in samples if s["gpu_index"] == 1],
              first_offset=1000)
     (after, _), = r.updated
@@ -181,12 +187,12 @@ def test_a_state_poisoned_by_a_future_sample_is_repaired_when_its_partition_load
     feed(WindowAggregator(CFG, store, clock=lambda: 10**15), 0,
          series("wf-a", seconds=30, start=NOW - 60_000)
          + [sample(workflow_id="wf-bad", event_time=NOW + 365 * 86_400_000)])
-    assert store["wf-bad"]["max_event_time"] > NOW + CFG.max_future_skew_ms
+    assert store["wf-bad"].max_event_time > NOW + CFG.max_future_skew_ms
     agg = WindowAggregator(CFG, store, clock=lambda: NOW)
     assert agg.newest(0) < NOW  # wf-a's state was forgotten under the poisoned clock: nothing is left
     r = feed(agg, 0, series("wf-a", seconds=30, start=NOW - 30_000), first_offset=100)
     assert r.refused == [] and "wf-bad" in r.changed | r.removed
-    assert store.get("wf-bad", {"windows": {}})["windows"] == {}
+    assert "wf-bad" not in store or store["wf-bad"].windows == {}
 
 
 def test_sample_within_allowed_lateness_still_counts():
@@ -219,7 +225,7 @@ def test_state_survives_a_json_round_trip_as_after_changelog_recovery():
     store: dict = {}
     first = WindowAggregator(CFG, store)
     closed = feed(first, 0, samples[:130]).closed
-    restored = json.loads(json.dumps(store))  # what a restarted worker reads back from the changelog
+    restored = changelog_round_trip(store)  # what a restarted worker reads back from the changelog
     second = WindowAggregator(CFG, restored)
     assert second.watermark(0) == first.watermark(0)
     assert second.open_windows(0) == first.open_windows(0)

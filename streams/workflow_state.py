@@ -1,0 +1,81 @@
+"""What the window stage keeps per workflow: one declared type, and how it is written to its
+changelog and read back, versioned.
+
+Who writes what:
+
+==============================  ===================================================================
+``window_utilization``          ``partition``, ``owner``/``team``, ``last_offset``/``last_index``
+                                (applied through; a replay is skipped), ``max_event_time``,
+                                ``windows`` (the open windows' accumulators, by start)
+the life cycle (``stage_windows``) ``hosts``, ``ending``; ``ended`` and ``end_reason`` when summarised
+``summarize_workflow``          ``job`` (the totals of its closed windows)
+``raise_alerts``                ``alerts`` (each detector's life cycle), ``wasted_s``
+``auto_profile``, ``root_cause`` ``auto_profiled_at``, and the profile of an alert in ``alerts``
+==============================  ===================================================================
+
+The changelog holds ``{"v": STATE_VERSION, "state": {...}}`` (JSON, by msgspec). Version 0 is
+what releases before the declared type wrote: the state's dict alone, the same fields, with
+``ending``/``ended`` absent when false. Both are read; a new version adds a reader here.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+STATE_VERSION = 1
+
+
+class WorkflowState(msgspec.Struct, kw_only=True):
+    partition: int
+    owner: str | None = None
+    team: str | None = None
+    last_offset: int = -1
+    last_index: int = 0
+    max_event_time: int = -1
+    windows: dict[str, dict] = {}
+    hosts: list[str] = []
+    ending: bool = False
+    ended: bool = False
+    end_reason: str | None = None
+    job: dict | None = None
+    alerts: dict[str, dict] = {}
+    wasted_s: float = 0.0
+    auto_profiled_at: int | None = None
+
+
+class _Written(msgspec.Struct):
+    v: int
+    state: WorkflowState
+
+
+_encoder = msgspec.json.Encoder()
+_reader = msgspec.json.Decoder()
+
+
+class StateError(ValueError):
+    """A changelog value that is no workflow state of any version this release reads."""
+
+
+def encode(state: WorkflowState) -> bytes:
+    return _encoder.encode(_Written(STATE_VERSION, state))
+
+
+def decode(data: bytes) -> WorkflowState:
+    try:
+        raw = _reader.decode(data)
+        if isinstance(raw, dict) and "v" in raw and "state" in raw:
+            if raw["v"] != STATE_VERSION:
+                raise StateError(f"workflow state of version {raw['v']}; this release reads 0 to {STATE_VERSION}")
+            return msgspec.convert(raw["state"], WorkflowState)
+        return from_version_0(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise StateError(f"not a workflow state: {exc}") from exc
+
+
+def from_version_0(raw: dict) -> WorkflowState:
+    """A state as releases before the declared type wrote it: the dict alone."""
+    if not isinstance(raw, dict):
+        raise StateError(f"not a workflow state: a {type(raw).__name__}")
+    fields = {k: v for k, v in raw.items() if v is not None or k in ("owner", "team", "job", "end_reason",
+                                                                       "auto_profiled_at")}
+    return msgspec.convert(fields, WorkflowState)
