@@ -1,0 +1,75 @@
+"""The tables of what went wrong: ``alerts`` (each transition, with its root cause once a
+profile found it) and ``dead_letters`` (what a stage could not use, and why)."""
+
+from __future__ import annotations
+
+from schemas.topics import ALERTS, DEAD_LETTERS
+from sinks.table import Table
+
+# Alert v3: the automatic profile an episode caused and, once analysed, its root cause. Its
+# traces are profile/<profile_request_id>/<host>/rank<r> in trace_analyses and findings.
+ALERT_FINDING_FIELDS = ("rule", "severity", "title", "evidence", "recommendation", "gpu_seconds_at_stake", "ranks")
+ALERT_ADDED_COLUMNS = (
+    ("profile_request_id", "Nullable(String)"),
+    ("root_cause", "Nullable(String)"),
+    ("findings", ("Array(Tuple(rule String, severity String, title String, evidence String, "
+                 "recommendation String, gpu_seconds_at_stake Float64, ranks Int32))")),
+)
+
+ALERTS_TABLE = Table(
+    "alerts", ALERTS,
+    ("alert_id", "detector", "severity", "status", "notify", "workflow_id", "owner", "team", "window_start",
+     "window_end", "since", "observed", "threshold", "wasted_gpu_hours_so_far", "message", "advice", "fired_at",
+     *(name for name, _ in ALERT_ADDED_COLUMNS)),
+    """
+    CREATE TABLE IF NOT EXISTS {db}.{name} (
+        alert_id String,
+        detector LowCardinality(String),
+        severity LowCardinality(String),
+        status LowCardinality(String),
+        notify Bool,
+        workflow_id LowCardinality(String),
+        owner LowCardinality(Nullable(String)),
+        team LowCardinality(Nullable(String)),
+        window_start DateTime64(3, 'UTC'),
+        window_end DateTime64(3, 'UTC'),
+        since DateTime64(3, 'UTC'),
+        observed Float64,
+        threshold Float64,
+        wasted_gpu_hours_so_far Nullable(Float64),
+        message String,
+        advice String,
+        fired_at DateTime64(3, 'UTC'),
+        kafka_partition UInt32,
+        kafka_offset UInt64
+    )
+    -- One row per episode: its latest transition (RESOLVED comes in a later window than FIRING;
+    -- a root-cause update repeats its transition's window_end and, inserted later, replaces it).
+    ENGINE = ReplacingMergeTree(window_end)
+    ORDER BY alert_id
+    """,
+    prepare=lambda r: {**r, "findings": [tuple(f[k] for k in ALERT_FINDING_FIELDS) for f in r.get("findings") or []]},
+    added_columns=ALERT_ADDED_COLUMNS,
+)
+
+DEAD_LETTERS_TABLE = Table(
+    "dead_letters", DEAD_LETTERS,
+    ("stage", "reason", "source_topic", "source_partition", "source_offset", "key", "value",
+     "failed_at"),
+    """
+    CREATE TABLE IF NOT EXISTS {db}.{name} (
+        stage LowCardinality(String),
+        reason String,
+        source_topic LowCardinality(String),
+        source_partition Int32,
+        source_offset Int64,
+        key Nullable(String),
+        value Nullable(String),
+        failed_at DateTime64(3, 'UTC'),
+        kafka_partition UInt32,
+        kafka_offset UInt64
+    )
+    ENGINE = ReplacingMergeTree
+    ORDER BY (kafka_partition, kafka_offset)
+    """,
+)

@@ -1,0 +1,192 @@
+"""The tables of workflows: their closed windows, life-cycle events and summaries, the latest
+metadata of each (``workflows``, fed by a view from the events) and the ``waste`` view."""
+
+from __future__ import annotations
+
+from schemas.topics import WORKFLOW_EVENTS, WORKFLOW_SUMMARIES, WORKFLOW_WINDOWS
+from sinks.table import Table
+
+WORKFLOW_WINDOW_ADDED_COLUMNS = (
+    ("active_gpu_seconds", "Float64"),
+    ("wasted_gpu_seconds", "Float64"),
+    ("zero_util_gpu_seconds", "Float64"),
+    ("utilization_p50_pct", "Nullable(Float64)"),
+    ("utilization_p95_pct", "Nullable(Float64)"),
+    ("sm_active_mean_pct", "Nullable(Float64)"),
+    ("tensor_active_mean_pct", "Nullable(Float64)"),
+    ("memory_peak_fraction", "Nullable(Float64)"),
+    ("memory_mean_fraction", "Nullable(Float64)"),
+    ("power_mean_watts", "Nullable(Float64)"),
+    ("gpu_imbalance_pct", "Nullable(Float64)"),
+    ("idle_gpus", "UInt32"),
+    ("throttled_gpu_seconds", "Float64"),
+    ("xid_count", "UInt32"),
+    ("ecc_uncorrected_max", "Nullable(UInt64)"),
+    ("workflow_cpu_mean_pct", "Nullable(Float64)"),
+    ("host_iowait_mean_pct", "Nullable(Float64)"),
+    ("version", "UInt32 DEFAULT 1"),  # WorkflowWindow v4; the engine's version since migration 2
+)
+
+WORKFLOW_WINDOWS_ENGINE = """ReplacingMergeTree(version)
+    PARTITION BY toYYYYMM(window_start)
+    ORDER BY (workflow_id, window_start)"""
+
+WORKFLOW_WINDOWS_TABLE = Table(
+    "workflow_windows", WORKFLOW_WINDOWS,
+    ("workflow_id", "owner", "team", "window_start", "window_end", "sample_count", "gpu_count",
+     "gpu_seconds", "utilization_mean_pct", "utilization_min_pct", "utilization_max_pct",
+     "memory_used_mean_bytes", "energy_joules", *(name for name, _ in WORKFLOW_WINDOW_ADDED_COLUMNS),
+     "closed_at"),
+    """
+    CREATE TABLE IF NOT EXISTS {db}.{name} (
+        workflow_id LowCardinality(String),
+        owner LowCardinality(Nullable(String)),
+        team LowCardinality(Nullable(String)),
+        window_start DateTime64(3, 'UTC'),
+        window_end DateTime64(3, 'UTC'),
+        sample_count UInt64,
+        gpu_count UInt32,
+        gpu_seconds Float64,
+        utilization_mean_pct Float64,
+        utilization_min_pct Float64,
+        utilization_max_pct Float64,
+        memory_used_mean_bytes Nullable(Float64),
+        energy_joules Nullable(Float64),
+        closed_at DateTime64(3, 'UTC'),
+        kafka_partition UInt32,
+        kafka_offset UInt64,
+        version UInt32 DEFAULT 1
+    )
+    -- A window the worker emits twice (at-least-once, after a crash) collapses to one row; a
+    -- window completed by late samples comes again with a higher version, which wins.
+    ENGINE = """ + WORKFLOW_WINDOWS_ENGINE + """
+    """,
+    added_columns=WORKFLOW_WINDOW_ADDED_COLUMNS,
+)
+
+
+WORKFLOW_EVENTS_TABLE = Table(
+    "workflow_events", WORKFLOW_EVENTS,
+    ("workflow_id", "event", "event_time", "host", "owner", "team", "gpu_uuids", "pids", "cmdline",
+     "framework", "framework_version", "scheduler_job_id", "attribution", "model", "cluster"),
+    """
+    CREATE TABLE IF NOT EXISTS {db}.{name} (
+        workflow_id String,
+        event LowCardinality(String),
+        event_time DateTime64(3, 'UTC'),
+        host LowCardinality(String),
+        owner LowCardinality(Nullable(String)),
+        team LowCardinality(Nullable(String)),
+        gpu_uuids Array(String),
+        pids Array(UInt32),
+        cmdline Nullable(String),
+        framework LowCardinality(Nullable(String)),
+        framework_version LowCardinality(Nullable(String)),
+        scheduler_job_id Nullable(String),
+        attribution LowCardinality(String),
+        kafka_partition UInt32,
+        kafka_offset UInt64
+    )
+    -- The same event seen twice (a replay) is one row.
+    ENGINE = ReplacingMergeTree
+    ORDER BY (workflow_id, host, event_time, event)
+    """,
+    added_columns=(("model", "LowCardinality(Nullable(String))"), ("cluster", "LowCardinality(Nullable(String))")),
+)
+
+
+WORKFLOW_SUMMARIES_TABLE = Table(
+    "workflow_summaries", WORKFLOW_SUMMARIES,
+    ("workflow_id", "owner", "team", "first_window_start", "last_window_end", "end_reason", "windows",
+     "max_gpus", "gpu_seconds", "active_gpu_seconds", "wasted_gpu_seconds", "zero_util_gpu_seconds",
+     "throttled_gpu_seconds", "utilization_mean_pct", "memory_peak_fraction", "energy_joules", "xid_count",
+     "alerts_fired", "summarized_at"),
+    """
+    CREATE TABLE IF NOT EXISTS {db}.{name} (
+        workflow_id String,
+        owner LowCardinality(Nullable(String)),
+        team LowCardinality(Nullable(String)),
+        first_window_start DateTime64(3, 'UTC'),
+        last_window_end DateTime64(3, 'UTC'),
+        end_reason String,
+        windows UInt32,
+        max_gpus UInt32,
+        gpu_seconds Float64,
+        active_gpu_seconds Float64,
+        wasted_gpu_seconds Float64,
+        zero_util_gpu_seconds Float64,
+        throttled_gpu_seconds Float64,
+        utilization_mean_pct Float64,
+        memory_peak_fraction Nullable(Float64),
+        energy_joules Nullable(Float64),
+        xid_count UInt32,
+        alerts_fired Array(String),
+        summarized_at DateTime64(3, 'UTC'),
+        kafka_partition UInt32,
+        kafka_offset UInt64
+    )
+    -- A workflow that runs again after it ended is summarised again: the latest summary wins.
+    ENGINE = ReplacingMergeTree(last_window_end)
+    ORDER BY workflow_id
+    """,
+)
+
+
+WORKFLOWS_MV = """
+    CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.workflows_mv TO {db}.workflows AS
+    SELECT workflow_id, event, event_time, host, owner, team, cmdline, framework, framework_version,
+           scheduler_job_id, model, cluster
+    FROM {db}.workflow_events
+    """
+
+
+# Latest metadata per workflow, made after the tables above, in this order.
+WORKFLOWS = (
+    # Latest metadata per workflow (owner, team, framework and version, job id) from the agents.
+    """
+    CREATE TABLE IF NOT EXISTS {db}.workflows (
+        workflow_id LowCardinality(String),
+        event LowCardinality(String),
+        event_time DateTime64(3, 'UTC'),
+        host LowCardinality(String),
+        owner LowCardinality(Nullable(String)),
+        team LowCardinality(Nullable(String)),
+        cmdline Nullable(String),
+        framework LowCardinality(Nullable(String)),
+        framework_version LowCardinality(Nullable(String)),
+        scheduler_job_id Nullable(String),
+        model LowCardinality(Nullable(String)),
+        cluster LowCardinality(Nullable(String))
+    )
+    ENGINE = ReplacingMergeTree(event_time)
+    ORDER BY workflow_id
+    """,
+    # Added with WorkflowEvent v2; before the view that fills them (MIGRATIONS replaces an old view).
+    "ALTER TABLE {db}.workflows ADD COLUMN IF NOT EXISTS model LowCardinality(Nullable(String))",
+    "ALTER TABLE {db}.workflows ADD COLUMN IF NOT EXISTS cluster LowCardinality(Nullable(String))",
+    WORKFLOWS_MV,
+)
+
+# Made last: it reads workflow_windows, findings and workflows.
+WASTE_VIEW = (
+    # Where GPU-seconds are lost, one row per (workflow, window or finding, cause): what
+    # `gpufleet opportunities` ranks. Idle = allocated at 0 %; low utilisation = the rest of
+    # the wasted GPU-seconds; each antipattern finding with the GPU-seconds it puts at stake
+    # (these explain part of the same waste, so causes are ranked, never summed together).
+    """
+    CREATE OR REPLACE VIEW {db}.waste AS
+    SELECT workflow_id, ifNull(team, '') AS team, ifNull(owner, '') AS owner, window_end AS at,
+           'idle_allocated' AS cause, zero_util_gpu_seconds AS gpu_seconds
+    FROM {db}.workflow_windows FINAL
+    UNION ALL
+    SELECT workflow_id, ifNull(team, ''), ifNull(owner, ''), window_end, 'low_utilization',
+           greatest(wasted_gpu_seconds - zero_util_gpu_seconds, 0)
+    FROM {db}.workflow_windows FINAL
+    UNION ALL
+    SELECT f.workflow_id, ifNull(w.team, ''), ifNull(w.owner, ''), f.detected_at, concat('antipattern:', f.rule),
+           f.gpu_seconds_at_stake
+    FROM {db}.findings AS f FINAL
+    LEFT JOIN (SELECT workflow_id, argMax(team, event_time) AS team, argMax(owner, event_time) AS owner
+               FROM {db}.workflows GROUP BY workflow_id) AS w ON w.workflow_id = f.workflow_id
+    """
+)
