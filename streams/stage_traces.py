@@ -31,29 +31,66 @@ log = logging.getLogger(__name__)
 STAGE = "trace-analysis"
 
 
-def register(app: faust.App, settings, codec: Codec) -> None:  # settings: streams.app.StreamSettings
-    """The trace stage's agent, timer and table on ``app``."""
-    events_topic = app.topic(settings.topic(KERNEL_EVENTS.name), partitions=settings.trace_partitions)
-    analyses_topic = app.topic(settings.topic(TRACE_ANALYSES.name))
-    findings_topic = app.topic(settings.topic(FINDINGS.name))
-    statuses_topic = app.topic(settings.topic(PROFILE_STATUSES.name))
-    results_topic = app.topic(settings.topic(PROFILE_RESULTS.name))
-    dlq_topic = app.topic(settings.topic(DEAD_LETTERS.name))
-    # One entry per trace; the changelog partition is the trace's source partition.
-    table = app.Table("trace-state", default=None, partitions=settings.trace_partitions, key_type=str)
-    sessions = TraceSessions(settings.trace_sessions, table.data)
+class TraceStage:
+    def __init__(self, app: faust.App, settings, codec: Codec) -> None:  # settings: streams.app.StreamSettings
+        self.app, self.settings, self.codec = app, settings, codec
 
-    @app.on_partitions_assigned.connect
-    async def _forget(sender, assigned: set, **kwargs) -> None:
+        def topic(spec, **kwargs):
+            return app.topic(settings.topic(spec.name), **kwargs)
+
+        self.events_topic = topic(KERNEL_EVENTS, partitions=settings.trace_partitions)
+        self.analyses_topic, self.findings_topic = topic(TRACE_ANALYSES), topic(FINDINGS)
+        self.statuses_topic, self.results_topic = topic(PROFILE_STATUSES), topic(PROFILE_RESULTS)
+        self.dlq_topic = topic(DEAD_LETTERS)
+        # One entry per trace; the changelog partition is the trace's source partition.
+        self.table = app.Table("trace-state", default=None, partitions=settings.trace_partitions, key_type=str)
+        self.sessions = TraceSessions(settings.trace_sessions, self.table.data)
+
+    def register(self) -> None:
+        app = self.app
+        app.on_partitions_assigned.connect(self.on_assigned)
+        app.on_rebalance_complete.connect(self.on_rebalance_complete)
+        app.agent(self.events_topic, name=STAGE)(self.kernel_events)
+        app.timer(interval=self.settings.trace_sessions.timeout_ms / 4000)(self.expire)
+
+    async def on_assigned(self, sender, assigned: set, **kwargs) -> None:
         """Traces of partitions now owned elsewhere are dropped: their new owner goes on with them."""
-        name = events_topic.get_topic_name()
-        drop_unowned(table.data, {tp.partition for tp in assigned if tp.topic == name}, {})
+        name = self.events_topic.get_topic_name()
+        drop_unowned(self.table.data, {tp.partition for tp in assigned if tp.topic == name}, {})
 
-    @app.on_rebalance_complete.connect
-    async def _reindex_restored(sender, **kwargs) -> None:
-        sessions.forget()  # its indexes are built again from the restored table
+    async def on_rebalance_complete(self, sender, **kwargs) -> None:
+        self.sessions.forget()  # its indexes are built again from the restored table
 
-    async def persist_and_emit(result) -> None:
+    async def kernel_events(self, stream: faust.StreamT) -> None:
+        async for events in stream.take_events(self.settings.batch_size, within=self.settings.batch_within_s):
+            now = int(time.time() * 1000)
+            for partition, messages in by_partition(events).items():
+                records = await self._usable(messages, now)
+                await self._persist_and_emit(self.sessions.apply(partition, records, now))
+
+    async def expire(self) -> None:
+        """Sessions without events for the configured time end (analysed as partial)."""
+        if self.app.rebalancing:  # the table is being restored
+            return
+        await self._persist_and_emit(self.sessions.expire(int(time.time() * 1000)))
+
+    async def _usable(self, messages: list, now: int) -> list[tuple[str, dict]]:
+        """The kernel events and trace ends of ``messages``; the rest are dead letters."""
+        ok, errors = self.codec.decode_many([m.value for m in messages])
+        records = []
+        for i, name, record in ok:
+            if not KERNEL_EVENTS.carries(name):
+                errors.append((i, f"expected KernelEvent or TraceEnd, got {name}"))
+            elif reason := ids_error(record):
+                errors.append((i, reason))
+            else:
+                records.append((name, record))
+        for i, reason in errors:
+            await send_dead_letter(self.codec, self.dlq_topic, STAGE, messages[i], reason, now)
+        return records
+
+    async def _persist_and_emit(self, result) -> None:
+        table, codec = self.table, self.codec
         for tid in result.changed:
             state = table.data[tid]
             table.send_changelog(state["partition"], tid, state)
@@ -62,42 +99,27 @@ def register(app: faust.App, settings, codec: Codec) -> None:  # settings: strea
         for analysis in result.analyses:
             log.info("trace %s analysed (%d events%s)", analysis["trace_id"], analysis["events"],
                      ", partial" if analysis["partial"] else "")
-            await send(codec, analyses_topic, TRACE_ANALYSES, analysis)
+            await send(codec, self.analyses_topic, TRACE_ANALYSES, analysis)
         for finding in result.findings:
-            await send(codec, findings_topic, FINDINGS, finding)
+            await send(codec, self.findings_topic, FINDINGS, finding)
         for analysis in result.analyses:  # a requested profile: its result, and the requester told
-            origin = request_of_trace(analysis["trace_id"])
-            if origin is not None:
-                request_id, host, rank = origin
-                now = int(time.time() * 1000)
-                findings = [f for f in result.findings if f["trace_id"] == analysis["trace_id"]]
-                await send(codec, results_topic, PROFILE_RESULTS,
-                            profile_result(analysis, findings, request_id, host, rank, now))
-                await send(codec, statuses_topic, PROFILE_STATUSES, {
-                    "request_id": request_id, "workflow_id": analysis["workflow_id"], "host": host, "rank": rank,
-                    "pid": None, "state": "ANALYSED", "reason": analysis.get("error"),
-                    "trace_id": analysis["trace_id"], "at": now})
+            await self._report_to_requester(analysis, result.findings)
 
-    @app.agent(events_topic, name="trace-analysis")
-    async def analyze_traces(stream: faust.StreamT) -> None:
-        async for events in stream.take_events(settings.batch_size, within=settings.batch_within_s):
-            now = int(time.time() * 1000)
-            for partition, messages in by_partition(events).items():
-                ok, errors = codec.decode_many([m.value for m in messages])
-                records = []
-                for i, name, record in ok:
-                    if not KERNEL_EVENTS.carries(name):
-                        errors.append((i, f"expected KernelEvent or TraceEnd, got {name}"))
-                    elif reason := ids_error(record):
-                        errors.append((i, reason))
-                    else:
-                        records.append((name, record))
-                for i, reason in errors:
-                    await send_dead_letter(codec, dlq_topic, STAGE, messages[i], reason, now)
-                await persist_and_emit(sessions.apply(partition, records, now))
-
-    @app.timer(interval=settings.trace_sessions.timeout_ms / 4000)
-    async def _expire() -> None:
-        if app.rebalancing:  # the table is being restored
+    async def _report_to_requester(self, analysis: dict, findings: list[dict]) -> None:
+        origin = request_of_trace(analysis["trace_id"])
+        if origin is None:
             return
-        await persist_and_emit(sessions.expire(int(time.time() * 1000)))
+        request_id, host, rank = origin
+        now = int(time.time() * 1000)
+        mine = [f for f in findings if f["trace_id"] == analysis["trace_id"]]
+        await send(self.codec, self.results_topic, PROFILE_RESULTS,
+                   profile_result(analysis, mine, request_id, host, rank, now))
+        await send(self.codec, self.statuses_topic, PROFILE_STATUSES, {
+            "request_id": request_id, "workflow_id": analysis["workflow_id"], "host": host, "rank": rank,
+            "pid": None, "state": "ANALYSED", "reason": analysis.get("error"),
+            "trace_id": analysis["trace_id"], "at": now})
+
+
+def register(app: faust.App, settings, codec: Codec) -> None:  # settings: streams.app.StreamSettings
+    """The trace stage's agent, timer and table on ``app``."""
+    TraceStage(app, settings, codec).register()
