@@ -71,6 +71,27 @@ def topic_ids(admin: AdminClient, topics: list[str], timeout: float = 30.0) -> d
     return out
 
 
+# What a broker or coordinator that moved (a node killed, a leader elected) answers for a while.
+_MOVED = frozenset({"NOT_LEADER_FOR_PARTITION", "LEADER_NOT_AVAILABLE", "NOT_COORDINATOR", "COORDINATOR_NOT_AVAILABLE",
+                    "COORDINATOR_LOAD_IN_PROGRESS", "REQUEST_TIMED_OUT", "_TIMED_OUT", "_TRANSPORT", "_WAIT_COORD"})
+
+
+def retried(call, what: str, timeout: float = 60.0):
+    """``call()``, asked again while the cluster answers that a leader or coordinator moved
+    (a rebalance callback that raised would stop the sink: found by the fleet fault test, a
+    broker killed while partitions were being assigned)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return call()
+        except KafkaException as exc:
+            error = exc.args[0]
+            if not (error.retriable() or error.name() in _MOVED) or time.monotonic() > deadline:
+                raise
+            log.info("%s: %s; asking again", what, error.str())
+            time.sleep(0.2)
+
+
 class OffsetsDisagree(RuntimeError):
     """ClickHouse holds rows of a topic partition beyond its end in Kafka; the text says where."""
 
@@ -145,7 +166,8 @@ class ClickHouseSink:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         assigned = [(tp.topic, tp.partition) for tp in partitions]
         self.topic_ids.update(topic_ids(self.admin, sorted({t for t, _ in assigned})))
-        committed = {(tp.topic, tp.partition): tp.offset for tp in consumer.committed(partitions, timeout=30)}
+        committed = {(tp.topic, tp.partition): tp.offset
+                     for tp in retried(lambda: consumer.committed(partitions, timeout=30), "committed offsets")}
         stored: dict[Position, int] = {}
         by_table: dict[str, tuple[Table, set[str]]] = {}
         for topic, _ in assigned:
@@ -153,8 +175,9 @@ class ClickHouseSink:
             by_table.setdefault(table.name, (table, set()))[1].add(topic)
         for table, topics in by_table.values():
             stored.update(self.writer.resume_offsets(table, sorted(topics)))
-        ends = {(p.topic, p.partition): consumer.get_watermark_offsets(
-                    TopicPartition(p.topic, p.partition), timeout=30)[1]
+        ends = {(p.topic, p.partition): retried(
+                    lambda p=p: consumer.get_watermark_offsets(TopicPartition(p.topic, p.partition), timeout=30)[1],
+                    f"the end of {p.topic}[{p.partition}]")
                 for p in stored if (p.topic, p.partition) in set(assigned)}
         seek, warnings = resume_plan(assigned, self.topic_ids, stored, committed, ends)
         for warning in warnings:
@@ -170,8 +193,12 @@ class ClickHouseSink:
         consumer.assign(partitions)
         if ahead:
             # Commit what ClickHouse already holds: a partition with nothing new to read would
-            # otherwise keep the crashed run's lag (and its replay) forever.
-            consumer.commit(offsets=ahead, asynchronous=False)
+            # otherwise keep the crashed run's lag (and its replay) forever. Refused (the group
+            # is rebalancing again), it is committed on the next assignment.
+            try:
+                retried(lambda: consumer.commit(offsets=ahead, asynchronous=False), "offsets already stored")
+            except KafkaException as exc:
+                log.warning("the offsets already in ClickHouse could not be committed now (%s)", exc)
 
     def run(self, stop: threading.Event) -> SinkStats:
         """Consume until ``stop`` is set; everything consumed by then is inserted and committed."""

@@ -59,3 +59,25 @@ def test_partitions_that_moved_are_not_an_error():
 def test_other_errors_are_raised():
     with pytest.raises(KafkaException):
         Committer(Consumer(KafkaError.TOPIC_AUTHORIZATION_FAILED), backoff_s=0).commit([Message("a", 0, 1)])
+
+
+def test_what_a_moved_leader_refuses_is_asked_again_and_other_errors_are_not():
+    from confluent_kafka import KafkaError, KafkaException
+
+    from sinks.consume_to_clickhouse import retried
+
+    answers = [KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError._TRANSPORT, 42]
+
+    def call():
+        answer = answers.pop(0)
+        if isinstance(answer, int) and answer != 42:
+            raise KafkaException(KafkaError(answer))
+        return answer
+
+    assert retried(call, "the end of a partition") == 42 and answers == []
+
+    def refused():
+        raise KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+
+    with pytest.raises(KafkaException):
+        retried(refused, "the end of a partition")
