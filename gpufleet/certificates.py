@@ -31,11 +31,12 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
                              serialization.NoEncryption())
 
 
-def _write_private(path: Path, data: bytes) -> None:
+def write_private(path: Path, data: bytes | str) -> None:
+    """``data`` into ``path``, readable by its owner only (0600) from the first byte on."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:
-        f.write(data)
+        f.write(data.encode() if isinstance(data, str) else data)
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ class Authority:
         """``ca.pem`` (what every client and broker trusts) and ``ca.key`` (kept by its owner only)."""
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "ca.pem").write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
-        _write_private(directory / "ca.key", _key_pem(self.key))
+        write_private(directory / "ca.key", _key_pem(self.key))
         return Issued(directory / "ca.pem", directory / "ca.key")
 
     def issue(self, directory: Path, name: str, hosts: tuple[str, ...] = (), server: bool = False,
@@ -112,5 +113,5 @@ class Authority:
         chain = cert.public_bytes(serialization.Encoding.PEM) + self.cert.public_bytes(serialization.Encoding.PEM)
         stem = stem or name
         (directory / f"{stem}.pem").write_bytes(chain)
-        _write_private(directory / f"{stem}.key", _key_pem(key))
+        write_private(directory / f"{stem}.key", _key_pem(key))
         return Issued(directory / f"{stem}.pem", directory / f"{stem}.key")

@@ -187,7 +187,7 @@ class LocalCredentials:
         """The CA, a certificate per node (valid for its ``node_hosts``) and per principal, the
         passwords and the client folders. ``mount``: where a container sees its client folder
         (the paths in ``client.properties``); by default where it is here."""
-        from gpufleet.certificates import Authority
+        from gpufleet.certificates import Authority, write_private
 
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self.dir, 0o700)
@@ -195,9 +195,9 @@ class LocalCredentials:
         ca.save(self.dir)
         for node_id, hosts in node_hosts.items():
             issued = ca.issue(self.dir / "nodes", f"node-{node_id}", hosts=hosts, server=True)
-            _write_private(self.keystore(node_id), issued.key.read_text() + issued.cert.read_text())
+            write_private(self.keystore(node_id), issued.key.read_text() + issued.cert.read_text())
         passwords = {p: secrets.token_urlsafe(24) for p in PRINCIPALS if p != ADMIN}
-        _write_private(self.dir / "passwords.json", json.dumps(passwords))
+        write_private(self.dir / "passwords.json", json.dumps(passwords))
         for principal in PRINCIPALS:
             folder = self.dir / "clients" / principal
             ca.issue(folder, principal, stem="client")
@@ -208,7 +208,7 @@ class LocalCredentials:
             else:
                 auth = ["security.protocol=SASL_SSL", f"sasl.mechanism={MECHANISM}", f"sasl.username={principal}",
                         f"sasl.password={passwords[principal]}"]
-            _write_private(folder / "client.properties", "\n".join([
+            write_private(folder / "client.properties", "\n".join([
                 *auth, f"ssl.ca.location={seen_as / 'ca.pem'}", f"ssl.certificate.location={seen_as / 'client.pem'}",
                 f"ssl.key.location={seen_as / 'client.key'}", ""]))
 
@@ -228,10 +228,3 @@ class LocalCredentials:
 
     def security(self, principal: str) -> Security:
         return Security.from_properties(self.properties(principal))
-
-
-def _write_private(path: Path, text: str) -> None:
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)

@@ -378,9 +378,7 @@ def start_node(data_dir: Path, node_id: int, partitions: int = 4, heap: str = "5
     voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in info.nodes)
     config = node.data_dir / "server.properties"
     credentials = info.credentials
-    fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(_server_properties(node, voters, len(info.nodes), partitions, credentials))
+    config.write_text(_server_properties(node, voters, len(info.nodes), partitions, credentials))  # no secret in it
     classpath = f"{libs}/*"
     if not (node.data_dir / "logs" / "meta.properties").exists():
         fmt = subprocess.run(

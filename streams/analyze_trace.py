@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from collections import deque
 
-from streams.trace_antipatterns import AntipatternCollector, detect_antipatterns
+from streams.trace_antipatterns import AntipatternCollector
 from streams.trace_idle_breakdown import IdleBreakdown, StreamIdle
 from streams.trace_launch_stats import LaunchStats
+from streams.trace_rules import detect_antipatterns
 from streams.trace_temporal_breakdown import Coverage, TemporalBreakdown
 
 # A GPU event starting this long after its runtime call is not joined to it.

@@ -17,6 +17,11 @@ from schemas.topics import DEAD_LETTERS, key_of
 log = logging.getLogger(__name__)
 
 
+def topic_of(app: faust.App, settings, spec, **kwargs) -> faust.TopicT:
+    """``spec``'s topic under the deployment's prefix (settings: streams.app.StreamSettings)."""
+    return app.topic(settings.topic(spec.name), **kwargs)
+
+
 async def send(codec: Codec, topic: faust.TopicT, spec, record: dict) -> None:
     """``record`` to ``topic``, keyed as ``spec`` says. force=True: handed to the producer
     now; Faust flushes the producer before it commits offsets."""

@@ -1,6 +1,6 @@
 """The trace stage: kernel events of profiler traces, one session per trace (a rank's trace),
 analysed in one pass as they come (``trace_sessions``, ``analyze_trace``,
-``trace_antipatterns``) -> ``TraceAnalysis`` and ``Finding`` records; for a requested profile
+``trace_antipatterns``, ``trace_rules``) -> ``TraceAnalysis`` and ``Finding`` records; for a requested profile
 also its ``ProfileResult`` (back to the window stage, for the alert's root cause) and an
 ANALYSED status for the requester."""
 
@@ -23,7 +23,7 @@ from schemas.topics import (
 )
 from schemas.validate_ids import ids_error
 from streams.root_cause import profile_result
-from streams.stage_io import by_partition, drop_unowned, send, send_dead_letter
+from streams.stage_io import by_partition, drop_unowned, send, send_dead_letter, topic_of
 from streams.trace_sessions import TraceSessions
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ class TraceStage:
         self.app, self.settings, self.codec = app, settings, codec
 
         def topic(spec, **kwargs):
-            return app.topic(settings.topic(spec.name), **kwargs)
+            return topic_of(app, settings, spec, **kwargs)
 
         self.events_topic = topic(KERNEL_EVENTS, partitions=settings.trace_partitions)
         self.analyses_topic, self.findings_topic = topic(TRACE_ANALYSES), topic(FINDINGS)

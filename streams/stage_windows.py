@@ -55,6 +55,7 @@ from streams.stage_io import (
     drop_unowned,
     send,
     send_dead_letter,
+    topic_of,
 )
 from streams.summarize_workflow import accumulate, correct, summary
 from streams.window_utilization import BatchResult, Incoming, WindowAggregator
@@ -101,7 +102,7 @@ class WindowStage:
         self.app, self.settings, self.codec = app, settings, codec
 
         def topic(spec, **kwargs):
-            return app.topic(settings.topic(spec.name), **kwargs)
+            return topic_of(app, settings, spec, **kwargs)
 
         self.samples_topic = topic(GPU_SAMPLES, partitions=settings.partitions)
         self.events_topic = topic(WORKFLOW_EVENTS, partitions=settings.partitions)

@@ -76,6 +76,4 @@ def from_version_0(raw: dict) -> WorkflowState:
     """A state as releases before the declared type wrote it: the dict alone."""
     if not isinstance(raw, dict):
         raise StateError(f"not a workflow state: a {type(raw).__name__}")
-    fields = {k: v for k, v in raw.items() if v is not None or k in ("owner", "team", "job", "end_reason",
-                                                                       "auto_profiled_at")}
-    return msgspec.convert(fields, WorkflowState)
+    return msgspec.convert(raw, WorkflowState)

@@ -160,8 +160,8 @@ def test_a_starved_gpu_on_a_host_waiting_for_io_is_storage_bound(tmp_path):
 
 
 def test_every_registered_rule_has_its_case_here():
-    """A rule is a function in streams/trace_antipatterns.py, in RULES, with a test here."""
-    from streams.trace_antipatterns import RULES
+    """A rule is a function in streams/trace_rules.py, in RULES, with a test here."""
+    from streams.trace_rules import RULES
 
     tested_apart = {"memory_pressure", "cpu_bound_input", "storage_bound_input"}  # by the tests above
     assert {rule.__name__ for rule in RULES} == set(CASES) | tested_apart
