@@ -201,7 +201,7 @@ def bare_consume(bootstrap, topic, total) -> float:
 
 def throughput(bootstrap, data_dir, ticks, send_every=1, fmt="columns", py_spy: Path | None = None) -> dict:
     prefix = "tp."
-    ensure_topics(bootstrap, [GPU_SAMPLES], prefix=prefix)
+    ensure_topics(bootstrap, prefix=prefix)  # all of them: the worker needs its co-partitioned inputs alike
     topic = prefix + GPU_SAMPLES.name
     producer = Producer(producer_config(bootstrap, **{"linger.ms": 50}))
     agents = AgentSends(fleet_10k(), 1_767_225_600_000, send_every, fmt)
@@ -246,7 +246,7 @@ def throughput(bootstrap, data_dir, ticks, send_every=1, fmt="columns", py_spy: 
 
 def live(bootstrap, data_dir, seconds, send_every=1, fmt="columns") -> list[int]:
     prefix = "live."
-    ensure_topics(bootstrap, [GPU_SAMPLES], prefix=prefix)
+    ensure_topics(bootstrap, prefix=prefix)  # all of them: the worker needs its co-partitioned inputs alike
     topic = prefix + GPU_SAMPLES.name
     fleet = fleet_10k(seed=4)
     proc = worker(bootstrap, prefix, data_dir, "live-worker", "--idle-partition-s", "3600")

@@ -28,7 +28,7 @@ from kafka_client.config import Connection, producer_config
 from producers.spool import Position, Spool
 from schemas.codec import Codec, CodecError
 from schemas.sample_columns import NAME as COLUMNS
-from schemas.sample_columns import columns_of, rows_of, shape_error
+from schemas.sample_columns import merged, shape_error
 from schemas.topics import GPU_SAMPLES
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ class SampleCoalescer:
     def __init__(self, codec: Codec, max_samples: int = 1000) -> None:
         self.codec = codec
         self.max_samples = max_samples
-        self._out: list = []  # (topic, key, value), or [topic, key, samples] being merged
+        self._out: list = []  # (topic, key, value), or [topic, key, blocks] being merged
         self._open: dict[tuple[str, bytes | None], dict[str, list]] = {}
 
     def add(self, topic: str, value: bytes, key: bytes | None) -> None:
@@ -58,7 +58,7 @@ class SampleCoalescer:
                 if group is None:
                     group = groups[record["host"]] = [topic, key, []]
                     self._out.append(group)
-                group[2].extend(rows_of(record))
+                group[2].append(record)
                 return
         self._open.pop((topic, key), None)
         self._out.append((topic, key, value))
@@ -68,8 +68,8 @@ class SampleCoalescer:
         n = 0
         for entry in self._out:
             if isinstance(entry, list):
-                topic, key, samples = entry
-                for block in columns_of(samples, per_tick=False, max_samples=self.max_samples):
+                topic, key, blocks = entry
+                for block in merged(blocks, self.max_samples):
                     produce(topic, value=self.codec.encode(COLUMNS, block), key=key)
                     n += 1
             else:

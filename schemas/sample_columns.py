@@ -67,6 +67,38 @@ def size(block: dict) -> int:
     return len(block["event_time"])
 
 
+def reported(block: dict) -> tuple[bool, ...]:
+    """Which of the fields a sample may leave out the block's samples report."""
+    return tuple(block[k] is not None for k in NULLABLE)
+
+
+def _sliced(block: dict, start: int, stop: int) -> dict:
+    out = {k: block[k] for k in SHARED}
+    for k in COLUMNS:
+        col = block[k]
+        out[k] = None if col is None else col[start:stop]
+    return out
+
+
+def merged(blocks: list[dict], max_samples: int = 1000) -> list[dict]:
+    """``blocks`` as few blocks as they allow, column by column, in the order each group first
+    appears: blocks of the same host, workflow, owner, team and reported fields become one
+    (their samples in order), of at most ``max_samples`` samples. The same blocks as
+    ``columns_of(<their samples>, per_tick=False)``, without going through a dict per sample."""
+    groups: dict[tuple, list[dict]] = {}
+    for b in blocks:
+        groups.setdefault((*(b[k] for k in SHARED), reported(b)), []).append(b)
+    out = []
+    for members in groups.values():
+        whole = members[0] if len(members) == 1 else {k: members[0][k] for k in SHARED}
+        if len(members) > 1:
+            for k in COLUMNS:
+                whole[k] = None if members[0][k] is None else [v for m in members for v in m[k]]
+        n = size(whole)
+        out += [whole] if n <= max_samples else [_sliced(whole, i, i + max_samples) for i in range(0, n, max_samples)]
+    return out
+
+
 def rows_of(block: dict) -> list[dict]:
     """The block's samples as ``GpuSample`` dicts (every field; null where not reported)."""
     shared = {k: block[k] for k in SHARED}

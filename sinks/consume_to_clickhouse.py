@@ -36,7 +36,7 @@ from confluent_kafka.admin import AdminClient
 from kafka_client.config import Connection, client_config, consumer_config, producer_config
 from schemas.codec import Codec
 from schemas.dead_letter import dead_letter
-from schemas.sample_columns import samples_checked
+from schemas.sample_columns import blocks_of
 from schemas.topics import (
     DEAD_LETTERS,
     GPU_SAMPLES,
@@ -47,13 +47,13 @@ from schemas.topics import (
 from schemas.validate_ids import ids_error
 from sinks.clickhouse_ddl import TABLES, Table
 from sinks.commit_offsets import Committer
-from sinks.write_clickhouse import ClickHouseWriter, Position, Row, table_for_topic
+from sinks.write_clickhouse import Block, ClickHouseWriter, Position, Row, table_for_topic
 
 log = logging.getLogger(__name__)
 
 STAGE = "clickhouse-sink"
 # Topics the host agents write and the sink stores as they come (the GPU samples are checked
-# whole, ids included, by samples_checked): their ids are checked here.
+# whole, ids included, by blocks_of): their ids are checked here.
 FROM_HOSTS = (HOST_SAMPLES, WORKFLOW_EVENTS, PROFILE_STATUSES)
 
 
@@ -233,7 +233,7 @@ class ClickHouseSink:
     def _write(self, messages: list) -> None:
         ok, errors = self.codec.decode_many([m.value() for m in messages])
         bad = [(messages[i], reason) for i, reason in errors]
-        rows: dict[str, list[Row]] = defaultdict(list)
+        rows: dict[str, list[Row | Block]] = defaultdict(list)
         by_name = {}
         tables: dict[str, Table] = {}  # topic -> table, looked up once per batch
         for i, name, record in ok:
@@ -246,12 +246,10 @@ class ClickHouseSink:
                 continue
             by_name[table.name] = table
             topic_id = self.topic_ids.get(m.topic(), "")
-            if table.topic is GPU_SAMPLES:  # a sample, or a block or batch of them: one row each
-                for sample, reason in samples_checked(name, record):
-                    if reason:
-                        bad.append((m, reason))
-                    else:
-                        rows[table.name].append(Row(m.partition(), m.offset(), sample, m.topic(), topic_id))
+            if table.topic is GPU_SAMPLES:  # blocks of samples, stored column by column
+                blocks, reasons = blocks_of(name, record)
+                bad += [(m, reason) for reason in reasons]
+                rows[table.name] += [Block(m.partition(), m.offset(), b, m.topic(), topic_id) for b in blocks]
                 continue
             if table.topic in FROM_HOSTS and (reason := ids_error(record)):  # what the worker did not check
                 bad.append((m, reason))
@@ -264,7 +262,7 @@ class ClickHouseSink:
             for r in rejected:
                 m = index[(r.row.topic, r.row.partition, r.row.offset)]
                 bad.append((m, f"ClickHouse refused the row (code {r.code}): {r.reason}"))
-            self.stats.rows[name] += len(table_rows) - len(rejected)
+            self.stats.rows[name] += sum(r.size for r in table_rows) - sum(r.row.size for r in rejected)
         for m, reason in bad:
             log.warning("dead-letter %s[%d]@%d: %s", m.topic(), m.partition(), m.offset(), reason)
             record = dead_letter(STAGE, reason, m.topic(), m.partition(), m.offset(), m.key(), m.value())

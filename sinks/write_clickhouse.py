@@ -133,6 +133,26 @@ class Row:
     topic: str = ""
     topic_id: str = ""
 
+    size = 1  # rows
+
+
+@dataclass(frozen=True)
+class Block:
+    """The samples of a ``GpuSampleColumns`` block (``schemas.sample_columns``: the fields
+    every sample shares once, a list per other field or None where no sample reports it)
+    with the Kafka position of the message they came in: inserted column by column, without
+    a dict per sample."""
+
+    partition: int
+    offset: int
+    columns: dict
+    topic: str = ""
+    topic_id: str = ""
+
+    @property
+    def size(self) -> int:
+        return len(self.columns["event_time"])
+
 
 @dataclass(frozen=True)
 class Position:
@@ -145,7 +165,7 @@ class Position:
 
 @dataclass(frozen=True)
 class Rejected:
-    row: Row
+    row: Row | Block
     code: int | None
     reason: str
 
@@ -199,8 +219,9 @@ class ClickHouseWriter:
         result = self.client.query(offsets_query(self.database, table), parameters={"topics": list(topics)})
         return {Position(t, i, int(p)): int(o) + 1 for t, i, p, o in result.result_rows}
 
-    def insert(self, table: Table, rows: Sequence[Row]) -> list[Rejected]:
-        """Insert ``rows``; return those ClickHouse refused as bad data (others raise)."""
+    def insert(self, table: Table, rows: Sequence[Row] | Sequence[Block]) -> list[Rejected]:
+        """Insert ``rows`` (records, or blocks of samples); return those ClickHouse refused
+        as bad data (others raise)."""
         if not rows:
             return []
         try:
@@ -217,18 +238,11 @@ class ClickHouseWriter:
             mid = len(rows) // 2
             return self.insert(table, rows[:mid]) + self.insert(table, rows[mid:])
 
-    def _insert_with_retry(self, table: Table, rows: Sequence[Row]) -> None:
+    def _insert_with_retry(self, table: Table, rows: Sequence[Row] | Sequence[Block]) -> None:
         # A retry after an ambiguous failure (the server stored the block, the answer was
         # lost) must not store it twice: the same rows always carry the same token.
         settings = {"insert_deduplication_token": deduplication_token(table, rows)}
-        records = [r.record for r in rows]
-        if table.prepare is not None:
-            records = [table.prepare(r) for r in records]
-        columns: list[list[Any]] = [[r.get(c) for r in records] for c in table.columns]
-        columns.append([r.partition for r in rows])
-        columns.append([r.offset for r in rows])
-        columns.append([r.topic for r in rows])
-        columns.append([r.topic_id for r in rows])
+        columns = block_columns(table, rows) if isinstance(rows[0], Block) else row_columns(table, rows)
         names = [*table.columns, *KAFKA_COLUMNS]
         for attempt in range(self.retries + 1):
             try:
@@ -243,6 +257,34 @@ class ClickHouseWriter:
                 time.sleep(delay)
 
 
+def row_columns(table: Table, rows: Sequence[Row]) -> list[list[Any]]:
+    """The insert's columns (the table's, then the Kafka position) from one record per row."""
+    records = [r.record for r in rows]
+    if table.prepare is not None:
+        records = [table.prepare(r) for r in records]
+    columns: list[list[Any]] = [[r.get(c) for r in records] for c in table.columns]
+    columns.append([r.partition for r in rows])
+    columns.append([r.offset for r in rows])
+    columns.append([r.topic for r in rows])
+    columns.append([r.topic_id for r in rows])
+    return columns
+
+
+def block_columns(table: Table, blocks: Sequence[Block]) -> list[list[Any]]:
+    """The insert's columns from blocks of samples: each block's column as it came, a shared
+    field or a field no sample of the block reports repeated for each of its samples."""
+    columns: list[list[Any]] = []
+    for name in table.columns:
+        column: list[Any] = []
+        for b in blocks:
+            value = b.columns[name]
+            column += value if isinstance(value, list) else [value] * b.size
+        columns.append(column)
+    for position in ("partition", "offset", "topic", "topic_id"):
+        columns.append([v for b in blocks for v in [getattr(b, position)] * b.size])
+    return columns
+
+
 def offsets_query(database: str, table: Table) -> str:
     """The highest offset per topic incarnation and partition of the topics given as the
     parameter ``topics``: answered from the table's offsets projection."""
@@ -250,7 +292,7 @@ def offsets_query(database: str, table: Table) -> str:
             "WHERE kafka_topic IN {topics:Array(String)} GROUP BY kafka_topic, kafka_topic_id, kafka_partition")
 
 
-def deduplication_token(table: Table, rows: Sequence[Row]) -> str:
+def deduplication_token(table: Table, rows: Sequence[Row] | Sequence[Block]) -> str:
     """The table, the topics and the Kafka offset ranges of ``rows``, per partition: the same
     batch read again after a crash or retried after a lost answer gets the same token, and the
     same offsets of another topic (another prefix, a topic created again) another one."""

@@ -14,6 +14,7 @@ from schemas.sample_columns import (
     NULLABLE,
     blocks_of,
     columns_of,
+    merged,
     rows_of,
     samples_checked,
 )
@@ -43,6 +44,21 @@ def test_blocks_are_per_host_workflow_tick_and_set_of_reported_fields():
     assert blocks[2]["sm_active_pct"] is None and blocks[3]["sm_active_pct"] == [40.0]
     merged = columns_of(tick(0) + tick(1) + tick(2), per_tick=False, max_samples=4)
     assert [len(b["event_time"]) for b in merged] == [4, 4, 1]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_merging_blocks_gives_the_blocks_of_their_samples(seed):
+    """The forwarder merges the blocks of one send column by column: the same blocks as
+    grouping their samples again, whichever hosts, ticks and reported fields they mix."""
+    rng = random.Random(seed)
+    samples = []
+    for t in range(rng.randint(1, 6)):
+        for host in rng.sample(["h1", "h2", "h3"], rng.randint(1, 3)):
+            extra = {"sm_active_pct": 40.0} if rng.random() < 0.3 else {}
+            samples += tick(t, host=host, gpus=rng.randint(1, 4), **extra)
+    limit = rng.randint(1, 12)
+    blocks = columns_of(samples)
+    assert merged(blocks, limit) == columns_of(samples, per_tick=False, max_samples=limit)
 
 
 def test_a_block_round_trips_through_avro_to_the_same_samples():

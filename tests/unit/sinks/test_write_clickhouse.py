@@ -2,6 +2,8 @@
 
 import pytest
 
+from schemas.codec import Codec
+from schemas.sample_columns import columns_of, rows_of
 from sinks.clickhouse_ddl import (
     ALERTS_TABLE,
     GPU_SAMPLES_TABLE,
@@ -10,6 +12,7 @@ from sinks.clickhouse_ddl import (
     WORKFLOW_WINDOWS_TABLE,
 )
 from sinks.write_clickhouse import (
+    Block,
     ClickHouseWriter,
     Position,
     Row,
@@ -170,6 +173,39 @@ def test_resuming_reads_the_offsets_projection_not_the_rows(writer):
         "EXPLAIN " + offsets_query(writer.database, GPU_SAMPLES_TABLE), parameters={"topics": ["a.samples"]},
     ).result_rows)
     assert "ReadFromMergeTree (kafka_offsets)" in plan, plan
+
+
+def test_blocks_of_samples_are_stored_as_the_same_rows_would_be(writer, chdb_client, request):
+    """The sink inserts GpuSampleColumns blocks column by column: the table holds exactly what
+    inserting their samples one record each would have stored, Kafka positions included."""
+    samples = [sample(host=h, gpu_index=g, event_time=BASE_MS + t * 1000, **extra)
+               for t in range(3) for h in ("h1", "h2") for g in range(2)
+               for extra in ([{"sm_active_pct": 40.0, "xids": [79]}] if h == "h2" else [{}])]
+    codec = Codec()
+    decoded = [codec.decode(codec.encode("GpuSampleColumns", b))[1] for b in columns_of(samples, per_tick=False)]
+    assert len(decoded) == 2 and decoded[0]["sm_active_pct"] is None  # h1 reports fewer fields
+    by_rows = ClickHouseWriter(chdb_client, writer.database + "_rows")
+    by_rows.ensure_tables()
+    request.addfinalizer(lambda: chdb_client.command(f"DROP DATABASE {by_rows.database}"))
+    assert by_rows.insert(GPU_SAMPLES_TABLE, [Row(5, 70 + i, s, "t", "id") for i, b in enumerate(decoded)
+                                              for s in rows_of(b)]) == []
+    assert writer.insert(GPU_SAMPLES_TABLE, [Block(5, 70 + i, b, "t", "id") for i, b in enumerate(decoded)]) == []
+
+    def stored(w):
+        return w.client.query(f"SELECT * EXCEPT ingested_at FROM {w.database}.gpu_samples "
+                              "ORDER BY host, gpu_index, event_time").result_rows
+
+    assert stored(writer) == stored(by_rows)
+    assert len(stored(writer)) == 12
+    assert writer.resume_offsets(GPU_SAMPLES_TABLE, ["t"]) == {Position("t", "id", 5): 72}
+
+
+def test_a_refused_block_is_returned_whole_and_the_others_land(writer):
+    blocks = [Block(0, i, b) for i, b in enumerate(columns_of([sample(event_time=BASE_MS + i) for i in range(4)]))]
+    blocks[2].columns["memory_used_bytes"] = [-1]  # cannot be a UInt64
+    rejected = writer.insert(GPU_SAMPLES_TABLE, blocks)
+    assert [r.row.offset for r in rejected] == [2]
+    assert count(writer, GPU_SAMPLES_TABLE) == 3
 
 
 def test_a_window_emitted_twice_is_one_row(writer):
