@@ -6,7 +6,12 @@ GpuSampleBatch (row by row), ``gpu`` for one GpuSample per message. Prints micro
 sample and the ratio to the baseline measured in the same run, so the number means something
 on a noisy machine. The windowing should cost a fraction of decoding, not a multiple.
 
-    python benchmarks/bench_window_utilization.py [--format columns|batch|gpu]
+Also the cost of the goodput waterfall (``streams.goodput``): the same hot path with its two
+functions replaced by no-ops, alternating, median of ``--repeat``. Goal (issue 18): the
+waterfall costs the worker at most 10 % of its throughput. ``--planted`` runs on a fleet
+with start-up phases, starved and throttled jobs (more samples take the per-sample path).
+
+    python benchmarks/bench_window_utilization.py [--format columns|batch|gpu] [--planted]
 """
 
 from __future__ import annotations
@@ -15,12 +20,14 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.unit.samples
 
 from producers.simulate_fleet import build_fleet
 from schemas.codec import Codec
 from schemas.sample_columns import blocks_of, columns_of
+from streams import window_utilization
 from streams.window_utilization import Incoming, WindowAggregator, WindowConfig
 from tests.unit.samples import batch_samples  # the older GpuSampleBatch format, for comparison
 
@@ -38,8 +45,8 @@ def best_of(fn, repeats: int = 5) -> float:
     return best
 
 
-def messages(codec: Codec, fmt: str, ticks: int) -> list[bytes]:
-    fleet = build_fleet(seed=1, hosts=32, gpus_per_host=8, workflows=64)
+def messages(codec: Codec, fmt: str, ticks: int, planted: bool = False) -> list[bytes]:
+    fleet = build_fleet(seed=1, hosts=32, gpus_per_host=8, workflows=64, planted=planted)
     out = []
     for first in range(0, ticks, SEND_EVERY):
         samples = [s for t in range(first, first + SEND_EVERY) for s in fleet.samples_at(t, START, 1000)]
@@ -56,9 +63,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--format", choices=["columns", "batch", "gpu"], default="columns")
     parser.add_argument("--ticks", type=int, default=600)
+    parser.add_argument("--planted", action="store_true")
+    parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     codec = Codec()
-    values = messages(codec, args.format, args.ticks)
+    values = messages(codec, args.format, args.ticks, args.planted)
     n = 256 * args.ticks
 
     def decode_only() -> None:
@@ -81,6 +90,23 @@ def main() -> None:
     print(f"decode only:                 {base / n * 1e6:6.2f} us/sample")
     print(f"decode + validate + window:  {full / n * 1e6:6.2f} us/sample")
     print(f"ratio to decode alone:       {full / base:6.2f}x")
+
+    def without_goodput() -> float:
+        saved = window_utilization.add_goodput, window_utilization.goodput_fields
+        window_utilization.add_goodput = lambda *args: None
+        window_utilization.goodput_fields = lambda *args: {}
+        try:
+            return best_of(hot_path, 1)
+        finally:
+            window_utilization.add_goodput, window_utilization.goodput_fields = saved
+
+    ratios = []
+    for _ in range(args.repeat):
+        off = without_goodput()
+        on = best_of(hot_path, 1)
+        ratios.append(off / on)
+    print(f"goodput waterfall:           throughput with it {median(ratios):.3f} of without "
+          f"(median of {args.repeat}: {', '.join(f'{r:.3f}' for r in sorted(ratios))}; goal >= 0.90)")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,10 @@
 Everything is deterministic from the seed: the fleet's layout, which workflows waste
 their GPUs, and every sample value (each tick has its own random stream, so the samples
 of a tick do not depend on how fast or in which order ticks are generated).
+
+``build_fleet(planted=True)`` also plants what goodput accounting must find (start-up
+phases, jobs starved by I/O, GPUs under a thermal limit, an XID), and ``Fleet.planted``
+says where each GPU-second went by construction: the truth the waterfall is checked against.
 """
 
 from __future__ import annotations
@@ -35,6 +39,12 @@ HEALTHY = Profile("healthy", 85.0, 10.0, 0.70)
 MODERATE = Profile("moderate", 55.0, 15.0, 0.45)
 UNDERUTILIZED = Profile("underutilized", 12.0, 8.0, 0.30)
 IDLE = Profile("idle", 0.0, 0.0, 0.25)  # holds memory, runs nothing: a zombie allocation
+INPUT_BOUND = Profile("input-bound", 26.0, 8.0, 0.40)  # waits on its hosts' I/O
+
+# Where a planted GPU-second goes (streams.goodput's buckets), by profile once started.
+_PLANTED_BUCKET = {HEALTHY: "productive", MODERATE: "productive", UNDERUTILIZED: "low_util",
+                   INPUT_BOUND: "input_bound"}
+THROTTLED = 0x20  # nvmlClocksEventReasonSwThermalSlowdown
 
 
 @dataclass(frozen=True)
@@ -55,6 +65,10 @@ class Workflow:
     team: str
     profile: Profile
     gpus: tuple[Gpu, ...]
+    planted: bool = False  # reports host CPU and I/O wait, clock events and XIDs
+    startup_ticks: int = 0  # at 0 % before its first busy tick
+    throttled: tuple[int, int] | None = None  # ticks [from, to) under a thermal limit
+    xid_tick: int | None = None  # its first GPU reports an XID at this tick
 
 
 @dataclass(frozen=True)
@@ -83,7 +97,9 @@ class Fleet:
                 util = min(100.0, max(0.0, util))
                 busy = util / 100.0
                 mem_used = int(gpu.memory_total * min(1.0, p.memory_fraction * rng.uniform(0.95, 1.05)))
-                yield {
+                if tick < w.startup_ticks:
+                    util = busy = 0.0
+                sample = {
                     "event_time": event_time,
                     "interval_ms": interval_ms,
                     "host": gpu.host,
@@ -102,16 +118,52 @@ class Fleet:
                     "sm_clock_mhz": gpu.max_sm_clock if busy > 0 else 210,
                     "rank": rank,  # one rank per GPU, in the order the job holds them
                 }
+                if w.planted:
+                    sample["host_iowait_pct"] = 45.0 if p is INPUT_BOUND else 2.0
+                    sample["workflow_cpu_pct"] = 50.0
+                    sample["clock_event_reasons"] = THROTTLED if self._throttled(w, tick) else 0
+                    sample["xids"] = [79] if tick == w.xid_tick and rank == 0 else []
+                yield sample
+
+    @staticmethod
+    def _throttled(w: Workflow, tick: int) -> bool:
+        return w.throttled is not None and w.throttled[0] <= tick < w.throttled[1]
+
+    def planted(self, ticks: int, start_ms: int, interval_ms: int, startup_max_s: float) -> dict[str, dict]:
+        """Per workflow, per goodput bucket, the GPU-seconds and joules that ticks ``0 ..
+        ticks-1`` put there by construction: ``{workflow: {bucket: [gpu_seconds, joules]}}``.
+        ``startup_max_s``: how long a workflow that never gets busy counts as starting."""
+        out = {w.workflow_id: {} for w in self.workflows}
+        by_id = {w.workflow_id: w for w in self.workflows}
+        for tick in range(ticks):
+            for s in self.samples_at(tick, start_ms, interval_ms):
+                w = by_id[s["workflow_id"]]
+                if self._throttled(w, tick) or s.get("xids"):
+                    bucket = "unhealthy"
+                elif tick < w.startup_ticks or (w.profile is IDLE and tick * interval_ms < startup_max_s * 1000):
+                    bucket = "startup"
+                else:
+                    bucket = "idle" if w.profile is IDLE else _PLANTED_BUCKET[w.profile]
+                entry = out[w.workflow_id].setdefault(bucket, [0.0, 0.0])
+                entry[0] += interval_ms / 1000
+                entry[1] += s["power_watts"] * interval_ms / 1000
+        return out
 
 
 TEAMS = ("vision", "ranking", "speech", "llm")
 
 
-def build_fleet(seed: int = 7, hosts: int = 4, gpus_per_host: int = 8, workflows: int = 8) -> Fleet:
+def build_fleet(seed: int = 7, hosts: int = 4, gpus_per_host: int = 8, workflows: int = 8,
+                planted: bool = False) -> Fleet:
     """Lay ``workflows`` out over ``hosts`` x ``gpus_per_host`` GPUs.
 
     Workflow 0 holds its GPUs at 0 % (idle); about a quarter of the rest are underutilised;
     the others are healthy or moderate. Every GPU belongs to exactly one workflow.
+
+    ``planted``: every workflow but the idle one starts after 30 s to 4 min at 0 %; one in
+    six of the others waits on I/O (input-bound); one in five runs under a thermal limit
+    from minute 6 to 8; one reports an XID at minute 3. The layout and the profiles of the
+    others are as without it.
     """
     if workflows < 1 or hosts < 1 or gpus_per_host < 1:
         raise ValueError("hosts, gpus_per_host and workflows must be >= 1")
@@ -130,6 +182,7 @@ def build_fleet(seed: int = 7, hosts: int = 4, gpus_per_host: int = 8, workflows
     cuts = sorted(rng.sample(range(1, total), workflows - 1))
     bounds = [0, *cuts, total]
     under = max(1, workflows // 4) if workflows > 1 else 0
+    plant = random.Random(seed + 1)  # its own stream: the layout is the same either way
     fleet = []
     for n in range(workflows):
         if n == 0:
@@ -138,11 +191,18 @@ def build_fleet(seed: int = 7, hosts: int = 4, gpus_per_host: int = 8, workflows
             profile = UNDERUTILIZED
         else:
             profile = HEALTHY if rng.random() < 0.6 else MODERATE
+        extra = {}
+        if planted:
+            if n > under and n % 6 == 5:
+                profile = INPUT_BOUND
+            extra = {"planted": True, "startup_ticks": 0 if n == 0 else plant.randrange(30, 240),
+                     "throttled": (360, 480) if n % 5 == 2 else None, "xid_tick": 180 if n == 1 else None}
         fleet.append(Workflow(
             workflow_id=f"wf-{seed}-{n:04d}",
             owner=f"user{rng.randrange(100):02d}@example.com",
             team=TEAMS[n % len(TEAMS)],
             profile=profile,
             gpus=tuple(gpus[bounds[n]:bounds[n + 1]]),
+            **extra,
         ))
     return Fleet(seed, tuple(fleet))

@@ -6,6 +6,14 @@ from __future__ import annotations
 from schemas.topics import WORKFLOW_EVENTS, WORKFLOW_SUMMARIES, WORKFLOW_WINDOWS
 from sinks.table import Table
 
+_BUCKETS = ("unhealthy", "startup", "idle", "input_bound", "low_util", "productive")  # streams.goodput
+# The goodput waterfall (WorkflowWindow v5, WorkflowSummary v2): GPU-seconds, then joules, per bucket.
+GOODPUT_COLUMNS = (
+    ("gpu_model", "LowCardinality(Nullable(String))"),
+    *((f"{b}_gpu_seconds", "Float64 DEFAULT 0") for b in _BUCKETS),
+    *((f"{b}_joules", "Float64 DEFAULT 0") for b in _BUCKETS),
+)
+
 WORKFLOW_WINDOW_ADDED_COLUMNS = (
     ("active_gpu_seconds", "Float64"),
     ("wasted_gpu_seconds", "Float64"),
@@ -24,6 +32,7 @@ WORKFLOW_WINDOW_ADDED_COLUMNS = (
     ("ecc_uncorrected_max", "Nullable(UInt64)"),
     ("workflow_cpu_mean_pct", "Nullable(Float64)"),
     ("host_iowait_mean_pct", "Nullable(Float64)"),
+    *GOODPUT_COLUMNS,
     ("version", "UInt32 DEFAULT 1"),  # WorkflowWindow v4; the engine's version since migration 2
 )
 
@@ -100,7 +109,7 @@ WORKFLOW_SUMMARIES_TABLE = Table(
     ("workflow_id", "owner", "team", "first_window_start", "last_window_end", "end_reason", "windows",
      "max_gpus", "gpu_seconds", "active_gpu_seconds", "wasted_gpu_seconds", "zero_util_gpu_seconds",
      "throttled_gpu_seconds", "utilization_mean_pct", "memory_peak_fraction", "energy_joules", "xid_count",
-     "alerts_fired", "summarized_at"),
+     *(name for name, _ in GOODPUT_COLUMNS), "alerts_fired", "summarized_at"),
     """
     CREATE TABLE IF NOT EXISTS {db}.{name} (
         workflow_id String,
@@ -129,6 +138,7 @@ WORKFLOW_SUMMARIES_TABLE = Table(
     ENGINE = ReplacingMergeTree(last_window_end)
     ORDER BY workflow_id
     """,
+    added_columns=GOODPUT_COLUMNS,
 )
 
 

@@ -7,10 +7,11 @@ efficiency record of every executed workflow.
 
 from __future__ import annotations
 
+from streams.goodput import JOULES_FIELDS, SECONDS_FIELDS
 from streams.workflow_state import WorkflowState
 
 _SUMS = ("gpu_seconds", "active_gpu_seconds", "wasted_gpu_seconds", "zero_util_gpu_seconds",
-         "throttled_gpu_seconds")
+         "throttled_gpu_seconds", *SECONDS_FIELDS, *JOULES_FIELDS)
 
 
 def accumulate(state: WorkflowState, window: dict, alerts: list[dict]) -> None:
@@ -27,7 +28,9 @@ def accumulate(state: WorkflowState, window: dict, alerts: list[dict]) -> None:
     job["windows"] += 1
     job["max_gpus"] = max(job["max_gpus"], window["gpu_count"])
     for k in _SUMS:
-        job[k] += window[k]
+        job[k] = job.get(k, 0.0) + window.get(k, 0.0)  # totals begun before goodput lack its keys
+    if window.get("gpu_model"):
+        job["model"] = window["gpu_model"]
     job["util_weighted"] += window["utilization_mean_pct"] * window["gpu_seconds"]
     if window.get("energy_joules") is not None:
         job["energy_j"] = (job["energy_j"] or 0.0) + window["energy_joules"]
@@ -47,7 +50,7 @@ def correct(state: WorkflowState, before: dict | None, after: dict) -> None:
         return
     job = state.job
     for k in _SUMS:
-        job[k] += after[k] - before[k]
+        job[k] = job.get(k, 0.0) + after.get(k, 0.0) - before.get(k, 0.0)
     job["max_gpus"] = max(job["max_gpus"], after["gpu_count"])
     job["util_weighted"] += (after["utilization_mean_pct"] * after["gpu_seconds"]
                              - before["utilization_mean_pct"] * before["gpu_seconds"])
@@ -68,7 +71,7 @@ def summary(workflow_id: str, state: WorkflowState, reason: str, now_ms: int) ->
         "workflow_id": workflow_id, "owner": state.owner, "team": state.team,
         "first_window_start": job["first"], "last_window_end": job["last"], "end_reason": reason,
         "windows": job["windows"], "max_gpus": job["max_gpus"],
-        **{k: job[k] for k in _SUMS},
+        **{k: job.get(k, 0.0) for k in _SUMS}, "gpu_model": job.get("model"),
         "utilization_mean_pct": job["util_weighted"] / seconds if seconds else 0.0,
         "memory_peak_fraction": job["mem_peak"], "energy_joules": job["energy_j"], "xid_count": job["xids"],
         "alerts_fired": sorted(job["fired"]), "summarized_at": now_ms,

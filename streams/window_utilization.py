@@ -38,10 +38,12 @@ from operator import mul
 from schemas.sample_columns import columns_of, take
 from schemas.sample_columns import size as samples_in
 from schemas.validate_sample import NOT_WORKFLOWS
+from streams.goodput import GoodputConfig, add_goodput, goodput_fields, new_goodput
 from streams.window_efficiency import add_efficiency, efficiency_fields, new_efficiency
 from streams.workflow_state import WorkflowState
 
 Record = dict
+DEFAULT_GOODPUT = GoodputConfig()
 log = logging.getLogger(__name__)
 
 
@@ -56,6 +58,7 @@ class WindowConfig:
     max_future_skew_ms: int = 300_000
     # A closed window stays updatable by late samples this long behind the watermark.
     update_horizon_ms: int = 3_600_000
+    goodput: GoodputConfig = DEFAULT_GOODPUT  # where each GPU-second went (``streams.goodput``)
 
     def __post_init__(self) -> None:
         if (self.size_ms <= 0 or self.allowed_lateness_ms < 0 or self.retention_ms <= self.allowed_lateness_ms
@@ -103,12 +106,13 @@ def _new_acc() -> dict:
     return {
         "n": 0, "interval_ms": 0, "util_weighted": 0.0,
         "util_min": None, "util_max": None, "mem_sum": 0.0, "mem_n": 0,
-        "energy_j": 0.0, "energy_n": 0, "eff": new_efficiency(),
+        "energy_j": 0.0, "energy_n": 0, "eff": new_efficiency(), "goodput": new_goodput(), "model": None,
     }
 
 
-def _add(acc: dict, c: Record) -> None:
-    """The samples of block ``c`` (``schemas.sample_columns``), all in this accumulator's window."""
+def _add(acc: dict, c: Record, state: WorkflowState, goodput: GoodputConfig) -> None:
+    """The samples of block ``c`` (``schemas.sample_columns``), all in this accumulator's window,
+    of the workflow whose state is ``state``."""
     # A GPU shared by several workflows counts for each in proportion to its share.
     share = c["share"]
     w = c["interval_ms"] if share is None else list(map(mul, c["interval_ms"], share))
@@ -131,6 +135,11 @@ def _add(acc: dict, c: Record) -> None:
         acc["energy_j"] += sum(map(mul, power, w)) / 1000.0
         acc["energy_n"] += len(power)
     add_efficiency(acc["eff"], c, w, total)
+    if "goodput" not in acc:  # a window opened by a release before goodput: from here on
+        acc["goodput"], acc["model"] = new_goodput(), None
+    add_goodput(acc["goodput"], c, w, state, goodput)
+    if acc["model"] is None:
+        acc["model"] = c["gpu_model"][0]
 
 
 def _by_window(c: Record, size_ms: int) -> list[tuple[int, Record]]:
@@ -155,10 +164,14 @@ def _start_of_key(key: str) -> int:
 
 
 def to_window(workflow_id: str, state: WorkflowState, start: int, acc: dict, size_ms: int, closed_at: int,
-              version: int = 1) -> Record:
+              version: int = 1, goodput: GoodputConfig = DEFAULT_GOODPUT) -> Record:
     """The ``WorkflowWindow`` record of one accumulator."""
     interval = acc["interval_ms"]
-    return {
+    buckets = acc.get("goodput")
+    energy = acc["energy_j"] if acc["energy_n"] else None
+    if buckets is not None and buckets["metered"]:  # the counters' measure where the GPUs have one
+        energy = sum(buckets["j"]) + sum(v for entry in buckets["quiet"].values() for v in entry[1::2])
+    window = {
         "workflow_id": workflow_id,
         "version": version,
         "owner": state.owner,
@@ -172,10 +185,12 @@ def to_window(workflow_id: str, state: WorkflowState, start: int, acc: dict, siz
         "utilization_min_pct": float(acc["util_min"]),
         "utilization_max_pct": float(acc["util_max"]),
         "memory_used_mean_bytes": acc["mem_sum"] / acc["mem_n"] if acc["mem_n"] else None,
-        "energy_joules": acc["energy_j"] if acc["energy_n"] else None,
+        "energy_joules": energy,
         **efficiency_fields(acc["eff"]),
+        "gpu_model": acc.get("model"),
         "closed_at": closed_at,
     }
+    return {**window, **goodput_fields(buckets or new_goodput(), window, state, goodput)}
 
 
 def _which(times: list[int], what: str) -> str:
@@ -400,7 +415,7 @@ class WindowAggregator:
                     acc = state.windows[key] = _new_acc()
                     index.setdefault(start + size, set()).add(wf)
                     idle.discard(wf)
-                _add(acc, part)
+                _add(acc, part, state, cfg.goodput)
                 t = max(times)
                 state.max_event_time = max(state.max_event_time, t)
                 newest = max(newest, t)
@@ -415,7 +430,8 @@ class WindowAggregator:
             closed = self.history[key]
             closed["version"] += 1
             wf, start = key.rpartition("@")[0], _start_of_key(key)
-            after = to_window(wf, self.store[wf], start, closed["acc"], size, closed_at, closed["version"])
+            after = to_window(wf, self.store[wf], start, closed["acc"], size, closed_at, closed["version"],
+                              cfg.goodput)
             result.updated.append((after, before))
             result.history_changed.add(key)
         self._max_event_time[partition] = newest
@@ -435,8 +451,8 @@ class WindowAggregator:
         if key not in reopened:
             reopened[key] = (None if closed["version"] == 0 else
                              to_window(wf, state, start, closed["acc"], self.config.size_ms, closed_at,
-                                       closed["version"]))
-        _add(closed["acc"], part)
+                                       closed["version"], self.config.goodput))
+        _add(closed["acc"], part, state, self.config.goodput)
         self.history[key] = closed
 
     def _close(self, partition: int, watermark: int, closed_at: int, result: BatchResult) -> None:
@@ -468,7 +484,7 @@ class WindowAggregator:
                 state = self.store[wf]
                 start = end - size
                 acc = state.windows.pop(str(start))
-                result.closed.append(to_window(wf, state, start, acc, size, closed_at))
+                result.closed.append(to_window(wf, state, start, acc, size, closed_at, goodput=self.config.goodput))
                 result.changed.add(wf)
                 if self.config.update_horizon_ms:
                     key = history_key(wf, start)

@@ -8,6 +8,8 @@ Who writes what:
                                 (applied through; a replay is skipped), ``max_event_time``,
                                 ``windows`` (the open windows' accumulators, by start)
 the life cycle (``stage_windows``) ``hosts``, ``ending``; ``ended`` and ``end_reason`` when summarised
+``goodput``                     ``first_sample_at``, ``busy_since`` (start-up ends there),
+                                ``energy_counters`` (each GPU's last energy counter reading)
 ``summarize_workflow``          ``job`` (the totals of its closed windows)
 ``raise_alerts``                ``alerts`` (each detector's life cycle), ``wasted_s``
 ``auto_profile``, ``root_cause`` ``auto_profiled_at``, and the profile of an alert in ``alerts``
@@ -41,6 +43,9 @@ class WorkflowState(msgspec.Struct, kw_only=True):
     alerts: dict[str, dict] = {}
     wasted_s: float = 0.0
     auto_profiled_at: int | None = None
+    first_sample_at: int = -1
+    busy_since: int | None = None
+    energy_counters: dict[str, float] = {}
 
 
 class _Written(msgspec.Struct):

@@ -15,6 +15,9 @@ def add(sub) -> None:
     p.add_argument("--app-id", default="gpufleet-worker", help="Faust app id = consumer group")
     p.add_argument("--window-s", type=float, default=60.0)
     p.add_argument("--lateness-s", type=float, default=10.0, help="allowed lateness of samples")
+    p.add_argument("--startup-max-s", type=float, default=900.0,
+                   help="goodput: how long a workflow whose GPUs never did any work counts as starting up "
+                        "before its GPU-seconds count as idle")
     p.add_argument("--update-horizon-s", type=float, default=3600.0,
                    help="a sample later than the watermark by up to this much completes its closed window, "
                         "which is emitted again with a higher version; later ones are dead-lettered")
@@ -51,6 +54,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from kafka_client.admin import brokers_in, create_topics, ensure_topics, replication_for
     from streams.app import StreamSettings, changelog_topics, create_app, tune_gc
     from streams.detect_waste import DetectorConfig
+    from streams.goodput import GoodputConfig
     from streams.raise_alerts import AlertConfig, load_detector_config
     from streams.schedule_profiles import ScheduleConfig
     from streams.window_utilization import WindowConfig
@@ -73,7 +77,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         window=WindowConfig(size_ms=int(args.window_s * 1000), allowed_lateness_ms=int(args.lateness_s * 1000),
                             max_future_skew_ms=int(args.max_future_skew_s * 1000),
                             update_horizon_ms=int(args.update_horizon_s * 1000),
-                            retention_ms=max(3_600_000, int(args.update_horizon_s * 1000))),
+                            retention_ms=max(3_600_000, int(args.update_horizon_s * 1000)),
+                            goodput=GoodputConfig(startup_max_s=args.startup_max_s, detectors=detectors)),
         workflow_ended_s=args.workflow_ended_s,
         idle_partition_s=args.idle_partition_s,
         partitions=partitions,

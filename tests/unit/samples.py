@@ -57,6 +57,13 @@ def window(**overrides) -> dict:
         "throttled_gpu_seconds": 0.0,
         "xid_count": 0,
         "ecc_uncorrected_max": None,
+        "gpu_model": "NVIDIA H100 80GB HBM3",
+        # goodput: half the GPU-seconds under the low-utilisation threshold, half productive
+        **dict.fromkeys(("unhealthy_gpu_seconds", "startup_gpu_seconds", "idle_gpu_seconds",
+                         "input_bound_gpu_seconds"), 0.0),
+        "low_util_gpu_seconds": 60.0, "productive_gpu_seconds": 60.0,
+        **dict.fromkeys(("unhealthy_joules", "startup_joules", "idle_joules", "input_bound_joules"), 0.0),
+        "low_util_joules": 9000.0, "productive_joules": 21000.0,
         "closed_at": BASE_MS + 75_000,
     }
     record.update(overrides)
