@@ -2,7 +2,9 @@
 
 The list: every workflow seen in the last ``--since`` with its owner, GPUs, utilisation in
 its latest window and over the period, the GPU-hours it wasted, and its alerts still firing.
-One workflow: its timeline of windows and the alerts raised along it.
+One workflow: its job report (``gpufleet.goodput_report``: from its ``WorkflowSummary``, or
+from its windows so far while it runs) and its timeline of windows and the alerts raised
+along it.
 """
 
 from __future__ import annotations
@@ -49,3 +51,34 @@ def workflow_timeline(client: Client, database: str, workflow_id: str) -> tuple[
         WHERE w.workflow_id = %(wf)s
         ORDER BY w.window_start
     """, {"wf": workflow_id})
+
+
+_BUCKET_SUMS = ", ".join(f"sum(w.{b}_{unit}) AS {b}_{unit}" for b in (
+    "unhealthy", "startup", "idle", "input_bound", "low_util", "productive") for unit in ("gpu_seconds", "joules"))
+
+
+def workflow_summary(client: Client, database: str, workflow_id: str) -> tuple[dict, str]:
+    """The workflow's ``WorkflowSummary`` as stored, or one made from its windows so far (a
+    workflow that still runs: ``end_reason`` says so), and its cluster ('' if unknown)."""
+    result = client.query(f"SELECT * FROM {database}.workflow_summaries FINAL WHERE workflow_id = %(wf)s",
+                          parameters={"wf": workflow_id})
+    if result.result_rows:
+        summary = dict(zip(result.column_names, result.result_rows[0]))
+    else:
+        result = client.query(f"""
+            SELECT %(wf)s AS workflow_id, any(w.owner) AS owner, any(w.team) AS team,
+                   min(w.window_start) AS first_window_start, max(w.window_end) AS last_window_end,
+                   'still running' AS end_reason, count() AS windows, max(w.gpu_count) AS max_gpus,
+                   sum(w.gpu_seconds) AS gpu_seconds,
+                   sum(w.utilization_mean_pct * w.gpu_seconds) / sum(w.gpu_seconds) AS utilization_mean_pct,
+                   max(w.memory_peak_fraction) AS memory_peak_fraction, sum(w.energy_joules) AS energy_joules,
+                   any(w.gpu_model) AS gpu_model, CAST([], 'Array(String)') AS alerts_fired,
+                   sum(w.tensor_active_mean_pct * w.gpu_seconds) / sum(w.gpu_seconds) AS tensor_active_mean_pct,
+                   {_BUCKET_SUMS}
+            FROM {database}.workflow_windows AS w FINAL WHERE w.workflow_id = %(wf)s""", parameters={"wf": workflow_id})
+        summary = dict(zip(result.column_names, result.result_rows[0]))
+    for k in ("first_window_start", "last_window_end"):
+        summary[k] = int(summary[k].timestamp() * 1000)
+    cluster = client.query(f"SELECT argMax(cluster, event_time) FROM {database}.workflows WHERE workflow_id = %(wf)s",
+                           parameters={"wf": workflow_id}).result_rows
+    return summary, (cluster[0][0] or "") if cluster else ""

@@ -21,6 +21,7 @@ from sinks.ddl_traces import (
     TRACE_ANALYSES_TABLE,
 )
 from sinks.ddl_workflows import (
+    GOODPUT_VIEWS,
     WASTE_VIEW,
     WORKFLOW_EVENTS_TABLE,
     WORKFLOW_SUMMARIES_TABLE,
@@ -65,7 +66,7 @@ TABLES: tuple[Table, ...] = (
 
 
 # Objects derived from the tables: created after them, in this order, idempotently.
-DERIVED = (*WORKFLOWS, *ROLLUPS, WASTE_VIEW)
+DERIVED = (*WORKFLOWS, *ROLLUPS, WASTE_VIEW, *GOODPUT_VIEWS)
 
 
 def create_statements(database: str) -> list[str]:

@@ -200,3 +200,32 @@ WASTE_VIEW = (
                FROM {db}.workflows GROUP BY workflow_id) AS w ON w.workflow_id = f.workflow_id
     """
 )
+
+
+def _goodput_view(name: str, period: str) -> str:
+    sums = ",\n           ".join(f"sum({c}) AS {c}" for c, _ in GOODPUT_COLUMNS[1:])
+    return f"""
+    CREATE OR REPLACE VIEW {{db}}.{name} AS
+    SELECT {period}(w.window_start) AS period, ifNull(w.team, '') AS team, ifNull(w.owner, '') AS owner,
+           ifNull(m.framework, '') AS framework, ifNull(w.gpu_model, '') AS gpu_model,
+           ifNull(m.cluster, '') AS cluster, w.workflow_id AS workflow_id,
+           sum(w.gpu_seconds) AS gpu_seconds,
+           -- windows written before goodput (WorkflowWindow v4 and earlier) have no buckets
+           sum(w.gpu_seconds - (w.unhealthy_gpu_seconds + w.startup_gpu_seconds + w.idle_gpu_seconds
+               + w.input_bound_gpu_seconds + w.low_util_gpu_seconds + w.productive_gpu_seconds))
+               AS unclassified_gpu_seconds,
+           sum(ifNull(w.energy_joules, 0)) AS energy_joules,
+           {sums}
+    FROM {{db}}.workflow_windows AS w FINAL
+    LEFT JOIN (SELECT workflow_id, argMax(framework, event_time) AS framework,
+                      argMax(cluster, event_time) AS cluster
+               FROM {{db}}.workflows GROUP BY workflow_id) AS m ON m.workflow_id = w.workflow_id
+    GROUP BY period, team, owner, framework, gpu_model, cluster, workflow_id
+    """
+
+
+# The goodput waterfall rolled up by hour and by day, per team, owner, framework, GPU model,
+# cluster and workflow: views over the windows as ClickHouse keeps them (FINAL: the highest
+# version of each), since a materialised sum would count a window re-emitted by late samples
+# twice. Made after the workflows table they join (its framework and cluster).
+GOODPUT_VIEWS = (_goodput_view("goodput_hourly", "toStartOfHour"), _goodput_view("goodput_daily", "toStartOfDay"))

@@ -23,9 +23,11 @@ def add(sub) -> None:
     p.add_argument("--since-minutes", type=float, default=1440, help="how far back from the newest window")
     p.set_defaults(func=cmd_workflows)
 
-    p = sub.add_parser("workflow", help="one workflow's timeline of windows and alerts")
+    p = sub.add_parser("workflow", help="one workflow's job report (goodput, energy, what to try) and its "
+                                        "timeline of windows and alerts")
     p.add_argument("workflow_id")
     clickhouse_args(p)
+    p.add_argument("--rates", type=Path, default=None, help="TOML file of prices and grid intensities")
     p.set_defaults(func=cmd_workflow)
 
     p = sub.add_parser("opportunities", help="rank where the fleet loses the most GPU-hours, and to what")
@@ -37,6 +39,17 @@ def add(sub) -> None:
     p.add_argument("--limit", type=int, default=20)
     p.add_argument("--format", choices=["table", "csv", "json"], default="table")
     p.set_defaults(func=cmd_opportunities)
+
+    p = sub.add_parser("goodput", help="where the allocated GPU-hours went: the goodput waterfall, with "
+                                       "energy, carbon and cost")
+    clickhouse_args(p)
+    p.add_argument("--by", default="fleet", choices=["fleet", "team", "owner", "workflow", "framework", "gpu-model",
+                                                     "cluster"])
+    p.add_argument("--since", default="7d", help="how far back: 7d, 12h, 30m, or all")
+    p.add_argument("--rates", type=Path, default=None,
+                   help="TOML file of prices per GPU-hour and grid carbon intensities (docs/rates.example.toml)")
+    p.add_argument("--limit", type=int, default=20)
+    p.set_defaults(func=cmd_goodput)
 
     p = sub.add_parser("report", help="write the fleet report: one self-contained HTML file with charts")
     clickhouse_args(p)
@@ -77,14 +90,51 @@ def cmd_workflows(args: argparse.Namespace) -> int:
 
 
 def cmd_workflow(args: argparse.Namespace) -> int:
+    from gpufleet.goodput_report import RatesError, job_report, load_rates
     from gpufleet.sql import format_table
-    from gpufleet.workflows import workflow_timeline
+    from gpufleet.workflows import workflow_summary, workflow_timeline
 
-    columns, rows = workflow_timeline(query_client(args), args.database, args.workflow_id)
+    try:
+        rates = load_rates(args.rates)
+    except RatesError as exc:
+        sys.exit(str(exc))
+    client = query_client(args)
+    columns, rows = workflow_timeline(client, args.database, args.workflow_id)
     if not rows:
         print(f"no windows for workflow {args.workflow_id!r}")
         return 1
+    summary, cluster = workflow_summary(client, args.database, args.workflow_id)
+    print(job_report(summary, rates, cluster)[0])
     print(format_table(columns, rows))
+    return 0
+
+
+def cmd_goodput(args: argparse.Namespace) -> int:
+    from clickhouse_connect.driver.exceptions import ClickHouseError
+
+    from gpufleet.goodput_report import (
+        RatesError,
+        fleet_goodput,
+        load_rates,
+        render_groups,
+        render_waterfall,
+    )
+    from sinks.write_clickhouse import refusal
+
+    try:
+        rates = load_rates(args.rates)
+        fleet, groups = fleet_goodput(query_client(args), args.database, args.by, args.since, rates)
+    except (ValueError, RatesError) as exc:
+        sys.exit(str(exc))
+    except ClickHouseError as exc:
+        sys.exit(f"query failed: {refusal(exc)}")
+    if not fleet.allocated.gpu_seconds:
+        print(f"no GPU-hours recorded (--since {args.since})")
+        return 0
+    print(render_waterfall(fleet, rates, f"Fleet goodput, --since {args.since}"))
+    if args.by != "fleet":
+        print()
+        print(render_groups(groups, args.by, rates, args.limit))
     return 0
 
 

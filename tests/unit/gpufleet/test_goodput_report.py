@@ -1,0 +1,143 @@
+"""``gpufleet goodput`` and the job report on the real embedded ClickHouse: the waterfall of a
+planted fleet read back through the DDL's views, with energy, carbon and cost from a rates file."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+
+from gpufleet.goodput_report import (
+    BUCKETS,
+    JOULES_PER_KWH,
+    RatesError,
+    fleet_goodput,
+    job_report,
+    load_rates,
+    render_groups,
+    render_waterfall,
+)
+from gpufleet.workflows import workflow_summary
+from producers.simulate_fleet import build_fleet
+from schemas.sample_columns import columns_of
+from sinks.clickhouse_ddl import WORKFLOW_EVENTS_TABLE, WORKFLOW_WINDOWS_TABLE
+from sinks.write_clickhouse import ClickHouseWriter, Row
+from streams.goodput import GoodputConfig
+from streams.window_utilization import Incoming, WindowAggregator, WindowConfig
+from tests.unit.samples import BASE_MS
+
+TICKS = 600
+CONFIG = WindowConfig(goodput=GoodputConfig(startup_max_s=300))
+
+RATES = """
+currency = "USD"
+default_price_per_gpu_hour = 2.0
+default_grid_g_per_kwh = 400.0
+
+[price_per_gpu_hour]
+"NVIDIA H100 80GB HBM3" = 4.0
+
+[grid_g_per_kwh]
+eu-west = 250.0
+"""
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    return build_fleet(seed=11, hosts=4, gpus_per_host=8, workflows=9, planted=True)
+
+
+@pytest.fixture
+def stored(fleet, chdb_client, database):
+    """The planted fleet's windows in ClickHouse, and an event placing every workflow in a cluster."""
+    agg = WindowAggregator(CONFIG, {}, {}, clock=lambda: BASE_MS + 10**9)
+    blocks = [b for t in range(TICKS) for b in columns_of(list(fleet.samples_at(t, BASE_MS, 1000)))]
+    windows = agg.process(0, [Incoming(i, b) for i, b in enumerate(blocks)], closed_at=0).closed
+    windows += agg.advance(0, BASE_MS + TICKS * 1000 + 120_000, closed_at=0).closed
+    writer = ClickHouseWriter(chdb_client, database)
+    writer.ensure_tables()
+    assert writer.insert(WORKFLOW_WINDOWS_TABLE, [Row(0, i, w) for i, w in enumerate(windows)]) == []
+    events = [{"workflow_id": w.workflow_id, "event": "started", "event_time": BASE_MS, "host": w.gpus[0].host,
+               "owner": w.owner, "team": w.team, "gpu_uuids": [], "pids": [], "cmdline": None, "framework": "pytorch",
+               "framework_version": None, "scheduler_job_id": None, "attribution": "simulated", "model": None,
+               "cluster": "eu-west" if i % 2 else "us-east"} for i, w in enumerate(fleet.workflows)]
+    assert writer.insert(WORKFLOW_EVENTS_TABLE, [Row(0, i, e) for i, e in enumerate(events)]) == []
+    return windows
+
+
+def test_the_fleet_waterfall_is_the_planted_truth_with_its_cost_and_carbon(fleet, stored, chdb_client, database,
+                                                                           tmp_path):
+    (tmp_path / "rates.toml").write_text(RATES)
+    rates = load_rates(tmp_path / "rates.toml")
+    total, by_team = fleet_goodput(chdb_client, database, "team", "all", rates)
+    truth = fleet.planted(TICKS, BASE_MS, 1000, CONFIG.goodput.startup_max_s)
+    seconds, joules, cost, grams = defaultdict(float), defaultdict(float), defaultdict(float), defaultdict(float)
+    for i, w in enumerate(fleet.workflows):
+        price = 4.0 if w.gpus[0].model == "NVIDIA H100 80GB HBM3" else 2.0
+        grid = 250.0 if i % 2 else 400.0
+        for bucket, (s, j) in truth[w.workflow_id].items():
+            seconds[bucket] += s
+            joules[bucket] += j
+            cost[bucket] += s / 3600 * price
+            grams[bucket] += j / JOULES_PER_KWH * grid
+    assert set(seconds) == set(BUCKETS)
+    for b in BUCKETS:
+        got = total.buckets[b]
+        assert got.gpu_seconds == pytest.approx(seconds[b], abs=1e-6), b
+        assert got.joules == pytest.approx(joules[b], rel=1e-9), b
+        assert got.cost == pytest.approx(cost[b], rel=1e-9), b
+        assert got.grams == pytest.approx(grams[b], rel=1e-9), b
+    assert total.buckets["unclassified"].gpu_seconds == pytest.approx(0.0, abs=1e-6)
+    assert total.goodput_pct == pytest.approx(100 * seconds["productive"] / sum(seconds.values()))
+    assert {g.key for g in by_team} == {w.team for w in fleet.workflows}
+    assert sum(g.allocated.gpu_seconds for g in by_team) == pytest.approx(total.allocated.gpu_seconds)
+    text = render_waterfall(total, rates, "Fleet goodput")
+    assert "input-bound" in text and "kg CO2e" in text and "USD" in text
+    assert f"goodput: {total.goodput_pct:.1f}%" in text
+    assert by_team[0].key in render_groups(by_team, "team", rates)
+
+
+def test_windows_written_before_goodput_are_unclassified_not_lost(chdb_client, database):
+    from tests.unit.samples import window
+
+    old = window(**{f"{b}_gpu_seconds": 0.0 for b in BUCKETS}, **{f"{b}_joules": 0.0 for b in BUCKETS})
+    writer = ClickHouseWriter(chdb_client, database)
+    writer.ensure_tables()
+    assert writer.insert(WORKFLOW_WINDOWS_TABLE, [Row(0, 0, old)]) == []
+    total, _ = fleet_goodput(chdb_client, database, "fleet", "all")
+    assert total.buckets["unclassified"].gpu_seconds == 120.0 and total.allocated.gpu_seconds == 120.0
+    assert total.buckets["unclassified"].joules == old["energy_joules"]
+    assert "unclassified (before goodput)" in render_waterfall(total, load_rates(None), "t")
+
+
+def test_the_job_report_says_where_the_hours_went_and_what_to_try(fleet, stored, chdb_client, database):
+    starved = next(w for w in fleet.workflows if w.profile.name == "input-bound")
+    summary, cluster = workflow_summary(chdb_client, database, starved.workflow_id)  # still running: from windows
+    assert summary["end_reason"] == "still running" and cluster in ("eu-west", "us-east")
+    text, page = job_report(summary, load_rates(None), cluster)
+    assert text.startswith(f"gpufleet job report: {starved.workflow_id}")
+    assert "input-bound" in text and "DataLoader workers" in text and "start-up" in text
+    assert "<table>" in page and starved.workflow_id in page
+
+
+def test_a_rates_file_with_a_mistake_is_refused_with_where(tmp_path):
+    bad = tmp_path / "rates.toml"
+    bad.write_text('[price_per_gpu_hour]\n"A100" = "four"\n')
+    with pytest.raises(RatesError, match=r"price_per_gpu_hour.A100 must be a number"):
+        load_rates(bad)
+    bad.write_text("[[grid_series]]\ncluster = 'x'\nstart = 'soon'\ng_per_kwh = 1\n")
+    with pytest.raises(RatesError, match=r"grid_series\[0\].start"):
+        load_rates(bad)
+
+
+def test_a_grid_series_takes_the_latest_intensity_before_the_hour(tmp_path):
+    from datetime import UTC, datetime
+
+    f = tmp_path / "rates.toml"
+    f.write_text("default_grid_g_per_kwh = 400.0\n[[grid_series]]\ncluster = 'eu'\nstart = 2026-06-01T00:00:00Z\n"
+                 "g_per_kwh = 180.0\n[[grid_series]]\ncluster = 'eu'\nstart = 2026-03-01T00:00:00Z\ng_per_kwh = 300.0\n")
+    rates = load_rates(f)
+    assert rates.intensity("eu", datetime(2026, 2, 1, tzinfo=UTC)) == 400.0
+    assert rates.intensity("eu", datetime(2026, 4, 1, tzinfo=UTC)) == 300.0
+    assert rates.intensity("eu", datetime(2026, 7, 1)) == 180.0  # a naive time is UTC
+    assert rates.intensity("us", datetime(2026, 7, 1, tzinfo=UTC)) == 400.0
