@@ -21,6 +21,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from gpufleet import local_kafka
+from gpufleet.goodput_report import BUCKETS, LABELS, Rates, fleet_goodput, render_waterfall
 from gpufleet.opportunities import opportunities
 from gpufleet.query_server import QueryServer
 from gpufleet.sql import format_table, run_query
@@ -34,6 +35,7 @@ from schemas.topics import ALERTS, DEAD_LETTERS, GPU_SAMPLES, WORKFLOW_WINDOWS
 from sinks.clickhouse_ddl import TABLES
 from sinks.consume_to_clickhouse import ClickHouseSink
 from sinks.write_clickhouse import ClickHouseWriter, connect, default_dsn
+from streams.goodput import GoodputConfig
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +126,29 @@ def _self_command(data_dir: Path) -> str:
     return cmd
 
 
+def goodput_against_planted(client, fleet, start_ms: int) -> str:
+    """The fleet's goodput waterfall as the pipeline measured it, and beside it what the
+    simulator planted in the same ticks (those of the windows that closed)."""
+    closed_to = client.query(f"SELECT toUnixTimestamp64Milli(max(window_end)) FROM {DATABASE}.workflow_windows"
+                             ).result_rows[0][0]
+    ticks = max(0, (closed_to - start_ms) // 1000)
+    measured, _ = fleet_goodput(client, DATABASE, "fleet", "all")
+    truth = fleet.planted(ticks, start_ms, 1000, GoodputConfig().startup_max_s)
+    planted = {b: sum(w.get(b, (0.0, 0.0))[0] for w in truth.values()) for b in BUCKETS}
+    allocated = sum(planted.values()) or 1.0
+    lines = [render_waterfall(measured, Rates(), "Measured:"), "",
+             f"Against what the simulator planted in the same {ticks / 60:g} minutes:",
+             f"{'bucket':<32}  {'measured GPU-h':>14}  {'planted GPU-h':>13}  {'difference':>10}"]
+    worst = 0.0
+    for b in BUCKETS:
+        got = measured.buckets[b].gpu_seconds
+        diff = abs(got - planted[b]) / allocated * 100
+        worst = max(worst, diff)
+        lines.append(f"{LABELS[b]:<32}  {got / 3600:>14.3f}  {planted[b] / 3600:>13.3f}  {diff:>9.2f}%")
+    lines.append(f"largest difference: {worst:.2f}% of the allocated GPU-hours (goal: within 0.5%)")
+    return "\n".join(lines)
+
+
 def run_demo(opts: DemoOptions) -> int:
     data_dir = opts.data_dir.resolve()
     for sub in ("kafka", "worker", "clickhouse"):
@@ -157,7 +182,8 @@ def run_demo(opts: DemoOptions) -> int:
         queries = QueryServer(Path(dsn[len("chdb://"):])).start()
         print(f"  sink writing to {dsn} (while it runs, `gpufleet sql` queries go through it)")
 
-        fleet = build_fleet(opts.seed, opts.hosts, opts.gpus_per_host, opts.workflows)
+        # With what goodput accounting must find planted, so that the summary can compare.
+        fleet = build_fleet(opts.seed, opts.hosts, opts.gpus_per_host, opts.workflows, planted=True)
         ticks = int(opts.sim_minutes * 60)
         start_ms = (int(time.time()) // 60 * 60 - ticks) * 1000
         plan = SimulationPlan(start_ms, ticks, 1000, opts.speed)
@@ -226,9 +252,12 @@ def run_demo(opts: DemoOptions) -> int:
     print("\nrows stored: " + ", ".join(f"{t} {n}" for t, n in counts.items()))
     print("\nWhere the fleet lost GPU-hours (gpufleet opportunities):\n")
     print(format_table(*opportunities(writer.client, DATABASE, "cause", "all", limit=10)))
+    print("\nWhere the allocated GPU-hours went (gpufleet goodput):\n")
+    print(goodput_against_planted(writer.client, fleet, start_ms))
     print(f"\nData: ClickHouse {dsn} (database {DATABASE}); Kafka log dirs {data_dir / 'kafka'}"
           f"{' (broker still running)' if opts.keep_kafka else ''}.")
     print(f"Try:\n  {_self_command(data_dir)} sql \"{EXAMPLE_SQL}\"\n"
           f"  {_self_command(data_dir)} opportunities --by team --since all\n"
+          f"  {_self_command(data_dir)} goodput --by team --since all --rates docs/rates.example.toml\n"
           f"  {_self_command(data_dir)} report --since all --html fleet-report.html")
     return 0

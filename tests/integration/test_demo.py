@@ -22,6 +22,10 @@ def test_demo_then_sql(tmp_path):
     assert "rows stored: gpu_samples 1440, workflow_windows 8," in out
     assert f'gpufleet --data-dir {data} sql "' in out
     assert "wall-time limit" not in out
+    # The goodput waterfall, measured through Kafka, the worker and ClickHouse, against what
+    # the simulator planted: every bucket within 0.5 % of the allocated GPU-hours.
+    worst = float(out.split("largest difference: ")[1].split("%")[0])
+    assert "goodput: " in out and worst <= 0.5, out
 
     sql = gpufleet("--data-dir", data, "sql", "--format", "csv",
                    "SELECT count() AS n FROM gpufleet.workflow_windows FINAL", timeout=60)
