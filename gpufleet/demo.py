@@ -21,7 +21,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from gpufleet import local_kafka
-from gpufleet.goodput_report import BUCKETS, LABELS, Rates, fleet_goodput, render_waterfall
+from gpufleet.goodput_report import fleet_goodput
 from gpufleet.opportunities import opportunities
 from gpufleet.query_server import QueryServer
 from gpufleet.sql import format_table, run_query
@@ -34,6 +34,7 @@ from schemas.codec import Codec
 from schemas.topics import ALERTS, DEAD_LETTERS, GPU_SAMPLES, WORKFLOW_WINDOWS
 from sinks.clickhouse_ddl import TABLES
 from sinks.consume_to_clickhouse import ClickHouseSink
+from sinks.job_report import BUCKETS, LABELS, Rates, render_waterfall
 from sinks.write_clickhouse import ClickHouseWriter, connect, default_dsn
 from streams.goodput import GoodputConfig
 

@@ -3,15 +3,15 @@ metadata of each (``workflows``, fed by a view from the events) and the ``waste`
 
 from __future__ import annotations
 
+from schemas.goodput_buckets import BUCKETS
 from schemas.topics import WORKFLOW_EVENTS, WORKFLOW_SUMMARIES, WORKFLOW_WINDOWS
 from sinks.table import Table
 
-_BUCKETS = ("unhealthy", "startup", "idle", "input_bound", "low_util", "productive")  # streams.goodput
 # The goodput waterfall (WorkflowWindow v5, WorkflowSummary v2): GPU-seconds, then joules, per bucket.
 GOODPUT_COLUMNS = (
     ("gpu_model", "LowCardinality(Nullable(String))"),
-    *((f"{b}_gpu_seconds", "Float64 DEFAULT 0") for b in _BUCKETS),
-    *((f"{b}_joules", "Float64 DEFAULT 0") for b in _BUCKETS),
+    *((f"{b}_gpu_seconds", "Float64 DEFAULT 0") for b in BUCKETS),
+    *((f"{b}_joules", "Float64 DEFAULT 0") for b in BUCKETS),
 )
 
 WORKFLOW_WINDOW_ADDED_COLUMNS = (

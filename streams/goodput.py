@@ -34,14 +34,12 @@ from operator import mul
 
 import msgspec
 
+from schemas.goodput_buckets import BUCKETS, JOULES_FIELDS, SECONDS_FIELDS
 from streams.detect_waste import DetectorConfig, input_bound
 from streams.window_efficiency import THROTTLE_MASK
 from streams.workflow_state import WorkflowState
 
-BUCKETS = ("unhealthy", "startup", "idle", "input_bound", "low_util", "productive")
 UNHEALTHY, STARTUP, IDLE, INPUT_BOUND, LOW_UTIL, PRODUCTIVE = range(len(BUCKETS))
-SECONDS_FIELDS = tuple(f"{b}_gpu_seconds" for b in BUCKETS)
-JOULES_FIELDS = tuple(f"{b}_joules" for b in BUCKETS)
 
 
 class GoodputConfig(msgspec.Struct, frozen=True):

@@ -7,7 +7,7 @@ efficiency record of every executed workflow.
 
 from __future__ import annotations
 
-from streams.goodput import JOULES_FIELDS, SECONDS_FIELDS
+from schemas.goodput_buckets import JOULES_FIELDS, SECONDS_FIELDS
 from streams.workflow_state import WorkflowState
 
 _SUMS = ("gpu_seconds", "active_gpu_seconds", "wasted_gpu_seconds", "zero_util_gpu_seconds",

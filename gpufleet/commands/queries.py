@@ -90,9 +90,9 @@ def cmd_workflows(args: argparse.Namespace) -> int:
 
 
 def cmd_workflow(args: argparse.Namespace) -> int:
-    from gpufleet.goodput_report import RatesError, job_report, load_rates
     from gpufleet.sql import format_table
     from gpufleet.workflows import workflow_summary, workflow_timeline
+    from sinks.job_report import RatesError, job_report, load_rates
 
     try:
         rates = load_rates(args.rates)
@@ -112,13 +112,8 @@ def cmd_workflow(args: argparse.Namespace) -> int:
 def cmd_goodput(args: argparse.Namespace) -> int:
     from clickhouse_connect.driver.exceptions import ClickHouseError
 
-    from gpufleet.goodput_report import (
-        RatesError,
-        fleet_goodput,
-        load_rates,
-        render_groups,
-        render_waterfall,
-    )
+    from gpufleet.goodput_report import fleet_goodput, render_groups
+    from sinks.job_report import RatesError, load_rates, render_waterfall
     from sinks.write_clickhouse import refusal
 
     try:

@@ -7,20 +7,13 @@ from collections import defaultdict
 
 import pytest
 
-from gpufleet.goodput_report import (
-    BUCKETS,
-    JOULES_PER_KWH,
-    RatesError,
-    fleet_goodput,
-    job_report,
-    load_rates,
-    render_groups,
-    render_waterfall,
-)
+from gpufleet.goodput_report import fleet_goodput, render_groups
 from gpufleet.workflows import workflow_summary
 from producers.simulate_fleet import build_fleet
+from schemas.goodput_buckets import BUCKETS
 from schemas.sample_columns import columns_of
 from sinks.clickhouse_ddl import WORKFLOW_EVENTS_TABLE, WORKFLOW_WINDOWS_TABLE
+from sinks.job_report import JOULES_PER_KWH, RatesError, job_report, load_rates, render_waterfall
 from sinks.write_clickhouse import ClickHouseWriter, Row
 from streams.goodput import GoodputConfig
 from streams.window_utilization import Incoming, WindowAggregator, WindowConfig

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from producers.simulate_fleet import INPUT_BOUND, build_fleet
+from schemas.goodput_buckets import BUCKETS, JOULES_FIELDS, SECONDS_FIELDS
 from schemas.sample_columns import columns_of
-from streams.goodput import BUCKETS, JOULES_FIELDS, SECONDS_FIELDS, GoodputConfig
+from streams.goodput import GoodputConfig
 from streams.summarize_workflow import accumulate, summary
 from streams.window_utilization import Incoming, WindowAggregator, WindowConfig
 from tests.unit.samples import BASE_MS, sample

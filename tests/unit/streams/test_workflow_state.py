@@ -11,9 +11,9 @@ import msgspec
 import pytest
 from faust.serializers import codecs
 
+from schemas.goodput_buckets import JOULES_FIELDS, SECONDS_FIELDS
 from schemas.sample_columns import columns_of
 from streams import workflow_state
-from streams.goodput import JOULES_FIELDS, SECONDS_FIELDS
 from streams.stage_windows import STATE_CODEC
 from streams.window_utilization import Incoming, WindowAggregator, WindowConfig
 from streams.workflow_state import STATE_VERSION, StateError, WorkflowState

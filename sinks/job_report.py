@@ -1,0 +1,246 @@
+"""Goodput as people read it: the waterfall of a workflow or a fleet (GPU-hours, share, kWh,
+carbon and cost per bucket), and the report an owner gets when a job ends.
+
+The GPU-seconds and joules of each bucket are measured (``streams.goodput``, stored in
+ClickHouse); money and carbon are applied here, per GPU model, cluster and hour, from a
+rates file, since prices and grid intensities change and the measurements do not. A rates
+file (TOML; ``docs/rates.example.toml``)::
+
+    currency = "USD"
+    default_price_per_gpu_hour = 2.0
+    default_grid_g_per_kwh = 400.0
+
+    [price_per_gpu_hour]            # per GPU model as NVML names it
+    "NVIDIA H100 80GB HBM3" = 4.0
+
+    [grid_g_per_kwh]                # gCO2e per kWh, per cluster
+    eu-west = 250.0
+
+    [[grid_series]]                 # an intensity from a time on (the latest start before wins)
+    cluster = "eu-west"
+    start = 2026-06-01T00:00:00Z
+    g_per_kwh = 180.0
+
+Without one, cost and carbon are not shown.
+"""
+
+from __future__ import annotations
+
+import html
+import tomllib
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from schemas.goodput_buckets import BUCKETS
+
+LABELS = {"unhealthy": "unhealthy (XID, ECC, throttled)", "startup": "start-up", "idle": "idle while allocated",
+          "input_bound": "input-bound", "low_util": "low utilisation", "productive": "productive",
+          "unclassified": "unclassified (before goodput)"}
+JOULES_PER_KWH = 3.6e6
+
+
+@dataclass(frozen=True)
+class Rates:
+    currency: str | None = None
+    default_price: float | None = None  # per GPU-hour
+    prices: dict[str, float] = field(default_factory=dict)  # GPU model -> per GPU-hour
+    default_grid: float | None = None  # gCO2e per kWh
+    grid: dict[str, float] = field(default_factory=dict)  # cluster -> gCO2e per kWh
+    series: tuple[tuple[str, float, float], ...] = ()  # (cluster, from epoch s, gCO2e per kWh), by time
+
+    def price(self, model: str) -> float | None:
+        return self.prices.get(model, self.default_price)
+
+    def intensity(self, cluster: str, at: datetime) -> float | None:
+        seconds = at.replace(tzinfo=at.tzinfo or UTC).timestamp()
+        latest = None
+        for name, start, value in self.series:
+            if name == cluster and start <= seconds:
+                latest = value
+        return latest if latest is not None else self.grid.get(cluster, self.default_grid)
+
+    @property
+    def costed(self) -> bool:
+        return self.default_price is not None or bool(self.prices)
+
+    @property
+    def carbon(self) -> bool:
+        return self.default_grid is not None or bool(self.grid) or bool(self.series)
+
+
+class RatesError(ValueError):
+    """A rates file that cannot be used; the text says where and why."""
+
+
+def load_rates(path: Path | None) -> Rates:
+    if path is None:
+        return Rates()
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise RatesError(f"rates file {path}: {exc}") from exc
+
+    def number(value, where: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise RatesError(f"rates file {path}: {where} must be a number >= 0, not {value!r}")
+        return float(value)
+
+    series = []
+    for i, point in enumerate(raw.get("grid_series", [])):
+        start = point.get("start")
+        if not isinstance(start, datetime):
+            raise RatesError(f"rates file {path}: grid_series[{i}].start must be a date and time (2026-06-01T00:00:00Z)")
+        series.append((str(point.get("cluster", "")), start.replace(tzinfo=start.tzinfo or UTC).timestamp(),
+                       number(point.get("g_per_kwh"), f"grid_series[{i}].g_per_kwh")))
+    return Rates(
+        currency=raw.get("currency"),
+        default_price=None if "default_price_per_gpu_hour" not in raw
+        else number(raw["default_price_per_gpu_hour"], "default_price_per_gpu_hour"),
+        prices={k: number(v, f"price_per_gpu_hour.{k}") for k, v in raw.get("price_per_gpu_hour", {}).items()},
+        default_grid=None if "default_grid_g_per_kwh" not in raw
+        else number(raw["default_grid_g_per_kwh"], "default_grid_g_per_kwh"),
+        grid={k: number(v, f"grid_g_per_kwh.{k}") for k, v in raw.get("grid_g_per_kwh", {}).items()},
+        series=tuple(sorted(series, key=lambda p: p[1])),
+    )
+
+
+@dataclass
+class Bucket:
+    gpu_seconds: float = 0.0
+    joules: float = 0.0
+    cost: float = 0.0
+    grams: float = 0.0
+
+    def add(self, seconds: float, joules: float, price: float | None, intensity: float | None) -> None:
+        self.gpu_seconds += seconds
+        self.joules += joules
+        self.cost += seconds / 3600 * (price or 0.0)
+        self.grams += joules / JOULES_PER_KWH * (intensity or 0.0)
+
+
+@dataclass
+class Waterfall:
+    """One group's GPU-seconds, energy, cost and carbon per bucket (``unclassified``: windows
+    written before goodput)."""
+
+    key: str
+    buckets: dict[str, Bucket] = field(default_factory=lambda: {b: Bucket() for b in (*BUCKETS, "unclassified")})
+
+    @property
+    def allocated(self) -> Bucket:
+        total = Bucket()
+        for b in self.buckets.values():
+            total.gpu_seconds += b.gpu_seconds
+            total.joules += b.joules
+            total.cost += b.cost
+            total.grams += b.grams
+        return total
+
+    @property
+    def goodput_pct(self) -> float:
+        classified = self.allocated.gpu_seconds - self.buckets["unclassified"].gpu_seconds
+        return 100.0 * self.buckets["productive"].gpu_seconds / classified if classified > 0 else 0.0
+
+
+def _money(value: float, rates: Rates) -> str:
+    return f"{value:,.2f} {rates.currency or ''}".rstrip()
+
+
+def render_waterfall(w: Waterfall, rates: Rates, title: str) -> str:
+    """The waterfall as a table: a row per bucket, GPU-hours and share, kWh, and where the
+    rates allow, kg CO2e and cost."""
+    total = w.allocated
+    head = [f"{'bucket':<32}", f"{'GPU-hours':>10}", f"{'share':>7}", f"{'kWh':>9}"]
+    if rates.carbon:
+        head.append(f"{'kg CO2e':>9}")
+    if rates.costed:
+        head.append(f"{'cost':>14}")
+    lines = [title, "  ".join(head), "  ".join("-" * len(h) for h in head)]
+    for name, b in w.buckets.items():
+        if name == "unclassified" and not b.gpu_seconds:
+            continue
+        share = 100.0 * b.gpu_seconds / total.gpu_seconds if total.gpu_seconds else 0.0
+        cells = [f"{LABELS[name]:<32}", f"{b.gpu_seconds / 3600:>10,.2f}", f"{share:>6.1f}%",
+                 f"{b.joules / JOULES_PER_KWH:>9,.2f}"]
+        if rates.carbon:
+            cells.append(f"{b.grams / 1000:>9,.2f}")
+        if rates.costed:
+            cells.append(f"{_money(b.cost, rates):>14}")
+        lines.append("  ".join(cells))
+    cells = [f"{'allocated':<32}", f"{total.gpu_seconds / 3600:>10,.2f}", f"{100.0 if total.gpu_seconds else 0:>6.1f}%",
+             f"{total.joules / JOULES_PER_KWH:>9,.2f}"]
+    if rates.carbon:
+        cells.append(f"{total.grams / 1000:>9,.2f}")
+    if rates.costed:
+        cells.append(f"{_money(total.cost, rates):>14}")
+    lines.append("  ".join(cells))
+    lines.append(f"goodput: {w.goodput_pct:.1f}% of the allocated GPU-hours did productive work")
+    return "\n".join(lines)
+
+
+# -- the job-end report ---------------------------------------------------------------------
+
+_ADVICE = {
+    "unhealthy": "GPUs reported faults or ran under a power or thermal limit: tell the cluster's operators "
+                 "the hosts (gpufleet workflow shows when).",
+    "startup": "Start-up took long: cache the container image and the dataset near the GPUs, load the "
+               "checkpoint in parallel, or compile ahead of time.",
+    "idle": "GPUs sat at 0 % while held: release them when the job waits, and check for a rank that stopped.",
+    "input_bound": "The GPUs waited for input: more DataLoader workers, pin_memory, a faster or local "
+                   "dataset, or preprocessing moved off the training hosts.",
+    "low_util": "The GPUs were busy but lightly: a larger batch, fewer GPUs, or a profile "
+                "(gpufleet profile) to find what keeps them waiting.",
+}
+
+
+def job_report(summary: dict, rates: Rates | None = None, cluster: str = "") -> tuple[str, str]:
+    """The report an owner gets when a workflow ends: plain text and HTML, from its
+    ``WorkflowSummary``. Like the jobstats report HPC users know: what the job used, where
+    the GPU-hours went, what went wrong and what to try."""
+    rates = rates or Rates()
+    w = Waterfall(summary["workflow_id"])
+    end = datetime.fromtimestamp(summary["last_window_end"] / 1000, UTC)
+    price, intensity = rates.price(summary.get("gpu_model") or ""), rates.intensity(cluster, end)
+    for b in BUCKETS:
+        w.buckets[b].add(summary.get(f"{b}_gpu_seconds", 0.0), summary.get(f"{b}_joules", 0.0), price, intensity)
+    unclassified = summary["gpu_seconds"] - sum(summary.get(f"{b}_gpu_seconds", 0.0) for b in BUCKETS)
+    if unclassified > 1e-6:
+        w.buckets["unclassified"].add(unclassified, 0.0, price, intensity)
+    start = datetime.fromtimestamp(summary["first_window_start"] / 1000, UTC)
+    hours = (summary["last_window_end"] - summary["first_window_start"]) / 3_600_000
+    lines = [
+        f"gpufleet job report: {summary['workflow_id']}",
+        f"owner {summary.get('owner') or '-'}, team {summary.get('team') or '-'}; ended: {summary['end_reason']}",
+        f"ran {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC ({hours:.2f} h) on up to {summary['max_gpus']} GPU(s)"
+        + (f" ({summary['gpu_model']})" if summary.get("gpu_model") else ""),
+        f"mean GPU utilisation {summary['utilization_mean_pct']:.1f}%"
+        + (f", memory peak {100 * summary['memory_peak_fraction']:.0f}%" if summary.get("memory_peak_fraction")
+           is not None else "")
+        + (f", tensor cores active {summary['tensor_active_mean_pct']:.1f}% (hardware MFU estimate)"
+           if summary.get("tensor_active_mean_pct") is not None else ""),
+        "",
+        render_waterfall(w, rates, "Where the GPU-hours went"),
+    ]
+    wasted = sorted(((w.buckets[b].gpu_seconds, b) for b in _ADVICE if w.buckets[b].gpu_seconds > 0), reverse=True)
+    alerts = summary.get("alerts_fired") or []
+    if wasted or alerts:
+        lines += ["", "What to try:"]
+        lines += [f"- {LABELS[b]} ({seconds / 3600:.2f} GPU-hours): {_ADVICE[b]}" for seconds, b in wasted
+                  if seconds / max(summary["gpu_seconds"], 1e-9) >= 0.01]
+        if alerts:
+            lines.append(f"- alerts raised while it ran: {', '.join(alerts)}")
+    text = "\n".join(lines) + "\n"
+    rows = "".join(
+        f"<tr><td>{html.escape(LABELS[b])}</td><td>{v.gpu_seconds / 3600:.2f}</td>"
+        f"<td>{100 * v.gpu_seconds / max(w.allocated.gpu_seconds, 1e-9):.1f}%</td>"
+        f"<td>{v.joules / JOULES_PER_KWH:.2f}</td></tr>"
+        for b, v in w.buckets.items() if v.gpu_seconds)
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(summary['workflow_id'])}</title>"
+            f"</head><body><h1>Job report: {html.escape(summary['workflow_id'])}</h1>"
+            f"<pre>{html.escape(chr(10).join(lines[1:4]))}</pre>"
+            f"<table><tr><th>bucket</th><th>GPU-hours</th><th>share</th><th>kWh</th></tr>{rows}</table>"
+            f"<p>Goodput: {w.goodput_pct:.1f}%</p>"
+            + "".join(f"<p>{html.escape(line)}</p>" for line in lines if line.startswith("- "))
+            + "</body></html>")
+    return text, page
