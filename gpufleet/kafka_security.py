@@ -8,7 +8,7 @@ agent        writes GPU and host samples, workflow events, kernel events, profil
 worker       reads samples, workflow and kernel events, profile results and its schedule; writes
              every topic it derives; owns the topics and group named by its app id (changelogs)
 sink         reads every topic it stores in ClickHouse; writes dead letters
-notifier     reads alerts; writes dead letters
+notifier     reads alerts and workflow summaries (job reports); writes dead letters
 operator     asks for profiles and reads what came of them, and where workflows run (``gpufleet profile``)
 subscriber   reads the output topics only: windows, summaries, alerts, analyses, findings
 admin        a super user: creates topics, users and ACLs; never used by a component
@@ -83,7 +83,7 @@ def rights(worker_app_id: str = DEFAULT_WORKER_APP_ID) -> dict[str, Rights]:
                                  PROFILE_RESULTS, PROFILE_SCHEDULE),
                          groups=(worker_app_id,), owns_topics_prefixed=(worker_app_id,)),
         "sink": Rights(reads=_sink_topics(), writes=(DEAD_LETTERS,), groups=("gpufleet-clickhouse-sink",)),
-        "notifier": Rights(reads=(ALERTS,), writes=(DEAD_LETTERS,), groups=("gpufleet-notifier",)),
+        "notifier": Rights(reads=(ALERTS, WORKFLOW_SUMMARIES), writes=(DEAD_LETTERS,), groups=("gpufleet-notifier",)),
         "operator": Rights(reads=(WORKFLOW_EVENTS, PROFILE_STATUSES, PROFILE_RESULTS, TRACE_ANALYSES, FINDINGS),
                            writes=(PROFILE_REQUESTS,), groups=("gpufleet-profile",)),
         "subscriber": Rights(reads=outputs, groups=("gpufleet-subscriber",), describes_all=False),

@@ -1,4 +1,6 @@
-"""Consumes the alerts topic and messages owners and teams, at most once per alert transition.
+"""Consumes the alerts topic and messages owners and teams, at most once per alert transition;
+and, where the routing asks for it, sends the owner of each workflow that ended its job report
+(``sinks.job_report``: where the GPU-hours went, energy, what to try), once per summary.
 
 An alert goes out when the worker marked it ``notify`` (its rate limit allows it); a
 RESOLVED goes to the webhook of an alert whose FIRING was sent. What was sent is recorded in
@@ -13,6 +15,7 @@ import logging
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 from confluent_kafka import Consumer, Producer
@@ -20,9 +23,17 @@ from confluent_kafka import Consumer, Producer
 from kafka_client.config import Connection, consumer_config, producer_config
 from schemas.codec import Codec, CodecError
 from schemas.dead_letter import dead_letter
-from schemas.topics import ALERTS, DEAD_LETTERS
+from schemas.topics import ALERTS, DEAD_LETTERS, WORKFLOW_SUMMARIES
 from sinks.commit_offsets import Committer
-from sinks.notify_owner import NotifyError, is_root_cause, send_email, send_webhook
+from sinks.job_report import Rates, job_report
+from sinks.notify_owner import (
+    NotifyError,
+    deliver_email,
+    is_root_cause,
+    post_webhook,
+    send_email,
+    send_webhook,
+)
 from sinks.route_alerts import Routing
 
 log = logging.getLogger(__name__)
@@ -68,31 +79,36 @@ class SentLog:
 
 class AlertNotifier:
     def __init__(self, kafka: str | Connection, routing: Routing, sent_log: Path, group_id: str = "gpufleet-notifier",
-                 topic_prefix: str = "", webhook_backoff_s: float = 0.5) -> None:
+                 topic_prefix: str = "", webhook_backoff_s: float = 0.5, rates: Rates | None = None) -> None:
         self.routing = routing
+        self.rates = rates or Rates()  # prices and grid intensities for the job reports
         self.sent = SentLog(sent_log)
         self.codec = Codec()
         self.topic = topic_prefix + ALERTS.name
+        self.summaries_topic = topic_prefix + WORKFLOW_SUMMARIES.name
         self.dead_letter_topic = topic_prefix + DEAD_LETTERS.name
         self.consumer = Consumer(consumer_config(kafka, group_id))
         self.committer = Committer(self.consumer)
         self.producer = Producer(producer_config(kafka))
         self.webhook_backoff_s = webhook_backoff_s
-        self.messages = 0
+        self.handled = 0  # messages read and dealt with (sent, skipped or dead-lettered)
+        self.messages = 0  # messages sent
         self.failures = 0
 
     def run(self, stop: threading.Event) -> None:
-        self.consumer.subscribe([self.topic])
+        self.consumer.subscribe([self.topic, self.summaries_topic])
         try:
             while not stop.is_set():
                 batch = [m for m in self.consumer.consume(num_messages=500, timeout=0.5) if not m.error()]
                 for m in batch:
                     try:
                         self._handle(m)
-                    except Exception as exc:  # one alert must never stop the notifier (nor its restart)
-                        log.exception("alert %s[%d]@%d could not be handled", m.topic(), m.partition(), m.offset())
+                        self.handled += 1
+                    except Exception as exc:  # one message must never stop the notifier (nor its restart)
+                        log.exception("%s[%d]@%d could not be handled", m.topic(), m.partition(), m.offset())
                         self.failures += 1
-                        self._dead_letter(m, f"the notifier could not handle this alert: {type(exc).__name__}")
+                        what = "job report" if m.topic() == self.summaries_topic else "alert"
+                        self._dead_letter(m, f"the notifier could not handle this {what}: {type(exc).__name__}")
                 if batch:
                     self.producer.flush(30)
                     self.committer.commit(batch)
@@ -106,6 +122,9 @@ class AlertNotifier:
             name, alert = self.codec.decode(m.value())
         except CodecError as exc:
             self._dead_letter(m, str(exc))
+            return
+        if m.topic() == self.summaries_topic:
+            self._job_report(m, name, alert)
             return
         if name != ALERTS.schema:
             self._dead_letter(m, f"expected {ALERTS.schema}, got {name}")
@@ -121,22 +140,42 @@ class AlertNotifier:
             self._send(m, alert, f"{alert['alert_id']}:RESOLVED", email=False)
 
     def _send(self, m, alert: dict, key: str, email: bool) -> None:
-        targets = []
-        url = self.routing.webhook_for(alert)
-        if url:
-            targets.append(("webhook", url))
-        address = self.routing.email_for(alert) if email else None
-        if address:
-            targets.append(("email", address))
-        for channel, target in targets:
+        sends = []
+        if url := self.routing.webhook_for(alert):
+            sends.append(("webhook", lambda: send_webhook(url, alert, backoff_s=self.webhook_backoff_s)))
+        if email and (address := self.routing.email_for(alert)):
+            sends.append(("email", lambda: send_email(self.routing.smtp, address, alert)))
+        self._deliver(m, key, sends)
+
+    def _job_report(self, m, name: str, summary: dict) -> None:
+        """The job report of a ``WorkflowSummary`` to its team's webhook and its owner's mail,
+        where the routing asks for it; a workflow summarised again (it ran again after it
+        ended) gets another, a replay of the same summary none."""
+        if name != WORKFLOW_SUMMARIES.schema:
+            self._dead_letter(m, f"expected {WORKFLOW_SUMMARIES.schema}, got {name}")
+            return
+        if not self.routing.job_report_for(summary):
+            return
+        body, page = job_report(summary, self.rates)
+        title = f"[gpufleet job report] {summary['workflow_id']} ({summary['end_reason']})"
+        sends = []
+        if url := self.routing.webhook_for(summary):
+            payload = {"text": body, "gpufleet_job_report": summary}
+            sends.append(("webhook", lambda: post_webhook(url, payload, "the job report",
+                                                          backoff_s=self.webhook_backoff_s)))
+        if address := self.routing.email_for(summary):
+            sends.append(("email", lambda: deliver_email(self.routing.smtp, address, title, body, page)))
+        self._deliver(m, f"report:{summary['workflow_id']}:{summary['last_window_end']}", sends)
+
+    def _deliver(self, m, key: str, sends: list[tuple[str, Callable[[], None]]]) -> None:
+        """Each ``(channel, send)`` not yet done for ``key``, recorded as done once it is; a
+        channel that refuses for good makes a dead letter of ``m``."""
+        for channel, send in sends:
             channel_key = f"{key}:{channel}"
             if channel_key in self.sent:
                 continue
             try:
-                if channel == "webhook":
-                    send_webhook(target, alert, backoff_s=self.webhook_backoff_s)
-                else:
-                    send_email(self.routing.smtp, target, alert)
+                send()
             except NotifyError as exc:
                 self.failures += 1
                 self._dead_letter(m, str(exc))

@@ -1,5 +1,6 @@
 """Messages an alert's owner and team: a Slack-compatible webhook (JSON, retried with backoff)
-and e-mail over SMTP. What the message says comes from the alert itself.
+and e-mail over SMTP. What the message says comes from the alert itself (or, for a job
+report, from ``sinks.job_report``).
 
 A webhook's URL is its secret (whoever has it can post to the channel): it is never written to
 a log or an error, only its scheme and host (``redact_url``). E-mail over TLS verifies the
@@ -69,8 +70,14 @@ def redact_url(url: str) -> str:
 
 
 def send_webhook(url: str, alert: dict, retries: int = 4, backoff_s: float = 0.5, timeout_s: float = 10.0) -> None:
-    """POST a Slack-compatible message; retry connection errors and 5xx/429 with backoff."""
-    body = json.dumps({"text": text(alert), "gpufleet_alert": alert}).encode()
+    """POST the alert as a Slack-compatible message, the alert itself beside its text."""
+    post_webhook(url, {"text": text(alert), "gpufleet_alert": alert}, "the alert", retries, backoff_s, timeout_s)
+
+
+def post_webhook(url: str, payload: dict, what: str, retries: int = 4, backoff_s: float = 0.5,
+                 timeout_s: float = 10.0) -> None:
+    """POST ``payload`` as JSON; retry connection errors and 5xx/429 with backoff."""
+    body = json.dumps(payload).encode()
     shown = redact_url(url)
     try:
         urllib.request.Request(url)
@@ -84,7 +91,7 @@ def send_webhook(url: str, alert: dict, retries: int = 4, backoff_s: float = 0.5
                 return
         except urllib.error.HTTPError as exc:
             if exc.code < 500 and exc.code != 429:
-                raise NotifyError(f"webhook {shown} refused the alert: HTTP {exc.code}") from None
+                raise NotifyError(f"webhook {shown} refused {what}: HTTP {exc.code}") from None
             error = f"HTTP {exc.code}"
         except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
             error = _why(exc)
@@ -112,12 +119,19 @@ def tls_context(smtp: SmtpSettings) -> ssl.SSLContext:
 
 
 def send_email(smtp: SmtpSettings, to: str, alert: dict) -> None:
+    deliver_email(smtp, to, subject(alert), text(alert))
+
+
+def deliver_email(smtp: SmtpSettings, to: str, title: str, body: str, html: str | None = None) -> None:
+    """Send ``body`` (plain text; with ``html`` as its HTML alternative) to ``to``."""
     where = f"e-mail to {header_safe(to)} via {smtp.host}:{smtp.port}"
     try:
         message = EmailMessage()
         message["From"], message["To"] = header_safe(smtp.sender), header_safe(to)
-        message["Subject"] = header_safe(subject(alert))
-        message.set_content(text(alert))
+        message["Subject"] = header_safe(title)
+        message.set_content(body)
+        if html is not None:
+            message.add_alternative(html, subtype="html")
     except (ValueError, TypeError) as exc:
         raise NotifyError(f"{where}: the message cannot be built: {exc}") from None
     if smtp.username and not (smtp.ssl or smtp.starttls):

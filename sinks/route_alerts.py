@@ -3,9 +3,11 @@
     [default]
     webhook = "https://hooks.slack.com/services/..."   # optional fallback for every team
     email_owners = true                                  # owners that look like addresses get mail
+    job_reports = true                                   # a report to the owner when a job ends
 
     [teams.nlp]
     webhook = "https://hooks.slack.com/services/..."
+    job_reports = false                                  # a team may choose otherwise
 
     [owners."ana"]
     email = "ana@example.com"
@@ -50,6 +52,12 @@ class Routing:
     team_webhooks: dict[str, str] = field(default_factory=dict)
     owner_emails: dict[str, str] = field(default_factory=dict)
     smtp: SmtpSettings | None = None
+    job_reports: bool = False
+    team_job_reports: dict[str, bool] = field(default_factory=dict)
+
+    def job_report_for(self, summary: dict) -> bool:
+        """Whether the owner of an ended workflow gets its job report."""
+        return self.team_job_reports.get(summary.get("team") or "", self.job_reports)
 
     def webhook_for(self, alert: dict) -> str | None:
         return self.team_webhooks.get(alert.get("team") or "", self.default_webhook)
@@ -89,4 +97,7 @@ def load_routing(path: Path) -> Routing:
         team_webhooks={team: t["webhook"] for team, t in raw.get("teams", {}).items() if "webhook" in t},
         owner_emails={owner: o["email"] for owner, o in raw.get("owners", {}).items() if "email" in o},
         smtp=smtp,
+        job_reports=bool(default.get("job_reports", False)),
+        team_job_reports={team: bool(t["job_reports"]) for team, t in raw.get("teams", {}).items()
+                          if "job_reports" in t},
     )

@@ -1,4 +1,4 @@
-"""Alerts reach a real local webhook server and a real local SMTP server, once each."""
+"""Alerts and job reports reach a real local webhook server and a real local SMTP server, once each."""
 
 from __future__ import annotations
 
@@ -7,11 +7,13 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 
+import pytest
 from aiosmtpd.controller import Controller
 
 from gpufleet.local_kafka import free_port
 from producers.publish_kafka import Publisher
-from schemas.topics import ALERTS, DEAD_LETTERS
+from schemas.goodput_buckets import JOULES_FIELDS, SECONDS_FIELDS
+from schemas.topics import ALERTS, DEAD_LETTERS, WORKFLOW_SUMMARIES
 from sinks.consume_alerts import AlertNotifier
 from sinks.route_alerts import load_routing
 from tests.integration.helpers import CODEC, read_topic, wait_until
@@ -62,7 +64,9 @@ def run_notifier(notifier, until):
         thread.join(30)
 
 
-def test_alerts_reach_webhook_and_mail_once(kafka, prefix, tmp_path):
+@pytest.fixture
+def channels():
+    """A local webhook server and SMTP server: (base URL, SMTP port, mailbox)."""
     Webhooks.received = []
     http = ThreadingHTTPServer(("127.0.0.1", 0), Webhooks)
     threading.Thread(target=http.serve_forever, daemon=True).start()
@@ -71,8 +75,15 @@ def test_alerts_reach_webhook_and_mail_once(kafka, prefix, tmp_path):
     smtp = Controller(mailbox, hostname="127.0.0.1", port=smtp_port)
     smtp.start()
     try:
-        base = f"http://127.0.0.1:{http.server_address[1]}"
-        (tmp_path / "routing.toml").write_text(f"""
+        yield f"http://127.0.0.1:{http.server_address[1]}", smtp_port, mailbox
+    finally:
+        smtp.stop()
+        http.shutdown()
+
+
+def test_alerts_reach_webhook_and_mail_once(kafka, prefix, tmp_path, channels):
+    base, smtp_port, mailbox = channels
+    (tmp_path / "routing.toml").write_text(f"""
 [teams.nlp]
 webhook = "{base}/nlp"
 [teams.broken]
@@ -84,43 +95,90 @@ host = "127.0.0.1"
 port = {smtp_port}
 sender = "gpufleet@example.com"
 """)
-        routing = load_routing(tmp_path / "routing.toml")
-        pub = Publisher(kafka.bootstrap, CODEC)
-        root_cause = {**alert("a1", "FIRING", True, "nlp", "ana"), "profile_request_id": "auto-a1",
-                      "root_cause": "GPU idle 99 % of the profiled time.", "findings": [
-                          {"rule": "launch_bound", "severity": "WARNING", "title": "Launch-bound trains",
-                           "evidence": "29 runs", "recommendation": "Use CUDA graphs.", "gpu_seconds_at_stake": 0.1,
-                           "ranks": 1}]}
-        pub.publish(ALERTS, [
-            alert("a1", "FIRING", True, "nlp", "ana"),
-            alert("a2", "FIRING", False, "nlp", "ana"),   # rate-limited: no message
-            root_cause,                                    # its automatic profile was analysed: a message
-            root_cause,                                    # the same again (a replay): nothing
-            alert("a1", "RESOLVED", False, "nlp", "ana"),  # its FIRING was sent: tell the team
-            alert("a3", "FIRING", True, "broken", "bo"),   # the webhook refuses it: dead letter
-        ], topic=prefix + ALERTS.name)
-        assert pub.flush() == 0
+    routing = load_routing(tmp_path / "routing.toml")
+    pub = Publisher(kafka.bootstrap, CODEC)
+    root_cause = {**alert("a1", "FIRING", True, "nlp", "ana"), "profile_request_id": "auto-a1",
+                  "root_cause": "GPU idle 99 % of the profiled time.", "findings": [
+                      {"rule": "launch_bound", "severity": "WARNING", "title": "Launch-bound trains",
+                       "evidence": "29 runs", "recommendation": "Use CUDA graphs.", "gpu_seconds_at_stake": 0.1,
+                       "ranks": 1}]}
+    pub.publish(ALERTS, [
+        alert("a1", "FIRING", True, "nlp", "ana"),
+        alert("a2", "FIRING", False, "nlp", "ana"),   # rate-limited: no message
+        root_cause,                                    # its automatic profile was analysed: a message
+        root_cause,                                    # the same again (a replay): nothing
+        alert("a1", "RESOLVED", False, "nlp", "ana"),  # its FIRING was sent: tell the team
+        alert("a3", "FIRING", True, "broken", "bo"),   # the webhook refuses it: dead letter
+    ], topic=prefix + ALERTS.name)
+    assert pub.flush() == 0
 
-        notifier = AlertNotifier(kafka.bootstrap, routing, tmp_path / "sent.log", group_id=f"{prefix}n1",
-                                 topic_prefix=prefix, webhook_backoff_s=0.05)
-        run_notifier(notifier, lambda: len(Webhooks.received) >= 3 and len(mailbox.messages) >= 2
-                     and notifier.failures >= 1)
-        assert [(path, body["gpufleet_alert"]["alert_id"], body["gpufleet_alert"]["status"],
-                 bool(body["gpufleet_alert"]["root_cause"])) for path, body in Webhooks.received] == [
-            ("/nlp", "a1", "FIRING", False), ("/nlp", "a1", "FIRING", True), ("/nlp", "a1", "RESOLVED", False)]
-        assert "What to try: Raise DataLoader num_workers." in Webhooks.received[0][1]["text"]
-        assert "Launch-bound trains [WARNING, 0.10 GPU-s at stake]: 29 runs" in Webhooks.received[1][1]["text"]
-        (to, mail), (to2, mail2) = mailbox.messages
-        assert to == to2 == ["ana@example.com"] and "[gpufleet critical] low utilization: wf-1" in mail
-        assert "[gpufleet root cause] low utilization: wf-1" in mail2
-        letters = [r for *_, n, r in read_topic(kafka.bootstrap, prefix + DEAD_LETTERS.name, 1) if n == "DeadLetter"]
-        assert len(letters) == 1 and "HTTP 400" in letters[0]["reason"] and letters[0]["stage"] == "notifier"
+    notifier = AlertNotifier(kafka.bootstrap, routing, tmp_path / "sent.log", group_id=f"{prefix}n1",
+                             topic_prefix=prefix, webhook_backoff_s=0.05)
+    run_notifier(notifier, lambda: len(Webhooks.received) >= 3 and len(mailbox.messages) >= 2
+                 and notifier.failures >= 1)
+    assert [(path, body["gpufleet_alert"]["alert_id"], body["gpufleet_alert"]["status"],
+             bool(body["gpufleet_alert"]["root_cause"])) for path, body in Webhooks.received] == [
+        ("/nlp", "a1", "FIRING", False), ("/nlp", "a1", "FIRING", True), ("/nlp", "a1", "RESOLVED", False)]
+    assert "What to try: Raise DataLoader num_workers." in Webhooks.received[0][1]["text"]
+    assert "Launch-bound trains [WARNING, 0.10 GPU-s at stake]: 29 runs" in Webhooks.received[1][1]["text"]
+    (to, mail), (to2, mail2) = mailbox.messages
+    assert to == to2 == ["ana@example.com"] and "[gpufleet critical] low utilization: wf-1" in mail
+    assert "[gpufleet root cause] low utilization: wf-1" in mail2
+    letters = [r for *_, n, r in read_topic(kafka.bootstrap, prefix + DEAD_LETTERS.name, 1) if n == "DeadLetter"]
+    assert len(letters) == 1 and "HTTP 400" in letters[0]["reason"] and letters[0]["stage"] == "notifier"
 
-        # A restarted notifier that reads everything again (a new group) sends nothing twice.
-        again = AlertNotifier(kafka.bootstrap, routing, tmp_path / "sent.log", group_id=f"{prefix}n2",
-                              topic_prefix=prefix, webhook_backoff_s=0.05)
-        run_notifier(again, lambda: again.failures >= 1)  # it got as far as the refused one again
-        assert len(Webhooks.received) == 3 and len(mailbox.messages) == 2 and again.messages == 0
-    finally:
-        smtp.stop()
-        http.shutdown()
+    # A restarted notifier that reads everything again (a new group) sends nothing twice.
+    again = AlertNotifier(kafka.bootstrap, routing, tmp_path / "sent.log", group_id=f"{prefix}n2",
+                          topic_prefix=prefix, webhook_backoff_s=0.05)
+    run_notifier(again, lambda: again.failures >= 1)  # it got as far as the refused one again
+    assert len(Webhooks.received) == 3 and len(mailbox.messages) == 2 and again.messages == 0
+
+def summary(workflow_id: str, team: str, owner: str) -> dict:
+    seconds = dict.fromkeys(SECONDS_FIELDS, 0.0) | {"startup_gpu_seconds": 600.0, "input_bound_gpu_seconds": 5400.0,
+                                                    "productive_gpu_seconds": 1200.0}
+    return {"workflow_id": workflow_id, "owner": owner, "team": team, "first_window_start": BASE_MS,
+            "last_window_end": BASE_MS + 1_800_000, "end_reason": "silent for 600 s", "windows": 30, "max_gpus": 4,
+            "gpu_seconds": 7200.0, "active_gpu_seconds": 6600.0, "wasted_gpu_seconds": 5000.0,
+            "zero_util_gpu_seconds": 600.0, "throttled_gpu_seconds": 0.0, "utilization_mean_pct": 30.0,
+            "memory_peak_fraction": 0.5, "energy_joules": 2.0e6, "xid_count": 0, "gpu_model": "NVIDIA H100 80GB HBM3",
+            **seconds, **dict.fromkeys(JOULES_FIELDS, 0.0), "productive_joules": 2.0e6,
+            "alerts_fired": ["input_bound"], "summarized_at": BASE_MS + 2_000_000}
+
+
+def test_the_owner_of_an_ended_job_gets_its_report_once(kafka, prefix, tmp_path, channels):
+    base, smtp_port, mailbox = channels
+    (tmp_path / "routing.toml").write_text(f"""
+[default]
+email_owners = true
+job_reports = true
+[teams.nlp]
+webhook = "{base}/nlp"
+[teams.quiet]
+job_reports = false
+[smtp]
+host = "127.0.0.1"
+port = {smtp_port}
+sender = "gpufleet@example.com"
+""")
+    pub = Publisher(kafka.bootstrap, CODEC)
+    pub.publish(WORKFLOW_SUMMARIES, [summary("wf-9", "quiet", "cy@example.com"),  # its team opted out
+                                     summary("wf-7", "nlp", "ana@example.com"),
+                                     summary("wf-7", "nlp", "ana@example.com")],  # a replay: nothing more
+                topic=prefix + WORKFLOW_SUMMARIES.name)
+    assert pub.flush() == 0
+    routing = load_routing(tmp_path / "routing.toml")
+    notifier = AlertNotifier(kafka.bootstrap, routing, tmp_path / "sent.log", group_id=f"{prefix}r1",
+                             topic_prefix=prefix, webhook_backoff_s=0.05)
+    run_notifier(notifier, lambda: len(Webhooks.received) >= 1 and len(mailbox.messages) >= 1)
+    (path, body), = Webhooks.received
+    assert path == "/nlp" and body["gpufleet_job_report"]["workflow_id"] == "wf-7"
+    assert body["text"].startswith("gpufleet job report: wf-7") and "input-bound" in body["text"]
+    assert "DataLoader workers" in body["text"] and "alerts raised while it ran: input_bound" in body["text"]
+    (to, mail), = mailbox.messages
+    assert to == ["ana@example.com"] and "[gpufleet job report] wf-7" in mail
+    assert "text/plain" in mail and "text/html" in mail  # both forms
+    # Read again from the start by a restarted notifier: nothing twice, the opted-out team still nothing.
+    again = AlertNotifier(kafka.bootstrap, routing, tmp_path / "sent.log", group_id=f"{prefix}r2",
+                          topic_prefix=prefix, webhook_backoff_s=0.05)
+    run_notifier(again, lambda: again.handled >= 3)
+    assert len(Webhooks.received) == 1 and len(mailbox.messages) == 1
