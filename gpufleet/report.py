@@ -2,7 +2,9 @@
 
 Charts are inline SVG drawn here (no scripts, fonts or images fetched), so the file can be
 mailed, attached to a ticket or opened offline: the utilisation distribution of workflow
-windows, wasted GPU-hours over time by team, the top opportunities, and alerts per detector.
+windows, wasted GPU-hours over time by team, the goodput waterfall (where the allocated
+GPU-hours went) by team and over time, the hardware MFU estimate of the windows (tensor-core
+activity, where the GPUs report it), the top opportunities, and alerts per detector.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from datetime import UTC, datetime
 from clickhouse_connect.driver.client import Client
 
 from gpufleet.opportunities import opportunities, parse_since
+from schemas.goodput_buckets import BUCKETS
 
 PALETTE = ("#3b6fb6", "#e07b39", "#4f9d69", "#c9453c", "#8c6bb1", "#b59b2b", "#3fa7b5", "#7f7f7f")
 
@@ -82,6 +85,40 @@ def line_chart(series: dict[str, list[tuple[datetime, float]]], unit: str, width
     return "".join(parts)
 
 
+def stacked_bars(labels: list[str], stacks: dict[str, list[float]], unit: str, width: int = 640,
+                 height: int = 280) -> str:
+    """One bar per label, made of a segment per stack (in the order given), with a legend."""
+    totals = [sum(s[i] for s in stacks.values()) for i in range(len(labels))]
+    if not labels or max(totals) <= 0:
+        return '<p class="empty">no data in this period</p>'
+    top = max(totals)
+    left, bottom, pad, legend = 50, 40, 10, 130
+    inner_w, inner_h = width - left - pad - legend, height - bottom - pad
+    step = inner_w / len(labels)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img">',
+             f'<line x1="{left}" y1="{pad + inner_h}" x2="{left + inner_w}" y2="{pad + inner_h}" stroke="#999"/>',
+             f'<text x="4" y="{pad + 10}" font-size="11">{_esc(unit)}</text>',
+             f'<text x="{left - 4}" y="{pad + 24}" font-size="11" text-anchor="end">{top:,.3g}</text>']
+    for i, label in enumerate(labels):
+        x, y = left + i * step + step * 0.1, pad + inner_h
+        for k, (name, values) in enumerate(stacks.items()):
+            h = inner_h * values[i] / top
+            y -= h
+            parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{step * 0.8:.1f}" height="{h:.1f}" '
+                         f'fill="{PALETTE[k % len(PALETTE)]}"><title>{_esc(label)}, {_esc(name)}: '
+                         f'{values[i]:,.2f} {_esc(unit)}</title></rect>')
+        if len(labels) <= 16:
+            parts.append(f'<text x="{x + step * 0.4:.1f}" y="{pad + inner_h + 15}" font-size="11" '
+                         f'text-anchor="middle">{_esc(label)}</text>')
+    for k, name in enumerate(stacks):
+        ly = pad + 14 * k + 10
+        parts.append(f'<rect x="{width - legend + 4}" y="{ly - 9}" width="10" height="10" '
+                     f'fill="{PALETTE[k % len(PALETTE)]}"/><text x="{width - legend + 18}" y="{ly}" '
+                     f'font-size="11">{_esc(name)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
 def table(columns: list[str], rows: list[tuple]) -> str:
     if not rows:
         return '<p class="empty">nothing in this period</p>'
@@ -112,12 +149,28 @@ def gather(client: Client, database: str, since: str) -> dict:
     alerts = q(f"""SELECT detector, countIf(status = 'FIRING'), count()
                    FROM {db}.alerts FINAL WHERE {_since_clause('window_end', since_s)}
                    GROUP BY detector ORDER BY count() DESC""").result_rows
+    sums = ", ".join(f"sum({b}_gpu_seconds) / 3600" for b in BUCKETS)
+    by_team = q(f"""SELECT team, {sums} FROM {db}.goodput_hourly WHERE {_since_clause('period', since_s)}
+                    GROUP BY team ORDER BY sum(gpu_seconds) DESC LIMIT 12""").result_rows
+    by_hour = q(f"""SELECT period, {sums} FROM {db}.goodput_hourly WHERE {_since_clause('period', since_s)}
+                    GROUP BY period ORDER BY period""").result_rows
+    mfu = q(f"""SELECT least(floor(tensor_active_mean_pct / 10), 9) AS b, count()
+                FROM {db}.workflow_windows FINAL
+                WHERE {_since_clause('window_end', since_s)} AND tensor_active_mean_pct IS NOT NULL
+                GROUP BY b ORDER BY b""").result_rows
+    no_gpm = q(f"""SELECT countIf(tensor_active_mean_pct IS NULL), count() FROM {db}.workflow_windows FINAL
+                   WHERE {_since_clause('window_end', since_s)}""").result_rows[0]
     series: dict[str, list] = {}
     for hour, team, hours in wasted:
         series.setdefault(team, []).append((hour.replace(tzinfo=UTC) if hour.tzinfo is None else hour,
                                             float(hours)))
     counts = {int(b): n for b, n in buckets}
+    mfu_counts = {int(b): n for b, n in mfu}
     return {
+        "goodput_by_team": [(team or "(no team)", [float(v) for v in values]) for team, *values in by_team],
+        "goodput_by_hour": [(period.strftime("%m-%d %H:%M"), [float(v) for v in values]) for period, *values in by_hour],
+        "mfu_distribution": [mfu_counts.get(b, 0) for b in range(10)],
+        "windows_without_gpm": int(no_gpm[0] or 0), "windows": int(no_gpm[1] or 0),
         "since": since,
         "gpu_hours": float(totals[0] or 0), "busy_gpu_hours": float(totals[1] or 0),
         "idle_gpu_hours": float(totals[2] or 0), "workflows": int(totals[3] or 0),
@@ -136,6 +189,16 @@ def render(numbers: dict, title: str = "gpufleet fleet report") -> str:
     alert_chart = bar_chart([d.replace("_", " ") for d, _, _ in numbers["alerts"]],
                             [n for _, _, n in numbers["alerts"]], "alerts")
     generated = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+    def goodput(rows: list[tuple[str, list[float]]]) -> str:
+        return stacked_bars([label for label, _ in rows],
+                            {b.replace("_", " "): [values[i] for _, values in rows] for i, b in enumerate(BUCKETS)},
+                            "GPU-hours")
+
+    productive = sum(v[-1] for _, v in numbers["goodput_by_team"])
+    classified = sum(sum(v) for _, v in numbers["goodput_by_team"])
+    mfu_chart = bar_chart([f"{10 * b}-{10 * b + 10}%" for b in range(10)], numbers["mfu_distribution"],
+                          "workflow-minutes")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{_esc(title)}</title>
 <style>
@@ -155,11 +218,20 @@ table {{ border-collapse: collapse; font-size: 0.9em; }} th, td {{ border-bottom
 <div class="tile">Wasted GPU-hours<b>{gpu_h - busy_h:,.1f}</b></div>
 <div class="tile">Idle at 0 %<b>{numbers["idle_gpu_hours"]:,.1f} GPU-h</b></div>
 <div class="tile">Workflows<b>{numbers["workflows"]}</b></div>
+<div class="tile">Goodput<b>{100 * productive / classified if classified else 0:.1f}%</b></div>
 </div>
 <div class="grid">
 <section><h2>Utilisation distribution</h2><p>Workflow windows by mean GPU utilisation.</p>{distribution}</section>
 <section><h2>Wasted GPU-hours by team</h2><p>Allocated GPU-hours not spent busy, per hour.</p>
 {line_chart(numbers["wasted_by_team"], "GPU-hours")}</section>
+<section><h2>Goodput by team</h2><p>Where each team's allocated GPU-hours went, one bucket per
+GPU-second (<code>gpufleet goodput --by team</code>).</p>{goodput(numbers["goodput_by_team"])}</section>
+<section><h2>Goodput over time</h2><p>The fleet's allocated GPU-hours per hour, by bucket.</p>
+{goodput(numbers["goodput_by_hour"])}</section>
+<section><h2>Hardware MFU estimate</h2><p>Workflow windows by mean tensor-core activity (GPM, Hopper and
+later): the share of time the tensor pipes were busy, an upper bound on model FLOPs utilisation.
+{numbers["windows_without_gpm"]} of {numbers["windows"]} windows came from GPUs that report no tensor
+activity (older GPUs, or an agent without GPM) and are not shown.</p>{mfu_chart}</section>
 <section><h2>Top opportunities</h2><p>Where the most GPU-hours are lost, and the workflows to look at first.</p>
 {table(*numbers["opportunities"])}</section>
 <section><h2>Alerts per detector</h2>{alert_chart}

@@ -123,6 +123,9 @@ class Fleet:
                     sample["workflow_cpu_pct"] = 50.0
                     sample["clock_event_reasons"] = THROTTLED if self._throttled(w, tick) else 0
                     sample["xids"] = [79] if tick == w.xid_tick and rank == 0 else []
+                    if gpu.model.startswith("NVIDIA H100"):  # Hopper: GPM reports SM and tensor activity
+                        sample["sm_active_pct"] = round(util * 0.9, 2)
+                        sample["tensor_active_pct"] = round(util * 0.45, 2)
                 yield sample
 
     @staticmethod

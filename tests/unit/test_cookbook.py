@@ -56,7 +56,7 @@ def seconds(s):
 
 def test_the_cookbook_has_the_questions_operators_ask():
     titles = list(recipes())
-    assert len(titles) == 8
+    assert len(titles) == 11
     assert "Who wasted the most GPU-hours this week?" in titles
 
 
@@ -179,3 +179,60 @@ def test_what_the_automatic_profile_found(chdb_client, database):
     sql = recipes()["Why is it wasting? What did the automatic profile find?"].replace("gpufleet.", f"{database}.")
     assert chdb_client.query(sql).result_rows == [
         ("wf-1", "low_utilization", "FIRING", "auto-a1", "GPU idle 80 %.", "input_pipeline_stall, launch_bound", 3, 2)]
+
+
+def planted(data) -> dict[str, dict[str, list[float]]]:
+    """Per workflow and goodput bucket, [GPU-seconds, joules] as the fleet put them there."""
+    from streams.goodput import GoodputConfig
+    from tests.unit.sinks.fleet_data import INTERVAL_MS, TICKS
+
+    return data.fleet.planted(TICKS, data.start_ms, INTERVAL_MS, GoodputConfig().startup_max_s)
+
+
+def test_goodput_by_team(fleet):
+    _, data = fleet
+    truth = planted(data)
+    want = defaultdict(lambda: defaultdict(float))
+    for w in data.fleet.workflows:
+        for bucket, (s, _) in truth[w.workflow_id].items():
+            want[w.team][bucket] += s
+    assert any(want[t]["startup"] and want[t]["idle"] for t in want)  # the idle workflow: starting, then idle
+    rows = run(fleet, "What was each team's goodput this week?")
+    assert {r[0] for r in rows} == set(want)
+    for team, hours, pct, unhealthy, startup, idle, starved, low in rows:
+        b = want[team]
+        total = sum(b.values())
+        assert hours == pytest.approx(round(total / 3600, 2), abs=0.011)
+        assert pct == pytest.approx(round(100 * b["productive"] / total, 1), abs=0.051)
+        assert (unhealthy, startup, idle, starved, low) == pytest.approx(
+            tuple(round(b[k] / 3600, 2) for k in ("unhealthy", "startup", "idle", "input_bound", "low_util")),
+            abs=0.011)
+
+
+def test_workflows_that_wasted_the_most_energy(fleet):
+    _, data = fleet
+    truth = planted(data)
+    wasted = {wf: sum(j for b, (_, j) in buckets.items() if b != "productive") for wf, buckets in truth.items()}
+    rows = run(fleet, "Which workflows wasted the most energy?")
+    assert [r[3] for r in rows] == sorted((r[3] for r in rows), reverse=True)
+    assert {wf for wf, j in wasted.items() if j > 0} <= {r[0] for r in rows}  # every one that wasted any
+    for wf, _, _, kwh_wasted, kwh in rows:
+        assert kwh_wasted == pytest.approx(round(wasted[wf] / 3.6e6, 3), abs=0.0011)
+        assert kwh == pytest.approx(round(sum(j for _, j in truth[wf].values()) / 3.6e6, 3), abs=0.0011)
+
+
+def test_cost_of_idle_allocated_gpus_per_cluster(fleet):
+    _, data = fleet
+    truth = planted(data)
+    price = {"NVIDIA H100 80GB HBM3": 4.0, "NVIDIA A100-SXM4-80GB": 2.5}
+    want = defaultdict(float)
+    for w in data.fleet.workflows:
+        idle = truth[w.workflow_id].get("idle", [0.0])[0]
+        if idle:
+            cluster = "east" if w.gpus[0].host < "gpu-host-002" else "west"
+            want[(cluster, w.gpus[0].model)] += idle
+    assert want  # the idle workflow held its GPUs past its start-up
+    rows = run(fleet, "What do idle-allocated GPUs cost, per cluster?")
+    assert {(c, m): (h, cost) for c, m, h, cost in rows} == {
+        k: (pytest.approx(round(s / 3600, 2), abs=0.011),
+            pytest.approx(round(s / 3600 * price.get(k[1], 2.0), 2), abs=0.011)) for k, s in want.items()}

@@ -36,14 +36,25 @@ def test_the_numbers_come_from_the_samples(report):
     got = {team: sum(v for _, v in pts) for team, pts in numbers["wasted_by_team"].items()}
     assert got == pytest.approx({t: v / 3600 for t, v in per_team.items()}, rel=1e-5)
     assert numbers["opportunities"][1][0][0] == "low_utilization"
+    # The goodput waterfall by team holds each team's allocated GPU-hours, bucket by bucket.
+    allocated = defaultdict(float)
+    for s in data.samples:
+        allocated[s["team"]] += s["interval_ms"] / 1000 * (s.get("share") or 1) / 3600
+    assert {team: sum(values) for team, values in numbers["goodput_by_team"]} == pytest.approx(dict(allocated))
+    assert sum(sum(v) for _, v in numbers["goodput_by_hour"]) == pytest.approx(gpu)
+    # No GPU of this fleet reports tensor activity: the MFU chart says how many windows lack it.
+    assert numbers["windows_without_gpm"] == numbers["windows"] == len(data.windows)
 
 
 def test_the_page_is_self_contained(report):
     _, numbers, page = report
-    assert page.count("<svg") == 2  # distribution, wasted by team; no alerts in this data: a note instead
+    # distribution, wasted by team, goodput by team and over time; no alerts nor tensor activity in
+    # this data: a note instead of those charts
+    assert page.count("<svg") == 4
     assert not re.search(r"""(src|href)=["']?https?:""", page) and "<script" not in page
     assert f"{numbers['gpu_hours']:,.1f}" in page
-    assert "no data in this period" in page  # the alert chart, honestly empty
+    assert page.count("no data in this period") == 2  # the alert and MFU charts, honestly empty
+    assert f"{numbers['windows_without_gpm']} of {numbers['windows']} windows" in page
 
 
 @pytest.mark.skipif(not shutil.which("chromium"), reason="Chromium is not installed (.ci/run installs it)")
