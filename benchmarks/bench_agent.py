@@ -8,6 +8,13 @@
 3. One message per GPU sample against one message per host tick carrying all its samples.
    Measured here: about 1.1x for the per-tick message, not enough to give up keying each
    sample by its workflow (which keeps a workflow's samples on one partition, in order).
+4. NVML calls per GPU per tick, counted with the fake (no GPU needed): the sampler as it is
+   (fast counters in one ``nvmlDeviceGetFieldValues`` call, rarely changing values every 60
+   ticks) against a call per value every tick, for a GPU with GPM (Hopper) and one without;
+   and the blocking ``nvmlDeviceGetPcieThroughput`` calls (about 20 ms each on real GPUs).
+   On a GPU machine, ``gpufleet nvml-check`` times each call for real.
+
+    python benchmarks/bench_agent.py [--calls-only]
 """
 
 from __future__ import annotations
@@ -131,7 +138,33 @@ def per_sample_vs_per_tick(bootstrap: str, ticks: int = 20_000, gpus: int = 8) -
           f"{batched:,.0f} samples/s ({batched / each:.1f}x)")
 
 
+def nvml_calls(ticks: int = 600) -> None:
+    gpm = {"sm": 50.0, "occupancy": 30.0, "tensor": 20.0, "dram": 10.0}
+    print(f"NVML calls per GPU per tick (fake NVML, {ticks} ticks, 8 GPUs, a process each):")
+    for label, name, gpm_of in (("Hopper, GPM", "NVIDIA H100 80GB HBM3", gpm), ("no GPM", "NVIDIA A100-SXM4-80GB", None)):
+        counts = {}
+        for how, kwargs in (("a call per value, every tick", {"batched": False, "slow_every": 1}),
+                            ("batched, slow values every 60", {})):
+            nvml = FakeNvml([FakeGpu(f"GPU-{i}", name=name, gpm=gpm_of, processes=[FakeProcess(1000 + i, sm_util=60)])
+                             for i in range(8)])
+            sampler = NvmlSampler(nvml, **kwargs)
+            sampler.open()
+            nvml.calls.clear()
+            for _ in range(ticks):
+                sampler.tick()
+            per = {k: v / ticks / 8 for k, v in nvml.calls.items()}
+            counts[how] = per
+            print(f"  {label:<12} {how:<31} {sum(per.values()):5.2f} calls, "
+                  f"{per.get('nvmlDeviceGetPcieThroughput', 0.0):4.2f} blocking PCIe calls")
+        before, after = (sum(c.values()) for c in counts.values())
+        print(f"  {label:<12} {after / before:.2f} of the calls of a call per value")
+
+
 def main() -> None:
+    if "--calls-only" in sys.argv:
+        nvml_calls()
+        return
+    nvml_calls()
     with tempfile.TemporaryDirectory(prefix="gpufleet-bench-agent-") as d:
         tmp = Path(d)
         broker = local_kafka.start(tmp / "kafka")

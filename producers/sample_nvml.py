@@ -8,6 +8,15 @@ maxima, clock-event (throttle) reasons, PCIe throughput, ECC and remapped-row co
 XID events (from an NVML event set, polled without blocking), running compute processes
 with their memory and SM/memory utilisation, and on GPM-capable GPUs (Hopper and newer)
 SM activity, SM occupancy, tensor activity and DRAM bandwidth from two GPM samples.
+
+What it costs: on a real H200 a tick took 9.6 ms of NVML calls per GPU, and
+``nvmlDeviceGetPcieThroughput`` alone blocks about 20 ms a call while NVML counts bytes. So the
+fast-changing counters (power, the energy counter, and the PCIe byte counters from which the
+rates are the difference between two ticks) come in one ``nvmlDeviceGetFieldValues`` call per
+device, and what changes rarely (power limit, ECC and remapped-row counters; maximum clocks
+never) is read every ``slow_every`` ticks and carried in between. A driver without field values
+(or without one of the fields) gets the single calls, as before. ``calls_per_tick`` in
+``benchmarks/bench_agent.py`` counts them with the fake.
 """
 
 from __future__ import annotations
@@ -84,12 +93,19 @@ class _Device:
     gpm_primed: bool = False
     last_process_ts: int = 0
     max_clocks: tuple[int | None, int | None] | None = None  # (SM, memory): fixed, read once
+    fields: bool = True  # whether nvmlDeviceGetFieldValues answers on this device
+    pcie_counts: tuple[int, int, int] | None = None  # (timestamp us, TX bytes, RX bytes) at the last tick
+    slow: tuple | None = None  # (power limit W, ECC uncorrected, remapped uncorrectable, pending)
+    ticks: int = 0
 
 
 class NvmlSampler:
-    def __init__(self, nvml: ModuleType | None = None, gpm: bool = True) -> None:
+    def __init__(self, nvml: ModuleType | None = None, gpm: bool = True, slow_every: int = 60,
+                 batched: bool = True) -> None:
         self.nvml = nvml
         self.gpm = gpm
+        self.slow_every = max(1, slow_every)  # ticks between reads of what changes rarely
+        self.batched = batched  # field values in one call; False: a call per field (the baseline)
         self.devices: list[_Device] = []
         self._events: Any = None
         self._failed: set[tuple[str, str]] = set()
@@ -193,9 +209,13 @@ class NvmlSampler:
         mem = self._try(d, "memory", lambda: n.nvmlDeviceGetMemoryInfo(h))
         if mem is not None:
             r.memory_used_bytes, r.memory_total_bytes = int(mem.used), int(mem.total)
-        r.power_watts = _scale(self._try(d, "power", lambda: n.nvmlDeviceGetPowerUsage(h)), 1e-3)
-        r.power_limit_watts = _scale(self._try(d, "power_limit", lambda: n.nvmlDeviceGetEnforcedPowerLimit(h)), 1e-3)
-        r.energy_joules_total = _scale(self._try(d, "energy", lambda: n.nvmlDeviceGetTotalEnergyConsumption(h)), 1e-3)
+        fields = self._fields(d, not d.gpm_samples)
+        power, energy = fields.get(n.NVML_FI_DEV_POWER_INSTANT), fields.get(n.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION)
+        if power is None:
+            power = self._try(d, "power", lambda: n.nvmlDeviceGetPowerUsage(h))
+        if energy is None:
+            energy = self._try(d, "energy", lambda: n.nvmlDeviceGetTotalEnergyConsumption(h))
+        r.power_watts, r.energy_joules_total = _scale(power, 1e-3), _scale(energy, 1e-3)
         temp = self._try(d, "temperature", lambda: n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU))
         r.temperature_c = None if temp is None else float(temp)
         r.sm_clock_mhz = self._try(d, "clocks", lambda: n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM))
@@ -205,21 +225,67 @@ class NvmlSampler:
                             self._try(d, "max_clocks", lambda: n.nvmlDeviceGetMaxClockInfo(h, n.NVML_CLOCK_MEM)))
         r.sm_clock_max_mhz, r.mem_clock_max_mhz = d.max_clocks
         r.clock_event_reasons = self._try(d, "clock_events", lambda: n.nvmlDeviceGetCurrentClocksEventReasons(h))
-        if not d.gpm_samples:
-            # Each of these blocks for about 20 ms while NVML counts bytes; GPM devices report
-            # the same rates from their two samples instead (``_gpm``), at no cost.
-            r.pcie_tx_bytes_per_s = _scale(self._try(d, "pcie", lambda: n.nvmlDeviceGetPcieThroughput(
-                h, n.NVML_PCIE_UTIL_TX_BYTES)), 1024, int)
-            r.pcie_rx_bytes_per_s = _scale(self._try(d, "pcie", lambda: n.nvmlDeviceGetPcieThroughput(
-                h, n.NVML_PCIE_UTIL_RX_BYTES)), 1024, int)
-        r.ecc_uncorrected_volatile = self._try(d, "ecc", lambda: n.nvmlDeviceGetTotalEccErrors(
-            h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC))
-        rows = self._try(d, "remapped_rows", lambda: n.nvmlDeviceGetRemappedRows(h))
-        if rows is not None:  # (correctable, uncorrectable, pending, failure)
-            r.remapped_rows_uncorrectable, r.remapped_rows_pending = int(rows[1]), bool(rows[2])
+        if not d.gpm_samples:  # GPM devices report the PCIe rates from their two samples (``_gpm``)
+            self._pcie(d, r, fields)
+        if d.slow is None or d.ticks % self.slow_every == 0:
+            d.slow = self._slow(d)
+        d.ticks += 1
+        (r.power_limit_watts, r.ecc_uncorrected_volatile, r.remapped_rows_uncorrectable,
+         r.remapped_rows_pending) = d.slow
         r.processes = self._processes(d)
         self._gpm(d, r)
         return r
+
+    def _fields(self, d: _Device, pcie: bool) -> dict[int, Any]:
+        """The fast-changing counters of ``d`` in one call: field id -> value (PCIe counters:
+        (value, timestamp in us)); a field the device does not answer is left out."""
+        n = self.nvml
+        if not (self.batched and d.fields):
+            return {}
+        ids = [n.NVML_FI_DEV_POWER_INSTANT, n.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION]
+        if pcie:
+            ids += [n.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, n.NVML_FI_DEV_PCIE_COUNT_RX_BYTES]
+        try:
+            values = n.nvmlDeviceGetFieldValues(d.handle, ids)
+        except n.NVMLError as exc:  # an older driver: a call per value from now on
+            d.fields = False
+            log.info("NVML field values not available on %s (%s): reading each value on its own", d.uuid, exc)
+            return {}
+        out = {}
+        for v in list(values)[:len(ids)]:
+            if v.nvmlReturn == 0:
+                value = _field_value(n, v)
+                out[v.fieldId] = (value, int(v.timestamp)) if v.fieldId in ids[2:] else value
+        return out
+
+    def _pcie(self, d: _Device, r: GpuReading, fields: dict[int, Any]) -> None:
+        """PCIe rates: the byte counters' rise since the previous tick where the driver has
+        them (free), else NVML's own throughput (about 20 ms a call while it counts)."""
+        n, h = self.nvml, d.handle
+        tx, rx = fields.get(n.NVML_FI_DEV_PCIE_COUNT_TX_BYTES), fields.get(n.NVML_FI_DEV_PCIE_COUNT_RX_BYTES)
+        if tx is not None and rx is not None:
+            now = (tx[1], tx[0], rx[0])
+            before, d.pcie_counts = d.pcie_counts, now
+            if before is not None and now[0] > before[0] and now[1] >= before[1] and now[2] >= before[2]:
+                seconds = (now[0] - before[0]) / 1e6
+                r.pcie_tx_bytes_per_s = int((now[1] - before[1]) / seconds)
+                r.pcie_rx_bytes_per_s = int((now[2] - before[2]) / seconds)
+            return
+        r.pcie_tx_bytes_per_s = _scale(self._try(d, "pcie", lambda: n.nvmlDeviceGetPcieThroughput(
+            h, n.NVML_PCIE_UTIL_TX_BYTES)), 1024, int)
+        r.pcie_rx_bytes_per_s = _scale(self._try(d, "pcie", lambda: n.nvmlDeviceGetPcieThroughput(
+            h, n.NVML_PCIE_UTIL_RX_BYTES)), 1024, int)
+
+    def _slow(self, d: _Device) -> tuple:
+        """What changes rarely: power limit (W), uncorrected ECC errors, remapped rows
+        (uncorrectable, pending)."""
+        n, h = self.nvml, d.handle
+        limit = _scale(self._try(d, "power_limit", lambda: n.nvmlDeviceGetEnforcedPowerLimit(h)), 1e-3)
+        ecc = self._try(d, "ecc", lambda: n.nvmlDeviceGetTotalEccErrors(
+            h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC))
+        rows = self._try(d, "remapped_rows", lambda: n.nvmlDeviceGetRemappedRows(h))
+        # (correctable, uncorrectable, pending, failure)
+        return (limit, ecc, *((None, None) if rows is None else (int(rows[1]), bool(rows[2]))))
 
     def _processes(self, d: _Device) -> list[GpuProcess]:
         n, h = self.nvml, d.handle
@@ -314,6 +380,15 @@ def _key(handle: Any) -> Any:
 
 def _scale(value: Any, factor: float, cast: Callable = float) -> Any:
     return None if value is None else cast(value * factor)
+
+
+def _field_value(n: Any, v: Any) -> Any:
+    """The value of an ``nvmlFieldValue_t``, from the member of its union its type names."""
+    member = {n.NVML_VALUE_TYPE_DOUBLE: "dVal", n.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+              n.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal", n.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+              n.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal", n.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+              n.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal"}.get(v.valueType, "ullVal")
+    return getattr(v.value, member)
 
 
 def _memory(value: Any) -> int | None:

@@ -39,6 +39,10 @@ class FakeGpu:
     gi_id: int | None = None
     ci_id: int | None = None
     failing: set[str] = field(default_factory=set)  # function names that raise NVMLError_Unknown
+    pcie_tx_rate: int = 1_024_000  # bytes/s; the PCIe byte counters grow by this each second
+    pcie_rx_rate: int = 2_048_000
+    unsupported_fields: set[int] = field(default_factory=set)  # field ids answered NOT_SUPPORTED
+    field_reads: int = 0  # nvmlDeviceGetFieldValues calls so far: one simulated second apart
 
 
 class FakeNvml:
@@ -137,6 +141,32 @@ class FakeNvml:
         self._gpu(h, "nvmlDeviceGetPcieThroughput")
         return 1000 if counter == pynvml.NVML_PCIE_UTIL_TX_BYTES else 2000  # KB/s
 
+    def nvmlDeviceGetFieldValues(self, h, field_ids):
+        """As the driver answers: a value per field with its type and timestamp (us); the PCIe
+        byte counters have grown by a second's worth since the previous call."""
+        g = self._gpu(h, "nvmlDeviceGetFieldValues")
+        g.field_reads += 1
+        now_s = g.field_reads
+        values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
+        answers = {
+            pynvml.NVML_FI_DEV_POWER_INSTANT: (pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, "uiVal", g.power_mw),
+            pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: (pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, "ullVal",
+                                                          g.energy_mj),
+            pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES: (pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, "ullVal",
+                                                     g.pcie_tx_rate * now_s),
+            pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES: (pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, "ullVal",
+                                                     g.pcie_rx_rate * now_s),
+        }
+        for i, fid in enumerate(field_ids):
+            values[i].fieldId, values[i].timestamp = fid, now_s * 1_000_000
+            if fid in g.unsupported_fields or fid not in answers:
+                values[i].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+                continue
+            values[i].valueType, member, value = answers[fid]
+            setattr(values[i].value, member, value)
+            values[i].nvmlReturn = 0
+        return values
+
     def nvmlDeviceGetTotalEccErrors(self, h, error_type, counter_type):
         self._gpu(h, "nvmlDeviceGetTotalEccErrors")
         return 0
@@ -170,10 +200,12 @@ class FakeNvml:
         pass
 
     def nvmlGpmSampleGet(self, h, sample):
+        self._gpu(h, "nvmlGpmSampleGet")
         self._gpm_samples[ctypes.addressof(sample.contents)] = dict(h.gpm)
         return sample
 
     def nvmlGpmMetricsGet(self, get):
+        self.calls["nvmlGpmMetricsGet"] = self.calls.get("nvmlGpmMetricsGet", 0) + 1
         second = self._gpm_samples[ctypes.addressof(get.sample2.contents)]
         assert ctypes.addressof(get.sample1.contents) in self._gpm_samples, "GPM needs two samples"
         values = {pynvml.NVML_GPM_METRIC_SM_UTIL: second["sm"], pynvml.NVML_GPM_METRIC_SM_OCCUPANCY: second["occupancy"],
