@@ -33,13 +33,22 @@ def analyze_file_with_findings(
     record = trace_analysis_record(
         result, trace_id=trace_id or trace_id_for(path, workflow_id),
         workflow_id=workflow_id, rank=trace.rank, source=str(path),
-        partial=trace.partial, error=trace.error, analyzed_at=now,
+        partial=trace.partial, error=trace.error, analyzed_at=now, flops=trace.flops, gpu_name=trace.gpu_name,
     )
     return record, findings_records(result, record, trace.memory(), now)
 
 
 def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{value:6.2f} %"
+
+
+def _mfu(r: dict) -> str:
+    if r.get("model_flops") is None:
+        return "n/a (the trace counts no FLOPs: profile with with_flops=True, as gpufleet profile does)"
+    flops = f"{r['model_flops'] / 1e12:.3f} TFLOP at {r['model_flops_precision']}"
+    if r.get("mfu_pct") is None:
+        return f"n/a ({flops}; no peak known for {r.get('gpu_name') or 'this GPU'} at that precision)"
+    return f"{r['mfu_pct']:6.2f} % ({flops} against {r['peak_tflops']:g} TFLOPS of {r['gpu_name']})"
 
 
 def format_record(r: dict) -> str:
@@ -54,6 +63,7 @@ def format_record(r: dict) -> str:
         f"    compute         {_pct(r['compute_pct'])}",
         f"    non-compute     {_pct(r['non_compute_pct'])}",
         f"  comm/comp overlap {_pct(r['comp_comm_overlap_pct'])}",
+        f"  MFU               {_mfu(r)}",
     ]
     for s in r["idle_by_stream"]:
         lines.append(f"  stream {s['stream']} idle: host wait {s['host_wait_us'] / 1e3:.3f} ms, "

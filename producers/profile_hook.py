@@ -80,7 +80,11 @@ class _Hook:
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         try:
-            prof = torch.profiler.profile(activities=activities, record_shapes=bool(request.get("shapes")),
+            # FLOPs of matmuls and convolutions for model FLOPs utilisation (they need the shapes,
+            # which also give each operator's input precision).
+            flops = bool(request.get("flops", True))
+            prof = torch.profiler.profile(activities=activities,
+                                          record_shapes=bool(request.get("shapes")) or flops, with_flops=flops,
                                           profile_memory=bool(request.get("memory", True)))
             prof.__enter__()
         except Exception as exc:  # noqa: BLE001 - the reason goes back to the agent; training goes on

@@ -33,7 +33,8 @@ def publish_trace(
     except TraceError as exc:
         end = {"trace_id": trace_id, "workflow_id": workflow_id, "rank": 0, "events": 0, "events_read": 0,
                "source": str(path), "partial": True, "error": str(exc), "last_step_dropped": False,
-               "memory_peak_bytes": None, "memory_total_bytes": None, "published_at": now, "system": system}
+               "memory_peak_bytes": None, "memory_total_bytes": None, "flops": None, "gpu_name": None,
+               "published_at": now, "system": system}
         _dead_letter(publisher, topic_prefix, path, str(exc), now)
         publisher.publish(KERNEL_EVENTS, [end], topic=topic, schema="TraceEnd")
         return end
@@ -50,7 +51,7 @@ def publish_trace(
            "events_read": trace.events_seen, "source": str(path), "partial": trace.partial,
            "error": trace.error, "last_step_dropped": trace.last_step_dropped,
            "memory_peak_bytes": trace.memory_peak_bytes, "memory_total_bytes": trace.memory_total_bytes,
-           "published_at": now, "system": system}
+           "flops": trace.flops or None, "gpu_name": trace.gpu_name, "published_at": now, "system": system}
     if trace.partial:
         _dead_letter(publisher, topic_prefix, path, f"partial trace: {trace.error}", now)
     publisher.publish(KERNEL_EVENTS, [end], topic=topic, schema="TraceEnd")

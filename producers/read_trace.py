@@ -21,6 +21,7 @@ from __future__ import annotations
 import gc
 import math
 import re
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from operator import itemgetter
@@ -59,6 +60,9 @@ class TraceRead(msgspec.Struct):
     device_properties: list[dict] = msgspec.field(default_factory=list)
     memory_peak_bytes: int | None = None  # highest allocated on any GPU, from the profiler's memory events
     memory_total_bytes: int | None = None  # that GPU's memory
+    # FLOPs of the operators the profiler counted (with_flops=True), per precision of their inputs
+    flops: dict[str, int] = msgspec.field(default_factory=dict)
+    gpu_name: str | None = None  # the GPU most of the rank's GPU events ran on, from deviceProperties
 
     def memory(self) -> dict | None:
         if self.memory_peak_bytes is None:
@@ -193,6 +197,8 @@ class Args(msgspec.Struct, gc=False):
     device_id: Any = msgspec.field(default=None, name="Device Id")
     total_allocated: Any = msgspec.field(default=None, name="Total Allocated")
     alloc_bytes: Any = msgspec.field(default=None, name="Bytes")
+    flops: Any = None  # CPU operators, where the profiler ran with_flops=True
+    input_type: Any = msgspec.field(default=None, name="Input type")  # with record_shapes=True
 
 
 # A time in microseconds the analysis can place: a number below 2**53 (285 years) either way.
@@ -441,6 +447,8 @@ def read_trace(path: str | Path) -> TraceRead:
                                 cpu_corr_ts[corr] = ts
                         if kind is None and stream < 0:
                             continue  # flow events, python functions...: not used by the analysis
+                        if kind == "cpu_op" and args.flops is not None:
+                            _add_flops(result.flops, args.flops, args.input_type)
                         if (kind == "cpu_op" or kind == "annotation") and "ProfilerStep" not in name \
                                 and "DataLoader" not in name:
                             continue  # CPU ops the analysis does not use
@@ -458,6 +466,8 @@ def read_trace(path: str | Path) -> TraceRead:
         result.memory_total_bytes = next(
             (p.get("totalGlobalMem") for p in result.device_properties if p.get("id") == device), None)
 
+    devices = Counter(r["device"] for r, gpu in zip(candidates, gpu_sides) if gpu and r["device"] >= 0)
+    result.gpu_name = _gpu_name(result.device_properties, devices.most_common(1)[0][0] if devices else None)
     result.rounded = any_float
     if any_float:
         for record in candidates:
@@ -528,6 +538,34 @@ def _record(e: Event, kind: str | None, name: str, args: Args, stream: int, corr
         "grid": grid if grid is None else _dims(grid),
         "block": block if block is None else _dims(block),
     }
+
+
+# The profiler's names of input types -> the precision whose peak an operator is measured against.
+_PRECISION = {"c10::BFloat16": "bf16", "c10::Half": "fp16", "float": "fp32", "double": "fp64",
+              "c10::Float8_e4m3fn": "fp8", "c10::Float8_e5m2": "fp8", "c10::Float8_e4m3fnuz": "fp8",
+              "c10::Float8_e5m2fnuz": "fp8"}
+
+
+def _add_flops(flops: dict[str, int], count: Any, input_types: Any) -> None:
+    """An operator's FLOPs, under the precision of its first floating-point input ("unknown"
+    where the profiler did not record input types)."""
+    if type(count) is not int or count <= 0:
+        if not (type(count) is float and 0 < count < 2**63):
+            return
+        count = int(count)
+    precision = "unknown"
+    if type(input_types) is list:
+        precision = next((_PRECISION[t] for t in input_types if type(t) is str and t in _PRECISION), "unknown")
+    flops[precision] = flops.get(precision, 0) + count
+
+
+def _gpu_name(properties: list[dict], device: int | None) -> str | None:
+    """The name of ``device`` in the trace's deviceProperties (its first GPU's where unknown)."""
+    named = [p for p in properties if isinstance(p, dict) and isinstance(p.get("name"), str)]
+    for p in named:
+        if p.get("id") == device:
+            return p["name"]
+    return named[0]["name"] if named else None
 
 
 def _dims(value: Any) -> list[int] | None:

@@ -15,7 +15,11 @@ SYSTEM_CONTEXT_FIELDS = (
     ("workflow_cpu_mean_pct", "Nullable(Float64)"), ("host_cpu_mean_pct", "Nullable(Float64)"),
     ("host_iowait_mean_pct", "Nullable(Float64)"),
 )
-TRACE_ANALYSIS_ADDED_COLUMNS = tuple((f"system_{name}", typ) for name, typ in SYSTEM_CONTEXT_FIELDS)
+# Model FLOPs utilisation (TraceAnalysis v3).
+MFU_COLUMNS = (("gpu_name", "LowCardinality(Nullable(String))"), ("model_flops", "Nullable(Int64)"),
+               ("model_flops_precision", "LowCardinality(Nullable(String))"), ("peak_tflops", "Nullable(Float64)"),
+               ("mfu_pct", "Nullable(Float64)"))
+TRACE_ANALYSIS_ADDED_COLUMNS = (*((f"system_{name}", typ) for name, typ in SYSTEM_CONTEXT_FIELDS), *MFU_COLUMNS)
 
 
 def _trace_analysis_row(record: dict) -> dict:
@@ -33,7 +37,8 @@ TRACE_ANALYSES_TABLE = Table(
      "comp_comm_overlap_us", "comp_comm_overlap_pct", "idle_by_stream", "launches",
      "launch_delay_mean_us", "launch_delay_max_us", "launch_delay_total_us", "cpu_duration_mean_us",
      "gpu_duration_mean_us", "short_kernels", "short_kernel_gpu_us", "runtime_outliers",
-     "launch_delay_outliers", "analyzed_at", *(name for name, _ in TRACE_ANALYSIS_ADDED_COLUMNS)),
+     "launch_delay_outliers", *(name for name, _ in MFU_COLUMNS), "analyzed_at",
+     *(f"system_{name}" for name, _ in SYSTEM_CONTEXT_FIELDS)),
     """
     CREATE TABLE IF NOT EXISTS {db}.{name} (
         trace_id String,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from schemas.gpu_peaks import peak_tflops
 from streams.trace_antipatterns import AntipatternCollector
 from streams.trace_idle_breakdown import IdleBreakdown, StreamIdle
 from streams.trace_launch_stats import LaunchStats
@@ -148,13 +149,32 @@ def analyze_events(events) -> dict:
     return analyzer.result()
 
 
+def model_flops_utilization(flops: dict[str, int] | None, gpu_name: str | None, span_us: float) -> dict:
+    """MFU of a rank: the FLOPs the profiler counted over the span of its GPU timeline, against
+    the GPU's dense peak at the precision most of them ran at (``schemas/gpu_peaks.json``)."""
+    out = {"gpu_name": gpu_name, "model_flops": None, "model_flops_precision": None, "peak_tflops": None,
+           "mfu_pct": None}
+    if not flops:
+        return out
+    precision = max(flops, key=flops.get)
+    total = sum(flops.values())
+    peak = peak_tflops(gpu_name, precision)
+    out.update(model_flops=total, model_flops_precision=precision, peak_tflops=peak)
+    if peak and span_us > 0:
+        out["mfu_pct"] = 100.0 * total / (span_us * 1e-6) / (peak * 1e12)
+    return out
+
+
 def trace_analysis_record(
     result: dict, *, trace_id: str, workflow_id: str, rank: int, source: str | None,
     partial: bool, error: str | None, analyzed_at: int, system: dict | None = None,
+    flops: dict[str, int] | None = None, gpu_name: str | None = None,
 ) -> dict:
     """The ``TraceAnalysis`` record of a result of :meth:`TraceAnalyzer.result`; ``system``:
-    what the host saw during the capture (from the ``TraceEnd`` of a requested profile)."""
+    what the host saw during the capture (from the ``TraceEnd`` of a requested profile);
+    ``flops`` and ``gpu_name``: what the trace counted and ran on (from its ``TraceEnd``)."""
     t, o, launch = result["temporal"], result["overlap"], result["launch"]
+    span_us = t["idle_time_us"] + t["compute_time_us"] + t["non_compute_time_us"]
     return {
         "trace_id": trace_id,
         "workflow_id": workflow_id,
@@ -182,6 +202,7 @@ def trace_analysis_record(
         "short_kernel_gpu_us": float(launch["short_kernel_gpu_us"]),
         "runtime_outliers": launch["runtime_outliers"],
         "launch_delay_outliers": launch["launch_delay_outliers"],
+        **model_flops_utilization(flops, gpu_name, span_us),
         "analyzed_at": analyzed_at,
         "system": system,
     }

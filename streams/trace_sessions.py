@@ -115,6 +115,7 @@ class TraceSessions:
             source=end["source"] if end else None, partial=partial,
             error="; ".join(reasons) if reasons else None, analyzed_at=now_ms,
             system=end.get("system") if end else None,
+            flops=end.get("flops") if end else None, gpu_name=end.get("gpu_name") if end else None,
         )
         memory = None
         if end is not None and end.get("memory_peak_bytes") is not None:

@@ -36,7 +36,7 @@ def test_means_weight_each_tick_by_the_time_it_covers():
     # It fits the schema it travels in.
     end = {"trace_id": "t", "workflow_id": "wf-a", "rank": 0, "events": 0, "events_read": 0, "source": "f",
            "partial": False, "error": None, "last_step_dropped": False, "memory_peak_bytes": None,
-           "memory_total_bytes": None, "published_at": 1, "system": s}
+           "memory_total_bytes": None, "flops": None, "gpu_name": None, "published_at": 1, "system": s}
     assert Codec().decode(Codec().encode("TraceEnd", end))[1] == end
 
 

@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from streams.analyze_trace import analyze_events
 from streams.trace_sessions import TraceSessionConfig, TraceSessions
 from tests.unit.traces import kernel, runtime
@@ -23,10 +25,11 @@ def kernel_events(trace_id="wf/t.json", n=20):
     return out
 
 
-def end(trace_id="wf/t.json", events=40, partial=False, error=None, system=None):
+def end(trace_id="wf/t.json", events=40, partial=False, error=None, system=None, flops=None, gpu_name=None):
     return ("TraceEnd", {"trace_id": trace_id, "workflow_id": "wf", "rank": 1, "events": events,
                          "events_read": events, "source": "t.json", "partial": partial, "error": error,
-                         "last_step_dropped": False, "published_at": 0, "system": system})
+                         "last_step_dropped": False, "published_at": 0, "system": system, "flops": flops,
+                         "gpu_name": gpu_name})
 
 
 def test_marker_ends_the_trace_with_the_offline_result():
@@ -47,6 +50,16 @@ def test_the_hosts_view_of_a_requested_profile_travels_from_the_marker_to_the_an
     system = {"ticks": 3, "span_ms": 300, "host_cpu_mean_pct": 99.0}
     r = TraceSessions(CFG, {}).apply(0, kernel_events() + [end(system=system)], now_ms=10)
     assert r.analyses[0]["system"] == system
+
+
+def test_the_flops_the_trace_counted_become_its_mfu():
+    # 20 kernels over 1,960 us of GPU timeline (the first starts at 10, the last ends at 1,960)
+    r = TraceSessions(CFG, {}).apply(0, kernel_events() + [end(flops={"bf16": 989_500_000_000 // 1000,
+                                                                          "fp32": 1000}, gpu_name="NVIDIA H200")],
+                                     now_ms=10)
+    a = r.analyses[0]
+    assert (a["gpu_name"], a["model_flops_precision"], a["peak_tflops"]) == ("NVIDIA H200", "bf16", 989.5)
+    assert a["mfu_pct"] == pytest.approx(100 * (989_500_000 + 1000) / 1.95e-3 / 989.5e12)
 
 
 def test_restart_mid_trace_resumes_from_the_store_and_skips_replays():
