@@ -56,7 +56,7 @@ def test_mfu_is_the_flops_over_the_gpu_timeline_against_the_dense_peak(tmp_path)
     # 496.75 TFLOP in one second against 989.5 TFLOPS
     assert record["mfu_pct"] == pytest.approx(100 * 496.75 / 989.5)
     assert "MFU                50.20 % (496.750 TFLOP at bf16 against 989.5 TFLOPS" in format_record(record)
-    name, decoded = Codec().decode(Codec().encode("TraceAnalysis", record))
+    _, decoded = Codec().decode(Codec().encode("TraceAnalysis", record))
     assert decoded["mfu_pct"] == record["mfu_pct"]
 
 
