@@ -13,6 +13,9 @@ in one run so that the ratios mean something on a noisy machine:
    - a naive Faust agent: one ``faust.Record`` and one windowed-table update per sample
      (``benchmarks/naive_record_agent.py``).
    Goals (issue 4): worker >= 50 % of the baseline, >= 10x the naive agent.
+   With ``--against REV``: the worker of git revision REV (a temporary worktree) on the same
+   messages, alternating with this one ``--repeat`` times (medians): what a change cost the
+   worker (issue 18: the goodput waterfall may cost at most 10 %).
 2. 10,000 GPUs at 1 Hz in real time for ``--live-s`` seconds: the worker's consumer lag,
    sampled every 5 s, must stay flat (not grow with time).
 3. Alert latency: a workflow that is idle from its first sample, published in real time;
@@ -21,6 +24,7 @@ in one run so that the ratios mean something on a noisy machine:
    duration so that the benchmark takes a minute, not the default 11).
 
     python benchmarks/bench_stream.py [--ticks 120] [--live-s 60] [--send-every 5] [--format columns]
+                                      [--against REV --repeat 3]
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -165,12 +170,45 @@ def rate_from_commits(bootstrap, group, topic, partitions, total, proc, timeout=
     raise RuntimeError(f"{group} did not commit {total} messages within {timeout:.0f}s")
 
 
-def worker(bootstrap, prefix, data_dir, app_id, *options) -> subprocess.Popen:
+def worker(bootstrap, prefix, data_dir, app_id, *options, root: Path = ROOT) -> subprocess.Popen:
+    """``gpufleet worker`` of the code in ``root`` (``python -m`` imports from its directory first)."""
     with open(data_dir / f"{app_id}.log", "ab") as log:  # the child keeps its own descriptor
         return subprocess.Popen(
             [sys.executable, "-m", "gpufleet", "--data-dir", str(data_dir), "--log-level", "warning", "worker",
              "--bootstrap", bootstrap, "--topic-prefix", prefix, "--app-id", app_id, *options],
-            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+            cwd=root, stdout=log, stderr=subprocess.STDOUT)
+
+
+def against(bootstrap, data_dir, rev: str, repeat: int, ticks: int, send_every: int) -> None:
+    """This worker against the worker of ``rev`` on the same messages, alternating, medians."""
+    prefix = "vs."
+    ensure_topics(bootstrap, prefix=prefix)
+    topic = prefix + GPU_SAMPLES.name
+    producer = Producer(producer_config(bootstrap, **{"linger.ms": 50}))
+    agents = AgentSends(fleet_10k(), 1_767_225_600_000, send_every)
+    total = sum(produce(producer, topic, agents.tick(t)) for t in range(ticks)) + produce(producer, topic, agents.rest())
+    producer.flush(60)
+    per_message = 10_000 * ticks / total
+    tree = data_dir / "against"
+    subprocess.run(["git", "worktree", "add", "--detach", str(tree), rev], cwd=ROOT, check=True, capture_output=True)
+    rates: dict[str, list[float]] = {"this": [], rev: []}
+    try:
+        for r in range(repeat):
+            for name, root in (("this", ROOT), (rev, tree)):
+                app = f"vs-{'this' if root == ROOT else 'rev'}-{r}"
+                proc = worker(bootstrap, prefix, data_dir, app, "--idle-partition-s", "3600", root=root)
+                try:
+                    rates[name].append(rate_from_commits(bootstrap, app, topic, GPU_SAMPLES.partitions, total, proc)
+                                       * per_message)
+                finally:
+                    stop(proc)
+            print(f"  run {r + 1}: this worker {rates['this'][-1]:,.0f} samples/s, {rev} {rates[rev][-1]:,.0f}")
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False, capture_output=True)
+    ours, theirs = statistics.median(rates["this"]), statistics.median(rates[rev])
+    ratios = sorted(a / b for a, b in zip(rates["this"], rates[rev]))
+    print(f"against {rev}: this worker {ours:,.0f} samples/s, {rev} {theirs:,.0f} samples/s (medians of {repeat}): "
+          f"{ours / theirs:.2f} of it (per-run ratios {', '.join(f'{x:.2f}' for x in ratios)})")
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -348,6 +386,8 @@ def main() -> None:
                         help="what the agents send: GpuSampleColumns (default), GpuSampleBatch, or GpuSample per GPU")
     parser.add_argument("--send-every", type=int, default=5,
                         help="seconds between an agent's sends, as gpufleet agent --send-every (default 5)")
+    parser.add_argument("--against", default=None, help="a git revision whose worker to compare with, same run")
+    parser.add_argument("--repeat", type=int, default=3, help="alternating runs of each worker with --against")
     parser.add_argument("--py-spy", type=Path, default=None,
                         help="record the worker's stacks during the throughput run into this file (py-spy raw)")
     args = parser.parse_args()
@@ -355,6 +395,8 @@ def main() -> None:
         data_dir = Path(tmp)
         broker = local_kafka.start(data_dir / "kafka", partitions=8)
         try:
+            if args.against:
+                against(broker.bootstrap, data_dir, args.against, args.repeat, args.ticks, args.send_every)
             if "throughput" not in args.skip:
                 throughput(broker.bootstrap, data_dir, args.ticks, args.send_every, args.format, args.py_spy)
             if "live" not in args.skip:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from clickhouse_connect.driver.client import Client
 
 from gpufleet.opportunities import parse_since
-from sinks.job_report import BUCKETS, JOULES_PER_KWH, Rates, Waterfall
+from sinks.job_report import BUCKETS, Rates, Waterfall, energy_cells, energy_head
 
 DIMENSIONS = {"fleet": "''", "team": "team", "owner": "owner", "workflow": "workflow_id", "framework": "framework",
               "gpu-model": "gpu_model", "cluster": "cluster"}
@@ -55,22 +55,14 @@ def fleet_goodput(client: Client, database: str, by: str = "fleet", since: str =
 def render_groups(groups: list[Waterfall], by: str, rates: Rates, limit: int = 20) -> str:
     """One row per group: GPU-hours, goodput %, the share of each other bucket, kWh, kg CO2e, cost."""
     names = [b for b in BUCKETS if b != "productive"]
-    head = [f"{by:<24}", f"{'GPU-hours':>10}", f"{'goodput':>8}", *(f"{n:>11}" for n in names), f"{'kWh':>9}"]
-    if rates.carbon:
-        head.append(f"{'kg CO2e':>9}")
-    if rates.costed:
-        head.append(f"{'cost':>12}")
+    head = [f"{by:<24}", f"{'GPU-hours':>10}", f"{'goodput':>8}", *(f"{n:>11}" for n in names), *energy_head(rates)]
     lines = ["  ".join(head), "  ".join("-" * len(h) for h in head)]
     for w in groups[:limit]:
         total = w.allocated
         seconds = total.gpu_seconds or 1.0
         cells = [f"{(w.key or '(none)')[:24]:<24}", f"{total.gpu_seconds / 3600:>10,.2f}", f"{w.goodput_pct:>7.1f}%",
                  *(f"{100.0 * w.buckets[n].gpu_seconds / seconds:>10.1f}%" for n in names),
-                 f"{total.joules / JOULES_PER_KWH:>9,.2f}"]
-        if rates.carbon:
-            cells.append(f"{total.grams / 1000:>9,.2f}")
-        if rates.costed:
-            cells.append(f"{total.cost:>12,.2f}")
+                 *energy_cells(total, rates)]
         lines.append("  ".join(cells))
     if len(groups) > limit:
         lines.append(f"... and {len(groups) - limit} more")

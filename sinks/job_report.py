@@ -147,34 +147,28 @@ def _money(value: float, rates: Rates) -> str:
     return f"{value:,.2f} {rates.currency or ''}".rstrip()
 
 
+def energy_head(rates: Rates) -> list[str]:
+    """The headings of ``energy_cells``."""
+    return [f"{'kWh':>9}", *([f"{'kg CO2e':>9}"] if rates.carbon else []), *([f"{'cost':>14}"] if rates.costed else [])]
+
+
+def energy_cells(b: Bucket, rates: Rates) -> list[str]:
+    """kWh, and where the rates allow, kg CO2e and cost, of ``b``."""
+    return [f"{b.joules / JOULES_PER_KWH:>9,.2f}", *([f"{b.grams / 1000:>9,.2f}"] if rates.carbon else []),
+            *([f"{_money(b.cost, rates):>14}"] if rates.costed else [])]
+
+
 def render_waterfall(w: Waterfall, rates: Rates, title: str) -> str:
     """The waterfall as a table: a row per bucket, GPU-hours and share, kWh, and where the
     rates allow, kg CO2e and cost."""
     total = w.allocated
-    head = [f"{'bucket':<32}", f"{'GPU-hours':>10}", f"{'share':>7}", f"{'kWh':>9}"]
-    if rates.carbon:
-        head.append(f"{'kg CO2e':>9}")
-    if rates.costed:
-        head.append(f"{'cost':>14}")
+    head = [f"{'bucket':<32}", f"{'GPU-hours':>10}", f"{'share':>7}", *energy_head(rates)]
     lines = [title, "  ".join(head), "  ".join("-" * len(h) for h in head)]
-    for name, b in w.buckets.items():
-        if name == "unclassified" and not b.gpu_seconds:
-            continue
+    rows = [(LABELS[name], b) for name, b in w.buckets.items() if name != "unclassified" or b.gpu_seconds]
+    for label, b in [*rows, ("allocated", total)]:
         share = 100.0 * b.gpu_seconds / total.gpu_seconds if total.gpu_seconds else 0.0
-        cells = [f"{LABELS[name]:<32}", f"{b.gpu_seconds / 3600:>10,.2f}", f"{share:>6.1f}%",
-                 f"{b.joules / JOULES_PER_KWH:>9,.2f}"]
-        if rates.carbon:
-            cells.append(f"{b.grams / 1000:>9,.2f}")
-        if rates.costed:
-            cells.append(f"{_money(b.cost, rates):>14}")
-        lines.append("  ".join(cells))
-    cells = [f"{'allocated':<32}", f"{total.gpu_seconds / 3600:>10,.2f}", f"{100.0 if total.gpu_seconds else 0:>6.1f}%",
-             f"{total.joules / JOULES_PER_KWH:>9,.2f}"]
-    if rates.carbon:
-        cells.append(f"{total.grams / 1000:>9,.2f}")
-    if rates.costed:
-        cells.append(f"{_money(total.cost, rates):>14}")
-    lines.append("  ".join(cells))
+        lines.append("  ".join([f"{label:<32}", f"{b.gpu_seconds / 3600:>10,.2f}", f"{share:>6.1f}%",
+                                *energy_cells(b, rates)]))
     lines.append(f"goodput: {w.goodput_pct:.1f}% of the allocated GPU-hours did productive work")
     return "\n".join(lines)
 
