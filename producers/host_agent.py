@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -87,6 +88,8 @@ class HostAgent:
         self.samples = 0
         # Called with each tick's GPU samples and host sample (the profile coordinator's context).
         self.observers: list[Callable[[list[dict], dict], None]] = []
+        # pid -> TFLOPS of model work a job reports for that process (``profile_hook.report_throughput``)
+        self.throughputs: Callable[[float], dict[int, float]] = lambda now: {}
 
     def _put(self, spec: TopicSpec, record: dict, schema: str | None = None) -> None:
         self.spool.append(self.settings.topic_prefix + spec.name, key_of(spec, record),
@@ -128,6 +131,8 @@ class HostAgent:
         samples: list[dict] = []
         seen: dict[str, tuple[ProcessInfo, set[str], set[int]]] = {}
         live = set()
+        reported = self.throughputs(now / 1000)
+        gpus_of = Counter(p.pid for r in readings for p in r.processes if p.pid in reported)
         for r in readings:
             groups: dict[str, list] = {}
             infos: dict[str, ProcessInfo] = {}
@@ -155,6 +160,8 @@ class HostAgent:
                     "process_memory_bytes": sum(p.used_memory_bytes or 0 for p in procs),
                     "process_sm_util_pct": _sum_or_none(p.sm_util_pct for p in procs),
                     "parent_gpu_uuid": r.parent_uuid, "xids": list(r.xids), "rank": ranks.get(wf),
+                    # a process's reported model work, shared among the GPUs it uses
+                    "model_tflops": _sum_or_none(reported[p.pid] / gpus_of[p.pid] for p in procs if p.pid in reported),
                 })
                 if info is not None and wf not in (IDLE, UNATTRIBUTED):
                     entry = seen.setdefault(wf, (info, set(), set()))

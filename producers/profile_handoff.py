@@ -104,6 +104,10 @@ class Handoff:
     def fail(self, request_id: str, pid: int, reason: str) -> None:
         _write(self.dir / f"error-{safe_name(request_id)}-{pid}.txt", reason)
 
+    def report_throughput(self, pid: int, model_tflops: float, at: float) -> None:
+        """The model FLOPs per second (in TFLOPS) process ``pid`` did lately, as of ``at`` (epoch s)."""
+        _write(self.dir / f"throughput-{pid}.json", json.dumps({"model_tflops": model_tflops, "at": at}))
+
     # The agent's side.
 
     def hooks(self) -> list[dict]:
@@ -116,6 +120,22 @@ class Handoff:
             except (OSError, ValueError, KeyError, TypeError):
                 continue
             out.append(info)
+        return out
+
+    def throughputs(self, now: float, max_age_s: float = 60.0) -> dict[int, float]:
+        """pid -> TFLOPS of model work each live process reported within ``max_age_s`` of
+        ``now``; a stale report (the job stopped reporting) counts as none."""
+        out = {}
+        for path in self.dir.glob("throughput-*.json"):
+            try:
+                pid = int(path.stem.removeprefix("throughput-"))
+                report = json.loads(path.read_text())
+                tflops, at = float(report["model_tflops"]), float(report["at"])
+                os.kill(pid, 0)
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if now - at <= max_age_s and 0.0 <= tflops < float("inf"):
+                out[pid] = tflops
         return out
 
     def ask(self, pid: int, request: dict) -> None:

@@ -135,3 +135,21 @@ def enable(directory: str | Path | None = None, poll_s: float = 0.2) -> None:
     global _HOOK
     if _HOOK is None:
         _HOOK = _Hook(Path(directory) if directory else profile_dir(), poll_s)
+
+
+def report_throughput(model_tflops: float | None = None, *, tokens_per_s: float | None = None,
+                      params: float | None = None, directory: str | Path | None = None) -> None:
+    """Tell gpufleet's agent how much model work this process does, for its model FLOPs
+    utilisation: either ``model_tflops`` (the job's own FLOPs per second / 1e12), or the
+    tokens this process trains on per second and the model's parameter count, from which it
+    is 6 x parameters x tokens/s (a dense transformer's forward and backward pass, as MFU is
+    usually defined). Call it every few seconds or steps; the agent puts it on the samples of
+    the process's GPUs and drops it when it is a minute old. Needs no torch and no enable()."""
+    if model_tflops is None:
+        if tokens_per_s is None or params is None:
+            raise ValueError("give model_tflops, or tokens_per_s and params")
+        model_tflops = 6.0 * params * tokens_per_s / 1e12
+    if not 0.0 <= model_tflops < float("inf"):
+        raise ValueError(f"model_tflops must be a number >= 0, not {model_tflops!r}")
+    Handoff(Path(directory) if directory else profile_dir()).report_throughput(os.getpid(), model_tflops,
+                                                                                time.time())

@@ -25,13 +25,15 @@ SHARED = ("host", "workflow_id", "owner", "team")
 
 
 def _columns() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    fields = json.loads((SCHEMA_DIR / "gpu_sample_columns.v1.avsc").read_text())["fields"]
+    catalog = json.loads((SCHEMA_DIR / "catalog.json").read_text())["schemas"]
+    newest = max((e for e in catalog if e["name"] == NAME), key=lambda e: e["version"])
+    fields = json.loads((SCHEMA_DIR / newest["file"]).read_text())["fields"]
     columns = tuple(f["name"] for f in fields if f["name"] not in SHARED)
     nullable = tuple(f["name"] for f in fields if f["name"] not in SHARED and isinstance(f["type"], list))
     return columns, nullable
 
 
-COLUMNS, NULLABLE = _columns()  # from the schema file, so that code and schema cannot drift apart
+COLUMNS, NULLABLE = _columns()  # from the newest schema file, so that code and schema cannot drift apart
 _DEFAULTS = {"xids": []}  # a field a sample may leave out that is not nullable
 
 

@@ -48,6 +48,7 @@ BOUNDS = (
     Bounds("memory_used_bytes", 0, math.inf, "is negative"),
     Bounds("power_watts", 0.0, math.inf, "is negative"),
     Bounds("share", 0.0, 1.0, "is outside (0, 1]", low_open=True),
+    Bounds("model_tflops", 0.0, 100_000.0, "is outside 0..100000 (TFLOPS of one GPU)"),
 )
 
 

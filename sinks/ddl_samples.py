@@ -36,6 +36,7 @@ GPU_SAMPLE_ADDED_COLUMNS = (
     ("host_iowait_pct", "Nullable(Float32) CODEC(ZSTD)"),
     # v4
     ("rank", "Nullable(Int32) CODEC(ZSTD)"),
+    ("model_tflops", "Nullable(Float32) CODEC(ZSTD)"),  # GpuSample v5
 )
 
 GPU_SAMPLES_TABLE = Table(

@@ -33,6 +33,7 @@ WORKFLOW_WINDOW_ADDED_COLUMNS = (
     ("workflow_cpu_mean_pct", "Nullable(Float64)"),
     ("host_iowait_mean_pct", "Nullable(Float64)"),
     *GOODPUT_COLUMNS,
+    ("model_mfu_pct", "Nullable(Float64)"),  # WorkflowWindow v5
     ("version", "UInt32 DEFAULT 1"),  # WorkflowWindow v4; the engine's version since migration 2
 )
 

@@ -6,13 +6,18 @@ active, wasted and 0 %-utilisation GPU-seconds, the utilisation's median and 95t
 percentile (exact: NVML reports whole percents, kept as a histogram of 101 values), SM and
 tensor activity where the GPU reports them (GPM), memory peak and mean fraction, mean
 power, per-GPU balance, time under power or thermal clock limits, hardware faults, and the
-workflow's CPU on its hosts with their I/O wait (from the agent, on each GPU sample).
+workflow's CPU on its hosts with their I/O wait (from the agent, on each GPU sample), and
+the model FLOPs utilisation of what the job reports of its own throughput (``model_tflops``,
+against each GPU's bf16 dense peak: ``schemas/gpu_peaks.json``).
 """
 
 from __future__ import annotations
 
+from functools import cache
 from itertools import compress
 from operator import mul, not_, truediv
+
+from schemas.gpu_peaks import peak_tflops
 
 # NVML clock-event reasons that mean "slowed down by power or heat" (nvmlClocksEventReason*).
 THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80  # SW power cap, HW slowdown, SW/HW thermal, power brake
@@ -23,7 +28,13 @@ def new_efficiency() -> dict:
         "active_ms": 0.0, "wasted_ms": 0.0, "zero_ms": 0.0, "hist": {}, "sm": [0.0, 0.0], "tensor": [0.0, 0.0],
         "mem_peak": None, "mem_frac": [0.0, 0.0], "power": [0.0, 0.0], "per_gpu": {}, "throttled_ms": 0.0,
         "xids": 0, "ecc": None, "cpu": [0.0, 0.0], "iowait": [0.0, 0.0],
+        "model": [0.0, 0.0],  # sum(reported TFLOPS x weight), sum(peak TFLOPS x weight)
     }
+
+
+@cache
+def _bf16_peak(gpu_model: str) -> float | None:
+    return peak_tflops(gpu_model, "bf16")
 
 
 _BUCKETS = tuple(str(i) for i in range(101))  # histogram keys (strings: the state is JSON)
@@ -78,6 +89,14 @@ def add_efficiency(e: dict, c: dict, w: list[float], total: float) -> None:
     if reasons is not None:
         e["throttled_ms"] += sum(compress(w, [r & THROTTLE_MASK for r in reasons]))
     e["xids"] += sum(map(len, c["xids"]))
+    reported = c["model_tflops"]
+    if reported is not None:  # the job reports its throughput (the profiling hook's report_throughput)
+        pair = e.setdefault("model", [0.0, 0.0])
+        for tflops, model, wi in zip(reported, c["gpu_model"], w):
+            peak = _bf16_peak(model)
+            if peak:
+                pair[0] += tflops * wi
+                pair[1] += peak * wi
     ecc = c["ecc_uncorrected_volatile"]
     if ecc is not None and (e["ecc"] is None or max(ecc) > e["ecc"]):
         e["ecc"] = max(ecc)
@@ -124,4 +143,5 @@ def efficiency_fields(e: dict) -> dict:
         "ecc_uncorrected_max": e["ecc"],
         "workflow_cpu_mean_pct": _mean(e.get("cpu", [0.0, 0.0])),
         "host_iowait_mean_pct": _mean(e.get("iowait", [0.0, 0.0])),
+        "model_mfu_pct": None if _mean(e.get("model", [0.0, 0.0])) is None else 100.0 * _mean(e["model"]),
     }

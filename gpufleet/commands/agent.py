@@ -108,6 +108,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):  # stop now, not after the wait for the next tick
         signal.signal(sig, lambda *_: (stop.set(), coordinator.started.set()))
     agent.observers.append(coordinator.observe)  # the host's view while a profile is captured
+    agent.throughputs = coordinator.handoff.throughputs  # what jobs report of their model work (MFU)
     listener = ProfileListener(kafka, coordinator, topic_prefix=args.topic_prefix)
     profiles = threading.Thread(target=listener.run, args=(stop,), name="profiles", daemon=True)
     profiles.start()

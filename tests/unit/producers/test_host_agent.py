@@ -1,5 +1,8 @@
 """The agent's tick with a fake NVML (the pynvml boundary) and a fixture /proc: what it spools."""
 
+import os
+import time
+
 import pytest
 
 from producers.attribute_process import IDLE, UNATTRIBUTED, ProcessAttributor
@@ -232,3 +235,37 @@ def test_a_capture_starting_mid_wait_is_sampled_from_its_start(world):
     intervals = [s["interval_ms"] for _, _, s in records["GpuSample"] if s["gpu_uuid"] == "GPU-1"]
     assert ticks == pytest.approx([100.0, 101.0, 101.3, 101.4, 101.5])
     assert intervals == [1000, 1000, 300, 100, 100]
+
+
+def test_the_model_work_a_job_reports_rides_on_its_gpus_samples(world):
+    """What a job reports of its model work becomes model_tflops on the samples of its
+    process's GPUs, shared among them; a job that reports nothing has none."""
+    agent, spool, gpus, _ = world
+    gpus[1].processes.append(FakeProcess(101, sm_util=10))  # rank 0 now uses GPU-0 and GPU-1
+    agent.throughputs = lambda now: {101: 240.0}  # pid -> TFLOPS, as the profile directory says
+    agent.tick()
+    by = {(r["gpu_uuid"], r["workflow_id"]): r for _, _, r in spooled(spool)["GpuSample"]}
+    assert by[("GPU-0", "wf-a")]["model_tflops"] == 120.0
+    assert by[("GPU-1", "wf-a")]["model_tflops"] == 120.0
+    assert by[("GPU-0", "slurm-77")]["model_tflops"] is None
+
+
+def test_a_job_reports_its_model_work_through_the_profile_directory(tmp_path):
+    """The hook's side writes 6 x parameters x tokens/s (or the job's own figure); the agent's
+    side reads it while it is fresh and its process lives."""
+    from producers.profile_handoff import Handoff
+    from producers.profile_hook import report_throughput
+
+    handoff = Handoff(tmp_path / "profiles")
+    now = time.time()
+    report_throughput(tokens_per_s=10_000, params=7e9, directory=tmp_path / "profiles")
+    assert handoff.throughputs(now) == {os.getpid(): pytest.approx(420.0)}
+    assert handoff.throughputs(now + 3600) == {}  # an hour later, with no new report: none
+    handoff.report_throughput(2**22 + 7, 999.0, at=now)  # no such process
+    assert set(handoff.throughputs(now)) == {os.getpid()}
+    report_throughput(55.5, directory=tmp_path / "profiles")
+    assert handoff.throughputs(time.time()) == {os.getpid(): 55.5}
+    with pytest.raises(ValueError, match="tokens_per_s and params"):
+        report_throughput(tokens_per_s=10_000, directory=tmp_path / "profiles")
+    with pytest.raises(ValueError, match=">= 0"):
+        report_throughput(float("nan"), directory=tmp_path / "profiles")

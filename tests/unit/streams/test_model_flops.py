@@ -80,3 +80,21 @@ def test_the_peak_table_names_its_source_and_matches_the_most_specific_model():
     assert peak_tflops("NVIDIA H200", "fp8") == 1979.0
     assert peak_tflops("Tesla V100-SXM2-32GB", "bf16") is None  # Volta has no bf16
     assert peak_tflops(None, "bf16") is None
+
+
+def test_a_window_gives_the_mfu_of_the_model_work_its_job_reported():
+    from schemas.sample_columns import columns_of
+    from streams.window_utilization import Incoming, WindowAggregator, WindowConfig
+    from tests.unit.samples import BASE_MS, sample
+
+    def window(**extra) -> dict:
+        agg = WindowAggregator(WindowConfig(), {}, {}, clock=lambda: BASE_MS + 10**9)
+        samples = [sample(gpu_index=g, gpu_uuid=f"GPU-{g}", gpu_model=model, event_time=BASE_MS + t * 1000, **extra)
+                   for t in range(60) for g, model in enumerate(["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"])]
+        agg.process(0, [Incoming(i, b) for i, b in enumerate(columns_of(samples))], closed_at=0)
+        (w,) = agg.advance(0, BASE_MS + 200_000, closed_at=0).closed
+        return w
+
+    # 247.375 TFLOPS on an H100 (989.5 at bf16) and on an A100 (312): (2 x 247.375) / (989.5 + 312)
+    assert window(model_tflops=247.375)["model_mfu_pct"] == pytest.approx(100 * 494.75 / 1301.5)
+    assert window()["model_mfu_pct"] is None  # the job reports nothing
