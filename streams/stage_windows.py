@@ -13,10 +13,17 @@ the GPU samples (so a workflow's samples, life cycle and profile results meet in
 
 The state is written to its changelog once per offset commit, just before the offsets are
 taken (``save_state``); partitions that move away are dropped with their unsaved changes.
+A state records what it has applied (the offsets), and a new owner that restores it skips
+those messages: so the records a batch leads to (windows, alerts, summaries, dead letters)
+are made durable before the state that applied the batch can be written, and what is
+written is the state as it was then (``finish``). The stage's agents change states one at a
+time (``self.lock``), so no state is written with another agent's changes whose records
+are still on their way.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -122,6 +129,10 @@ class WindowStage:
         self.in_order = InOrder()
         self.unsaved: dict[str, int] = {}  # workflow -> its partition: state changed since the last commit
         self.unsaved_history: dict[str, int] = {}  # the same for kept windows
+        self.snapshots: dict[str, bytes] = {}  # workflow -> its state as encoded when its records were durable
+        self.history_snapshots: dict[str, bytes] = {}
+        self.outputs_pending = False  # records sent that the producer may not have delivered yet
+        self.lock = asyncio.Lock()  # one agent at a time changes states, sends, flushes, snapshots
         self.stats: dict[str, int] = defaultdict(int)
         self.ended_after_ms = int(settings.workflow_ended_s * 1000)
         self.quiet_ms = int(settings.idle_partition_s * 1000)
@@ -147,12 +158,14 @@ class WindowStage:
         however many batches changed it. Runs as the consumer starts a commit and before it
         takes the offsets to commit; the commit waits for the producer, so the offsets it
         commits never run ahead of the state written."""
-        for wf, partition in self.unsaved.items():
-            self.table.send_changelog(partition, wf, self.table.data.get(wf))  # None: it was forgotten
+        for wf, partition in self.unsaved.items():  # (b"null": it was forgotten)
+            self.table.send_changelog(partition, wf, self.snapshots.pop(wf), value_serializer="raw")
         self.unsaved.clear()
+        self.snapshots.clear()
         for key, partition in self.unsaved_history.items():
-            self.history.send_changelog(partition, key, self.history.data.get(key))
+            self.history.send_changelog(partition, key, self.history_snapshots.pop(key), value_serializer="raw")
         self.unsaved_history.clear()
+        self.history_snapshots.clear()
 
     def assigned(self) -> list[int]:
         """The partitions of the sample topics this worker owns now."""
@@ -190,22 +203,38 @@ class WindowStage:
         summaries = [record for wf in sorted(corrected)  # its first summary, or one corrected by late samples
                      if (record := summary(wf, self.table.data[wf], self.table.data[wf].end_reason or "ended",
                                            now)) is not None]
+        for window in [*result.closed, *(window for window, _ in result.updated)]:
+            await self._emit(self.windows_topic, WORKFLOW_WINDOWS, window)
+        for alert in alerts:
+            await self._emit(self.alerts_topic, ALERTS, alert)
+        for request in requests:  # the root cause of the waste, while the owner reads the alert
+            await self._emit(self.requests_topic, PROFILE_REQUESTS, request)
+        for record in summaries:
+            await self._emit(self.summaries_topic, WORKFLOW_SUMMARIES, record)
+        if self.outputs_pending:
+            # Durable before the state that applied their source can be written (found by the
+            # fleet fault test: a worker killed while a windows partition's leader was down
+            # left a state with late samples applied, and its new owner skipped them).
+            await self.app.producer.flush()
+            self.outputs_pending = False
         for wf in result.changed | result.removed:
             self.unsaved[wf] = partition
+            self.snapshots[wf] = codecs.dumps(STATE_CODEC, self.table.data.get(wf))
         for key in result.history_changed | result.history_removed:
             self.unsaved_history[key] = partition
-        for window in [*result.closed, *(window for window, _ in result.updated)]:
-            await send(self.codec, self.windows_topic, WORKFLOW_WINDOWS, window)
-        for alert in alerts:
-            await send(self.codec, self.alerts_topic, ALERTS, alert)
-        for request in requests:  # the root cause of the waste, while the owner reads the alert
-            await send(self.codec, self.requests_topic, PROFILE_REQUESTS, request)
-        for record in summaries:
-            await send(self.codec, self.summaries_topic, WORKFLOW_SUMMARIES, record)
+            self.history_snapshots[key] = codecs.dumps(self.history.value_serializer, self.history.data.get(key))
         self.stats["windows"] += len(result.closed)
         self.stats["windows_updated"] += len(result.updated)
         self.stats["alerts"] += len(alerts)
         self.stats["summaries"] += len(summaries)
+
+    async def _emit(self, topic, spec, record: dict) -> None:
+        await send(self.codec, topic, spec, record)
+        self.outputs_pending = True
+
+    async def _dead_letter(self, stage: str, message, reason: str, now: int) -> None:
+        await send_dead_letter(self.codec, self.dlq_topic, stage, message, reason, now)
+        self.outputs_pending = True
 
     def _judge(self, closed: list[dict], now: int) -> tuple[list[dict], list[dict]]:
         """The alerts and profile requests of newly closed windows; their job totals."""
@@ -281,17 +310,18 @@ class WindowStage:
             offset = messages[i].offset
             good += [Incoming(offset, block, j) for j, block in enumerate(blocks)]
             bad += [(messages[i], reason) for reason in reasons]
-        result = self.aggregator.process(partition, good, closed_at=now)
-        await self.finish(partition, result, now)
-        if clocks:
-            await self.finish(partition, self.aggregator.follow(partition, max(clocks), self.quiet_ms, closed_at=now),
-                              now)
-        refused = []
-        if result.refused:  # rare: index the batch only then
-            by_offset = {m.offset: m for m in messages}
-            refused = [(by_offset[inc.offset], reason) for inc, reason in result.refused]
-        for message, reason in bad + refused:
-            await send_dead_letter(self.codec, self.dlq_topic, STAGE, message, reason, now)
+        async with self.lock:
+            result = self.aggregator.process(partition, good, closed_at=now)
+            refused = []
+            if result.refused:  # rare: index the batch only then
+                by_offset = {m.offset: m for m in messages}
+                refused = [(by_offset[inc.offset], reason) for inc, reason in result.refused]
+            for message, reason in bad + refused:
+                await self._dead_letter(STAGE, message, reason, now)
+            await self.finish(partition, result, now)
+            if clocks:
+                await self.finish(partition, self.aggregator.follow(partition, max(clocks), self.quiet_ms,
+                                                                    closed_at=now), now)
         self.stats["samples"] += sum(size(inc.record) for inc in good)
         self.stats["refused"] += len(result.refused)
         self.stats["invalid"] += len(bad)
@@ -304,19 +334,20 @@ class WindowStage:
             now = int(time.time() * 1000)
             for partition, messages in by_partition(events).items():
                 ok, errors = self.codec.decode_many([m.value for m in messages])
-                for i, reason in errors:
-                    await send_dead_letter(self.codec, self.dlq_topic, LIFE_CYCLE, messages[i], reason, now)
-                result = BatchResult()
-                for i, name, event in ok:
-                    if name != WORKFLOW_EVENTS.schema:
-                        continue
-                    reason = ids_error(event)
-                    if reason:
-                        await send_dead_letter(self.codec, self.dlq_topic, LIFE_CYCLE, messages[i], reason, now)
-                        continue
-                    self._hear(partition, event)
-                    result.changed.add(event["workflow_id"])
-                await self.finish(partition, result, now)
+                async with self.lock:
+                    for i, reason in errors:
+                        await self._dead_letter(LIFE_CYCLE, messages[i], reason, now)
+                    result = BatchResult()
+                    for i, name, event in ok:
+                        if name != WORKFLOW_EVENTS.schema:
+                            continue
+                        reason = ids_error(event)
+                        if reason:
+                            await self._dead_letter(LIFE_CYCLE, messages[i], reason, now)
+                            continue
+                        self._hear(partition, event)
+                        result.changed.add(event["workflow_id"])
+                    await self.finish(partition, result, now)
 
     def _hear(self, partition: int, event: dict) -> None:
         """One life-cycle event into its workflow's state: which hosts it runs on, and whether
@@ -340,18 +371,21 @@ class WindowStage:
             now = int(time.time() * 1000)
             for partition, messages in by_partition(events).items():
                 result, updates, finished = BatchResult(), [], []
-                for record in await decoded(self.codec, self.dlq_topic, ROOT_CAUSE, PROFILE_RESULTS, messages, now):
-                    if is_periodic(record["request_id"]):
-                        finished.append(record["workflow_id"])
-                    state = self.table.data.get(record["workflow_id"])
-                    update = apply_profile_result(state, record, now) if state is not None else None
-                    if update is not None:
-                        updates.append(update)
-                        result.changed.add(record["workflow_id"])
-                await self.finish(partition, result, now)
-                for alert in updates:
-                    log.info("alert %s: root cause from profile %s", alert["alert_id"], alert["profile_request_id"])
-                    await send(self.codec, self.alerts_topic, ALERTS, alert)
+                records = await decoded(self.codec, self.dlq_topic, ROOT_CAUSE, PROFILE_RESULTS, messages, now)
+                async with self.lock:
+                    self.outputs_pending = self.outputs_pending or len(records) < len(messages)  # dead letters
+                    for record in records:
+                        if is_periodic(record["request_id"]):
+                            finished.append(record["workflow_id"])
+                        state = self.table.data.get(record["workflow_id"])
+                        update = apply_profile_result(state, record, now) if state is not None else None
+                        if update is not None:
+                            updates.append(update)
+                            result.changed.add(record["workflow_id"])
+                    for alert in updates:  # sent before the state that has them is written
+                        log.info("alert %s: root cause from profile %s", alert["alert_id"], alert["profile_request_id"])
+                        await self._emit(self.alerts_topic, ALERTS, alert)
+                    await self.finish(partition, result, now)
                 self.stats["root_causes"] += len(updates)
                 if finished:  # the scheduler's slots are free again
                     await send(self.codec, self.schedule_topic, PROFILE_SCHEDULE, {
