@@ -45,6 +45,7 @@ class TraceStage:
         # One entry per trace; the changelog partition is the trace's source partition.
         self.table = app.Table("trace-state", default=None, partitions=settings.trace_partitions, key_type=str)
         self.sessions = TraceSessions(settings.trace_sessions, self.table.data)
+        self.outputs_pending = False  # dead letters sent that the producer may not have delivered yet
 
     def register(self) -> None:
         app = self.app
@@ -87,15 +88,15 @@ class TraceStage:
                 records.append((name, record))
         for i, reason in errors:
             await send_dead_letter(self.codec, self.dlq_topic, STAGE, messages[i], reason, now)
+        self.outputs_pending = self.outputs_pending or bool(errors)
         return records
 
     async def _persist_and_emit(self, result) -> None:
+        """The analyses, findings and results first, durable, then the sessions' states: a
+        state that says a trace is done makes a new owner skip its events, so an analysis
+        still on its way when the worker dies would be lost (as the window stage, which the
+        fleet fault test caught)."""
         table, codec = self.table, self.codec
-        for tid in result.changed:
-            state = table.data[tid]
-            table.send_changelog(state["partition"], tid, state)
-        for tid, partition in result.removed.items():
-            table.send_changelog(partition, tid, None)
         for analysis in result.analyses:
             log.info("trace %s analysed (%d events%s)", analysis["trace_id"], analysis["events"],
                      ", partial" if analysis["partial"] else "")
@@ -104,6 +105,14 @@ class TraceStage:
             await send(codec, self.findings_topic, FINDINGS, finding)
         for analysis in result.analyses:  # a requested profile: its result, and the requester told
             await self._report_to_requester(analysis, result.findings)
+        if result.analyses or self.outputs_pending:
+            await self.app.producer.flush()
+            self.outputs_pending = False
+        for tid in result.changed:
+            state = table.data[tid]
+            table.send_changelog(state["partition"], tid, state)
+        for tid, partition in result.removed.items():
+            table.send_changelog(partition, tid, None)
 
     async def _report_to_requester(self, analysis: dict, findings: list[dict]) -> None:
         origin = request_of_trace(analysis["trace_id"])

@@ -1,5 +1,5 @@
-"""The window stage makes the records a batch leads to durable before the state that applied
-the batch can reach its changelog, and writes the state as it was then: a new owner that
+"""The stages make the records a batch leads to durable before the state that applied
+the batch can reach its changelog (the window stage writes the state as it was then): a new owner that
 restores the state skips the batch as applied, so a record not yet durable would be lost
 (found by the fleet fault test: a worker killed while a windows partition's leader was down)."""
 
@@ -71,3 +71,28 @@ def test_a_batch_without_records_writes_its_state_without_a_flush(stage):
     asyncio.run(stage._apply_samples(0, messages(0, 30, offset=0), now=BASE_MS + 40_000))
     assert [e[0] for e in stage.events] == []  # nothing closed: nothing sent, nothing to wait for
     assert list(stage.snapshots) == ["wf-a"]
+
+
+def test_the_trace_stage_sends_its_analysis_before_the_state_that_says_the_trace_is_done(monkeypatch):
+    from streams import stage_traces
+    from streams.stage_traces import TraceStage
+    from tests.unit.streams.test_trace_sessions import end, kernel_events
+
+    app = faust.App("test-trace-ordering", broker="kafka://127.0.0.1:1", store="memory://", autodiscover=False)
+    stage = TraceStage(app, StreamSettings(bootstrap="127.0.0.1:1"), Codec())
+    events: list[tuple] = []
+
+    async def send(codec, topic, spec, record):
+        events.append(("send", spec.name))
+
+    async def flush():
+        events.append(("flush",))
+
+    monkeypatch.setattr(stage_traces, "send", send)
+    monkeypatch.setattr(app.producer, "flush", flush)
+    monkeypatch.setattr(stage.table, "send_changelog",
+                        lambda partition, key, value: events.append(("state", key, dict(value or {}))))
+    asyncio.run(stage._persist_and_emit(stage.sessions.apply(0, kernel_events() + [end()], now_ms=10)))
+    kinds = [e[0] for e in events]
+    assert kinds.index("flush") < kinds.index("state") and "send" not in kinds[kinds.index("flush"):]
+    assert [e for e in events if e[0] == "state"][-1][2]["done"] is True
