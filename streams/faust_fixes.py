@@ -34,6 +34,15 @@ offsets:
    (``streams.in_order``) seeks back to the first missing offset and applies messages only
    in order, and the commit never passes an offset that was not processed.
 
+5. The commit writes state before it commits offsets (``streams.stage_io.BeforeCommit``),
+   but it runs whenever its timer fires, also in the middle of a stage's batch: between the
+   batch's changes to a state and the delivery of the records they lead to. A state written
+   then would be ahead of its records; a new owner restoring it after a crash skips the batch
+   as applied, and the records never reach their topics (the fleet fault test lost a window
+   re-emitted by late samples this way). The commit now first takes the locks the stages
+   register on the app (``app.gpufleet_commit_locks``), each held by a batch from its first
+   change to the flush of its records.
+
 And one for speed: the consumer's drain loop hands each message to the streams inside
 ``Service.wait_first(deliver, suspend_flow.wait())``, a race that lets a rebalance stop a
 delivery waiting on a full stream buffer. The race costs four tasks and an ``asyncio.wait``
@@ -48,7 +57,7 @@ import asyncio
 import logging
 import types
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AsyncExitStack, contextmanager
 
 from faust.transport.consumer import Consumer
 from mode import Service
@@ -156,11 +165,23 @@ async def _add_gap_unless_contiguous(self, tp, offset_from: int, offset_to: int)
     await _original_add_gap(self, tp, offset_from, offset_to)
 
 
+_original_force_commit = Consumer.force_commit
+
+
+async def _force_commit_between_batches(self, topics=None, start_new_transaction: bool = True) -> bool:
+    """``force_commit`` once no stage is in the middle of a batch (5.)."""
+    async with AsyncExitStack() as held:
+        for lock in getattr(self.app, "gpufleet_commit_locks", ()):
+            await held.enter_async_context(lock)
+        return await _original_force_commit(self, topics, start_new_transaction)
+
+
 _PATCHES = {
     "_new_offset": _new_offset_fixed,
     "wait_first": _wait_first_fast,
     "perform_seek": _perform_seek_with_flow_stopped,
     "_add_gap": _add_gap_unless_contiguous,
+    "force_commit": _force_commit_between_batches,
 }
 # What the consumer class itself defines under those names (None: it inherits the method).
 _DEFINED = {name: Consumer.__dict__.get(name) for name in _PATCHES}

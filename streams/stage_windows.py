@@ -15,10 +15,10 @@ The state is written to its changelog once per offset commit, just before the of
 taken (``save_state``); partitions that move away are dropped with their unsaved changes.
 A state records what it has applied (the offsets), and a new owner that restores it skips
 those messages: so the records a batch leads to (windows, alerts, summaries, dead letters)
-are made durable before the state that applied the batch can be written, and what is
-written is the state as it was then (``finish``). The stage's agents change states one at a
-time (``self.lock``), so no state is written with another agent's changes whose records
-are still on their way.
+are made durable before the state that applied the batch can be written. A batch changes the
+states, sends its records and flushes them while it holds ``self.lock``; the stage's agents
+take it in turn, and so does the offset commit that writes the states
+(``faust_fixes``: the consumer's commit waits for the app's ``gpufleet_commit_locks``).
 """
 
 from __future__ import annotations
@@ -129,10 +129,11 @@ class WindowStage:
         self.in_order = InOrder()
         self.unsaved: dict[str, int] = {}  # workflow -> its partition: state changed since the last commit
         self.unsaved_history: dict[str, int] = {}  # the same for kept windows
-        self.snapshots: dict[str, bytes] = {}  # workflow -> its state as encoded when its records were durable
-        self.history_snapshots: dict[str, bytes] = {}
         self.outputs_pending = False  # records sent that the producer may not have delivered yet
-        self.lock = asyncio.Lock()  # one agent at a time changes states, sends, flushes, snapshots
+        # Held from a batch's first change of a state to the flush of its records; the commit
+        # that writes the states waits for it (faust_fixes).
+        self.lock = asyncio.Lock()
+        app.gpufleet_commit_locks = [*getattr(app, "gpufleet_commit_locks", []), self.lock]
         self.stats: dict[str, int] = defaultdict(int)
         self.ended_after_ms = int(settings.workflow_ended_s * 1000)
         self.quiet_ms = int(settings.idle_partition_s * 1000)
@@ -158,14 +159,12 @@ class WindowStage:
         however many batches changed it. Runs as the consumer starts a commit and before it
         takes the offsets to commit; the commit waits for the producer, so the offsets it
         commits never run ahead of the state written."""
-        for wf, partition in self.unsaved.items():  # (b"null": it was forgotten)
-            self.table.send_changelog(partition, wf, self.snapshots.pop(wf), value_serializer="raw")
+        for wf, partition in self.unsaved.items():
+            self.table.send_changelog(partition, wf, self.table.data.get(wf))  # None: it was forgotten
         self.unsaved.clear()
-        self.snapshots.clear()
         for key, partition in self.unsaved_history.items():
-            self.history.send_changelog(partition, key, self.history_snapshots.pop(key), value_serializer="raw")
+            self.history.send_changelog(partition, key, self.history.data.get(key))
         self.unsaved_history.clear()
-        self.history_snapshots.clear()
 
     def assigned(self) -> list[int]:
         """The partitions of the sample topics this worker owns now."""
@@ -219,10 +218,8 @@ class WindowStage:
             self.outputs_pending = False
         for wf in result.changed | result.removed:
             self.unsaved[wf] = partition
-            self.snapshots[wf] = codecs.dumps(STATE_CODEC, self.table.data.get(wf))
         for key in result.history_changed | result.history_removed:
             self.unsaved_history[key] = partition
-            self.history_snapshots[key] = codecs.dumps(self.history.value_serializer, self.history.data.get(key))
         self.stats["windows"] += len(result.closed)
         self.stats["windows_updated"] += len(result.updated)
         self.stats["alerts"] += len(alerts)

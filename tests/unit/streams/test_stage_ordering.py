@@ -1,7 +1,8 @@
-"""The stages make the records a batch leads to durable before the state that applied
-the batch can reach its changelog (the window stage writes the state as it was then): a new owner that
-restores the state skips the batch as applied, so a record not yet durable would be lost
-(found by the fleet fault test: a worker killed while a windows partition's leader was down)."""
+"""The stages make the records a batch leads to durable before the state that applied the
+batch can reach its changelog, and the commit that writes the window stage's states waits for
+a batch in progress: a new owner that restores a state skips what it applied, so a record not
+yet durable would be lost (found by the fleet fault test: a worker killed while a windows
+partition's leader was down)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from schemas.sample_columns import columns_of
 from streams import stage_windows
 from streams.app import StreamSettings
 from streams.stage_windows import WindowStage
-from streams.workflow_state import decode
 from tests.unit.samples import BASE_MS, sample
 
 
@@ -30,14 +30,13 @@ def stage(monkeypatch):
         events.append(("send", spec.name, record.get("window_start")))
 
     async def flush():
-        events.append(("flush", sorted(stage.snapshots)))
+        events.append(("flush",))
 
     monkeypatch.setattr(stage_windows, "send", send)
     monkeypatch.setattr(app.producer, "flush", flush)
-    monkeypatch.setattr(stage.table, "send_changelog",
-                        lambda partition, key, value, value_serializer=None: events.append(("state", key, value)))
+    monkeypatch.setattr(stage.table, "send_changelog", lambda partition, key, value: events.append(("state", key, value)))
     monkeypatch.setattr(stage.history, "send_changelog",
-                        lambda partition, key, value, value_serializer=None: events.append(("history", key, value)))
+                        lambda partition, key, value: events.append(("history", key, value)))
     stage.events = events
     return stage
 
@@ -49,28 +48,48 @@ def messages(first_s: int, last_s: int, offset: int) -> list:
                             topic="gpufleet.gpu-samples.v1") for i, b in enumerate(columns_of(samples))]
 
 
-def test_records_are_flushed_before_the_state_that_applied_them_is_snapshotted(stage):
+def test_records_are_flushed_before_the_batch_ends(stage):
     batch = messages(0, 80, offset=0)  # 80 s: the first window closes
     asyncio.run(stage._apply_samples(0, batch, now=BASE_MS + 90_000))
     kinds = [e[0] for e in stage.events]
-    assert kinds[:2] == ["send", "flush"] and stage.events[0][1].endswith("workflow-windows.v1")
-    assert stage.events[1] == ("flush", [])  # no state snapshotted before its window was durable
-    assert list(stage.snapshots) == ["wf-a"]
-
-    # A later change to the live state (another batch, its records not yet flushed) is not
-    # what the next commit writes: the snapshot is.
-    stage.table.data["wf-a"].last_offset = 10_000
+    assert kinds == ["send", "flush"] and stage.events[0][1].endswith("workflow-windows.v1")
+    assert stage.unsaved == {"wf-a": 0} and not stage.lock.locked()
     stage.save_state()
     (_, key, value), = [e for e in stage.events if e[0] == "state"]
-    assert key == "wf-a" and decode(value).last_offset == len(batch) - 1
+    assert key == "wf-a" and value.last_offset == len(batch) - 1
     assert [e for e in stage.events if e[0] == "history"]  # the closed window, kept for late samples
-    assert not stage.snapshots and not stage.unsaved
+
+
+def test_the_commit_waits_for_a_batch_in_progress(stage, monkeypatch):
+    """The consumer's commit (patched by faust_fixes) takes the stage's lock first: it never
+    writes states between a batch's changes and the flush of its records."""
+    from streams import faust_fixes
+
+    order = []
+
+    async def commit(consumer, topics=None, start_new_transaction=True):
+        order.append("commit")
+        return True
+
+    monkeypatch.setattr(faust_fixes, "_original_force_commit", commit)
+    consumer = SimpleNamespace(app=stage.app)
+    assert stage.app.gpufleet_commit_locks == [stage.lock]
+
+    async def scenario():
+        async with stage.lock:  # a batch between its first change and its flush
+            waiting = asyncio.create_task(faust_fixes._force_commit_between_batches(consumer))
+            await asyncio.sleep(0)  # the commit runs up to the lock
+            order.append("batch flushed")
+        assert await waiting is True
+
+    asyncio.run(scenario())
+    assert order == ["batch flushed", "commit"]
 
 
 def test_a_batch_without_records_writes_its_state_without_a_flush(stage):
     asyncio.run(stage._apply_samples(0, messages(0, 30, offset=0), now=BASE_MS + 40_000))
     assert [e[0] for e in stage.events] == []  # nothing closed: nothing sent, nothing to wait for
-    assert list(stage.snapshots) == ["wf-a"]
+    assert stage.unsaved == {"wf-a": 0}
 
 
 def test_the_trace_stage_sends_its_analysis_before_the_state_that_says_the_trace_is_done(monkeypatch):
