@@ -39,9 +39,11 @@ offsets:
    batch's changes to a state and the delivery of the records they lead to. A state written
    then would be ahead of its records; a new owner restoring it after a crash skips the batch
    as applied, and the records never reach their topics (the fleet fault test lost a window
-   re-emitted by late samples this way). The commit now first takes the locks the stages
+   re-emitted by late samples this way: its partition's leader was the broker just killed,
+   while the state went to another). The commit now first takes the locks the stages
    register on the app (``app.gpufleet_commit_locks``), each held by a batch from its first
-   change to the flush of its records.
+   change of a state until its records are sent, then flushes the producer: every record of
+   the batches the states have applied is durable before the states are written.
 
 And one for speed: the consumer's drain loop hands each message to the streams inside
 ``Service.wait_first(deliver, suspend_flow.wait())``, a race that lets a rebalance stop a
@@ -169,10 +171,14 @@ _original_force_commit = Consumer.force_commit
 
 
 async def _force_commit_between_batches(self, topics=None, start_new_transaction: bool = True) -> bool:
-    """``force_commit`` once no stage is in the middle of a batch (5.)."""
+    """``force_commit`` once no stage is in the middle of a batch, after the records of every
+    batch so far are durable (5.)."""
+    locks = getattr(self.app, "gpufleet_commit_locks", ())
     async with AsyncExitStack() as held:
-        for lock in getattr(self.app, "gpufleet_commit_locks", ()):
+        for lock in locks:
             await held.enter_async_context(lock)
+        if locks:
+            await self.app.producer.flush()
         return await _original_force_commit(self, topics, start_new_transaction)
 
 

@@ -15,10 +15,10 @@ The state is written to its changelog once per offset commit, just before the of
 taken (``save_state``); partitions that move away are dropped with their unsaved changes.
 A state records what it has applied (the offsets), and a new owner that restores it skips
 those messages: so the records a batch leads to (windows, alerts, summaries, dead letters)
-are made durable before the state that applied the batch can be written. A batch changes the
-states, sends its records and flushes them while it holds ``self.lock``; the stage's agents
-take it in turn, and so does the offset commit that writes the states
-(``faust_fixes``: the consumer's commit waits for the app's ``gpufleet_commit_locks``).
+must be durable before the state that applied the batch is written. A batch changes the
+states and sends its records while it holds ``self.lock``; the offset commit takes the lock
+too, flushes the producer (the records of every batch so far), and only then writes the
+states and commits (``faust_fixes``, fix 5: the app's ``gpufleet_commit_locks``).
 """
 
 from __future__ import annotations
@@ -129,9 +129,8 @@ class WindowStage:
         self.in_order = InOrder()
         self.unsaved: dict[str, int] = {}  # workflow -> its partition: state changed since the last commit
         self.unsaved_history: dict[str, int] = {}  # the same for kept windows
-        self.outputs_pending = False  # records sent that the producer may not have delivered yet
-        # Held from a batch's first change of a state to the flush of its records; the commit
-        # that writes the states waits for it (faust_fixes).
+        # Held from a batch's first change of a state until its records are sent; the commit that
+        # flushes them and writes the states waits for it (faust_fixes).
         self.lock = asyncio.Lock()
         app.gpufleet_commit_locks = [*getattr(app, "gpufleet_commit_locks", []), self.lock]
         self.stats: dict[str, int] = defaultdict(int)
@@ -210,12 +209,6 @@ class WindowStage:
             await self._emit(self.requests_topic, PROFILE_REQUESTS, request)
         for record in summaries:
             await self._emit(self.summaries_topic, WORKFLOW_SUMMARIES, record)
-        if self.outputs_pending:
-            # Durable before the state that applied their source can be written (found by the
-            # fleet fault test: a worker killed while a windows partition's leader was down
-            # left a state with late samples applied, and its new owner skipped them).
-            await self.app.producer.flush()
-            self.outputs_pending = False
         for wf in result.changed | result.removed:
             self.unsaved[wf] = partition
         for key in result.history_changed | result.history_removed:
@@ -227,11 +220,9 @@ class WindowStage:
 
     async def _emit(self, topic, spec, record: dict) -> None:
         await send(self.codec, topic, spec, record)
-        self.outputs_pending = True
 
     async def _dead_letter(self, stage: str, message, reason: str, now: int) -> None:
         await send_dead_letter(self.codec, self.dlq_topic, stage, message, reason, now)
-        self.outputs_pending = True
 
     def _judge(self, closed: list[dict], now: int) -> tuple[list[dict], list[dict]]:
         """The alerts and profile requests of newly closed windows; their job totals."""
@@ -370,7 +361,6 @@ class WindowStage:
                 result, updates, finished = BatchResult(), [], []
                 records = await decoded(self.codec, self.dlq_topic, ROOT_CAUSE, PROFILE_RESULTS, messages, now)
                 async with self.lock:
-                    self.outputs_pending = self.outputs_pending or len(records) < len(messages)  # dead letters
                     for record in records:
                         if is_periodic(record["request_id"]):
                             finished.append(record["workflow_id"])

@@ -1,8 +1,8 @@
-"""The stages make the records a batch leads to durable before the state that applied the
-batch can reach its changelog, and the commit that writes the window stage's states waits for
-a batch in progress: a new owner that restores a state skips what it applied, so a record not
-yet durable would be lost (found by the fleet fault test: a worker killed while a windows
-partition's leader was down)."""
+"""The records a batch leads to are durable before the state that applied the batch reaches
+its changelog: a new owner that restores a state skips what it applied, so a record not yet
+durable would be lost (found by the fleet fault test: a worker killed while a windows
+partition's leader was down). The window stage's commit waits for a batch in progress, then
+flushes, then writes the states; the trace stage flushes before it writes its states."""
 
 from __future__ import annotations
 
@@ -48,11 +48,10 @@ def messages(first_s: int, last_s: int, offset: int) -> list:
                             topic="gpufleet.gpu-samples.v1") for i, b in enumerate(columns_of(samples))]
 
 
-def test_records_are_flushed_before_the_batch_ends(stage):
+def test_a_batch_sends_its_records_and_leaves_its_states_to_the_commit(stage):
     batch = messages(0, 80, offset=0)  # 80 s: the first window closes
     asyncio.run(stage._apply_samples(0, batch, now=BASE_MS + 90_000))
-    kinds = [e[0] for e in stage.events]
-    assert kinds == ["send", "flush"] and stage.events[0][1].endswith("workflow-windows.v1")
+    assert [e[0] for e in stage.events] == ["send"] and stage.events[0][1].endswith("workflow-windows.v1")
     assert stage.unsaved == {"wf-a": 0} and not stage.lock.locked()
     stage.save_state()
     (_, key, value), = [e for e in stage.events if e[0] == "state"]
@@ -60,15 +59,13 @@ def test_records_are_flushed_before_the_batch_ends(stage):
     assert [e for e in stage.events if e[0] == "history"]  # the closed window, kept for late samples
 
 
-def test_the_commit_waits_for_a_batch_in_progress(stage, monkeypatch):
-    """The consumer's commit (patched by faust_fixes) takes the stage's lock first: it never
-    writes states between a batch's changes and the flush of its records."""
+def test_the_commit_waits_for_a_batch_in_progress_then_flushes_before_it_writes_states(stage, monkeypatch):
+    """The consumer's commit (patched by faust_fixes) takes the stage's lock, flushes the
+    producer, and only then runs Faust's commit (which writes the states, then the offsets)."""
     from streams import faust_fixes
 
-    order = []
-
     async def commit(consumer, topics=None, start_new_transaction=True):
-        order.append("commit")
+        stage.events.append(("commit",))
         return True
 
     monkeypatch.setattr(faust_fixes, "_original_force_commit", commit)
@@ -76,14 +73,14 @@ def test_the_commit_waits_for_a_batch_in_progress(stage, monkeypatch):
     assert stage.app.gpufleet_commit_locks == [stage.lock]
 
     async def scenario():
-        async with stage.lock:  # a batch between its first change and its flush
+        async with stage.lock:  # a batch between its first change and the last of its records
             waiting = asyncio.create_task(faust_fixes._force_commit_between_batches(consumer))
             await asyncio.sleep(0)  # the commit runs up to the lock
-            order.append("batch flushed")
+            stage.events.append(("batch sent",))
         assert await waiting is True
 
     asyncio.run(scenario())
-    assert order == ["batch flushed", "commit"]
+    assert stage.events == [("batch sent",), ("flush",), ("commit",)]
 
 
 def test_a_batch_without_records_writes_its_state_without_a_flush(stage):
