@@ -43,7 +43,9 @@ offsets:
    while the state went to another). The commit now first takes the locks the stages
    register on the app (``app.gpufleet_commit_locks``), each held by a batch from its first
    change of a state until its records are sent, then flushes the producer: every record of
-   the batches the states have applied is durable before the states are written.
+   the batches the states have applied is durable before the states are written. The locks
+   are held only while the states are taken (encoded then: ``on_commit_initiated``) and the
+   offsets to commit are chosen; the batches go on while those are sent and committed.
 
 And one for speed: the consumer's drain loop hands each message to the streams inside
 ``Service.wait_first(deliver, suspend_flow.wait())``, a race that lets a rebalance stop a
@@ -61,7 +63,8 @@ import types
 from collections.abc import Iterator
 from contextlib import AsyncExitStack, contextmanager
 
-from faust.transport.consumer import Consumer
+from faust.exceptions import ProducerSendError
+from faust.transport.consumer import CONSUMER_COMMITTING, Consumer
 from mode import Service
 from mode.services import WaitResults
 
@@ -170,16 +173,29 @@ async def _add_gap_unless_contiguous(self, tp, offset_from: int, offset_to: int)
 _original_force_commit = Consumer.force_commit
 
 
+@Service.transitions_to(CONSUMER_COMMITTING)
 async def _force_commit_between_batches(self, topics=None, start_new_transaction: bool = True) -> bool:
-    """``force_commit`` once no stage is in the middle of a batch, after the records of every
-    batch so far are durable (5.)."""
+    """Faust's ``force_commit``, its first steps (the states taken, the offsets chosen) between
+    the stages' batches and after the records of every batch so far are durable (5.)."""
     locks = getattr(self.app, "gpufleet_commit_locks", ())
+    if not locks:
+        return await _original_force_commit(self, topics, start_new_transaction)
     async with AsyncExitStack() as held:
         for lock in locks:
             await held.enter_async_context(lock)
-        if locks:
-            await self.app.producer.flush()
-        return await _original_force_commit(self, topics, start_new_transaction)
+        await self.app.producer.flush()
+        sensor_state = self.app.sensors.on_commit_initiated(self)  # the states, encoded now
+        commit_offsets = self._filter_committable_offsets(list(self._filter_tps_with_pending_acks(topics)))
+    did_commit = False
+    if commit_offsets:  # as faust's _commit_tps, for the offsets chosen above
+        try:
+            await self._handle_attached(commit_offsets)
+        except ProducerSendError as exc:
+            await self.crash(exc)
+        else:
+            did_commit = await self._commit_offsets(commit_offsets, start_new_transaction=start_new_transaction)
+    self.app.sensors.on_commit_completed(self, sensor_state)
+    return did_commit
 
 
 _PATCHES = {

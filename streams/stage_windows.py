@@ -155,14 +155,17 @@ class WindowStage:
 
     def save_state(self) -> None:
         """The state of each workflow changed since the last commit, to the changelog, once
-        however many batches changed it. Runs as the consumer starts a commit and before it
-        takes the offsets to commit; the commit waits for the producer, so the offsets it
-        commits never run ahead of the state written."""
-        for wf, partition in self.unsaved.items():
-            self.table.send_changelog(partition, wf, self.table.data.get(wf))  # None: it was forgotten
+        however many batches changed it. Runs as the consumer starts a commit, between batches,
+        once their records are durable, and before it takes the offsets to commit; the commit
+        waits for the producer, so the offsets it commits never run ahead of the state
+        written. Encoded here: the batches go on while the producer sends it."""
+        for wf, partition in self.unsaved.items():  # (None: it was forgotten)
+            value = codecs.dumps(STATE_CODEC, self.table.data.get(wf))
+            self.table.send_changelog(partition, wf, value, value_serializer="raw")
         self.unsaved.clear()
         for key, partition in self.unsaved_history.items():
-            self.history.send_changelog(partition, key, self.history.data.get(key))
+            value = codecs.dumps(self.history.value_serializer, self.history.data.get(key))
+            self.history.send_changelog(partition, key, value, value_serializer="raw")
         self.unsaved_history.clear()
 
     def assigned(self) -> list[int]:

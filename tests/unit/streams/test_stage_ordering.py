@@ -17,6 +17,7 @@ from schemas.sample_columns import columns_of
 from streams import stage_windows
 from streams.app import StreamSettings
 from streams.stage_windows import WindowStage
+from streams.workflow_state import decode
 from tests.unit.samples import BASE_MS, sample
 
 
@@ -34,9 +35,10 @@ def stage(monkeypatch):
 
     monkeypatch.setattr(stage_windows, "send", send)
     monkeypatch.setattr(app.producer, "flush", flush)
-    monkeypatch.setattr(stage.table, "send_changelog", lambda partition, key, value: events.append(("state", key, value)))
+    monkeypatch.setattr(stage.table, "send_changelog",
+                        lambda partition, key, value, value_serializer=None: events.append(("state", key, value)))
     monkeypatch.setattr(stage.history, "send_changelog",
-                        lambda partition, key, value: events.append(("history", key, value)))
+                        lambda partition, key, value, value_serializer=None: events.append(("history", key, value)))
     stage.events = events
     return stage
 
@@ -54,22 +56,40 @@ def test_a_batch_sends_its_records_and_leaves_its_states_to_the_commit(stage):
     assert [e[0] for e in stage.events] == ["send"] and stage.events[0][1].endswith("workflow-windows.v1")
     assert stage.unsaved == {"wf-a": 0} and not stage.lock.locked()
     stage.save_state()
+    stage.table.data["wf-a"].last_offset = 10_000  # a later batch: not in what was written
     (_, key, value), = [e for e in stage.events if e[0] == "state"]
-    assert key == "wf-a" and value.last_offset == len(batch) - 1
+    assert key == "wf-a" and decode(value).last_offset == len(batch) - 1
     assert [e for e in stage.events if e[0] == "history"]  # the closed window, kept for late samples
 
 
-def test_the_commit_waits_for_a_batch_in_progress_then_flushes_before_it_writes_states(stage, monkeypatch):
-    """The consumer's commit (patched by faust_fixes) takes the stage's lock, flushes the
-    producer, and only then runs Faust's commit (which writes the states, then the offsets)."""
+def test_the_commit_takes_the_states_between_batches_after_a_flush(stage, monkeypatch):
+    """The consumer's commit (faust_fixes, fix 5) waits for a batch in progress, flushes the
+    producer, takes the states and chooses the offsets, and lets the batches go on while it
+    sends and commits them."""
     from streams import faust_fixes
 
-    async def commit(consumer, topics=None, start_new_transaction=True):
-        stage.events.append(("commit",))
-        return True
+    class Consumer:  # the parts of faust's consumer the commit uses
+        app = stage.app
 
-    monkeypatch.setattr(faust_fixes, "_original_force_commit", commit)
-    consumer = SimpleNamespace(app=stage.app)
+        def _filter_tps_with_pending_acks(self, topics):
+            return ["tp"]
+
+        def _filter_committable_offsets(self, tps):
+            stage.events.append(("offsets chosen", stage.lock.locked()))
+            return {"tp": 42}
+
+        async def _handle_attached(self, offsets):
+            pass
+
+        async def _commit_offsets(self, offsets, start_new_transaction=True):
+            stage.events.append(("committed", offsets, stage.lock.locked()))
+            return True
+
+        _transition = None
+
+    stage.app.sensors.add(stage_windows.BeforeCommit(lambda: stage.events.append(("states taken",))))
+    consumer = Consumer()
+    consumer.diag = SimpleNamespace(set_flag=lambda flag: None, unset_flag=lambda flag: None)
     assert stage.app.gpufleet_commit_locks == [stage.lock]
 
     async def scenario():
@@ -80,7 +100,8 @@ def test_the_commit_waits_for_a_batch_in_progress_then_flushes_before_it_writes_
         assert await waiting is True
 
     asyncio.run(scenario())
-    assert stage.events == [("batch sent",), ("flush",), ("commit",)]
+    assert stage.events == [("batch sent",), ("flush",), ("states taken",), ("offsets chosen", True),
+                            ("committed", {"tp": 42}, False)]
 
 
 def test_a_batch_without_records_writes_its_state_without_a_flush(stage):
