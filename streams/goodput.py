@@ -20,8 +20,9 @@ the windows), and goes to exactly one bucket, the first that applies:
 So the buckets of a window, and of a workflow, sum to its GPU-seconds exactly. With each
 bucket the energy its samples used: from the GPU's energy counter where it reports one (the
 counter's rise since the GPU's previous sample, times the workflow's share), else its power
-times its weight; idle power is charged to whoever holds the allocation, like its time. Carbon and cost are the report's (``gpufleet/goodput_report.py``): prices and grid
-intensities change, the GPU-seconds and joules do not.
+times its weight; idle power is charged to whoever holds the allocation, like its time.
+Carbon and cost are the reports' (``sinks/job_report.py``): prices and grid intensities
+change, the GPU-seconds and joules do not.
 
 The buckets do not depend on how samples are grouped into messages or in which order they
 arrive within a window: start-up is judged on event time when the window is emitted (a
@@ -196,16 +197,3 @@ def goodput_fields(g: dict, window: dict, state: WorkflowState, config: GoodputC
         ms[k] += k_ms
         j[k] += k_j
     return {**{f: v / 1000.0 for f, v in zip(SECONDS_FIELDS, ms)}, **dict(zip(JOULES_FIELDS, j))}
-
-
-def productive_split(productive_s: float, compute: float, communication: float, launch: float) -> dict:
-    """Productive GPU-seconds split as a profile of the workflow saw its ranks' time: kernel
-    compute, exposed communication and host launch overhead (fractions, normalised)."""
-    total = compute + communication + launch
-    if total <= 0:
-        return {}
-    return {"kernel_compute": productive_s * compute / total,
-            "exposed_communication": productive_s * communication / total,
-            "launch_overhead": productive_s * launch / total}
-
-

@@ -205,13 +205,13 @@ class WindowStage:
                      if (record := summary(wf, self.table.data[wf], self.table.data[wf].end_reason or "ended",
                                            now)) is not None]
         for window in [*result.closed, *(window for window, _ in result.updated)]:
-            await self._emit(self.windows_topic, WORKFLOW_WINDOWS, window)
+            await send(self.codec, self.windows_topic, WORKFLOW_WINDOWS, window)
         for alert in alerts:
-            await self._emit(self.alerts_topic, ALERTS, alert)
+            await send(self.codec, self.alerts_topic, ALERTS, alert)
         for request in requests:  # the root cause of the waste, while the owner reads the alert
-            await self._emit(self.requests_topic, PROFILE_REQUESTS, request)
+            await send(self.codec, self.requests_topic, PROFILE_REQUESTS, request)
         for record in summaries:
-            await self._emit(self.summaries_topic, WORKFLOW_SUMMARIES, record)
+            await send(self.codec, self.summaries_topic, WORKFLOW_SUMMARIES, record)
         for wf in result.changed | result.removed:
             self.unsaved[wf] = partition
         for key in result.history_changed | result.history_removed:
@@ -220,12 +220,6 @@ class WindowStage:
         self.stats["windows_updated"] += len(result.updated)
         self.stats["alerts"] += len(alerts)
         self.stats["summaries"] += len(summaries)
-
-    async def _emit(self, topic, spec, record: dict) -> None:
-        await send(self.codec, topic, spec, record)
-
-    async def _dead_letter(self, stage: str, message, reason: str, now: int) -> None:
-        await send_dead_letter(self.codec, self.dlq_topic, stage, message, reason, now)
 
     def _judge(self, closed: list[dict], now: int) -> tuple[list[dict], list[dict]]:
         """The alerts and profile requests of newly closed windows; their job totals."""
@@ -308,7 +302,7 @@ class WindowStage:
                 by_offset = {m.offset: m for m in messages}
                 refused = [(by_offset[inc.offset], reason) for inc, reason in result.refused]
             for message, reason in bad + refused:
-                await self._dead_letter(STAGE, message, reason, now)
+                await send_dead_letter(self.codec, self.dlq_topic, STAGE, message, reason, now)
             await self.finish(partition, result, now)
             if clocks:
                 await self.finish(partition, self.aggregator.follow(partition, max(clocks), self.quiet_ms,
@@ -327,14 +321,14 @@ class WindowStage:
                 ok, errors = self.codec.decode_many([m.value for m in messages])
                 async with self.lock:
                     for i, reason in errors:
-                        await self._dead_letter(LIFE_CYCLE, messages[i], reason, now)
+                        await send_dead_letter(self.codec, self.dlq_topic, LIFE_CYCLE, messages[i], reason, now)
                     result = BatchResult()
                     for i, name, event in ok:
                         if name != WORKFLOW_EVENTS.schema:
                             continue
                         reason = ids_error(event)
                         if reason:
-                            await self._dead_letter(LIFE_CYCLE, messages[i], reason, now)
+                            await send_dead_letter(self.codec, self.dlq_topic, LIFE_CYCLE, messages[i], reason, now)
                             continue
                         self._hear(partition, event)
                         result.changed.add(event["workflow_id"])
@@ -374,7 +368,7 @@ class WindowStage:
                             result.changed.add(record["workflow_id"])
                     for alert in updates:  # sent before the state that has them is written
                         log.info("alert %s: root cause from profile %s", alert["alert_id"], alert["profile_request_id"])
-                        await self._emit(self.alerts_topic, ALERTS, alert)
+                        await send(self.codec, self.alerts_topic, ALERTS, alert)
                     await self.finish(partition, result, now)
                 self.stats["root_causes"] += len(updates)
                 if finished:  # the scheduler's slots are free again

@@ -96,6 +96,22 @@ def query_client(args: argparse.Namespace, read_only: bool = True):
                  "sink is running on it, wait for it to finish, or point --clickhouse-dsn at a server.")
 
 
+def rates_args(p: argparse.ArgumentParser, what: str = "the reports") -> None:
+    p.add_argument("--rates", type=Path, default=None,
+                   help=f"TOML file of prices per GPU-hour and grid carbon intensities for {what} "
+                        "(docs/rates.example.toml)")
+
+
+def rates(args: argparse.Namespace):
+    """The rates file of ``--rates`` (none: GPU-hours and energy only); a bad one ends the command."""
+    from sinks.job_report import RatesError, load_rates
+
+    try:
+        return load_rates(args.rates)
+    except RatesError as exc:
+        sys.exit(str(exc))
+
+
 def fleet_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--hosts", type=int, default=16)

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from gpufleet.commands.common import clickhouse_args, query_client
+from gpufleet.commands.common import clickhouse_args, query_client, rates, rates_args
 
 
 def add(sub) -> None:
@@ -27,7 +27,7 @@ def add(sub) -> None:
                                         "timeline of windows and alerts")
     p.add_argument("workflow_id")
     clickhouse_args(p)
-    p.add_argument("--rates", type=Path, default=None, help="TOML file of prices and grid intensities")
+    rates_args(p)
     p.set_defaults(func=cmd_workflow)
 
     p = sub.add_parser("opportunities", help="rank where the fleet loses the most GPU-hours, and to what")
@@ -46,8 +46,7 @@ def add(sub) -> None:
     p.add_argument("--by", default="fleet", choices=["fleet", "team", "owner", "workflow", "framework", "gpu-model",
                                                      "cluster"])
     p.add_argument("--since", default="7d", help="how far back: 7d, 12h, 30m, or all")
-    p.add_argument("--rates", type=Path, default=None,
-                   help="TOML file of prices per GPU-hour and grid carbon intensities (docs/rates.example.toml)")
+    rates_args(p)
     p.add_argument("--limit", type=int, default=20)
     p.set_defaults(func=cmd_goodput)
 
@@ -92,19 +91,15 @@ def cmd_workflows(args: argparse.Namespace) -> int:
 def cmd_workflow(args: argparse.Namespace) -> int:
     from gpufleet.sql import format_table
     from gpufleet.workflows import workflow_summary, workflow_timeline
-    from sinks.job_report import RatesError, job_report, load_rates
+    from sinks.job_report import job_report
 
-    try:
-        rates = load_rates(args.rates)
-    except RatesError as exc:
-        sys.exit(str(exc))
     client = query_client(args)
     columns, rows = workflow_timeline(client, args.database, args.workflow_id)
     if not rows:
         print(f"no windows for workflow {args.workflow_id!r}")
         return 1
     summary, cluster = workflow_summary(client, args.database, args.workflow_id)
-    print(job_report(summary, rates, cluster)[0])
+    print(job_report(summary, rates(args), cluster)[0])
     print(format_table(columns, rows))
     return 0
 
@@ -113,23 +108,23 @@ def cmd_goodput(args: argparse.Namespace) -> int:
     from clickhouse_connect.driver.exceptions import ClickHouseError
 
     from gpufleet.goodput_report import fleet_goodput, render_groups
-    from sinks.job_report import RatesError, load_rates, render_waterfall
+    from sinks.job_report import render_waterfall
     from sinks.write_clickhouse import refusal
 
+    prices = rates(args)
     try:
-        rates = load_rates(args.rates)
-        fleet, groups = fleet_goodput(query_client(args), args.database, args.by, args.since, rates)
-    except (ValueError, RatesError) as exc:
+        fleet, groups = fleet_goodput(query_client(args), args.database, args.by, args.since, prices)
+    except ValueError as exc:
         sys.exit(str(exc))
     except ClickHouseError as exc:
         sys.exit(f"query failed: {refusal(exc)}")
     if not fleet.allocated.gpu_seconds:
         print(f"no GPU-hours recorded (--since {args.since})")
         return 0
-    print(render_waterfall(fleet, rates, f"Fleet goodput, --since {args.since}"))
+    print(render_waterfall(fleet, prices, f"Fleet goodput, --since {args.since}"))
     if args.by != "fleet":
         print()
-        print(render_groups(groups, args.by, rates, args.limit))
+        print(render_groups(groups, args.by, prices, args.limit))
     return 0
 
 

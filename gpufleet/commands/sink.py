@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import argparse
 import signal
-import sys
 import threading
 from pathlib import Path
 
-from gpufleet.commands.common import clickhouse_args, clickhouse_dsn, kafka_args, kafka_connection
+from gpufleet.commands.common import (
+    clickhouse_args,
+    clickhouse_dsn,
+    kafka_args,
+    kafka_connection,
+    rates,
+    rates_args,
+)
 
 
 def add(sub) -> None:
@@ -22,8 +28,7 @@ def add(sub) -> None:
     kafka_args(p)
     p.add_argument("--routing", type=Path, required=True, help="routing file (TOML): see sinks/route_alerts.py")
     p.add_argument("--group-id", default="gpufleet-notifier")
-    p.add_argument("--rates", type=Path, default=None,
-                   help="TOML file of prices and grid intensities for the job reports (docs/rates.example.toml)")
+    rates_args(p, "the job reports")
     p.set_defaults(func=cmd_notify)
 
 
@@ -57,17 +62,13 @@ def cmd_sink(args: argparse.Namespace) -> int:
 def cmd_notify(args: argparse.Namespace) -> int:
     from kafka_client.admin import ensure_topics
     from sinks.consume_alerts import AlertNotifier
-    from sinks.job_report import RatesError, load_rates
     from sinks.route_alerts import load_routing
 
-    try:
-        rates = load_rates(args.rates)
-    except RatesError as exc:
-        sys.exit(str(exc))
+    prices = rates(args)
     kafka = kafka_connection(args, "notifier")
     ensure_topics(kafka, prefix=args.topic_prefix, partitions=args.partitions)
     notifier = AlertNotifier(kafka, load_routing(args.routing), args.data_dir / "notifier-sent.log",
-                             group_id=args.group_id, topic_prefix=args.topic_prefix, rates=rates)
+                             group_id=args.group_id, topic_prefix=args.topic_prefix, rates=prices)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -88,14 +88,30 @@ def test_the_commit_takes_the_states_between_batches_after_a_flush(stage, monkey
         _transition = None
 
     stage.app.sensors.add(stage_windows.BeforeCommit(lambda: stage.events.append(("states taken",))))
+    class WatchedLock(asyncio.Lock):
+        """The stage's lock, telling when someone waits for it."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.awaited = asyncio.Event()
+
+        async def acquire(self) -> bool:
+            if self.locked():
+                self.awaited.set()
+            return await super().acquire()
+
     consumer = Consumer()
     consumer.diag = SimpleNamespace(set_flag=lambda flag: None, unset_flag=lambda flag: None)
     assert stage.app.gpufleet_commit_locks == [stage.lock]
 
     async def scenario():
-        async with stage.lock:  # a batch between its first change and the last of its records
+        lock = stage.lock = WatchedLock()
+        stage.app.gpufleet_commit_locks = [lock]
+        async with lock:  # a batch between its first change and the last of its records
             waiting = asyncio.create_task(faust_fixes._force_commit_between_batches(consumer))
-            await asyncio.sleep(0)  # the commit runs up to the lock
+            awaited = asyncio.create_task(lock.awaited.wait())
+            await asyncio.wait({waiting, awaited}, return_when=asyncio.FIRST_COMPLETED)
+            assert awaited.done() and not waiting.done()  # the commit waits at the lock
             stage.events.append(("batch sent",))
         assert await waiting is True
 
