@@ -57,6 +57,11 @@ def format_record(r: dict) -> str:
     lines = [f"{r['source']} (rank {r['rank']}, {r['events']} events analysed, {r['gpu_events']} on the GPU)"]
     if r["partial"]:
         lines.append(f"  PARTIAL: {r['error']}; the numbers cover what was read before the damage")
+    if not r["gpu_events"]:
+        lines.append("  no GPU activity was read before the damage: nothing can be said about the GPU" if r["partial"]
+                     else "  no GPU activity in this trace: nothing can be said about the GPU (was the profiler "
+                          "run with ProfilerActivity.CUDA?)")
+        return "\n".join(lines)
     lines += [
         f"  GPU kernel time   {r['kernel_time_us'] / 1e3:12.3f} ms",
         f"    idle            {_pct(r['idle_pct'])}",
@@ -87,12 +92,15 @@ def format_findings(findings: list[dict]) -> str:
 
 
 def run(paths: list[str], as_json: bool, workflow_id: str = "") -> tuple[str, int]:
+    """The analyses of ``paths`` as text (or JSON) and the exit status: 1 if a file could not
+    be read or was damaged (its figures then cover only what was read), else 0."""
     results = [analyze_file_with_findings(p, workflow_id) for p in paths]
     if as_json:
         text = json.dumps([{"analysis": a, "findings": f} for a, f in results], indent=1)
     else:
         text = "\n\n".join(
-            format_record(a) + ("" if a.get("unreadable") else "\n  findings:\n" + format_findings(f))
+            format_record(a) + ("" if a.get("unreadable") or not a["gpu_events"]
+                                else "\n  findings:\n" + format_findings(f))
             for a, f in results
         )
-    return text, 1 if any(a.get("unreadable") for a, _ in results) else 0
+    return text, 1 if any(a.get("unreadable") or a["partial"] for a, _ in results) else 0

@@ -245,7 +245,7 @@ _LAST_EVENT = re.compile(rb"\n  \}[ \t\r\n]*\]")
 _CLOSE = re.compile(rb"[, \t\r\n]*\]")
 
 
-def _event_blocks(fh: IO[bytes], head: bytes) -> Iterator[Iterable[Event | None]]:
+def _event_blocks(fh: IO[bytes], head: bytes, path: Path) -> Iterator[Iterable[Event | None]]:
     """The items of ``traceEvents``, a block at a time (a loop over blocks and then over a
     block's list costs less than resuming a generator per event). Kineto pretty-prints each
     event as a block from a line ``  {`` to a line ``  }``: such files are split on those
@@ -256,16 +256,39 @@ def _event_blocks(fh: IO[bytes], head: bytes) -> Iterator[Iterable[Event | None]
     bracket = head.find(b"[", anchor) if anchor >= 0 else -1
     if bracket >= 0 and head[bracket + 1:].lstrip(b" \r\t").startswith(b"\n  {\n"):
         return _kineto_blocks(fh, head[bracket + 1:])
-    return iter([_typed(_streamed_items(_HeadFirst(head, fh)))])
+    return iter([_typed(_streamed_items(_HeadFirst(head, fh), path))])
 
 
-def _streamed_items(fh: _HeadFirst) -> Iterator[Any]:
+def _streamed_items(fh: _HeadFirst, path: Path) -> Iterator[Any]:
     import ijson
 
     try:
-        yield from ijson.items(fh, "traceEvents.item", use_float=True)
+        yield from ijson.items(_trace_shaped(ijson.parse(fh, use_float=True), path), "traceEvents.item")
     except (ijson.JSONError, UnicodeDecodeError) as exc:  # IncompleteJSONError too; text not UTF-8
         raise TraceDamaged(f"invalid JSON: {exc}") from exc
+
+
+_JSON_TYPE = {"start_map": "an object", "start_array": "an array", "string": "a string", "number": "a number",
+              "boolean": "a boolean", "null": "null"}
+
+
+def _trace_shaped(events: Iterator[tuple[str, str, Any]], path: Path) -> Iterator[tuple[str, str, Any]]:
+    """ijson's parse events of a document that has the shape of a trace: an object whose
+    ``traceEvents`` is a list. Other JSON raises TraceError: read as a trace, it would be an
+    empty one, and its analysis would report nothing wrong with a file that holds no trace."""
+    for prefix, event, value in events:
+        yield prefix, event, value
+        if prefix == "" and event != "map_key" and event != "end_map":
+            if event != "start_map":
+                raise TraceError(f"{path} is not a trace: the top level is {_JSON_TYPE[event]}, where a "
+                                 "PyTorch profiler trace is an object with a traceEvents list")
+        elif prefix == "traceEvents" and event != "end_array":
+            if event != "start_array":
+                raise TraceError(f"{path} is not a trace: traceEvents is {_JSON_TYPE[event]}, "
+                                 "where a PyTorch profiler trace has a list of events")
+            yield from events  # the rest, unchecked
+            return
+    raise TraceError(f"{path} is not a trace: it has no traceEvents list")
 
 
 def _kineto_blocks(fh: IO[bytes], head: bytes, block: int = 1 << 16) -> Iterator[Iterable[Event | None]]:
@@ -410,7 +433,7 @@ def read_trace(path: str | Path) -> TraceRead:
                 result.device_properties = props
             # The hot loop of the analysis (one pass per event): kept flat on purpose.
             kinds, no_args = KIND_BY_CAT, _NO_ARGS
-            for block in _event_blocks(fh, head):
+            for block in _event_blocks(fh, head, path):
                 for e in block:
                     seen += 1
                     if e is None:  # not an object

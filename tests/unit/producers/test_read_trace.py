@@ -235,3 +235,26 @@ def test_other_real_traces_read_without_error(name):
         pytest.skip(f"{path} is not here")
     r = analyze_file(path)
     assert not r.get("unreadable") and not r["partial"] and r["rank"] == 0
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("[1, 2, 3]", "the top level is an array"),
+    ('"a string"', "the top level is a string"),
+    ('{"traceEvents": 5}', "traceEvents is a number"),
+    ('{"traceEvents": {"name": "x"}}', "traceEvents is an object"),
+    ('{"schemaVersion": 1, "foo": [1]}', "has no traceEvents"),
+    ('{"schemaVersion": 1,\n  "traceEvents": 5\n}', "traceEvents is a number"),
+])
+def test_json_that_is_not_a_trace_is_a_clear_error_not_an_empty_trace(tmp_path, text, reason):
+    path = tmp_path / "shape.json"
+    path.write_text(text)
+    with pytest.raises(TraceError, match=reason):
+        read_trace(path)
+    result = analyze_file(path)
+    assert result["unreadable"] and reason in result["error"]
+
+
+def test_an_empty_event_list_is_a_trace_with_no_events(tmp_path):
+    path = tmp_path / "empty.json"
+    path.write_text('{"traceEvents": []}')
+    assert read_trace(path).events == [] and not read_trace(path).partial
