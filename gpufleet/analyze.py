@@ -12,6 +12,7 @@ from pathlib import Path
 from producers.read_trace import TraceError, no_cycle_collection, read_trace
 from schemas.topics import trace_id_for
 from streams.analyze_trace import analyze_events, findings_records, trace_analysis_record
+from streams.trace_kernel_type import MEMORY_RE
 
 
 def analyze_file(path: str | Path, workflow_id: str = "", trace_id: str | None = None) -> dict:
@@ -77,7 +78,38 @@ def format_record(r: dict) -> str:
         lines.append(f"  launches {r['launches']}: mean delay {r['launch_delay_mean_us']:.1f} us, "
                      f"{r['launch_delay_outliers']} over 100 us; {r['short_kernels']} short kernels; "
                      f"{r['runtime_outliers']} runtime calls over 50 us")
-    return "\n".join(lines)
+    return "\n".join(lines + _kernel_lines(r))
+
+
+def _kernel_lines(r: dict) -> list[str]:
+    if not r.get("kernel_types"):
+        return []
+    lines = ["  GPU time by kernel type"]
+    lines += [f"    {k['kernel_type']:<58} {k['time_us'] / 1e3:10.3f} ms {k['pct']:6.1f} %" for k in r["kernel_types"]]
+    lines.append("  top kernels (launches, GPU time, mean per launch)")
+    for k in r["top_kernels"]:
+        name = f"others ({k['kernels']} kernels)" if k["name"] == "others" else short_kernel_name(k["name"])
+        lines.append(f"    {k['kernel_type'][:4]} {k['launches']:>7} {k['time_us'] / 1e3:10.3f} ms "
+                     f"{k['mean_us']:9.1f} us  {name}")
+    return lines
+
+
+def short_kernel_name(name: str, width: int = 70) -> str:
+    """A kernel's name without template and call arguments (``void gemm<float, 128>(float*)``
+    reads ``gemm``), cut to ``width``: kernel names are often kilobytes of C++ templates."""
+    if MEMORY_RE.match(name):  # "Memcpy HtoD (Pageable -> Device)": its parentheses are its meaning
+        return name
+    out, depth = [], 0
+    for ch in name:
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)" and depth:
+            depth -= 1
+        elif not depth:
+            out.append(ch)
+    short = "".join(out).strip()
+    short = short.removeprefix("void ").strip() or name
+    return short if len(short) <= width else short[:width - 1] + "…"
 
 
 def format_findings(findings: list[dict]) -> str:

@@ -19,14 +19,25 @@ SYSTEM_CONTEXT_FIELDS = (
 MFU_COLUMNS = (("gpu_name", "LowCardinality(Nullable(String))"), ("model_flops", "Nullable(Int64)"),
                ("model_flops_precision", "LowCardinality(Nullable(String))"), ("peak_tflops", "Nullable(Float64)"),
                ("mfu_pct", "Nullable(Float64)"))
-TRACE_ANALYSIS_ADDED_COLUMNS = (*((f"system_{name}", typ) for name, typ in SYSTEM_CONTEXT_FIELDS), *MFU_COLUMNS)
+# HTA's kernel breakdown (TraceAnalysis v4).
+KERNEL_TYPE_FIELDS = ("kernel_type", "time_us", "pct")
+TOP_KERNEL_FIELDS = ("kernel_type", "name", "kernels", "launches", "time_us", "min_us", "max_us", "mean_us", "stddev_us")
+KERNEL_COLUMNS = (
+    ("kernel_types", "Array(Tuple(kernel_type LowCardinality(String), time_us Float64, pct Float64))"),
+    ("top_kernels", ("Array(Tuple(kernel_type LowCardinality(String), name String, kernels UInt32, launches UInt64, "
+                     "time_us Float64, min_us Float64, max_us Float64, mean_us Float64, stddev_us Float64))")),
+)
+TRACE_ANALYSIS_ADDED_COLUMNS = (*((f"system_{name}", typ) for name, typ in SYSTEM_CONTEXT_FIELDS), *MFU_COLUMNS,
+                                *KERNEL_COLUMNS)
 
 
 def _trace_analysis_row(record: dict) -> dict:
     system = record.get("system") or {}
     return {**record, **{f"system_{name}": system.get(name) for name, _ in SYSTEM_CONTEXT_FIELDS},
             "idle_by_stream": [(s["stream"], s["host_wait_us"], s["kernel_wait_us"], s["other_us"])
-                               for s in record["idle_by_stream"]]}
+                               for s in record["idle_by_stream"]],
+            "kernel_types": [tuple(k[f] for f in KERNEL_TYPE_FIELDS) for k in record.get("kernel_types", [])],
+            "top_kernels": [tuple(k[f] for f in TOP_KERNEL_FIELDS) for k in record.get("top_kernels", [])]}
 
 
 TRACE_ANALYSES_TABLE = Table(
@@ -37,7 +48,8 @@ TRACE_ANALYSES_TABLE = Table(
      "comp_comm_overlap_us", "comp_comm_overlap_pct", "idle_by_stream", "launches",
      "launch_delay_mean_us", "launch_delay_max_us", "launch_delay_total_us", "cpu_duration_mean_us",
      "gpu_duration_mean_us", "short_kernels", "short_kernel_gpu_us", "runtime_outliers",
-     "launch_delay_outliers", *(name for name, _ in MFU_COLUMNS), "analyzed_at",
+     "launch_delay_outliers", *(name for name, _ in MFU_COLUMNS), *(name for name, _ in KERNEL_COLUMNS),
+     "analyzed_at",
      *(f"system_{name}" for name, _ in SYSTEM_CONTEXT_FIELDS)),
     """
     CREATE TABLE IF NOT EXISTS {db}.{name} (

@@ -17,6 +17,7 @@ from collections import deque
 from schemas.gpu_peaks import peak_tflops
 from streams.trace_antipatterns import AntipatternCollector
 from streams.trace_idle_breakdown import IdleBreakdown, StreamIdle
+from streams.trace_kernel_breakdown import KernelBreakdown
 from streams.trace_launch_stats import LaunchStats
 from streams.trace_rules import detect_antipatterns
 from streams.trace_temporal_breakdown import Coverage, TemporalBreakdown
@@ -30,6 +31,7 @@ class TraceAnalyzer:
         self.temporal = TemporalBreakdown()
         self.idle = IdleBreakdown()
         self.launch = LaunchStats()
+        self.kernels = KernelBreakdown()
         self.antipatterns = AntipatternCollector()
         self.horizon = pending_horizon_us
         self.events = 0
@@ -63,6 +65,7 @@ class TraceAnalyzer:
         if call is None:
             self.unmatched_gpu_events += 1
         self.temporal.add(event)
+        self.kernels.add(event)
         self.idle.add(event, None if call is None else call["ts"])
         if call is not None:
             self.launch.add(call, event)
@@ -98,6 +101,7 @@ class TraceAnalyzer:
             },
             "idle_by_stream": self.idle.result(),
             "launch": self.launch.result(),
+            **self.kernels.result(),
             "antipatterns": self.antipatterns.summary(),
         }
 
@@ -113,6 +117,7 @@ class TraceAnalyzer:
             "calls": [[corr, c["name"], c["ts"], c["dur"]] for corr, c in self._calls.items()],
             "horizon": self.horizon,
             "antipatterns": self.antipatterns.to_state(),
+            "kernels": self.kernels.to_state(),
         }
 
     @classmethod
@@ -127,6 +132,8 @@ class TraceAnalyzer:
             setattr(a.launch, k, v)
         a.events, a.gpu_events, a.unmatched_gpu_events, a.out_of_order, a._last_ts = state["counters"]
         a.antipatterns = AntipatternCollector.from_state(state["antipatterns"])
+        if "kernels" in state:  # a session checkpointed before the kernel breakdown: it counts from here
+            a.kernels = KernelBreakdown.from_state(state["kernels"])
         for corr, name, ts, dur in sorted(state["calls"], key=lambda c: c[2]):
             a._calls[corr] = {"name": name, "ts": ts, "dur": dur}
             a._call_order.append((ts, corr))
@@ -203,6 +210,8 @@ def trace_analysis_record(
         "runtime_outliers": launch["runtime_outliers"],
         "launch_delay_outliers": launch["launch_delay_outliers"],
         **model_flops_utilization(flops, gpu_name, span_us),
+        "kernel_types": [{**k, "time_us": float(k["time_us"])} for k in result.get("kernel_types", [])],
+        "top_kernels": result.get("top_kernels", []),
         "analyzed_at": analyzed_at,
         "system": system,
     }

@@ -58,3 +58,80 @@ def write_trace(path: Path, events: list[dict], rank: int | None = 0, gz: bool =
     else:
         path.write_bytes(data)
     return path
+
+
+COMPUTE_KERNELS = tuple(f"void gemm_{i}<float, {i * 32}>(float const*, float*)" for i in range(14)) + (
+    "ampere_sgemm_128x64_tn", "void at::native::vectorized_elementwise_kernel<4, at::native::AddFunctor<float> >")
+NCCL_KERNELS = ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)",
+                "ncclDevKernel_AllGather_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
+                "ncclKernel_ReduceScatter_RING_LL_Sum_float(ncclWorkElem)")
+COPIES = ("Memcpy HtoD (Pinned -> Device)", "Memcpy DtoH (Device -> Pinned)", "Memset (Device)")
+
+
+def synthetic_job_trace(path: Path, seed: int = 1, steps: int = 6, kernels_per_step: int = 60,
+                        min_dur: float = 1.0) -> Path:
+    """A deterministic trace of the shape the shared traces lack: a data-parallel training
+    step with computation on two streams, NCCL collectives on two more that overlap it,
+    copies on a fifth, nanosecond (float) timestamps, many distinct kernel names, profiler
+    steps, and GPU user annotations. Its HTA results are ``tests/data/hta/synthetic-<seed>.json``
+    (``benchmarks/hta_reference.py``): change this function and those files are made again.
+
+    ``min_dur``: the shortest kernel. HTA rounds a kernel of under 1 us to an interval that
+    ends before it starts, and then its figures depend on how an unstable sort orders equal
+    start times (see the README): the traces compared with HTA have none."""
+    import random
+
+    rng = random.Random(seed)
+    events: list[dict] = []
+    corr = 0
+    t = 1000.0
+    for n in range(steps):
+        step_start = t
+        gpu_t = {7: t + 20.0, 11: t + 25.0, 20: t + 30.0, 24: t + 40.0, 13: t + 5.0}
+        for phase in ("forward", "backward"):
+            phase_start = t
+            for i in range(kernels_per_step):
+                corr += 1
+                launch = round(t + rng.uniform(2, 8), 3)
+                cpu_dur = round(rng.uniform(3, 9), 3)
+                roll = rng.random()
+                if roll < 0.12:
+                    stream, name, cat = rng.choice((20, 24)), rng.choice(NCCL_KERNELS), "kernel"
+                    dur = round(rng.uniform(20, 400), 3)
+                elif roll < 0.2:
+                    stream, name = 13, rng.choice(COPIES)
+                    cat = "gpu_memset" if name.startswith("Memset") else "gpu_memcpy"
+                    dur = round(rng.uniform(1, 60), 3)
+                else:
+                    stream, name, cat = rng.choice((7, 7, 7, 11)), rng.choice(COMPUTE_KERNELS), "kernel"
+                    dur = round(max(rng.expovariate(1 / 40), min_dur), 3)
+                start = round(max(gpu_t[stream] + rng.choice((0.0, 0.0, rng.uniform(0, 30))), launch + 4.0), 3)
+                gpu_t[stream] = start + dur
+                runtime_name = "cudaMemcpyAsync" if cat == "gpu_memcpy" else (
+                    "cudaMemsetAsync" if cat == "gpu_memset" else "cudaLaunchKernel")
+                events.append({"ph": "X", "cat": "cuda_runtime", "name": runtime_name, "pid": 1, "tid": 1,
+                               "ts": launch, "dur": cpu_dur, "args": {"correlation": corr, "cbid": 211}})
+                args = {"stream": stream, "correlation": corr, "device": 0, "context": 1}
+                if cat == "kernel":
+                    args.update(grid=[rng.randint(1, 512), 1, 1], block=[256, 1, 1])
+                else:
+                    args["bytes"] = rng.randint(1 << 10, 1 << 24)
+                events.append({"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": stream, "ts": start,
+                               "dur": dur, "args": args})
+                t = launch + cpu_dur
+            gpu_end = max(gpu_t.values())
+            events.append({"ph": "X", "cat": "user_annotation", "name": phase, "pid": 1, "tid": 1,
+                           "ts": phase_start, "dur": round(t - phase_start, 3), "args": {}})
+            events.append({"ph": "X", "cat": "gpu_user_annotation", "name": phase, "pid": 0, "tid": 7,
+                           "ts": round(phase_start + 20.0, 3), "dur": round(gpu_end - phase_start - 20.0, 3),
+                           "args": {"External id": n * 2 + (phase == "backward")}})
+        t = max(t, max(gpu_t.values())) + rng.uniform(50, 400)  # the next step's input
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n + 1}", "pid": 1, "tid": 1,
+                       "ts": step_start, "dur": round(t - step_start, 3), "args": {}})
+    events.sort(key=lambda e: e["ts"])
+    doc = {"schemaVersion": 1,
+           "deviceProperties": [{"id": 0, "name": "NVIDIA A100-SXM4-80GB", "totalGlobalMem": 85_000_000_000}],
+           "distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 2},
+           "traceEvents": events}
+    path.write_text(json.dumps(doc))
+    return path

@@ -50,3 +50,15 @@ def test_a_healthy_trace_exits_zero(tmp_path):
     path = write_trace(tmp_path / "ok.json", _cpu_then_gpu())
     text, rc = run([str(path)], as_json=False)
     assert rc == 0 and "PARTIAL" not in text and "findings:" in text
+
+
+def test_the_kernel_breakdown_is_printed_with_short_names(tmp_path):
+    from gpufleet.analyze import short_kernel_name
+
+    assert short_kernel_name("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float> >(at::native::"
+                             "ReduceOp<float>)") == "at::native::reduce_kernel"
+    assert short_kernel_name("Memcpy HtoD (Pageable -> Device)") == "Memcpy HtoD (Pageable -> Device)"
+    assert short_kernel_name("x" * 100, width=10) == "x" * 9 + "…"
+    text, _ = run([str(write_trace(tmp_path / "ok.json", _cpu_then_gpu()))], as_json=False)
+    assert "GPU time by kernel type" in text and "COMPUTATION" in text
+    assert "    COMP     100      1.000 ms      10.0 us  gemm" in text

@@ -275,6 +275,14 @@ def test_trace_analysis_rows_keep_idle_time_per_stream(writer, tmp_path):
     got = writer.client.query(
         f"SELECT trace_id, idle_by_stream, kernel_time_us FROM {writer.database}.trace_analyses").result_rows
     assert got == [(record["trace_id"], [{"stream": 7, "host_wait_us": 5.0, "kernel_wait_us": 0.0, "other_us": 0.0}], 20.0)]
+    # The kernel breakdown: the array of top kernels can be unfolded in SQL.
+    got = writer.client.query(
+        f"SELECT k.name, k.launches, k.time_us FROM {writer.database}.trace_analyses "
+        f"ARRAY JOIN top_kernels AS k ORDER BY k.time_us DESC").result_rows
+    assert got == [("k1", 1, 10.0), ("k2", 1, 5.0)]
+    got = writer.client.query(
+        f"SELECT kernel_types.kernel_type, kernel_types.time_us FROM {writer.database}.trace_analyses").result_rows
+    assert got == [(["COMPUTATION"], [15.0])]
     # A requested profile's analysis also keeps what the host agent saw meanwhile, one column each.
     system = {"ticks": 40, "span_ms": 4000, "interval_ms_mean": 100.0, "gpus": 2, "gpu_utilization_mean_pct": 12.5,
               "gpu_zero_utilization_share": 0.5, "sm_active_mean_pct": None, "power_mean_watts": 95.0,

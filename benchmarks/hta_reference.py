@@ -1,0 +1,79 @@
+"""Holistic Trace Analysis 0.5.0's results on a trace, as JSON: the reference data the tests
+compare gpufleet's trace analysis with (``tests/data/hta/<trace>.json``).
+
+    benchmarks/.venv-hta/bin/python benchmarks/hta_reference.py TRACE > tests/data/hta/NAME.json
+
+Runs in HTA's own virtualenv (``make bench-hta``), never in gpufleet's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import tempfile
+import warnings
+
+
+def _clean(value):
+    """JSON-able, NaN as None."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if hasattr(value, "item"):
+        return _clean(value.item())
+    return value
+
+
+def _rows(df) -> list[dict]:
+    return [{k: _clean(v) for k, v in row.items()} for row in df.to_dict("records")]
+
+
+def _temporal(a) -> dict:
+    tb = a.get_temporal_breakdown(visualize=False).iloc[0]
+    return {k: _clean(tb[k]) for k in ("kernel_time(us)", "idle_time(us)", "compute_time(us)", "non_compute_time(us)")}
+
+
+def _overlap(a) -> float | None:
+    overlap = a.get_comm_comp_overlap(visualize=False)
+    return _clean(overlap.iloc[0]["comp_comm_overlap_pctg"]) if len(overlap) else None
+
+
+def _idle(a) -> list[dict]:
+    idle = a.get_idle_time_breakdown(visualize=False)
+    return _rows((idle[0] if isinstance(idle, tuple) else idle)[["stream", "idle_category", "idle_time"]])
+
+
+def _launch(a) -> dict:
+    launch = a.get_cuda_kernel_launch_stats(visualize=False)[0]
+    return {"launches": len(launch), "launch_delay_total": _clean(launch["launch_delay"].sum()),
+            "launch_delay_max": _clean(launch["launch_delay"].max())}
+
+
+def _kernel_breakdown(a) -> dict:
+    kernel_types, kernels = a.get_gpu_kernel_breakdown(visualize=False)
+    return {"kernel_types": _rows(kernel_types), "top_kernels": _rows(kernels)}
+
+
+def main(path: str) -> None:
+    logging.disable(logging.WARNING)
+    warnings.filterwarnings("ignore")
+    from hta.trace_analysis import TraceAnalysis
+
+    d = tempfile.mkdtemp()
+    os.symlink(os.path.abspath(path), os.path.join(d, os.path.basename(path)))
+    a = TraceAnalysis(trace_dir=d)
+    out: dict = {"hta": "0.5.0", "trace": os.path.basename(path)}
+    for key, analysis in (("temporal", _temporal), ("comp_comm_overlap_pctg", _overlap), ("idle", _idle),
+                          ("launch", _launch), ("kernel_breakdown", _kernel_breakdown)):
+        try:
+            out[key] = analysis(a)
+        except Exception as exc:  # noqa: BLE001 - HTA fails on some traces (no GPU kernel): recorded as such
+            out[key] = {"hta_error": f"{type(exc).__name__}: {exc}"}
+    json.dump(out, sys.stdout, indent=1, sort_keys=True)
+    print()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

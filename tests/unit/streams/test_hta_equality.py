@@ -1,0 +1,89 @@
+"""gpufleet's trace analysis against Holistic Trace Analysis 0.5.0's results on the same files.
+
+HTA's results are stored in ``tests/data/hta/`` (``benchmarks/hta_reference.py``, run in HTA's
+own virtualenv): the real traces of ``shared/traces`` and deterministic synthetic traces of a
+data-parallel job (two compute streams, NCCL on two more overlapping them, copies, float
+timestamps, many kernel names: ``tests.unit.traces.synthetic_job_trace``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpufleet.analyze import analyze_file
+from producers.read_trace import read_trace
+from streams.analyze_trace import analyze_events
+from tests.unit.traces import SHARED_TRACES, synthetic_job_trace
+
+HTA_DATA = Path(__file__).resolve().parents[2] / "data" / "hta"
+REAL = ("resnet50_num_workers_0__worker0.1623143089861.pt.trace", "resnet50_num_workers_4__worker0.1623212756351.pt.trace",
+        "simple_add__benchmark_result_493459_1694039959_trace", "cuda_event_sync__event_sync_trace",
+        "cupti_profiler__benchmark_result_924719_1679055439_trace")
+SYNTHETIC = ("synthetic-1", "synthetic-2")
+
+
+@pytest.fixture(scope="module", params=REAL + SYNTHETIC)
+def trace(request, tmp_path_factory) -> tuple[Path, dict]:
+    name = request.param
+    if name.startswith("synthetic-"):
+        path = synthetic_job_trace(tmp_path_factory.mktemp("t") / f"{name}.json", seed=int(name.split("-")[1]))
+    else:
+        path = SHARED_TRACES / f"{name}.json.gz"
+        if not path.exists():
+            pytest.skip(f"{path} is not here (shared/traces sits beside the checkout)")
+    reference = json.loads((HTA_DATA / f"{name.removesuffix('.pt.trace')}.json").read_text())
+    return path, reference
+
+
+def test_kernel_type_breakdown_equals_hta(trace):
+    path, hta = trace
+    ours = analyze_events(read_trace(path).events)["kernel_types"]
+    expected = {r["kernel_type"]: r for r in hta["kernel_breakdown"]["kernel_types"] if r["sum"] > 0}
+    assert {r["kernel_type"]: r["time_us"] for r in ours} == {k: r["sum"] for k, r in expected.items()}
+    assert {r["kernel_type"]: round(r["pct"], 1) for r in ours} == {k: r["percentage"] for k, r in expected.items()}
+
+
+def test_top_kernels_equal_hta(trace):
+    """HTA's grouping (the first 10 kernels of a type by time, within the 0.8 quantile of the
+    running total) and totals. Where HTA regroups a type (more than 10 kernels), it reports a
+    named kernel's min, max and mean as its total, and "others"' as statistics of the grouped
+    kernels' totals; elsewhere its per-launch statistics are compared too."""
+    path, hta = trace
+    ours = {(r["kernel_type"], r["name"]): r for r in analyze_events(read_trace(path).events)["top_kernels"]}
+    theirs = {(r["kernel_type"], r["name"]): r for r in hta["kernel_breakdown"]["top_kernels"]}
+    assert set(ours) == set(theirs)
+    for key, h in theirs.items():
+        o = ours[key]
+        assert o["time_us"] == h["sum (us)"], key
+        regrouped = any(k[0] == key[0] and k[1] == "others" for k in theirs)
+        if key[1] == "others":
+            assert o["kernels"] == round(h["sum (us)"] / h["mean (us)"])  # HTA: the mean of the kernels' totals
+            assert o["launches"] >= o["kernels"]
+        elif not regrouped:
+            assert (o["min_us"], o["max_us"]) == (h["min (us)"], h["max (us)"]), key
+            assert o["mean_us"] == pytest.approx(h["mean (us)"], rel=1e-12)
+            assert o["stddev_us"] == pytest.approx(h["stddev"], rel=1e-9, abs=1e-9)
+
+
+def test_temporal_idle_overlap_and_launches_equal_hta(trace):
+    path, hta = trace
+    r = analyze_file(path)
+    if "hta_error" in hta["temporal"]:  # HTA fails on a trace without GPU kernels; there is nothing to compare
+        assert r["gpu_events"] == 0 and r["idle_by_stream"] == [] and r["launches"] == 0
+        return
+    t = hta["temporal"]
+    assert (r["kernel_time_us"], r["idle_time_us"], r["compute_time_us"], r["non_compute_time_us"]) == (
+        t["kernel_time(us)"], t["idle_time(us)"], t["compute_time(us)"], t["non_compute_time(us)"])
+    if hta["comp_comm_overlap_pctg"] is None:
+        assert r["comp_comm_overlap_pct"] is None
+    else:
+        assert round(r["comp_comm_overlap_pct"], 2) == hta["comp_comm_overlap_pctg"]
+    # (HTA leaves out some categories with no time; so do we, to compare)
+    idle = {(s["stream"], c): s[f"{c}_us"] for s in r["idle_by_stream"] for c in ("host_wait", "kernel_wait", "other")}
+    assert {k: v for k, v in idle.items() if v} == {
+        (row["stream"], row["idle_category"]): row["idle_time"] for row in hta["idle"] if row["idle_time"]}
+    assert (r["launches"], r["launch_delay_total_us"], r["launch_delay_max_us"]) == (
+        hta["launch"]["launches"], hta["launch"]["launch_delay_total"], hta["launch"]["launch_delay_max"])
