@@ -56,6 +56,14 @@ def _kernel_breakdown(a) -> dict:
     return {"kernel_types": _rows(kernel_types), "top_kernels": _rows(kernels)}
 
 
+def _memory_bw(a) -> list[dict] | None:
+    summary = a.get_memory_bw_summary()
+    if summary is None:
+        return None
+    summary.columns = [c[1] for c in summary.columns]  # ("memory_bw_gbps", "mean") -> "mean"
+    return _rows(summary.reset_index())
+
+
 def main(path: str) -> None:
     logging.disable(logging.WARNING)
     warnings.filterwarnings("ignore")
@@ -66,7 +74,8 @@ def main(path: str) -> None:
     a = TraceAnalysis(trace_dir=d)
     out: dict = {"hta": "0.5.0", "trace": os.path.basename(path)}
     for key, analysis in (("temporal", _temporal), ("comp_comm_overlap_pctg", _overlap), ("idle", _idle),
-                          ("launch", _launch), ("kernel_breakdown", _kernel_breakdown)):
+                          ("launch", _launch), ("kernel_breakdown", _kernel_breakdown),
+                          ("memory_bw", _memory_bw)):
         try:
             out[key] = analysis(a)
         except Exception as exc:  # noqa: BLE001 - HTA fails on some traces (no GPU kernel): recorded as such

@@ -91,6 +91,13 @@ def _kernel_lines(r: dict) -> list[str]:
         name = f"others ({k['kernels']} kernels)" if k["name"] == "others" else short_kernel_name(k["name"])
         lines.append(f"    {k['kernel_type'][:4]} {k['launches']:>7} {k['time_us'] / 1e3:10.3f} ms "
                      f"{k['mean_us']:9.1f} us  {name}")
+    if r.get("memory_copies"):
+        lines.append("  memory copies (count, bytes, GPU time, achieved bandwidth; concurrent bandwidth mean / max)")
+    for m in r.get("memory_copies", []):
+        achieved = "n/a" if m["achieved_gbps"] is None else f"{m['achieved_gbps']:.2f} GB/s"
+        concurrent = "" if not m["bw_samples"] else f"; {m['bw_mean_gbps']:.2f} / {m['bw_max_gbps']:.2f} GB/s"
+        lines.append(f"    {m['kind']:<15} {m['copies']:>7} {m['bytes'] / 1e6:10.1f} MB {m['time_us'] / 1e3:10.3f} ms "
+                     f"{achieved}{concurrent}")
     return lines
 
 

@@ -16,7 +16,8 @@ from schemas.dead_letter import dead_letter
 from schemas.topics import DEAD_LETTERS, KERNEL_EVENTS, trace_id_for
 
 STAGE = "trace-ingest"
-_EVENT_FIELDS = ("kind", "cat", "name", "stream", "device", "correlation", "bytes", "memcpy_kind", "grid", "block")
+_EVENT_FIELDS = ("kind", "cat", "name", "stream", "device", "correlation", "bytes", "bandwidth_gbps", "memcpy_kind", "grid",
+                "block")
 
 
 def publish_trace(

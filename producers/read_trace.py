@@ -199,6 +199,7 @@ class Args(msgspec.Struct, gc=False):
     alloc_bytes: Any = msgspec.field(default=None, name="Bytes")
     flops: Any = None  # CPU operators, where the profiler ran with_flops=True
     input_type: Any = msgspec.field(default=None, name="Input type")  # with record_shapes=True
+    bandwidth: Any = msgspec.field(default=None, name="memory bandwidth (GB/s)")  # copies and sets
 
 
 # A time in microseconds the analysis can place: a number below 2**53 (285 years) either way.
@@ -557,6 +558,7 @@ def _record(e: Event, kind: str | None, name: str, args: Args, stream: int, corr
         "device": device,
         "correlation": correlation,
         "bytes": nbytes if nbytes >= 0 else None,
+        "bandwidth_gbps": _bandwidth(args.bandwidth) if kind == "memcpy" or kind == "memset" else None,
         "memcpy_kind": name[len("Memcpy "):] if kind == "memcpy" and name.startswith("Memcpy ") else None,
         "grid": grid if grid is None else _dims(grid),
         "block": block if block is None else _dims(block),
@@ -589,6 +591,13 @@ def _gpu_name(properties: list[dict], device: int | None) -> str | None:
         if p.get("id") == device:
             return p["name"]
     return named[0]["name"] if named else None
+
+
+def _bandwidth(value: Any) -> float | None:
+    """The profiler's bandwidth of a copy (GB/s): a finite number, else None."""
+    if type(value) is not float and type(value) is not int:
+        return None
+    return float(value) if math.isfinite(value) and value >= 0 else None
 
 
 def _dims(value: Any) -> list[int] | None:

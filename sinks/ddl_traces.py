@@ -27,6 +27,13 @@ KERNEL_COLUMNS = (
     ("top_kernels", ("Array(Tuple(kernel_type LowCardinality(String), name String, kernels UInt32, launches UInt64, "
                      "time_us Float64, min_us Float64, max_us Float64, mean_us Float64, stddev_us Float64))")),
 )
+MEMORY_COPY_FIELDS = ("kind", "copies", "bytes", "time_us", "achieved_gbps", "bw_samples", "bw_mean_gbps",
+                      "bw_std_gbps", "bw_min_gbps", "bw_p25_gbps", "bw_p50_gbps", "bw_p75_gbps", "bw_max_gbps")
+KERNEL_COLUMNS += (
+    ("memory_copies", ("Array(Tuple(kind LowCardinality(String), copies UInt64, bytes UInt64, time_us Float64, "
+                       "achieved_gbps Nullable(Float64), bw_samples UInt64, "
+                       + ", ".join(f"{f} Nullable(Float64)" for f in MEMORY_COPY_FIELDS[6:]) + "))")),
+)
 TRACE_ANALYSIS_ADDED_COLUMNS = (*((f"system_{name}", typ) for name, typ in SYSTEM_CONTEXT_FIELDS), *MFU_COLUMNS,
                                 *KERNEL_COLUMNS)
 
@@ -37,7 +44,8 @@ def _trace_analysis_row(record: dict) -> dict:
             "idle_by_stream": [(s["stream"], s["host_wait_us"], s["kernel_wait_us"], s["other_us"])
                                for s in record["idle_by_stream"]],
             "kernel_types": [tuple(k[f] for f in KERNEL_TYPE_FIELDS) for k in record.get("kernel_types", [])],
-            "top_kernels": [tuple(k[f] for f in TOP_KERNEL_FIELDS) for k in record.get("top_kernels", [])]}
+            "top_kernels": [tuple(k[f] for f in TOP_KERNEL_FIELDS) for k in record.get("top_kernels", [])],
+            "memory_copies": [tuple(k[f] for f in MEMORY_COPY_FIELDS) for k in record.get("memory_copies", [])]}
 
 
 TRACE_ANALYSES_TABLE = Table(

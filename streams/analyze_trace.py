@@ -19,6 +19,7 @@ from streams.trace_antipatterns import AntipatternCollector
 from streams.trace_idle_breakdown import IdleBreakdown, StreamIdle
 from streams.trace_kernel_breakdown import KernelBreakdown
 from streams.trace_launch_stats import LaunchStats
+from streams.trace_memory_copies import MemoryCopies
 from streams.trace_rules import detect_antipatterns
 from streams.trace_temporal_breakdown import Coverage, TemporalBreakdown
 
@@ -32,6 +33,7 @@ class TraceAnalyzer:
         self.idle = IdleBreakdown()
         self.launch = LaunchStats()
         self.kernels = KernelBreakdown()
+        self.copies = MemoryCopies()
         self.antipatterns = AntipatternCollector()
         self.horizon = pending_horizon_us
         self.events = 0
@@ -66,6 +68,7 @@ class TraceAnalyzer:
             self.unmatched_gpu_events += 1
         self.temporal.add(event)
         self.kernels.add(event)
+        self.copies.add(event)
         self.idle.add(event, None if call is None else call["ts"])
         if call is not None:
             self.launch.add(call, event)
@@ -102,6 +105,7 @@ class TraceAnalyzer:
             "idle_by_stream": self.idle.result(),
             "launch": self.launch.result(),
             **self.kernels.result(),
+            "memory_copies": self.copies.result(),
             "antipatterns": self.antipatterns.summary(),
         }
 
@@ -118,6 +122,7 @@ class TraceAnalyzer:
             "horizon": self.horizon,
             "antipatterns": self.antipatterns.to_state(),
             "kernels": self.kernels.to_state(),
+            "copies": self.copies.to_state(),
         }
 
     @classmethod
@@ -134,6 +139,7 @@ class TraceAnalyzer:
         a.antipatterns = AntipatternCollector.from_state(state["antipatterns"])
         if "kernels" in state:  # a session checkpointed before the kernel breakdown: it counts from here
             a.kernels = KernelBreakdown.from_state(state["kernels"])
+            a.copies = MemoryCopies.from_state(state["copies"])
         for corr, name, ts, dur in sorted(state["calls"], key=lambda c: c[2]):
             a._calls[corr] = {"name": name, "ts": ts, "dur": dur}
             a._call_order.append((ts, corr))
@@ -212,6 +218,7 @@ def trace_analysis_record(
         **model_flops_utilization(flops, gpu_name, span_us),
         "kernel_types": [{**k, "time_us": float(k["time_us"])} for k in result.get("kernel_types", [])],
         "top_kernels": result.get("top_kernels", []),
+        "memory_copies": result.get("memory_copies", []),
         "analyzed_at": analyzed_at,
         "system": system,
     }

@@ -26,6 +26,7 @@ import math
 from itertools import combinations
 
 from streams.trace_kernel_type import KernelType, kernel_type
+from streams.trace_stats import quantile
 from streams.trace_temporal_breakdown import Coverage
 
 TYPES = (KernelType.COMPUTATION, KernelType.COMMUNICATION, KernelType.MEMORY)
@@ -111,7 +112,7 @@ class KernelBreakdown:
             for _, k in rows:
                 running += k[2]
                 cumulative.append(running)
-            limit = _quantile(cumulative, DURATION_RATIO)
+            limit = quantile(cumulative, DURATION_RATIO)
             named = min(TOP_KERNELS, sum(1 for c in cumulative if c <= limit))
             # cumulative totals rise, so the kernels within the quantile are a prefix
         out = [_kernel_row(kind, name, 1, k[1], k[2], k[3], k[4], k[5]) for name, k in rows[:named]]
@@ -136,14 +137,6 @@ class KernelBreakdown:
             u.first, u.start, u.end, u.closed = first, start, end, closed
         b.kernels = {name: list(k) for name, k in state["kernels"].items()}
         return b
-
-
-def _quantile(values: list[float], q: float) -> float:
-    """The ``q`` quantile of sorted ``values`` with linear interpolation (pandas' default)."""
-    pos = q * (len(values) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(values) - 1)
-    return values[lo] + (values[hi] - values[lo]) * (pos - lo)
 
 
 def _kernel_row(kind: KernelType, name: str, kernels: int, launches: int, total: float, low: float,

@@ -116,6 +116,7 @@ def synthetic_job_trace(path: Path, seed: int = 1, steps: int = 6, kernels_per_s
                     args.update(grid=[rng.randint(1, 512), 1, 1], block=[256, 1, 1])
                 else:
                     args["bytes"] = rng.randint(1 << 10, 1 << 24)
+                    args["memory bandwidth (GB/s)"] = args["bytes"] / (dur * 1e3)  # as the profiler writes it
                 events.append({"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": stream, "ts": start,
                                "dur": dur, "args": args})
                 t = launch + cpu_dur

@@ -296,6 +296,20 @@ def test_trace_analysis_rows_keep_idle_time_per_stream(writer, tmp_path):
     assert sorted(got, key=str) == sorted([(None, None, None, None), (40, 12.5, None, 97.0)], key=str)
 
 
+def test_trace_analysis_rows_keep_memory_copies_per_kind(writer, tmp_path):
+    from gpufleet.analyze import analyze_file
+    from tests.unit.traces import synthetic_job_trace
+
+    record = analyze_file(synthetic_job_trace(tmp_path / "t.json"), workflow_id="wf")
+    assert writer.insert(TRACE_ANALYSES_TABLE, [Row(0, 0, record)]) == []
+    got = writer.client.query(
+        f"SELECT m.kind, m.copies, m.bytes, m.bw_samples, m.bw_max_gbps FROM {writer.database}.trace_analyses "
+        f"ARRAY JOIN memory_copies AS m ORDER BY m.kind").result_rows
+    assert got == [(m["kind"], m["copies"], m["bytes"], m["bw_samples"], m["bw_max_gbps"])
+                   for m in sorted(record["memory_copies"], key=lambda m: m["kind"])]
+    assert {row[0] for row in got} == {"Memcpy DtoH", "Memcpy HtoD", "Memset"}
+
+
 def test_a_dsn_is_shown_without_its_password():
     from sinks.write_clickhouse import redact_dsn
 

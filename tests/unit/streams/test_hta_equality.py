@@ -87,3 +87,18 @@ def test_temporal_idle_overlap_and_launches_equal_hta(trace):
         (row["stream"], row["idle_category"]): row["idle_time"] for row in hta["idle"] if row["idle_time"]}
     assert (r["launches"], r["launch_delay_total_us"], r["launch_delay_max_us"]) == (
         hta["launch"]["launches"], hta["launch"]["launch_delay_total"], hta["launch"]["launch_delay_max"])
+
+
+def test_memory_bandwidth_summary_equals_hta(trace):
+    path, hta = trace
+    ours = {m["kind"]: m for m in analyze_events(read_trace(path).events)["memory_copies"]}
+    theirs = {row["name"]: row for row in hta["memory_bw"] or []}
+    assert {k for k, m in ours.items() if m["bw_samples"]} == set(theirs)
+    for kind, h in theirs.items():
+        o = ours[kind]
+        assert o["bw_samples"] == h["count"], kind
+        for field, key in (("bw_mean_gbps", "mean"), ("bw_std_gbps", "std"), ("bw_min_gbps", "min"),
+                           ("bw_p25_gbps", "25%"), ("bw_p50_gbps", "50%"), ("bw_p75_gbps", "75%"),
+                           ("bw_max_gbps", "max")):
+            expected = None if h[key] is None else pytest.approx(h[key], rel=1e-9, abs=1e-12)  # std of 1 value
+            assert o[field] == expected, (kind, field)
