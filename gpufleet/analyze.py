@@ -11,8 +11,8 @@ from pathlib import Path
 
 from producers.read_trace import TraceError, no_cycle_collection, read_trace
 from schemas.topics import trace_id_for
-from streams.analyze_trace import analyze_events, findings_records, trace_analysis_record
-from streams.trace_kernel_type import MEMORY_RE
+from streams.analyze_trace import TraceAnalyzer, findings_records, trace_analysis_record
+from streams.trace_kernel_type import short_kernel_name
 
 
 def analyze_file(path: str | Path, workflow_id: str = "", trace_id: str | None = None) -> dict:
@@ -24,19 +24,52 @@ def analyze_file_with_findings(
     path: str | Path, workflow_id: str = "", trace_id: str | None = None,
 ) -> tuple[dict, list[dict]]:
     """The ``TraceAnalysis`` and ``Finding`` records of one file, as the worker makes them."""
+    record, findings, _ = _analyze(path, workflow_id, trace_id)
+    return record, findings
+
+
+def _analyze(path: str | Path, workflow_id: str = "", trace_id: str | None = None,
+             ) -> tuple[dict, list[dict], TraceAnalyzer | None]:
     try:
         trace = read_trace(path)
     except TraceError as exc:
-        return {"source": str(path), "error": str(exc), "unreadable": True}, []
+        return {"source": str(path), "error": str(exc), "unreadable": True}, [], None
     now = int(time.time() * 1000)
+    analyzer = TraceAnalyzer()
     with no_cycle_collection():
-        result = analyze_events(trace.events)
+        for e in trace.events:
+            analyzer.add(e)
+        result = analyzer.result()
     record = trace_analysis_record(
         result, trace_id=trace_id or trace_id_for(path, workflow_id),
         workflow_id=workflow_id, rank=trace.rank, source=str(path),
         partial=trace.partial, error=trace.error, analyzed_at=now, flops=trace.flops, gpu_name=trace.gpu_name,
     )
-    return record, findings_records(result, record, trace.memory(), now)
+    return record, findings_records(result, record, trace.memory(), now), analyzer
+
+
+def trace_files(path: str | Path) -> list[Path]:
+    """``path`` if a file, else the traces in the directory (``*.json``, ``*.json.gz``)."""
+    path = Path(path)
+    if path.is_dir():
+        return sorted(p for p in path.iterdir() if p.name.endswith((".json", ".json.gz")))
+    return [path]
+
+
+def analyze_profile(paths: list[str | Path]) -> tuple[list[dict], dict[tuple[str, str], list[float]]]:
+    """The records of a profile's rank traces, and every kernel's launches and time over them:
+    (kernel type, name) -> [launches, time_us]. Raises TraceError for a file that cannot be read."""
+    records, kernels = [], {}
+    for path in paths:
+        record, _, analyzer = _analyze(path)
+        if analyzer is None:
+            raise TraceError(record["error"])
+        records.append(record)
+        for (kind, name), (launches, time_us) in analyzer.kernels.per_kernel().items():
+            row = kernels.setdefault((kind, name), [0, 0.0])
+            row[0] += launches
+            row[1] += time_us
+    return records, kernels
 
 
 def _pct(value: float | None) -> str:
@@ -99,24 +132,6 @@ def _kernel_lines(r: dict) -> list[str]:
         lines.append(f"    {m['kind']:<15} {m['copies']:>7} {m['bytes'] / 1e6:10.1f} MB {m['time_us'] / 1e3:10.3f} ms "
                      f"{achieved}{concurrent}")
     return lines
-
-
-def short_kernel_name(name: str, width: int = 70) -> str:
-    """A kernel's name without template and call arguments (``void gemm<float, 128>(float*)``
-    reads ``gemm``), cut to ``width``: kernel names are often kilobytes of C++ templates."""
-    if MEMORY_RE.match(name):  # "Memcpy HtoD (Pageable -> Device)": its parentheses are its meaning
-        return name
-    out, depth = [], 0
-    for ch in name:
-        if ch in "<(":
-            depth += 1
-        elif ch in ">)" and depth:
-            depth -= 1
-        elif not depth:
-            out.append(ch)
-    short = "".join(out).strip()
-    short = short.removeprefix("void ").strip() or name
-    return short if len(short) <= width else short[:width - 1] + "…"
 
 
 def format_findings(findings: list[dict]) -> str:

@@ -4,7 +4,8 @@ Ranks the rows of the ``waste`` view (sinks/clickhouse_ddl.py) -- GPUs allocated
 the rest of the wasted GPU-seconds of low utilisation, and each antipattern that trace
 analysis found with the GPU-seconds it puts at stake -- summed across workflows, per cause
 and optionally per team, owner, workflow, framework, model, cluster or GPU model, with the number of
-workflows affected and the ones to look at first.
+workflows affected and the ones to look at first. ``--by regression``: the workflows whose latest
+profiles got slower than their previous ones (``stage_regressions``), by the GPU time lost.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ DIMENSIONS = {
     "cluster": "cluster",
     "gpu-model": "gpu_model",
     "antipattern": "''",
+    "regression": "workflow_id",  # profiles slower than the workflow's previous one, per workflow
 }
+REGRESSION_CAUSE = "antipattern:profile_regression"
 
 _SINCE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -49,6 +52,8 @@ def opportunities_sql(database: str, by: str, since_s: float | None, examples: i
         where.append(f"loss.at >= now64(3) - toIntervalMillisecond({int(since_s * 1000)})")
     if by == "antipattern":
         where.append("startsWith(loss.cause, 'antipattern:')")
+    if by == "regression":
+        where.append(f"loss.cause = '{REGRESSION_CAUSE}'")
     return f"""
     SELECT {key} AS key, cause,
            round(sum(s) / 3600, 3) AS gpu_hours,
@@ -91,5 +96,5 @@ def opportunities(client: Client, database: str, by: str = "cause", since: str =
         columns = columns[1:]
         rows = [r[1:] for r in rows]
     else:
-        columns[0] = by
+        columns[0] = "workflow" if by == "regression" else by
     return columns, rows

@@ -19,17 +19,16 @@ SYSTEM_CONTEXT_FIELDS = (
 MFU_COLUMNS = (("gpu_name", "LowCardinality(Nullable(String))"), ("model_flops", "Nullable(Int64)"),
                ("model_flops_precision", "LowCardinality(Nullable(String))"), ("peak_tflops", "Nullable(Float64)"),
                ("mfu_pct", "Nullable(Float64)"))
-# HTA's kernel breakdown (TraceAnalysis v4).
+# TraceAnalysis v4: the steps it covers, HTA's kernel breakdown and the memory copies per kind.
 KERNEL_TYPE_FIELDS = ("kernel_type", "time_us", "pct")
 TOP_KERNEL_FIELDS = ("kernel_type", "name", "kernels", "launches", "time_us", "min_us", "max_us", "mean_us", "stddev_us")
+MEMORY_COPY_FIELDS = ("kind", "copies", "bytes", "time_us", "achieved_gbps", "bw_samples", "bw_mean_gbps",
+                      "bw_std_gbps", "bw_min_gbps", "bw_p25_gbps", "bw_p50_gbps", "bw_p75_gbps", "bw_max_gbps")
 KERNEL_COLUMNS = (
+    ("profiler_steps", "UInt32"),
     ("kernel_types", "Array(Tuple(kernel_type LowCardinality(String), time_us Float64, pct Float64))"),
     ("top_kernels", ("Array(Tuple(kernel_type LowCardinality(String), name String, kernels UInt32, launches UInt64, "
                      "time_us Float64, min_us Float64, max_us Float64, mean_us Float64, stddev_us Float64))")),
-)
-MEMORY_COPY_FIELDS = ("kind", "copies", "bytes", "time_us", "achieved_gbps", "bw_samples", "bw_mean_gbps",
-                      "bw_std_gbps", "bw_min_gbps", "bw_p25_gbps", "bw_p50_gbps", "bw_p75_gbps", "bw_max_gbps")
-KERNEL_COLUMNS += (
     ("memory_copies", ("Array(Tuple(kind LowCardinality(String), copies UInt64, bytes UInt64, time_us Float64, "
                        "achieved_gbps Nullable(Float64), bw_samples UInt64, "
                        + ", ".join(f"{f} Nullable(Float64)" for f in MEMORY_COPY_FIELDS[6:]) + "))")),

@@ -40,6 +40,7 @@ class TraceAnalyzer:
         self.gpu_events = 0
         self.unmatched_gpu_events = 0
         self.out_of_order = 0
+        self.steps: set[str] = set()  # names of the ProfilerStep annotations seen
         self._last_ts: float | None = None
         self._calls: dict[int, dict] = {}
         self._call_order: deque[tuple[float, int]] = deque()
@@ -60,6 +61,8 @@ class TraceAnalyzer:
                 self._calls[corr] = {"name": event["name"], "ts": ts, "dur": event["dur"]}
                 self._call_order.append((ts, corr))
                 self._evict(ts)
+            if event["name"].startswith("ProfilerStep#"):  # an annotation (cpu_op in older traces)
+                self.steps.add(event["name"])
             self.antipatterns.add_cpu(event)
             return
         self.gpu_events += 1
@@ -88,6 +91,7 @@ class TraceAnalyzer:
             "events": self.events,
             "gpu_events": self.gpu_events,
             "gpu_events_without_launch": self.unmatched_gpu_events,
+            "profiler_steps": len(self.steps),
             "temporal": {
                 "kernel_time_us": t.kernel_us,
                 "idle_time_us": t.idle_us,
@@ -123,6 +127,7 @@ class TraceAnalyzer:
             "antipatterns": self.antipatterns.to_state(),
             "kernels": self.kernels.to_state(),
             "copies": self.copies.to_state(),
+            "steps": sorted(self.steps),
         }
 
     @classmethod
@@ -140,6 +145,7 @@ class TraceAnalyzer:
         if "kernels" in state:  # a session checkpointed before the kernel breakdown: it counts from here
             a.kernels = KernelBreakdown.from_state(state["kernels"])
             a.copies = MemoryCopies.from_state(state["copies"])
+            a.steps = set(state["steps"])
         for corr, name, ts, dur in sorted(state["calls"], key=lambda c: c[2]):
             a._calls[corr] = {"name": name, "ts": ts, "dur": dur}
             a._call_order.append((ts, corr))
@@ -198,6 +204,7 @@ def trace_analysis_record(
         "events": result["events"],
         "gpu_events": result["gpu_events"],
         "gpu_events_without_launch": result["gpu_events_without_launch"],
+        "profiler_steps": result.get("profiler_steps", 0),
         **{k: float(v) if k.endswith("_us") else v for k, v in t.items()},
         **{k: float(v) if k.endswith("_us") else v for k, v in o.items()},
         "idle_by_stream": [

@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 import faust
 
 from kafka_client.config import Security
-from schemas.topics import GPU_SAMPLES, KERNEL_EVENTS, PROFILE_SCHEDULE
+from schemas.topics import GPU_SAMPLES, KERNEL_EVENTS, PROFILE_SCHEDULE, TRACE_ANALYSES
 from streams import faust_fixes
 from streams.auto_profile import AutoProfileConfig
 from streams.raise_alerts import AlertConfig
 from streams.schedule_profiles import ScheduleConfig
+from streams.trace_diff import RegressionConfig
 from streams.trace_sessions import TraceSessionConfig
 from streams.window_utilization import WindowConfig
 
@@ -34,6 +35,7 @@ class StreamSettings:
     trace_sessions: TraceSessionConfig = field(default_factory=TraceSessionConfig)
     auto_profile: AutoProfileConfig = field(default_factory=AutoProfileConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)  # periodic profiling
+    regressions: RegressionConfig = field(default_factory=RegressionConfig)  # a profile against the previous one
     # A workflow with no sample for this long (event time) has ended: its WorkflowSummary goes out.
     workflow_ended_s: float = 600.0
     # A partition with no sample for this long (wall time) follows the busiest partition's clock.
@@ -48,6 +50,7 @@ class StreamSettings:
     # the changelog topics Faust creates.
     partitions: int = GPU_SAMPLES.partitions
     trace_partitions: int = KERNEL_EVENTS.partitions
+    analysis_partitions: int = TRACE_ANALYSES.partitions
     replication: int = 1
 
     def topic(self, name: str) -> str:
@@ -58,7 +61,8 @@ def tables(settings: StreamSettings) -> dict[str, int]:
     """The worker's tables: name -> partitions (each co-partitioned with the topics it is built
     from: the window state and history serve samples, life-cycle events and profile results)."""
     return {"window-state": settings.partitions, "window-history": settings.partitions,
-            "trace-state": settings.trace_partitions, "profile-schedule": PROFILE_SCHEDULE.partitions}
+            "trace-state": settings.trace_partitions, "profile-schedule": PROFILE_SCHEDULE.partitions,
+            "profile-baselines": settings.analysis_partitions}
 
 
 def changelog_topics(settings: StreamSettings) -> list[tuple[str, int, bool]]:

@@ -124,6 +124,11 @@ class KernelBreakdown:
                                    sum(k[5] for _, k in rest)))
         return out
 
+    def per_kernel(self) -> dict[tuple[str, str], tuple[int, float]]:
+        """Every kernel of the three types: (type, name) -> (launches, total time)."""
+        names = {bit: kind.name for kind, bit in BIT.items()}
+        return {(names[k[0]], name): (k[1], k[2]) for name, k in self.kernels.items() if k[0]}
+
     # -- checkpoints (JSON-able) ---------------------------------------------------------------
     def to_state(self) -> dict:
         return {"unions": {str(m): [u.first, u.start, u.end, u.closed] for m, u in self.unions.items()},

@@ -29,3 +29,21 @@ def kernel_type(name: str) -> KernelType:
     if not NOT_COMPUTATION_RE.match(name):
         return KernelType.COMPUTATION
     return KernelType.OTHER
+
+
+def short_kernel_name(name: str, width: int = 70) -> str:
+    """A kernel's name without template and call arguments (``void gemm<float, 128>(float*)``
+    reads ``gemm``), cut to ``width``: kernel names are often kilobytes of C++ templates."""
+    if MEMORY_RE.match(name):  # "Memcpy HtoD (Pageable -> Device)": its parentheses are its meaning
+        return name
+    out, depth = [], 0
+    for ch in name:
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)" and depth:
+            depth -= 1
+        elif not depth:
+            out.append(ch)
+    short = "".join(out).strip()
+    short = short.removeprefix("void ").strip() or name
+    return short if len(short) <= width else short[:width - 1] + "…"

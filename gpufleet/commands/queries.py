@@ -34,7 +34,8 @@ def add(sub) -> None:
     clickhouse_args(p)
     p.add_argument("--by", default="cause",
                    choices=["cause", "team", "owner", "workflow", "framework", "model", "cluster", "gpu-model",
-                            "antipattern"])
+                            "antipattern", "regression"],
+                   help="group by; 'regression': the workflows whose profiles got slower than their previous one")
     p.add_argument("--since", default="7d", help="how far back: 7d, 12h, 30m, or all")
     p.add_argument("--limit", type=int, default=20)
     p.add_argument("--format", choices=["table", "csv", "json"], default="table")

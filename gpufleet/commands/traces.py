@@ -28,6 +28,15 @@ def add(sub) -> None:
     p.add_argument("--workflow", default="", help="workflow id to put in the records")
     p.set_defaults(func=cmd_analyze)
 
+    p = sub.add_parser("diff", help="what changed between two profiles: per step, by kernel type and kernel",
+                       description="Compare two profiles of a workflow. Give a trace file or a directory of rank "
+                                   "traces for each (gpufleet diff BASE CAND), or several files each side around "
+                                   "'vs' (gpufleet diff base0.json base1.json vs cand0.json cand1.json).")
+    p.add_argument("traces", nargs="+", help="BASELINE... vs CANDIDATE..., or BASELINE CANDIDATE")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.add_argument("--top", type=int, default=15, help="kernels to list (default 15)")
+    p.set_defaults(func=cmd_diff)
+
     p = sub.add_parser("ingest-trace", help="publish trace files to Kafka for the worker to analyse")
     kafka_args(p)
     p.add_argument("traces", nargs="+", help=".json or .json.gz trace files, one per rank")
@@ -103,6 +112,49 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     text, rc = run(args.traces, args.json, args.workflow)
     print(text)
     return rc
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    import json
+
+    from gpufleet.analyze import analyze_profile, trace_files
+    from producers.read_trace import TraceError
+    from streams.trace_diff import diff_profiles, profile_figures, render_diff
+
+    try:
+        base_paths, cand_paths = split_profiles(args.traces)
+    except ValueError as exc:
+        sys.exit(f"gpufleet diff: {exc}")
+    sides = []
+    for paths in (base_paths, cand_paths):
+        files = [f for p in paths for f in trace_files(p)]
+        if not files:
+            sys.exit(f"gpufleet diff: no trace files in {' '.join(paths)}")
+        try:
+            records, kernels = analyze_profile(files)
+        except TraceError as exc:
+            sys.exit(f"gpufleet diff: {exc}")
+        sides.append(profile_figures(records, kernels))
+    diff = diff_profiles(*sides)
+    if args.json:
+        print(json.dumps(diff, indent=1))
+    else:
+        print(render_diff(diff, top=args.top))
+    return 0
+
+
+def split_profiles(paths: list[str]) -> tuple[list[str], list[str]]:
+    """BASELINE... vs CANDIDATE..., or exactly two paths."""
+    if "vs" in paths:
+        i = paths.index("vs")
+        base, cand = paths[:i], paths[i + 1:]
+        if not base or not cand or "vs" in cand:
+            raise ValueError("give the baseline's traces, then 'vs', then the candidate's")
+        return base, cand
+    if len(paths) != 2:
+        raise ValueError(f"{len(paths)} paths: give two (a file or a directory each), "
+                         "or the traces of each profile around 'vs'")
+    return [paths[0]], [paths[1]]
 
 
 def cmd_ingest_trace(args: argparse.Namespace) -> int:

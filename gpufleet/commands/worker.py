@@ -45,6 +45,11 @@ def add(sub) -> None:
     p.add_argument("--schedule-report-s", type=float, default=30.0,
                    help="how often the window stage tells the scheduler what runs")
     p.add_argument("--schedule-seed", type=int, default=0, help="ties in the schedule are broken by this seed")
+    p.add_argument("--regression-pct", type=float, default=10.0,
+                   help="a profile whose step takes this much longer on the GPU than the rank's previous profile "
+                        "is a regression finding (default 10 %%)")
+    p.add_argument("--regression-min-ms", type=float, default=0.1,
+                   help="... and at least this much longer per step (default 0.1 ms)")
     p.set_defaults(func=cmd_worker)
 
 
@@ -57,11 +62,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from streams.goodput import GoodputConfig
     from streams.raise_alerts import AlertConfig, load_detector_config
     from streams.schedule_profiles import ScheduleConfig
+    from streams.trace_diff import RegressionConfig
     from streams.window_utilization import WindowConfig
 
     kafka = kafka_connection(args, "worker")
     ensure_topics(kafka, prefix=args.topic_prefix, partitions=args.partitions)
-    partitions, trace_partitions = _stream_partitions(kafka, args.topic_prefix)
+    partitions, trace_partitions, analysis_partitions = _stream_partitions(kafka, args.topic_prefix)
     if args.thresholds:
         detectors, team_detectors = load_detector_config(args.thresholds)
     else:
@@ -83,6 +89,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         idle_partition_s=args.idle_partition_s,
         partitions=partitions,
         trace_partitions=trace_partitions,
+        analysis_partitions=analysis_partitions,
+        regressions=RegressionConfig(min_pct=args.regression_pct, min_us=args.regression_min_ms * 1000),
         replication=replication_for(brokers_in(kafka))[0],
         alerts=AlertConfig(detectors=detectors, team_detectors=team_detectors, min_duration_s=args.detector_min_s),
         schedule=ScheduleConfig(enabled=args.periodic_profiles, interval_s=args.profile_every_s,
@@ -101,18 +109,18 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stream_partitions(kafka, prefix: str) -> tuple[int, int]:
+def _stream_partitions(kafka, prefix: str) -> tuple[int, int, int]:
     """The partitions the worker's input topics have on the cluster: the co-partitioned
     sample topics' (which must agree: a workflow's samples, life cycle and profile results
-    meet in one state) and the kernel events'."""
+    meet in one state), the kernel events' and the trace analyses'."""
     from kafka_client.admin import partitions_of
-    from schemas.topics import CO_PARTITIONED, KERNEL_EVENTS
+    from schemas.topics import CO_PARTITIONED, KERNEL_EVENTS, TRACE_ANALYSES
 
-    names = [prefix + t.name for t in (*CO_PARTITIONED, KERNEL_EVENTS)]
+    names = [prefix + t.name for t in (*CO_PARTITIONED, KERNEL_EVENTS, TRACE_ANALYSES)]
     counts = partitions_of(kafka, names)
     co = {prefix + t.name: counts.get(prefix + t.name) for t in CO_PARTITIONED}
     if len(set(co.values())) != 1 or None in co.values():
         sys.exit("the worker needs " + ", ".join(co) + " to have the same number of partitions; they have "
                  + ", ".join(f"{n}: {c}" for n, c in co.items()) + ". Recreate them with one --partitions")
-    return next(iter(co.values())), counts[prefix + KERNEL_EVENTS.name]
+    return next(iter(co.values())), counts[prefix + KERNEL_EVENTS.name], counts[prefix + TRACE_ANALYSES.name]
 

@@ -79,3 +79,39 @@ def test_streamed_analysis_equals_the_offline_one(kafka, prefix, tmp_path, chdb_
     for rule, f in offline.items():
         for key in ("severity", "evidence", "gpu_seconds_at_stake", "recommendation", "finding_id"):
             assert online[rule][key] == f[key], (rule, key)
+
+
+def test_a_profile_slower_than_the_previous_one_is_a_regression_finding(kafka, prefix, tmp_path, chdb_client,
+                                                                         database):
+    """Two profiles of a workflow, the second with one kernel 4x slower: the worker compares
+    them and reports the regression, which ClickHouse and `opportunities --by regression` show."""
+    from gpufleet.opportunities import opportunities
+    from tests.unit.traces import COMPUTE_KERNELS, synthetic_job_trace
+
+    before = synthetic_job_trace(tmp_path / "before.json")
+    after = synthetic_job_trace(tmp_path / "after.json", slower={COMPUTE_KERNELS[3]: 4.0})
+    publisher = Publisher(kafka.bootstrap, CODEC)
+    with running_sink(kafka.bootstrap, prefix, chdb_client, database):
+        with worker_process(kafka.bootstrap, prefix, tmp_path, f"{prefix}worker", "--regression-pct", "5") as worker:
+            first = publish_trace(before, "wf-regress", publisher, topic_prefix=prefix)
+            assert publisher.flush() == 0
+            wait_until(analyses(kafka, prefix, 1), 120, "the first profile's analysis")
+            second = publish_trace(after, "wf-regress", publisher, topic_prefix=prefix)
+            assert publisher.flush() == 0
+
+            def regression_found():
+                found = [r for *_, n, r in read_topic(kafka.bootstrap, prefix + FINDINGS.name, FINDINGS.partitions)
+                         if n == "Finding" and r["rule"] == "profile_regression"]
+                return found or None
+
+            findings = wait_until(regression_found, 120, "a profile_regression finding")
+            assert worker.poll() is None
+        assert [f["trace_id"] for f in findings] == [second["trace_id"]]
+        assert first["trace_id"] in findings[0]["evidence"] and "gemm_3" in findings[0]["evidence"]
+        wait_until(lambda: chdb_client.query(
+            f"SELECT count() FROM {database}.findings FINAL WHERE rule = 'profile_regression'").result_rows[0][0] == 1,
+            60, "the regression in ClickHouse")
+    columns, rows = opportunities(chdb_client, database, by="regression", since="all")
+    assert columns[:2] == ["workflow", "cause"]
+    assert [(r[0], r[1]) for r in rows] == [("wf-regress", "antipattern:profile_regression")]
+    assert rows[0][2] == pytest.approx(findings[0]["gpu_seconds_at_stake"] / 3600, abs=0.001)

@@ -69,7 +69,7 @@ COPIES = ("Memcpy HtoD (Pinned -> Device)", "Memcpy DtoH (Device -> Pinned)", "M
 
 
 def synthetic_job_trace(path: Path, seed: int = 1, steps: int = 6, kernels_per_step: int = 60,
-                        min_dur: float = 1.0) -> Path:
+                        min_dur: float = 1.0, slower: dict[str, float] | None = None) -> Path:
     """A deterministic trace of the shape the shared traces lack: a data-parallel training
     step with computation on two streams, NCCL collectives on two more that overlap it,
     copies on a fifth, nanosecond (float) timestamps, many distinct kernel names, profiler
@@ -78,7 +78,8 @@ def synthetic_job_trace(path: Path, seed: int = 1, steps: int = 6, kernels_per_s
 
     ``min_dur``: the shortest kernel. HTA rounds a kernel of under 1 us to an interval that
     ends before it starts, and then its figures depend on how an unstable sort orders equal
-    start times (see the README): the traces compared with HTA have none."""
+    start times (see the README): the traces compared with HTA have none. ``slower``: kernel
+    name -> factor on its durations (a regression; the random draws stay the same)."""
     import random
 
     rng = random.Random(seed)
@@ -105,6 +106,7 @@ def synthetic_job_trace(path: Path, seed: int = 1, steps: int = 6, kernels_per_s
                 else:
                     stream, name, cat = rng.choice((7, 7, 7, 11)), rng.choice(COMPUTE_KERNELS), "kernel"
                     dur = round(max(rng.expovariate(1 / 40), min_dur), 3)
+                dur = round(dur * (slower or {}).get(name, 1.0), 3)
                 start = round(max(gpu_t[stream] + rng.choice((0.0, 0.0, rng.uniform(0, 30))), launch + 4.0), 3)
                 gpu_t[stream] = start + dur
                 runtime_name = "cudaMemcpyAsync" if cat == "gpu_memcpy" else (
