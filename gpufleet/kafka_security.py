@@ -5,8 +5,9 @@ Each component runs as a principal of its own and is granted only what it needs 
 ============ ==================================================================================
 agent        writes GPU and host samples, workflow events, kernel events, profile statuses and dead
              letters (requests it cannot use); reads profile requests (its consumer groups: ``gpufleet-agent-…``)
-worker       reads samples, workflow and kernel events, profile results and its schedule; writes
-             every topic it derives; owns the topics and group named by its app id (changelogs)
+worker       reads samples, workflow and kernel events, profile results, its schedule and trace
+             analyses (each against the rank's previous one); writes every topic it derives; owns the
+             topics and group named by its app id (changelogs)
 sink         reads every topic it stores in ClickHouse; writes dead letters
 notifier     reads alerts and workflow summaries (job reports); writes dead letters
 operator     asks for profiles and reads what came of them, and where workflows run (``gpufleet profile``)
@@ -78,7 +79,8 @@ def rights(worker_app_id: str = DEFAULT_WORKER_APP_ID) -> dict[str, Rights]:
                         writes=(GPU_SAMPLES, HOST_SAMPLES, WORKFLOW_EVENTS, KERNEL_EVENTS, PROFILE_STATUSES,
                                 DEAD_LETTERS),
                         groups=("gpufleet-agent-",)),
-        "worker": Rights(reads=(GPU_SAMPLES, WORKFLOW_EVENTS, PROFILE_RESULTS, KERNEL_EVENTS, PROFILE_SCHEDULE),
+        "worker": Rights(reads=(GPU_SAMPLES, WORKFLOW_EVENTS, PROFILE_RESULTS, KERNEL_EVENTS, PROFILE_SCHEDULE,
+                                TRACE_ANALYSES),
                          writes=(GPU_SAMPLES, *outputs, DEAD_LETTERS, PROFILE_REQUESTS, PROFILE_STATUSES,
                                  PROFILE_RESULTS, PROFILE_SCHEDULE),
                          groups=(worker_app_id,), owns_topics_prefixed=(worker_app_id,)),
