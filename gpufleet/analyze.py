@@ -12,6 +12,7 @@ from pathlib import Path
 from producers.read_trace import TraceError, no_cycle_collection, read_trace
 from schemas.topics import trace_id_for
 from streams.analyze_trace import TraceAnalyzer, findings_records, trace_analysis_record
+from streams.trace_collectives import stragglers
 from streams.trace_kernel_type import short_kernel_name
 
 
@@ -145,16 +146,65 @@ def format_findings(findings: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def job_analysis(records: list[dict]) -> dict | None:
+    """The ranks of a job side by side and who came last to the collectives, for the readable
+    ``records`` of two or more ranks (None otherwise)."""
+    usable = {r["rank"]: r for r in records if not r.get("unreadable") and r["gpu_events"]}
+    if len(usable) < 2:
+        return None
+    s = stragglers({rank: r.get("collectives", []) for rank, r in usable.items()})
+    waits = {row["rank"]: row for row in s["ranks"]}
+    ranks = []
+    for rank, r in sorted(usable.items()):
+        steps = r.get("profiler_steps") or 0
+        ranks.append({"rank": rank, "source": r["source"], "steps": steps,
+                      "gpu_time_per_step_us": r["kernel_time_us"] / steps if steps else None,
+                      "idle_pct": r["idle_pct"], "compute_pct": r["compute_pct"],
+                      "communication_us": r["communication_time_us"], "overlap_pct": r["comp_comm_overlap_pct"],
+                      "launch_delay_mean_us": r["launch_delay_mean_us"],
+                      "collectives": waits[rank]["collectives"], "came_last": waits[rank]["last"],
+                      "waited_us": waits[rank]["waited_us"], "others_waited_us": waits[rank]["caused_us"]})
+    return {"ranks": ranks, "collectives": s["collectives"], "straggler": s["straggler"]}
+
+
+def format_job(job: dict) -> str:
+    lines = [f"job: {len(job['ranks'])} ranks side by side; {job['collectives']} collectives matched across them",
+             (f"  {'rank':>5} {'GPU ms/step':>12} {'idle %':>7} {'comp %':>7} {'comm ms':>9} {'overlap %':>9} "
+              f"{'came last':>9} {'waited ms':>10} {'others waited ms':>16}")]
+
+    def num(v, fmt):
+        return "n/a" if v is None else format(v, fmt)
+
+    for r in job["ranks"]:
+        lines.append(f"  {r['rank']:>5} {num(r['gpu_time_per_step_us'] and r['gpu_time_per_step_us'] / 1e3, '.3f'):>12} "
+                     f"{num(r['idle_pct'], '.1f'):>7} {num(r['compute_pct'], '.1f'):>7} "
+                     f"{r['communication_us'] / 1e3:>9.3f} {num(r['overlap_pct'], '.1f'):>9} "
+                     f"{r['came_last']:>9} {r['waited_us'] / 1e3:>10.3f} {r['others_waited_us'] / 1e3:>16.3f}")
+    s = job["straggler"]
+    if s is None:
+        lines.append("  no straggler: no rank came last to most collectives" if job["collectives"]
+                     else "  no collective seen on two ranks: arrival order unknown")
+    else:
+        lines.append(f"  STRAGGLER: rank {s['rank']} came last to {100 * s['last_share']:.0f} % of the collectives; "
+                     f"the other ranks waited {s['caused_us'] / 1e6:.3f} GPU-s for it. Look at what it does before "
+                     "them: its input pipeline, its host (CPU, throttled GPU) or an uneven share of the work.")
+    return "\n".join(lines)
+
+
 def run(paths: list[str], as_json: bool, workflow_id: str = "") -> tuple[str, int]:
-    """The analyses of ``paths`` as text (or JSON) and the exit status: 1 if a file could not
-    be read or was damaged (its figures then cover only what was read), else 0."""
+    """The analyses of ``paths`` as text (or JSON), the job's ranks side by side when they are
+    several, and the exit status: 1 if a file could not be read or was damaged (its figures
+    then cover only what was read), else 0."""
     results = [analyze_file_with_findings(p, workflow_id) for p in paths]
+    job = job_analysis([a for a, _ in results])
     if as_json:
-        text = json.dumps([{"analysis": a, "findings": f} for a, f in results], indent=1)
+        text = json.dumps({"traces": [{"analysis": a, "findings": f} for a, f in results], "job": job}, indent=1)
     else:
         text = "\n\n".join(
             format_record(a) + ("" if a.get("unreadable") or not a["gpu_events"]
                                 else "\n  findings:\n" + format_findings(f))
             for a, f in results
         )
+        if job is not None:
+            text += "\n\n" + format_job(job)
     return text, 1 if any(a.get("unreadable") or a["partial"] for a, _ in results) else 0

@@ -19,7 +19,7 @@ SYSTEM_CONTEXT_FIELDS = (
 MFU_COLUMNS = (("gpu_name", "LowCardinality(Nullable(String))"), ("model_flops", "Nullable(Int64)"),
                ("model_flops_precision", "LowCardinality(Nullable(String))"), ("peak_tflops", "Nullable(Float64)"),
                ("mfu_pct", "Nullable(Float64)"))
-# TraceAnalysis v4: the steps it covers, HTA's kernel breakdown and the memory copies per kind.
+# TraceAnalysis v4: the steps it covers, HTA's kernel breakdown, the memory copies per kind and the collectives.
 KERNEL_TYPE_FIELDS = ("kernel_type", "time_us", "pct")
 TOP_KERNEL_FIELDS = ("kernel_type", "name", "kernels", "launches", "time_us", "min_us", "max_us", "mean_us", "stddev_us")
 MEMORY_COPY_FIELDS = ("kind", "copies", "bytes", "time_us", "achieved_gbps", "bw_samples", "bw_mean_gbps",
@@ -32,6 +32,7 @@ KERNEL_COLUMNS = (
     ("memory_copies", ("Array(Tuple(kind LowCardinality(String), copies UInt64, bytes UInt64, time_us Float64, "
                        "achieved_gbps Nullable(Float64), bw_samples UInt64, "
                        + ", ".join(f"{f} Nullable(Float64)" for f in MEMORY_COPY_FIELDS[6:]) + "))")),
+    ("collectives", "Array(Tuple(name String, durations_us Array(Float64)))"),
 )
 TRACE_ANALYSIS_ADDED_COLUMNS = (*((f"system_{name}", typ) for name, typ in SYSTEM_CONTEXT_FIELDS), *MFU_COLUMNS,
                                 *KERNEL_COLUMNS)
@@ -44,7 +45,8 @@ def _trace_analysis_row(record: dict) -> dict:
                                for s in record["idle_by_stream"]],
             "kernel_types": [tuple(k[f] for f in KERNEL_TYPE_FIELDS) for k in record.get("kernel_types", [])],
             "top_kernels": [tuple(k[f] for f in TOP_KERNEL_FIELDS) for k in record.get("top_kernels", [])],
-            "memory_copies": [tuple(k[f] for f in MEMORY_COPY_FIELDS) for k in record.get("memory_copies", [])]}
+            "memory_copies": [tuple(k[f] for f in MEMORY_COPY_FIELDS) for k in record.get("memory_copies", [])],
+            "collectives": [(c["name"], c["durations_us"]) for c in record.get("collectives", [])]}
 
 
 TRACE_ANALYSES_TABLE = Table(

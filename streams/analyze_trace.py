@@ -16,6 +16,7 @@ from collections import deque
 
 from schemas.gpu_peaks import peak_tflops
 from streams.trace_antipatterns import AntipatternCollector
+from streams.trace_collectives import Collectives
 from streams.trace_idle_breakdown import IdleBreakdown, StreamIdle
 from streams.trace_kernel_breakdown import KernelBreakdown
 from streams.trace_launch_stats import LaunchStats
@@ -34,6 +35,7 @@ class TraceAnalyzer:
         self.launch = LaunchStats()
         self.kernels = KernelBreakdown()
         self.copies = MemoryCopies()
+        self.collectives = Collectives()
         self.antipatterns = AntipatternCollector()
         self.horizon = pending_horizon_us
         self.events = 0
@@ -72,6 +74,7 @@ class TraceAnalyzer:
         self.temporal.add(event)
         self.kernels.add(event)
         self.copies.add(event)
+        self.collectives.add(event)
         self.idle.add(event, None if call is None else call["ts"])
         if call is not None:
             self.launch.add(call, event)
@@ -110,6 +113,7 @@ class TraceAnalyzer:
             "launch": self.launch.result(),
             **self.kernels.result(),
             "memory_copies": self.copies.result(),
+            "collectives": self.collectives.result(),
             "antipatterns": self.antipatterns.summary(),
         }
 
@@ -127,6 +131,7 @@ class TraceAnalyzer:
             "antipatterns": self.antipatterns.to_state(),
             "kernels": self.kernels.to_state(),
             "copies": self.copies.to_state(),
+            "collectives": self.collectives.to_state(),
             "steps": sorted(self.steps),
         }
 
@@ -145,6 +150,7 @@ class TraceAnalyzer:
         if "kernels" in state:  # a session checkpointed before the kernel breakdown: it counts from here
             a.kernels = KernelBreakdown.from_state(state["kernels"])
             a.copies = MemoryCopies.from_state(state["copies"])
+            a.collectives = Collectives.from_state(state["collectives"])
             a.steps = set(state["steps"])
         for corr, name, ts, dur in sorted(state["calls"], key=lambda c: c[2]):
             a._calls[corr] = {"name": name, "ts": ts, "dur": dur}
@@ -226,6 +232,7 @@ def trace_analysis_record(
         "kernel_types": [{**k, "time_us": float(k["time_us"])} for k in result.get("kernel_types", [])],
         "top_kernels": result.get("top_kernels", []),
         "memory_copies": result.get("memory_copies", []),
+        "collectives": result.get("collectives", []),
         "analyzed_at": analyzed_at,
         "system": system,
     }

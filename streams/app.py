@@ -13,7 +13,7 @@ from streams import faust_fixes
 from streams.auto_profile import AutoProfileConfig
 from streams.raise_alerts import AlertConfig
 from streams.schedule_profiles import ScheduleConfig
-from streams.trace_diff import RegressionConfig
+from streams.stage_profile_comparison import ComparisonConfig
 from streams.trace_sessions import TraceSessionConfig
 from streams.window_utilization import WindowConfig
 
@@ -35,7 +35,7 @@ class StreamSettings:
     trace_sessions: TraceSessionConfig = field(default_factory=TraceSessionConfig)
     auto_profile: AutoProfileConfig = field(default_factory=AutoProfileConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)  # periodic profiling
-    regressions: RegressionConfig = field(default_factory=RegressionConfig)  # a profile against the previous one
+    comparison: ComparisonConfig = field(default_factory=ComparisonConfig)  # profiles against each other
     # A workflow with no sample for this long (event time) has ended: its WorkflowSummary goes out.
     workflow_ended_s: float = 600.0
     # A partition with no sample for this long (wall time) follows the busiest partition's clock.
@@ -62,7 +62,7 @@ def tables(settings: StreamSettings) -> dict[str, int]:
     from: the window state and history serve samples, life-cycle events and profile results)."""
     return {"window-state": settings.partitions, "window-history": settings.partitions,
             "trace-state": settings.trace_partitions, "profile-schedule": PROFILE_SCHEDULE.partitions,
-            "profile-baselines": settings.analysis_partitions}
+            "profile-comparison": settings.analysis_partitions}
 
 
 def changelog_topics(settings: StreamSettings) -> list[tuple[str, int, bool]]:

@@ -7,8 +7,8 @@ logic it calls; ``stage_io`` is what they share.
     profile-results ─┘  (stage_windows)└─▶ profile-schedule (what runs where)
     kernel-events ───▶ traces ─────────▶ trace-analyses, findings, profile-results, profile-statuses
                         (stage_traces)
-    trace-analyses ──▶ regressions ────▶ findings (a profile slower than the rank's previous one)
-                        (stage_regressions)
+    trace-analyses ──▶ comparison ─────▶ findings (slower than the rank's previous profile; a straggler rank)
+                        (stage_profile_comparison)
     profile-schedule ▶ scheduler ──────▶ profile-requests (periodic)
                         (stage_schedule)
 
@@ -20,9 +20,9 @@ from __future__ import annotations
 import faust
 
 from schemas.codec import Codec
-from streams import stage_regressions, stage_schedule, stage_traces, stage_windows
+from streams import stage_profile_comparison, stage_schedule, stage_traces, stage_windows
 
-STAGES = (stage_windows, stage_traces, stage_regressions, stage_schedule)
+STAGES = (stage_windows, stage_traces, stage_profile_comparison, stage_schedule)
 
 
 def register(app: faust.App, settings) -> None:  # settings: streams.app.StreamSettings

@@ -62,6 +62,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from streams.goodput import GoodputConfig
     from streams.raise_alerts import AlertConfig, load_detector_config
     from streams.schedule_profiles import ScheduleConfig
+    from streams.stage_profile_comparison import ComparisonConfig
     from streams.trace_diff import RegressionConfig
     from streams.window_utilization import WindowConfig
 
@@ -90,7 +91,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         partitions=partitions,
         trace_partitions=trace_partitions,
         analysis_partitions=analysis_partitions,
-        regressions=RegressionConfig(min_pct=args.regression_pct, min_us=args.regression_min_ms * 1000),
+        comparison=ComparisonConfig(regressions=RegressionConfig(min_pct=args.regression_pct,
+                                                                 min_us=args.regression_min_ms * 1000)),
         replication=replication_for(brokers_in(kafka))[0],
         alerts=AlertConfig(detectors=detectors, team_detectors=team_detectors, min_duration_s=args.detector_min_s),
         schedule=ScheduleConfig(enabled=args.periodic_profiles, interval_s=args.profile_every_s,

@@ -81,12 +81,14 @@ def test_streamed_analysis_equals_the_offline_one(kafka, prefix, tmp_path, chdb_
             assert online[rule][key] == f[key], (rule, key)
 
 
-def test_a_profile_slower_than_the_previous_one_is_a_regression_finding(kafka, prefix, tmp_path, chdb_client,
-                                                                         database):
+def test_profiles_are_compared_with_the_previous_one_and_across_their_ranks(kafka, prefix, tmp_path, chdb_client,
+                                                                            database):
     """Two profiles of a workflow, the second with one kernel 4x slower: the worker compares
-    them and reports the regression, which ClickHouse and `opportunities --by regression` show."""
+    them and reports the regression, which ClickHouse and `opportunities --by regression` show.
+    Then a requested profile of three ranks, one of them slow: the worker names the straggler."""
     from gpufleet.opportunities import opportunities
-    from tests.unit.traces import COMPUTE_KERNELS, synthetic_job_trace
+    from schemas.topics import trace_id_of
+    from tests.unit.traces import COMPUTE_KERNELS, synthetic_job_trace, synthetic_rank_traces
 
     before = synthetic_job_trace(tmp_path / "before.json")
     after = synthetic_job_trace(tmp_path / "after.json", slower={COMPUTE_KERNELS[3]: 4.0})
@@ -105,7 +107,23 @@ def test_a_profile_slower_than_the_previous_one_is_a_regression_finding(kafka, p
                 return found or None
 
             findings = wait_until(regression_found, 120, "a profile_regression finding")
+
+            for path in synthetic_rank_traces(tmp_path / "ranks", ranks=3, straggler=2):
+                rank = int(path.stem.removeprefix("rank"))
+                publish_trace(path, "wf-ranks", publisher, topic_prefix=prefix,
+                              trace_id=trace_id_of("req-ranks", f"host{rank}", rank))
+            assert publisher.flush() == 0
+
+            def straggler_found():
+                found = {r["finding_id"]: r for *_, n, r in read_topic(kafka.bootstrap, prefix + FINDINGS.name,
+                                                                       FINDINGS.partitions)
+                         if n == "Finding" and r["rule"] == "straggler_rank" and "across 3 ranks" in r["evidence"]}
+                return found or None
+
+            stragglers = wait_until(straggler_found, 120, "the straggler of the three ranks")
             assert worker.poll() is None
+        assert list(stragglers) == ["profile/req-ranks:straggler_rank"]
+        assert stragglers["profile/req-ranks:straggler_rank"]["rank"] == 2
         assert [f["trace_id"] for f in findings] == [second["trace_id"]]
         assert first["trace_id"] in findings[0]["evidence"] and "gemm_3" in findings[0]["evidence"]
         wait_until(lambda: chdb_client.query(

@@ -138,3 +138,55 @@ def synthetic_job_trace(path: Path, seed: int = 1, steps: int = 6, kernels_per_s
            "traceEvents": events}
     path.write_text(json.dumps(doc))
     return path
+
+
+def synthetic_rank_traces(directory: Path, ranks: int = 4, straggler: int | None = 2, steps: int = 8,
+                          seed: int = 7, slow: float = 1.3) -> list[Path]:
+    """One trace per rank of a data-parallel job: each step, forward and backward kernels,
+    then an all-reduce that ends on every rank when the last one has arrived. ``straggler``:
+    the rank whose computation takes ``slow`` times as long (None: ranks differ only by
+    jitter). Each host's clock is off by up to 50 ms, as clocks of different hosts are."""
+    import random
+
+    rng = random.Random(seed)
+    clock = [rng.uniform(-50_000, 50_000) for _ in range(ranks)]
+    events: list[list[dict]] = [[] for _ in range(ranks)]
+    corr = [0] * ranks
+    t = 1_000_000.0
+    for n in range(steps):
+        compute = [rng.uniform(900, 1100) * (slow if r == straggler else 1.0) for r in range(ranks)]
+        comm = rng.uniform(200, 300)
+        arrive = [t + 50.0 + c for c in compute]
+        end = max(arrive) + comm
+        for r in range(ranks):
+            ev, off = events[r], clock[r]
+            kt = t + 50.0
+            for i, share in enumerate((0.3, 0.3, 0.4)):
+                corr[r] += 1
+                launch = t + 5.0 + i * 10.0
+                ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                           "ts": round(launch + off, 3), "dur": 4.0, "args": {"correlation": corr[r]}})
+                dur = compute[r] * share
+                ev.append({"ph": "X", "cat": "kernel", "name": f"void gemm_{i}<float>(float*)", "pid": 0, "tid": 7,
+                           "ts": round(kt + off, 3), "dur": round(dur, 3),
+                           "args": {"stream": 7, "correlation": corr[r], "device": 0}})
+                kt += dur
+            corr[r] += 1
+            ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                       "ts": round(t + 40.0 + off, 3), "dur": 4.0, "args": {"correlation": corr[r]}})
+            ev.append({"ph": "X", "cat": "kernel", "name": "ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)",
+                       "pid": 0, "tid": 20, "ts": round(arrive[r] + off, 3), "dur": round(end - arrive[r], 3),
+                       "args": {"stream": 20, "correlation": corr[r], "device": 0}})
+            ev.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n + 1}", "pid": 1, "tid": 1,
+                       "ts": round(t + off, 3), "dur": round(end + 100 - t, 3), "args": {}})
+        t = end + 100.0
+    paths = []
+    directory.mkdir(parents=True, exist_ok=True)
+    for r in range(ranks):
+        doc = {"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": r, "world_size": ranks},
+               "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": 85_000_000_000}],
+               "traceEvents": sorted(events[r], key=lambda e: e["ts"])}
+        path = directory / f"rank{r}.json"
+        path.write_text(json.dumps(doc))
+        paths.append(path)
+    return paths

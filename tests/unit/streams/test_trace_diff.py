@@ -125,20 +125,20 @@ def test_gpufleet_diff_says_which_file_cannot_be_read(profiles, tmp_path):
 
 
 def test_the_stage_compares_each_rank_with_its_previous_complete_profile(profiles):
-    from streams.stage_regressions import compare
+    from streams.stage_profile_comparison import ComparisonConfig, compare
 
     base = {**analyze_file(profiles["base"], "wf"), "analyzed_at": 1}
     slow = {**analyze_file(profiles["slow"], "wf"), "analyzed_at": 2}
-    config = RegressionConfig(min_pct=5)
+    config = ComparisonConfig(regressions=RegressionConfig(min_pct=5))
     baselines: dict = {}
-    assert compare(baselines, 0, [base], config, 10) == ([], {"wf\x000"})
-    assert baselines["wf\x000"]["trace_id"] == base["trace_id"] and baselines["wf\x000"]["partition"] == 0
+    assert compare(baselines, 0, [base], config, 10) == ([], {"rank\x00wf\x000"})
+    assert baselines["rank\x00wf\x000"]["trace_id"] == base["trace_id"] and baselines["rank\x00wf\x000"]["partition"] == 0
     # A partial profile is neither compared nor kept; another rank has its own baseline.
-    assert compare(baselines, 0, [{**slow, "partial": True}, {**slow, "rank": 1}], config, 10) == ([], {"wf\x001"})
+    assert compare(baselines, 0, [{**slow, "partial": True}, {**slow, "rank": 1}], config, 10) == ([], {"rank\x00wf\x001"})
     findings, changed = compare(baselines, 0, [slow], config, 10)
-    assert [f["rule"] for f in findings] == ["profile_regression"] and changed == {"wf\x000"}
+    assert [f["rule"] for f in findings] == ["profile_regression"] and changed == {"rank\x00wf\x000"}
     assert findings[0]["trace_id"] == slow["trace_id"] and base["trace_id"] in findings[0]["evidence"]
     # The same profile again (a replay) and an older one that came late change nothing.
     assert compare(baselines, 0, [slow, {**base, "trace_id": "old", "analyzed_at": 0}], config, 10) == ([], set())
     # Faster again: no finding, and the faster profile is the new baseline.
-    assert compare(baselines, 0, [{**base, "trace_id": "again", "analyzed_at": 3}], config, 10) == ([], {"wf\x000"})
+    assert compare(baselines, 0, [{**base, "trace_id": "again", "analyzed_at": 3}], config, 10) == ([], {"rank\x00wf\x000"})
