@@ -40,7 +40,7 @@ def _analyze(path: str | Path, workflow_id: str = "", trace_id: str | None = Non
     with no_cycle_collection():
         for e in trace.events:
             analyzer.add(e)
-        result = analyzer.result()
+        result = analyzer.result(trace.gpu_name)
     record = trace_analysis_record(
         result, trace_id=trace_id or trace_id_for(path, workflow_id),
         workflow_id=workflow_id, rank=trace.rank, source=str(path),
@@ -127,6 +127,13 @@ def _kernel_lines(r: dict) -> list[str]:
                      f"{k['mean_us']:9.1f} us  {name}")
     if r.get("memory_copies"):
         lines.append("  memory copies (count, bytes, GPU time, achieved bandwidth; concurrent bandwidth mean / max)")
+    if r.get("operators"):
+        lines.append("  roofline of the operators that count their FLOPs (GPU time, achieved, % of roof, bound, "
+                     "at stake below 70 %)")
+    for o in r.get("operators", []):
+        roof = "no peak known" if o["roof_pct"] is None else f"{o['roof_pct']:5.1f} % of {o['roof_tflops']:.1f}"
+        lines.append(f"    {o['name']:<24} {o['gpu_time_us'] / 1e3:9.3f} ms {o['achieved_tflops']:9.2f} TFLOP/s "
+                     f"{o['precision']:<5} {roof:<22} {o['bound'] or '':<8} {o['at_stake_us'] / 1e3:8.3f} ms")
     for m in r.get("memory_copies", []):
         achieved = "n/a" if m["achieved_gbps"] is None else f"{m['achieved_gbps']:.2f} GB/s"
         concurrent = "" if not m["bw_samples"] else f"; {m['bw_mean_gbps']:.2f} / {m['bw_max_gbps']:.2f} GB/s"

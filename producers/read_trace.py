@@ -200,6 +200,8 @@ class Args(msgspec.Struct, gc=False):
     flops: Any = None  # CPU operators, where the profiler ran with_flops=True
     input_type: Any = msgspec.field(default=None, name="Input type")  # with record_shapes=True
     bandwidth: Any = msgspec.field(default=None, name="memory bandwidth (GB/s)")  # copies and sets
+    # with record_shapes=True: kept unparsed, read only for the operators that count FLOPs
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
 
 
 # A time in microseconds the analysis can place: a number below 2**53 (285 years) either way.
@@ -213,6 +215,7 @@ class Event(msgspec.Struct, gc=False):
 
     name: Any = ""
     cat: str | None = None
+    tid: Any = None
     ts: _Time | None = None
     dur: _Time | None = None
     args: Args | None = None
@@ -223,6 +226,7 @@ class Event(msgspec.Struct, gc=False):
 _NO_ARGS = Args()
 _block_decoder = msgspec.json.Decoder(list[Event])
 _any_decoder = msgspec.json.Decoder()
+_encoder = msgspec.json.Encoder()
 
 
 def _typed(items: Iterable[Any]) -> Iterator[Event | None]:
@@ -232,6 +236,9 @@ def _typed(items: Iterable[Any]) -> Iterator[Event | None]:
         if type(item) is not dict:
             yield None
             continue
+        args = item.get("args")
+        if type(args) is dict and "Input Dims" in args:  # kept unparsed, as the Kineto reader keeps it
+            item = {**item, "args": {**args, "Input Dims": msgspec.Raw(_encoder.encode(args["Input Dims"]))}}
         try:
             yield msgspec.convert(item, Event)
         except msgspec.ValidationError:
@@ -338,7 +345,8 @@ def _framed(buf: bytearray, start: int, end: int) -> list[Event] | None:
     else:
         buf[end] = 0x5D
     try:
-        return _block_decoder.decode(memoryview(buf)[start:end + 1])
+        # (a copy, 64 KiB: the events' unparsed Input Dims refer to what they were parsed from)
+        return _block_decoder.decode(bytes(memoryview(buf)[start:end + 1]))
     except msgspec.DecodeError:
         return None
     finally:
@@ -418,6 +426,7 @@ def read_trace(path: str | Path) -> TraceRead:
     steps: dict[str, list[float]] = {}
     cpu_corr_ts: dict[int, float] = {}
     names: dict[str, str] = {}
+    tids: dict[Any, int] = {}
     candidates: list[dict] = []
     gpu_sides: list[bool] = []  # of each candidate
     memory = _MemoryPeaks()
@@ -471,12 +480,20 @@ def read_trace(path: str | Path) -> TraceRead:
                                 cpu_corr_ts[corr] = ts
                         if kind is None and stream < 0:
                             continue  # flow events, python functions...: not used by the analysis
+                        op = None
                         if kind == "cpu_op" and args.flops is not None:
-                            _add_flops(result.flops, args.flops, args.input_type)
-                        if (kind == "cpu_op" or kind == "annotation") and "ProfilerStep" not in name \
-                                and "DataLoader" not in name:
+                            op = _add_flops(result.flops, args.flops, args.input_type)
+                        if (kind == "cpu_op" or kind == "annotation") and op is None \
+                                and "ProfilerStep" not in name and "DataLoader" not in name:
                             continue  # CPU ops the analysis does not use
-                    candidates.append(_record(e, kind, name, args, stream, corr, names))
+                        if op is not None:  # an operator that counts its FLOPs: kept for the roofline
+                            record = _record(e, kind, name, args, stream, corr, names, tids)
+                            record["flops"], record["precision"] = op
+                            record["op_bytes"] = operator_bytes(name, args.input_dims, args.input_type)
+                            candidates.append(record)
+                            gpu_sides.append(False)
+                            continue
+                    candidates.append(_record(e, kind, name, args, stream, corr, names, tids))
                     gpu_sides.append(gpu_side)
     except (TraceDamaged, EOFError, OSError) as exc:
         result.partial = True
@@ -539,7 +556,7 @@ class _MemoryPeaks:
 
 
 def _record(e: Event, kind: str | None, name: str, args: Args, stream: int, correlation: int,
-            names: dict[str, str]) -> dict:
+            names: dict[str, str], tids: dict[Any, int]) -> dict:
     ts, dur = e.ts, e.dur
     name = names.setdefault(name, name)
     nbytes, device, grid, block = args.bytes, args.device, args.grid, args.block
@@ -559,6 +576,7 @@ def _record(e: Event, kind: str | None, name: str, args: Args, stream: int, corr
         "correlation": correlation,
         "bytes": nbytes if nbytes >= 0 else None,
         "bandwidth_gbps": _bandwidth(args.bandwidth) if kind == "memcpy" or kind == "memset" else None,
+        "tid": -1 if stream >= 0 else _tid(e.tid, tids),  # (the CPU thread: where an operator launched a kernel)
         "memcpy_kind": name[len("Memcpy "):] if kind == "memcpy" and name.startswith("Memcpy ") else None,
         "grid": grid if grid is None else _dims(grid),
         "block": block if block is None else _dims(block),
@@ -571,17 +589,61 @@ _PRECISION = {"c10::BFloat16": "bf16", "c10::Half": "fp16", "float": "fp32", "do
               "c10::Float8_e5m2fnuz": "fp8"}
 
 
-def _add_flops(flops: dict[str, int], count: Any, input_types: Any) -> None:
-    """An operator's FLOPs, under the precision of its first floating-point input ("unknown"
-    where the profiler did not record input types)."""
+def _add_flops(flops: dict[str, int], count: Any, input_types: Any) -> tuple[int, str] | None:
+    """An operator's FLOPs, added under the precision of its first floating-point input
+    ("unknown" where the profiler did not record input types); returns (FLOPs, precision), or
+    None for a count that is not a positive number."""
     if type(count) is not int or count <= 0:
         if not (type(count) is float and 0 < count < 2**63):
-            return
+            return None
         count = int(count)
     precision = "unknown"
     if type(input_types) is list:
         precision = next((_PRECISION[t] for t in input_types if type(t) is str and t in _PRECISION), "unknown")
     flops[precision] = flops.get(precision, 0) + count
+    return count, precision
+
+
+# Bytes per element of the profiler's input types.
+_ELEMENT_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4,
+                  "short int": 2, "signed char": 1, "unsigned char": 1, "bool": 1, "c10::Float8_e4m3fn": 1,
+                  "c10::Float8_e5m2": 1, "c10::Float8_e4m3fnuz": 1, "c10::Float8_e5m2fnuz": 1}
+# Operators whose output shape follows from their inputs': name -> the output's element count.
+_OUTPUT_ELEMENTS = {
+    "aten::mm": lambda d: d[0][0] * d[1][1],
+    "aten::addmm": lambda d: d[1][0] * d[2][1],
+    "aten::bmm": lambda d: d[0][0] * d[0][1] * d[1][2],
+    "aten::baddbmm": lambda d: d[1][0] * d[1][1] * d[2][2],
+    "aten::add": lambda d: math.prod(d[0]),
+    "aten::mul": lambda d: math.prod(d[0]),
+}
+
+
+def operator_bytes(name: str, raw_dims: msgspec.Raw, input_types: Any) -> int | None:
+    """The memory an operator moves at least: its input tensors, and its output where its
+    shape follows from theirs (``record_shapes=True``); None without shapes."""
+    if not raw_dims:
+        return None
+    try:
+        dims = _any_decoder.decode(raw_dims)
+    except msgspec.DecodeError:
+        return None
+    if type(dims) is not list or type(input_types) is not list:
+        return None
+    total, first = 0, None
+    for shape, dtype in zip(dims, input_types):
+        size = _ELEMENT_BYTES.get(dtype) if type(dtype) is str else None
+        if size is None or type(shape) is not list or not shape or not all(type(x) is int and x >= 0 for x in shape):
+            continue
+        total += size * math.prod(shape)
+        first = first or size
+    output = _OUTPUT_ELEMENTS.get(name)
+    if output is not None and first is not None:
+        try:
+            total += first * output(dims)
+        except (IndexError, TypeError):
+            pass
+    return total or None
 
 
 def _gpu_name(properties: list[dict], device: int | None) -> str | None:
@@ -591,6 +653,20 @@ def _gpu_name(properties: list[dict], device: int | None) -> str | None:
         if p.get("id") == device:
             return p["name"]
     return named[0]["name"] if named else None
+
+
+def _tid(value: Any, tids: dict[Any, int]) -> int:
+    """A thread as a number: the profiler's number, or the order in which a named thread
+    (``"stream 7"``, ``"25738"`` as a string in older traces) was first seen, from 1 << 40."""
+    if type(value) is int:
+        return value
+    if value is None:
+        return -1
+    known = tids.get(value)
+    if known is None:
+        text = str(value)
+        known = tids[value] = int(text) if text.isdigit() and len(text) < 16 else (1 << 40) + len(tids)
+    return known
 
 
 def _bandwidth(value: Any) -> float | None:

@@ -1,5 +1,6 @@
-"""Dense peak TFLOPS of GPU models per precision (``gpu_peaks.json``, with the datasheet of
-each): what model FLOPs utilisation is measured against."""
+"""Dense peak TFLOPS of GPU models per precision and their peak memory bandwidth
+(``gpu_peaks.json``, with the datasheet of each): what model FLOPs utilisation and the
+operators' rooflines are measured against."""
 
 from __future__ import annotations
 
@@ -11,17 +12,25 @@ PRECISIONS = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
 
 
 @cache
-def _table() -> tuple[tuple[str, dict[str, float]], ...]:
+def _table() -> tuple[tuple[str, dict[str, float], float | None], ...]:
     raw = json.loads((Path(__file__).with_name("gpu_peaks.json")).read_text())
-    return tuple((g["match"], g["tflops"]) for g in raw["gpus"])
+    return tuple((g["match"], g["tflops"], g.get("memory_gbps")) for g in raw["gpus"])
+
+
+def _entry(gpu_name: str | None) -> tuple[str, dict[str, float], float | None] | None:
+    if not gpu_name:
+        return None
+    return next((e for e in _table() if e[0] in gpu_name), None)
 
 
 def peak_tflops(gpu_name: str | None, precision: str) -> float | None:
     """The dense peak of ``gpu_name`` (as NVML or the profiler names it) at ``precision``, or
     None where the model or the precision is not in the table."""
-    if not gpu_name:
-        return None
-    for match, tflops in _table():
-        if match in gpu_name:
-            return tflops.get(precision)
-    return None
+    entry = _entry(gpu_name)
+    return None if entry is None else entry[1].get(precision)
+
+
+def peak_memory_gbps(gpu_name: str | None) -> float | None:
+    """The peak memory bandwidth of ``gpu_name`` in GB/s, or None where it is not in the table."""
+    entry = _entry(gpu_name)
+    return None if entry is None else entry[2]

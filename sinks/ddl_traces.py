@@ -19,7 +19,8 @@ SYSTEM_CONTEXT_FIELDS = (
 MFU_COLUMNS = (("gpu_name", "LowCardinality(Nullable(String))"), ("model_flops", "Nullable(Int64)"),
                ("model_flops_precision", "LowCardinality(Nullable(String))"), ("peak_tflops", "Nullable(Float64)"),
                ("mfu_pct", "Nullable(Float64)"))
-# TraceAnalysis v4: the steps it covers, HTA's kernel breakdown, the memory copies per kind and the collectives.
+# TraceAnalysis v4: the steps it covers, HTA's kernel breakdown, the memory copies per kind, the collectives
+# and the operators' roofline.
 KERNEL_TYPE_FIELDS = ("kernel_type", "time_us", "pct")
 TOP_KERNEL_FIELDS = ("kernel_type", "name", "kernels", "launches", "time_us", "min_us", "max_us", "mean_us", "stddev_us")
 MEMORY_COPY_FIELDS = ("kind", "copies", "bytes", "time_us", "achieved_gbps", "bw_samples", "bw_mean_gbps",
@@ -33,7 +34,14 @@ KERNEL_COLUMNS = (
                        "achieved_gbps Nullable(Float64), bw_samples UInt64, "
                        + ", ".join(f"{f} Nullable(Float64)" for f in MEMORY_COPY_FIELDS[6:]) + "))")),
     ("collectives", "Array(Tuple(name String, durations_us Array(Float64)))"),
+    ("operators", ("Array(Tuple(name String, calls UInt64, flops UInt64, bytes Nullable(UInt64), gpu_time_us Float64, "
+                   "precision LowCardinality(String), achieved_tflops Float64, achieved_gbps Nullable(Float64), "
+                   "intensity Nullable(Float64), peak_tflops Nullable(Float64), peak_gbps Nullable(Float64), "
+                   "bound LowCardinality(Nullable(String)), roof_tflops Nullable(Float64), roof_pct Nullable(Float64), "
+                   "at_stake_us Float64))")),
 )
+OPERATOR_FIELDS = ("name", "calls", "flops", "bytes", "gpu_time_us", "precision", "achieved_tflops", "achieved_gbps",
+                   "intensity", "peak_tflops", "peak_gbps", "bound", "roof_tflops", "roof_pct", "at_stake_us")
 TRACE_ANALYSIS_ADDED_COLUMNS = (*((f"system_{name}", typ) for name, typ in SYSTEM_CONTEXT_FIELDS), *MFU_COLUMNS,
                                 *KERNEL_COLUMNS)
 
@@ -46,7 +54,8 @@ def _trace_analysis_row(record: dict) -> dict:
             "kernel_types": [tuple(k[f] for f in KERNEL_TYPE_FIELDS) for k in record.get("kernel_types", [])],
             "top_kernels": [tuple(k[f] for f in TOP_KERNEL_FIELDS) for k in record.get("top_kernels", [])],
             "memory_copies": [tuple(k[f] for f in MEMORY_COPY_FIELDS) for k in record.get("memory_copies", [])],
-            "collectives": [(c["name"], c["durations_us"]) for c in record.get("collectives", [])]}
+            "collectives": [(c["name"], c["durations_us"]) for c in record.get("collectives", [])],
+            "operators": [tuple(o[f] for f in OPERATOR_FIELDS) for o in record.get("operators", [])]}
 
 
 TRACE_ANALYSES_TABLE = Table(

@@ -21,6 +21,7 @@ from streams.trace_idle_breakdown import IdleBreakdown, StreamIdle
 from streams.trace_kernel_breakdown import KernelBreakdown
 from streams.trace_launch_stats import LaunchStats
 from streams.trace_memory_copies import MemoryCopies
+from streams.trace_operators import OperatorRoofline
 from streams.trace_rules import detect_antipatterns
 from streams.trace_temporal_breakdown import Coverage, TemporalBreakdown
 
@@ -36,6 +37,7 @@ class TraceAnalyzer:
         self.kernels = KernelBreakdown()
         self.copies = MemoryCopies()
         self.collectives = Collectives()
+        self.roofline = OperatorRoofline()
         self.antipatterns = AntipatternCollector()
         self.horizon = pending_horizon_us
         self.events = 0
@@ -59,8 +61,9 @@ class TraceAnalyzer:
         self.events += 1
         corr = event["correlation"]
         if event["stream"] < 0:
+            op = self.roofline.add_cpu(event)  # the operator a runtime call was made from
             if corr >= 0:
-                self._calls[corr] = {"name": event["name"], "ts": ts, "dur": event["dur"]}
+                self._calls[corr] = {"name": event["name"], "ts": ts, "dur": event["dur"], "op": op}
                 self._call_order.append((ts, corr))
                 self._evict(ts)
             if event["name"].startswith("ProfilerStep#"):  # an annotation (cpu_op in older traces)
@@ -75,6 +78,7 @@ class TraceAnalyzer:
         self.kernels.add(event)
         self.copies.add(event)
         self.collectives.add(event)
+        self.roofline.add_gpu(event, None if call is None else call.get("op"))
         self.idle.add(event, None if call is None else call["ts"])
         if call is not None:
             self.launch.add(call, event)
@@ -88,7 +92,8 @@ class TraceAnalyzer:
             if call is not None and call["ts"] == ts:
                 del calls[corr]
 
-    def result(self) -> dict:
+    def result(self, gpu_name: str | None = None) -> dict:
+        """The figures of the events so far; ``gpu_name`` (the trace's GPU) gives the roofline its peaks."""
         t = self.temporal.result()
         return {
             "events": self.events,
@@ -114,6 +119,7 @@ class TraceAnalyzer:
             **self.kernels.result(),
             "memory_copies": self.copies.result(),
             "collectives": self.collectives.result(),
+            "operators": self.roofline.result(gpu_name),
             "antipatterns": self.antipatterns.summary(),
         }
 
@@ -126,12 +132,13 @@ class TraceAnalyzer:
             "prev_end": {str(s): e for s, e in self.idle._prev_end.items()},
             "launch": {k: getattr(self.launch, k) for k in LAUNCH_COUNTERS},
             "counters": [self.events, self.gpu_events, self.unmatched_gpu_events, self.out_of_order, self._last_ts],
-            "calls": [[corr, c["name"], c["ts"], c["dur"]] for corr, c in self._calls.items()],
+            "calls": [[corr, c["name"], c["ts"], c["dur"], c.get("op")] for corr, c in self._calls.items()],
             "horizon": self.horizon,
             "antipatterns": self.antipatterns.to_state(),
             "kernels": self.kernels.to_state(),
             "copies": self.copies.to_state(),
             "collectives": self.collectives.to_state(),
+            "roofline": self.roofline.to_state(),
             "steps": sorted(self.steps),
         }
 
@@ -151,9 +158,10 @@ class TraceAnalyzer:
             a.kernels = KernelBreakdown.from_state(state["kernels"])
             a.copies = MemoryCopies.from_state(state["copies"])
             a.collectives = Collectives.from_state(state["collectives"])
+            a.roofline = OperatorRoofline.from_state(state["roofline"])
             a.steps = set(state["steps"])
-        for corr, name, ts, dur in sorted(state["calls"], key=lambda c: c[2]):
-            a._calls[corr] = {"name": name, "ts": ts, "dur": dur}
+        for corr, name, ts, dur, *op in sorted(state["calls"], key=lambda c: c[2]):
+            a._calls[corr] = {"name": name, "ts": ts, "dur": dur, "op": op[0] if op else None}
             a._call_order.append((ts, corr))
         return a
 
@@ -233,6 +241,7 @@ def trace_analysis_record(
         "top_kernels": result.get("top_kernels", []),
         "memory_copies": result.get("memory_copies", []),
         "collectives": result.get("collectives", []),
+        "operators": result.get("operators", []),
         "analyzed_at": analyzed_at,
         "system": system,
     }

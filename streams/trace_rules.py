@@ -10,7 +10,8 @@ and the analysis of the same trace, all listed in ``RULES``. Rules:
   launch call): try CUDA graphs or torch.compile;
 * high launch delay; low communication/computation overlap; input-pipeline stalls (GPU
   idle while DataLoader work runs); GEMM/convolution time without tensor-core kernels
-  (try AMP/bf16); peak memory over 90 % of the device's;
+  (try AMP/bf16); peak memory over 90 % of the device's; operators that count their FLOPs
+  running under 70 % of their roofline (``trace_operators``);
 * from what the host agent saw during a requested profile (``ProfileSystemContext``): a
   starved GPU while the host's or the job's CPUs are saturated (CPU-bound input), or while
   the host waits on I/O (storage-bound input), on the live input-bound detector's thresholds.
@@ -216,6 +217,31 @@ def memory_pressure(e: Evidence) -> dict | None:
         "a smaller micro-batch, or set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True.")
 
 
+def operators_below_roof(e: Evidence) -> dict | None:
+    """Operators that count their FLOPs and run under 70 % of their roofline (``trace_operators``)."""
+    slow = [o for o in e.analysis.get("operators", []) if o["at_stake_us"] > 0 and o["bound"] is not None]
+    at_stake = sum(o["at_stake_us"] for o in slow)
+    if at_stake < MIN_AT_STAKE_US:
+        return None
+    slow.sort(key=lambda o: -o["at_stake_us"])
+    said = [f"{o['name']} at {o['roof_pct']:.0f} % of its {o['bound']} roof ({o['achieved_tflops']:.1f} of "
+            f"{o['roof_tflops']:.1f} TFLOP/s at {o['precision']}; {o['at_stake_us'] / 1e3:.3f} ms at stake)"
+            for o in slow[:3]]
+    compute = any(o["bound"] == "compute" for o in slow[:3])
+    memory = any(o["bound"] == "memory" for o in slow[:3])
+    fixes = []
+    if compute:
+        fixes.append("for compute-bound operators: shapes in multiples of 8 (16 for fp8) so that tensor cores "
+                     "fill, larger or batched matrix multiplications, bf16 or fp8 where accuracy allows")
+    if memory:
+        fixes.append("for memory-bound operators: fuse them (torch.compile), avoid copies and casts between them, "
+                     "keep tensors contiguous (channels_last for convolutions)")
+    return _finding(
+        "operators_below_roof", "WARNING", "Operators run well under their roofline",
+        "; ".join(said), at_stake,
+        "Reach 70 % of the roof: " + "; ".join(fixes) + ". gpufleet analyze lists each operator's roofline.")
+
+
 def _host_wait_us(analysis: dict) -> float:
     """GPU time spent waiting on the host, over all streams: they wait at the same time, so
     the GPU cannot lose more than its idle time."""
@@ -285,7 +311,7 @@ def storage_bound_input(e: Evidence) -> dict | None:
 RULES: tuple[Rule, ...] = (
     gpu_gaps, low_utilization_chunks, synchronization, synchronous_memcpy, pageable_async_memcpy,
     synchronous_memset, launch_bound, high_launch_delay, low_comm_overlap, input_pipeline_stall,
-    no_tensor_cores, memory_pressure, cpu_bound_input, storage_bound_input,
+    no_tensor_cores, memory_pressure, operators_below_roof, cpu_bound_input, storage_bound_input,
 )
 
 

@@ -109,7 +109,7 @@ class TraceSessions:
         if timeout_reason:
             reasons.append(timeout_reason)
         partial = bool(reasons) or bool(end and end["partial"])
-        analysis = analyzer.result()
+        analysis = analyzer.result(end.get("gpu_name") if end else None)
         record = trace_analysis_record(
             analysis, trace_id=tid, workflow_id=state["workflow_id"], rank=state["rank"],
             source=end["source"] if end else None, partial=partial,

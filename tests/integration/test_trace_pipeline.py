@@ -88,7 +88,12 @@ def test_profiles_are_compared_with_the_previous_one_and_across_their_ranks(kafk
     Then a requested profile of three ranks, one of them slow: the worker names the straggler."""
     from gpufleet.opportunities import opportunities
     from schemas.topics import trace_id_of
-    from tests.unit.traces import COMPUTE_KERNELS, synthetic_job_trace, synthetic_rank_traces
+    from tests.unit.traces import (
+        COMPUTE_KERNELS,
+        synthetic_job_trace,
+        synthetic_operator_trace,
+        synthetic_rank_traces,
+    )
 
     before = synthetic_job_trace(tmp_path / "before.json")
     after = synthetic_job_trace(tmp_path / "after.json", slower={COMPUTE_KERNELS[3]: 4.0})
@@ -121,7 +126,17 @@ def test_profiles_are_compared_with_the_previous_one_and_across_their_ranks(kafk
                 return found or None
 
             stragglers = wait_until(straggler_found, 120, "the straggler of the three ranks")
+
+            # The roofline needs what the trace says of its operators (thread, FLOPs, bytes): it
+            # comes through Kafka (KernelEvent v2) and equals the offline analysis.
+            ops = publish_trace(synthetic_operator_trace(tmp_path / "ops.json"), "wf-ops", publisher,
+                                topic_prefix=prefix)
+            assert publisher.flush() == 0
+            streamed = wait_until(lambda: analyses(kafka, prefix, 1)() and analyses(kafka, prefix, 1)().get(
+                ops["trace_id"]), 120, "the operator trace's analysis")
             assert worker.poll() is None
+        offline = analyze_file(tmp_path / "ops.json", workflow_id="wf-ops")
+        assert streamed["operators"] == offline["operators"] and len(offline["operators"]) == 3
         assert list(stragglers) == ["profile/req-ranks:straggler_rank"]
         assert stragglers["profile/req-ranks:straggler_rank"]["rank"] == 2
         assert [f["trace_id"] for f in findings] == [second["trace_id"]]

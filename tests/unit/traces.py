@@ -190,3 +190,52 @@ def synthetic_rank_traces(directory: Path, ranks: int = 4, straggler: int | None
         path.write_text(json.dumps(doc))
         paths.append(path)
     return paths
+
+
+def synthetic_operator_trace(path: Path, steps: int = 3, gpu: str = "NVIDIA H100 80GB HBM3",
+                             mm_us: float = 343.6, add_us: float = 100.7) -> Path:
+    """A trace with FLOPs and shapes (``with_flops=True, record_shapes=True``) on two CPU
+    threads: per step, on the forward thread, ``aten::linear`` -> ``aten::addmm`` (bf16,
+    2048 x 4096 by 4096 x 4096) and ``aten::add`` (fp32, two vectors of 2**24), then
+    ``aten::relu`` (no FLOPs); on the backward thread, open while relu launches, ``aten::mm``
+    (bf16, 4096 x 4096 by 4096 x 4096). Each operator launches one kernel of the given duration (``mm_us`` for the
+    4096-cube, half of it for addmm; ``add_us`` for the add)."""
+    events: list[dict] = []
+    corr = 0
+    t = 1000.0
+
+    def op(name, ts, dur, tid, flops=None, dims=None, types=None):
+        args = {} if flops is None else {"flops": flops, "Input Dims": dims, "Input type": types}
+        events.append({"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur,
+                       "args": args})
+
+    def launch(ts, tid, kernel_name, gpu_ts, gpu_dur):
+        nonlocal corr
+        corr += 1
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": tid,
+                       "ts": ts, "dur": 3, "args": {"correlation": corr}})
+        events.append({"ph": "X", "cat": "kernel", "name": kernel_name, "pid": 0, "tid": 7, "ts": gpu_ts,
+                       "dur": gpu_dur, "args": {"stream": 7, "correlation": corr, "device": 0}})
+
+    for n in range(steps + 1):  # (the last step is dropped, as HTA does)
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}", "pid": 1, "tid": 1,
+                       "ts": t, "dur": 2000, "args": {}})
+        at = t + 50
+        op("aten::linear", t + 1, 30, 1)
+        op("aten::addmm", t + 2, 20, 1, 2 * 2048 * 4096 * 4096, [[4096], [2048, 4096], [4096, 4096]],
+           ["c10::BFloat16"] * 3)
+        launch(t + 5, 1, "sm90_xmma_gemm_bf16bf16_bf16f32", at, mm_us / 2)
+        at += mm_us / 2
+        op("aten::add", t + 40, 10, 1, 1 << 24, [[1 << 24], [1 << 24], []], ["float", "float", "Scalar"])
+        launch(t + 42, 1, "vectorized_elementwise_kernel<add>", at, add_us)
+        at += add_us
+        op("aten::relu", t + 102, 10, 1)  # while aten::mm is open on the other thread
+        launch(t + 104, 1, "vectorized_elementwise_kernel<relu>", at, 20)
+        at += 20
+        op("aten::mm", t + 100, 20, 2, 2 * 4096 ** 3, [[4096, 4096], [4096, 4096]], ["c10::BFloat16"] * 2)
+        launch(t + 105, 2, "sm90_xmma_gemm_bf16bf16_bf16f32", at, mm_us)
+        t += 2000
+    doc = {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": gpu, "totalGlobalMem": 85_000_000_000}],
+           "traceEvents": sorted(events, key=lambda e: e["ts"])}
+    path.write_text(json.dumps(doc))
+    return path

@@ -15,6 +15,11 @@ def rules(tmp_path, events, **kw):
     return {f["rule"]: f for f in findings}
 
 
+def _op(name, ts, flops, dims, dtype="c10::BFloat16"):
+    """A CPU operator that counted its FLOPs, open for 20 us on the launching thread."""
+    return {**cpu_op(name, ts, 20), "args": {"flops": flops, "Input Dims": dims, "Input type": [dtype] * len(dims)}}
+
+
 def launched(name, ts, dur, corr, call="cudaLaunchKernel", call_ts=None, call_dur=5, **kw):
     """A runtime call and the GPU event it launched."""
     call_ts = ts - call_dur - 1 if call_ts is None else call_ts
@@ -68,6 +73,10 @@ CASES = {
         [cpu_op("enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", 50 * MS, 1 * MS),
          kernel("gemm", 0, 100 * MS)],
     ),
+    "operators_below_roof": (  # a bf16 4096-cube matmul on an A100 (312 TFLOP/s): 4 % of its roof, then 73 %
+        [_op("aten::mm", 0, 2 * 4096 ** 3, [[4096, 4096], [4096, 4096]]), *launched("gemm", 20, 10 * MS, corr=1)],
+        [_op("aten::mm", 0, 2 * 4096 ** 3, [[4096, 4096], [4096, 4096]]), *launched("gemm", 20, 600, corr=1)],
+    ),
     "no_tensor_cores": (
         [kernel("volta_sgemm_128x64_nn", 0, 10 * MS)],
         [kernel("volta_h884gemm_128x128_ldg8_nn", 0, 10 * MS)],
@@ -78,12 +87,13 @@ CASES = {
 @pytest.mark.parametrize("rule", sorted(CASES))
 def test_rule_fires_on_the_antipattern_and_not_on_its_fix(tmp_path, rule):
     bad, good = CASES[rule]
-    found = rules(tmp_path, bad)
+    kw = {"device_memory": 80 * 2**30} if rule == "operators_below_roof" else {}  # names the GPU (its peaks)
+    found = rules(tmp_path, bad, **kw)
     assert rule in found, f"{rule} should fire; found {sorted(found)}"
     f = found[rule]
     assert f["evidence"] and f["recommendation"] and f["severity"] in ("INFO", "WARNING", "CRITICAL")
     assert f["finding_id"] == f"wf/t.json:{rule}"
-    assert rule not in rules(tmp_path, good)
+    assert rule not in rules(tmp_path, good, **kw)
 
 
 
