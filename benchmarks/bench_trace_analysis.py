@@ -1,17 +1,21 @@
 """gpufleet's trace analysis against Holistic Trace Analysis 0.5.0 on the same trace files.
 
 For each trace: wall time, CPU time and peak memory (max RSS of a fresh process) of
-`gpufleet analyze` and of HTA (temporal breakdown, comm/comp overlap, idle breakdown, launch statistics), and
-both sets of numbers side by side. HTA runs from its own virtualenv (``make bench-hta``
+`gpufleet analyze` (every analysis it makes) and of HTA running the analyses both have (temporal
+breakdown, comm/comp overlap, idle breakdown, launch statistics, kernel breakdown, memory
+bandwidth summary), and both sets of numbers side by side. HTA runs from its own virtualenv (``make bench-hta``
 creates benchmarks/.venv-hta): it is never a dependency of gpufleet.
 
-    python benchmarks/bench_trace_analysis.py [--scale 10] [--repeat 3] [TRACE ...]
+    python benchmarks/bench_trace_analysis.py [--scale 10] [--synthetic STEPS] [--repeat 3] [TRACE ...]
 
 Each side runs ``--repeat`` times per trace, alternately, and the medians are compared: on
 a shared machine one run of either can be a third slower than the next.
 
 --scale N also builds a trace N times the largest one (its events repeated later in time,
-with fresh correlation ids and step numbers) and runs both on it.
+with fresh correlation ids and step numbers) and runs both on it. --synthetic STEPS adds two
+traces of shapes the shared ones lack (tests/unit/traces.py), in the profiler's layout: a
+data-parallel job with NCCL overlapping computation on five streams, and the same with eight
+nested CPU operators (shapes, call stacks) around each launch, as with_stack traces have.
 """
 
 from __future__ import annotations
@@ -37,9 +41,12 @@ import json, sys
 from gpufleet.analyze import analyze_file
 r = analyze_file(sys.argv[1])
 print(json.dumps({"kernel_us": r["kernel_time_us"], "idle_us": r["idle_time_us"], "compute_us": r["compute_time_us"],
-  "non_compute_us": r["non_compute_time_us"], "overlap_pct": r["comp_comm_overlap_pct"],
+  "non_compute_us": r["non_compute_time_us"],
+  "overlap_pct": None if r["comp_comm_overlap_pct"] is None else round(r["comp_comm_overlap_pct"], 2),
   "idle_by_stream": {str(s["stream"]): [s["host_wait_us"], s["kernel_wait_us"], s["other_us"]] for s in r["idle_by_stream"]},
-  "launches": r["launches"], "launch_delay_total_us": r["launch_delay_total_us"]}))
+  "launches": r["launches"], "launch_delay_total_us": r["launch_delay_total_us"],
+  "kernel_types": {k["kernel_type"]: k["time_us"] for k in r["kernel_types"]},
+  "memory_bw_samples": {m["kind"]: m["bw_samples"] for m in r["memory_copies"] if m["bw_samples"]}}))
 """
 
 HTA = r"""
@@ -58,10 +65,14 @@ by_stream = {}
 for _, row in idle.iterrows():
     by_stream.setdefault(str(int(row["stream"])), [0.0, 0.0, 0.0])[["host_wait", "kernel_wait", "other"].index(row["idle_category"])] = float(row["idle_time"])
 ls = a.get_cuda_kernel_launch_stats(visualize=False)[0]
+kt, _ = a.get_gpu_kernel_breakdown(visualize=False)
+bw = a.get_memory_bw_summary()
 print(json.dumps({"kernel_us": float(tb["kernel_time(us)"]), "idle_us": float(tb["idle_time(us)"]),
   "compute_us": float(tb["compute_time(us)"]), "non_compute_us": float(tb["non_compute_time(us)"]),
   "overlap_pct": None if math.isnan(ov) else float(ov), "idle_by_stream": by_stream,
-  "launches": int(len(ls)), "launch_delay_total_us": float(ls["launch_delay"].sum())}))
+  "launches": int(len(ls)), "launch_delay_total_us": float(ls["launch_delay"].sum()),
+  "kernel_types": {r["kernel_type"]: float(r["sum"]) for _, r in kt.iterrows() if r["sum"] > 0},
+  "memory_bw_samples": {} if bw is None else {name: int(row.iloc[0]) for (_, name), row in bw.iterrows()}}))
 """
 
 
@@ -118,13 +129,26 @@ def main() -> None:
     parser.add_argument("traces", nargs="*", type=Path)
     parser.add_argument("--scale", type=int, default=0, help="also run on a trace this many times the largest")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each side per trace (medians are printed)")
+    parser.add_argument("--synthetic", type=int, default=0, metavar="STEPS",
+                        help="also run on synthetic traces of this many steps (NCCL on five streams; CPU-operator heavy)")
     parser.add_argument("--make-scaled", nargs=3, metavar=("SOURCE", "FACTOR", "DEST"), help=argparse.SUPPRESS)
+    parser.add_argument("--make-synthetic", nargs=3, metavar=("STEPS", "CPU_OPS", "DEST"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.make_scaled:
         source, factor, dest = args.make_scaled
         scaled_trace(Path(source), int(factor), Path(dest))
         return
-    traces = args.traces or sorted(SHARED.glob("*.json.gz"))
+    if args.make_synthetic:
+        steps, cpu_ops, dest = args.make_synthetic
+        sys.path.insert(0, str(ROOT))
+        from tests.unit.traces import synthetic_job_trace
+
+        plain = synthetic_job_trace(Path(dest).with_suffix(".plain"), steps=int(steps), kernels_per_step=200,
+                                    cpu_ops=int(cpu_ops), first_correlation=1 << 20)
+        scaled_trace(plain, 1, Path(dest))
+        plain.unlink()
+        return
+    traces = [t.resolve() for t in args.traces] or sorted(SHARED.glob("*.json.gz"))
     # Both sides start from compiled modules, as an installed package does (pip compiles on
     # install; HTA's are). Where PYTHONDONTWRITEBYTECODE is set, as on our CI machines, every
     # run would otherwise compile gpufleet's modules from source: ~30 ms of a 0.1 s run.
@@ -140,6 +164,12 @@ def main() -> None:
         subprocess.run([sys.executable, __file__, "--make-scaled", str(largest), str(args.scale), str(dest)],
                        check=True)
         traces = [*traces, dest]
+    if args.synthetic:
+        for label, cpu_ops in (("nccl", 0), ("cpu-heavy", 8)):
+            dest = tmp / f"synthetic-{label}-{args.synthetic}.json.gz"
+            subprocess.run([sys.executable, __file__, "--make-synthetic", str(args.synthetic), str(cpu_ops), str(dest)],
+                           check=True)
+            traces = [*traces, dest]
     ours_start, hta_start = Runs(), Runs()
     for _ in range(args.repeat):
         ours_start.add(*measure(sys.executable, OURS_STARTUP, traces[0], ROOT))
@@ -165,7 +195,8 @@ def main() -> None:
                     line += (f"\n  beyond start-up: {hta_work / ours_work:5.1f}x faster"
                              f" ({ours_work:.2f} s against {hta_work:.2f} s)")
                 for key in ("kernel_us", "idle_us", "compute_us", "non_compute_us", "overlap_pct",
-                            "launches", "launch_delay_total_us", "idle_by_stream"):
+                            "launches", "launch_delay_total_us", "idle_by_stream", "kernel_types",
+                            "memory_bw_samples"):
                     same = "same" if ours.result[key] == hta.result[key] else "DIFFERENT"
                     line += f"\n    {key:22s} gpufleet {ours.result[key]!s:>30.30}  HTA {hta.result[key]!s:>30.30}  {same}"
         print(line + "\n", flush=True)

@@ -69,7 +69,8 @@ COPIES = ("Memcpy HtoD (Pinned -> Device)", "Memcpy DtoH (Device -> Pinned)", "M
 
 
 def synthetic_job_trace(path: Path, seed: int = 1, steps: int = 6, kernels_per_step: int = 60,
-                        min_dur: float = 1.0, slower: dict[str, float] | None = None) -> Path:
+                        min_dur: float = 1.0, slower: dict[str, float] | None = None, cpu_ops: int = 0,
+                        first_correlation: int = 1) -> Path:
     """A deterministic trace of the shape the shared traces lack: a data-parallel training
     step with computation on two streams, NCCL collectives on two more that overlap it,
     copies on a fifth, nanosecond (float) timestamps, many distinct kernel names, profiler
@@ -79,12 +80,16 @@ def synthetic_job_trace(path: Path, seed: int = 1, steps: int = 6, kernels_per_s
     ``min_dur``: the shortest kernel. HTA rounds a kernel of under 1 us to an interval that
     ends before it starts, and then its figures depend on how an unstable sort orders equal
     start times (see the README): the traces compared with HTA have none. ``slower``: kernel
-    name -> factor on its durations (a regression; the random draws stay the same)."""
+    name -> factor on its durations (a regression; the random draws stay the same).
+    ``cpu_ops``: nested CPU operators around each launch, with shapes and call stacks, as a
+    trace recorded with ``record_shapes=True, with_stack=True`` has (most of its events).
+    ``first_correlation``: the first launch's correlation id (a long-running process's are
+    large; HTA 0.5.0 fails on a trace of over 2**15 events whose ids are all under 2**15)."""
     import random
 
     rng = random.Random(seed)
     events: list[dict] = []
-    corr = 0
+    corr = first_correlation - 1
     t = 1000.0
     for n in range(steps):
         step_start = t
@@ -111,6 +116,14 @@ def synthetic_job_trace(path: Path, seed: int = 1, steps: int = 6, kernels_per_s
                 gpu_t[stream] = start + dur
                 runtime_name = "cudaMemcpyAsync" if cat == "gpu_memcpy" else (
                     "cudaMemsetAsync" if cat == "gpu_memset" else "cudaLaunchKernel")
+                for depth in range(cpu_ops):  # around the launch, outermost first
+                    events.append({"ph": "X", "cat": "cpu_op", "name": f"aten::op_{depth}_{i % 7}", "pid": 1,
+                                   "tid": 1, "ts": round(launch - 1.0 - 0.01 * (cpu_ops - depth), 3),
+                                   "dur": round(cpu_dur + 2.0 + 0.02 * (cpu_ops - depth), 3),
+                                   "args": {"External id": corr * cpu_ops + depth,
+                                            "Input Dims": [[64, 1024], [1024]],
+                                            "Input type": ["float", "float"], "Call stack":
+                                            "model.py(120): forward;torch/nn/modules/module.py(1501): _call_impl"}})
                 events.append({"ph": "X", "cat": "cuda_runtime", "name": runtime_name, "pid": 1, "tid": 1,
                                "ts": launch, "dur": cpu_dur, "args": {"correlation": corr, "cbid": 211}})
                 args = {"stream": stream, "correlation": corr, "device": 0, "context": 1}
