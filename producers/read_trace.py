@@ -21,10 +21,10 @@ from __future__ import annotations
 import gc
 import math
 import re
+from array import array
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from operator import itemgetter
 from pathlib import Path
 from typing import IO, Annotated, Any, Self
 
@@ -51,7 +51,7 @@ class TraceError(ValueError):
 class TraceRead(msgspec.Struct):
     path: str
     rank: int = 0
-    events: list[dict] = msgspec.field(default_factory=list)  # sorted by (ts, CPU before GPU)
+    events: Any = msgspec.field(default_factory=list)  # an EventList: sorted by (ts, CPU before GPU)
     events_seen: int = 0
     last_step_dropped: bool = False
     rounded: bool = False
@@ -191,8 +191,6 @@ class Args(msgspec.Struct, gc=False):
     correlation: Any = -1
     device: Any = -1
     bytes: Any = -1
-    grid: Any = None
-    block: Any = None
     device_type: Any = msgspec.field(default=None, name="Device Type")  # [memory] events
     device_id: Any = msgspec.field(default=None, name="Device Id")
     total_allocated: Any = msgspec.field(default=None, name="Total Allocated")
@@ -427,8 +425,7 @@ def read_trace(path: str | Path) -> TraceRead:
     cpu_corr_ts: dict[int, float] = {}
     names: dict[str, str] = {}
     tids: dict[Any, int] = {}
-    candidates: list[dict] = []
-    gpu_sides: list[bool] = []  # of each candidate
+    rows = _Columns()
     memory = _MemoryPeaks()
     seen = 0
     try:
@@ -484,17 +481,16 @@ def read_trace(path: str | Path) -> TraceRead:
                         if kind == "cpu_op" and args.flops is not None:
                             op = _add_flops(result.flops, args.flops, args.input_type)
                         if (kind == "cpu_op" or kind == "annotation") and op is None \
-                                and "ProfilerStep" not in name and "DataLoader" not in name:
+                                and "ProfilerStep" not in name and "DataLoader" not in name \
+                                and cat != "gpu_user_annotation":
                             continue  # CPU ops the analysis does not use
                         if op is not None:  # an operator that counts its FLOPs: kept for the roofline
-                            record = _record(e, kind, name, args, stream, corr, names, tids)
-                            record["flops"], record["precision"] = op
-                            record["op_bytes"] = operator_bytes(name, args.input_dims, args.input_type)
-                            candidates.append(record)
-                            gpu_sides.append(False)
+                            rows.add(e, kind, name, args, stream, corr, False, names, tids)
+                            rows.extras[len(rows) - 1] = {
+                                "flops": op[0], "precision": op[1],
+                                "op_bytes": operator_bytes(name, args.input_dims, args.input_type)}
                             continue
-                    candidates.append(_record(e, kind, name, args, stream, corr, names, tids))
-                    gpu_sides.append(gpu_side)
+                    rows.add(e, kind, name, args, stream, corr, gpu_side, names, tids)
     except (TraceDamaged, EOFError, OSError) as exc:
         result.partial = True
         result.error = f"trace damaged after {seen} events: {exc}"
@@ -507,28 +503,30 @@ def read_trace(path: str | Path) -> TraceRead:
         result.memory_total_bytes = next(
             (p.get("totalGlobalMem") for p in result.device_properties if p.get("id") == device), None)
 
-    devices = Counter(r["device"] for r, gpu in zip(candidates, gpu_sides) if gpu and r["device"] >= 0)
+    devices = Counter(rows.device[i] for i in range(len(rows)) if rows.gpu[i] and rows.device[i] >= 0)
     result.gpu_name = _gpu_name(result.device_properties, devices.most_common(1)[0][0] if devices else None)
     result.rounded = any_float
+    ts_col, dur_col = rows.ts, rows.dur
     if any_float:
-        for record in candidates:
-            end = math.floor(record["ts"] + record["dur"])
-            record["ts"] = math.ceil(record["ts"])
-            record["end"] = end
-            record["dur"] = end - record["ts"]
+        ceil, floor = math.ceil, math.floor
+        for i in range(len(rows)):
+            start = ceil(ts_col[i])
+            dur_col[i] = floor(ts_col[i] + dur_col[i]) - start
+            ts_col[i] = start
+    keep = range(len(rows))
     if len(steps) >= 2:
         start_of = math.ceil if any_float else (lambda ts: ts)
         last_step_start = max(start_of(ts) for starts in steps.values() for ts in starts)
         kept = {c for c, ts in cpu_corr_ts.items() if start_of(ts) < last_step_start}
         result.last_step_dropped = True
-        candidates = [
-            r for r, gpu_side in zip(candidates, gpu_sides)
-            if (r["correlation"] in kept if gpu_side else r["ts"] < last_step_start)
-        ]
+        corr_col, gpu_col = rows.correlation, rows.gpu
+        keep = [i for i in keep if (corr_col[i] in kept if gpu_col[i] else ts_col[i] < last_step_start)]
     # In start order, CPU-side before GPU-side at the same start: CPU events first, then a
     # stable sort on the start alone (a C-level key, several times faster than a tuple key).
-    result.events = [r for r in candidates if r["stream"] < 0] + [r for r in candidates if r["stream"] >= 0]
-    result.events.sort(key=itemgetter("ts"))
+    stream_col = rows.stream
+    order = [i for i in keep if stream_col[i] < 0] + [i for i in keep if stream_col[i] >= 0]
+    order.sort(key=ts_col.__getitem__)
+    result.events = EventList(rows, array("q", order), whole_ts=True, whole_dur=any_float or not rows.float_dur)
     return result
 
 
@@ -555,32 +553,103 @@ class _MemoryPeaks:
             self.peak[device] = now
 
 
-def _record(e: Event, kind: str | None, name: str, args: Args, stream: int, correlation: int,
-            names: dict[str, str], tids: dict[Any, int]) -> dict:
-    ts, dur = e.ts, e.dur
-    name = names.setdefault(name, name)
-    nbytes, device, grid, block = args.bytes, args.device, args.grid, args.block
-    if type(nbytes) is not int:
-        nbytes = _int(nbytes)
-    if type(device) is not int:
-        device = _int(device)
-    return {
-        "kind": kind or "other",
-        "cat": e.cat,
-        "name": name,
-        "ts": ts,
-        "dur": dur,
-        "end": ts + dur,
-        "stream": stream,
-        "device": device,
-        "correlation": correlation,
-        "bytes": nbytes if nbytes >= 0 else None,
-        "bandwidth_gbps": _bandwidth(args.bandwidth) if kind == "memcpy" or kind == "memset" else None,
-        "tid": -1 if stream >= 0 else _tid(e.tid, tids),  # (the CPU thread: where an operator launched a kernel)
-        "memcpy_kind": name[len("Memcpy "):] if kind == "memcpy" and name.startswith("Memcpy ") else None,
-        "grid": grid if grid is None else _dims(grid),
-        "block": block if block is None else _dims(block),
-    }
+# Event kinds as stored, by code.
+_KINDS = ("other", "kernel", "memcpy", "memset", "sync", "runtime", "cpu_op", "annotation")
+_KIND_CODE = {k: i for i, k in enumerate(_KINDS)}
+
+
+class _Columns:
+    """The kept events, a column each: ~70 bytes an event, where a dict of its fields takes
+    ~800 (the records of a trace that is mostly kernels and launches took three times HTA's
+    memory). Times are doubles, exact for every time the reader accepts (|t| < 2**53 us, the
+    parser's own floats); the rare fields (a copy's bytes and bandwidth, an operator's FLOPs)
+    are kept apart, per row."""
+
+    def __init__(self) -> None:
+        self.kind, self.gpu = array("B"), array("B")
+        self.cat: list[str | None] = []
+        self.name: list[str] = []
+        self.ts, self.dur = array("d"), array("d")
+        self.stream, self.device, self.correlation, self.tid = array("q"), array("q"), array("q"), array("q")
+        self.extras: dict[int, dict] = {}
+        self.float_dur = False
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+    def add(self, e: Event, kind: str | None, name: str, args: Args, stream: int, correlation: int, gpu_side: bool,
+            names: dict[str, str], tids: dict[Any, int]) -> None:
+        dur = e.dur
+        if type(dur) is float:
+            self.float_dur = True
+        device, nbytes = args.device, args.bytes
+        if type(device) is not int:
+            device = _int(device)
+        if type(nbytes) is not int:
+            nbytes = _int(nbytes)
+        name = names.setdefault(name, name)
+        cat = e.cat
+        self.kind.append(_KIND_CODE.get(kind, 0))
+        self.gpu.append(gpu_side)
+        self.cat.append(names.setdefault(cat, cat))
+        self.name.append(name)
+        self.ts.append(e.ts)
+        self.dur.append(dur)
+        self.stream.append(stream)
+        self.device.append(device)
+        self.correlation.append(correlation)
+        self.tid.append(-1 if stream >= 0 else _tid(e.tid, tids))  # the CPU thread: where an operator launched a kernel
+        if kind == "memcpy" or kind == "memset" or nbytes >= 0:
+            self.extras[len(self.kind) - 1] = {
+                "bytes": nbytes if nbytes >= 0 else None,
+                "bandwidth_gbps": _bandwidth(args.bandwidth) if kind == "memcpy" or kind == "memset" else None,
+                "memcpy_kind": name[len("Memcpy "):] if kind == "memcpy" and name.startswith("Memcpy ") else None}
+
+
+class EventList(Sequence):
+    """The events of a trace in start order, each a dict made when it is read (the fields of
+    ``KernelEvent``; ``end`` = ``ts`` + ``dur``). Iterate once to analyse: indexing makes a
+    new dict each time."""
+
+    def __init__(self, rows: _Columns, order: array, whole_ts: bool, whole_dur: bool) -> None:
+        self._rows, self._order = rows, order
+        self._whole_ts, self._whole_dur = whole_ts, whole_dur
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __iter__(self) -> Iterator[dict]:
+        r = self._rows
+        kind, cat, name, ts_col, dur_col = r.kind, r.cat, r.name, r.ts, r.dur
+        stream, device, correlation, tid, extras = r.stream, r.device, r.correlation, r.tid, r.extras
+        whole_ts, whole_dur, kinds = self._whole_ts, self._whole_dur, _KINDS
+        for i in self._order:
+            ts, dur = ts_col[i], dur_col[i]
+            if whole_ts:
+                ts = int(ts)
+            if whole_dur:
+                dur = int(dur)
+            e = {"kind": kinds[kind[i]], "cat": cat[i], "name": name[i], "ts": ts, "dur": dur, "end": ts + dur,
+                 "stream": stream[i], "device": device[i], "correlation": correlation[i], "tid": tid[i],
+                 "bytes": None, "bandwidth_gbps": None, "memcpy_kind": None, "grid": None, "block": None}
+            x = extras.get(i)
+            if x is not None:
+                e.update(x)
+            yield e
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        one = EventList(self._rows, self._order[index:index + 1], self._whole_ts, self._whole_dur)
+        return next(iter(one))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return f"EventList({len(self)} events)"
 
 
 # The profiler's names of input types -> the precision whose peak an operator is measured against.
@@ -674,12 +743,3 @@ def _bandwidth(value: Any) -> float | None:
     if type(value) is not float and type(value) is not int:
         return None
     return float(value) if math.isfinite(value) and value >= 0 else None
-
-
-def _dims(value: Any) -> list[int] | None:
-    if type(value) is not list:
-        return None
-    for v in value:
-        if type(v) is not int:
-            return None
-    return value
