@@ -64,6 +64,11 @@ def _memory_bw(a) -> list[dict] | None:
     return _rows(summary.reset_index())
 
 
+def _annotations(a) -> list[dict] | None:
+    df = a.get_gpu_user_annotation_breakdown(visualize=False)
+    return None if df is None else _rows(df)
+
+
 def main(path: str) -> None:
     logging.disable(logging.WARNING)
     warnings.filterwarnings("ignore")
@@ -75,7 +80,7 @@ def main(path: str) -> None:
     out: dict = {"hta": "0.5.0", "trace": os.path.basename(path)}
     for key, analysis in (("temporal", _temporal), ("comp_comm_overlap_pctg", _overlap), ("idle", _idle),
                           ("launch", _launch), ("kernel_breakdown", _kernel_breakdown),
-                          ("memory_bw", _memory_bw)):
+                          ("memory_bw", _memory_bw), ("gpu_annotations", _annotations)):
         try:
             out[key] = analysis(a)
         except Exception as exc:  # noqa: BLE001 - HTA fails on some traces (no GPU kernel): recorded as such

@@ -116,6 +116,11 @@ def format_record(r: dict) -> str:
 
 
 def _kernel_lines(r: dict) -> list[str]:
+    """The breakdowns after the headline figures: one section each, left out when empty."""
+    return [line for section in (_kernels, _copies, _annotations, _roofline) for line in section(r)]
+
+
+def _kernels(r: dict) -> list[str]:
     if not r.get("kernel_types"):
         return []
     lines = ["  GPU time by kernel type"]
@@ -125,20 +130,40 @@ def _kernel_lines(r: dict) -> list[str]:
         name = f"others ({k['kernels']} kernels)" if k["name"] == "others" else short_kernel_name(k["name"])
         lines.append(f"    {k['kernel_type'][:4]} {k['launches']:>7} {k['time_us'] / 1e3:10.3f} ms "
                      f"{k['mean_us']:9.1f} us  {name}")
-    if r.get("memory_copies"):
-        lines.append("  memory copies (count, bytes, GPU time, achieved bandwidth; concurrent bandwidth mean / max)")
-    if r.get("operators"):
-        lines.append("  roofline of the operators that count their FLOPs (GPU time, achieved, % of roof, bound, "
-                     "at stake below 70 %)")
-    for o in r.get("operators", []):
-        roof = "no peak known" if o["roof_pct"] is None else f"{o['roof_pct']:5.1f} % of {o['roof_tflops']:.1f}"
-        lines.append(f"    {o['name']:<24} {o['gpu_time_us'] / 1e3:9.3f} ms {o['achieved_tflops']:9.2f} TFLOP/s "
-                     f"{o['precision']:<5} {roof:<22} {o['bound'] or '':<8} {o['at_stake_us'] / 1e3:8.3f} ms")
-    for m in r.get("memory_copies", []):
+    return lines
+
+
+def _copies(r: dict) -> list[str]:
+    if not r.get("memory_copies"):
+        return []
+    lines = ["  memory copies (count, bytes, GPU time, achieved bandwidth; concurrent bandwidth mean / max)"]
+    for m in r["memory_copies"]:
         achieved = "n/a" if m["achieved_gbps"] is None else f"{m['achieved_gbps']:.2f} GB/s"
         concurrent = "" if not m["bw_samples"] else f"; {m['bw_mean_gbps']:.2f} / {m['bw_max_gbps']:.2f} GB/s"
         lines.append(f"    {m['kind']:<15} {m['copies']:>7} {m['bytes'] / 1e6:10.1f} MB {m['time_us'] / 1e3:10.3f} ms "
                      f"{achieved}{concurrent}")
+    return lines
+
+
+def _annotations(r: dict) -> list[str]:
+    if not r.get("gpu_annotations"):
+        return []
+    lines = ["  annotations on the GPU (record_function ranges: count, GPU time, mean)"]
+    for a in r["gpu_annotations"][:10]:
+        name = f"others ({a['kernels']} names)" if a["name"] == "others" and a["kernels"] > 1 else a["name"]
+        lines.append(f"    {a['launches']:>7} {a['time_us'] / 1e3:10.3f} ms {a['mean_us']:10.1f} us  {name[:70]}")
+    return lines
+
+
+def _roofline(r: dict) -> list[str]:
+    if not r.get("operators"):
+        return []
+    lines = [("  roofline of the operators that count their FLOPs (GPU time, achieved, % of roof, bound, "
+              "at stake below 70 %)")]
+    for o in r["operators"]:
+        roof = "no peak known" if o["roof_pct"] is None else f"{o['roof_pct']:5.1f} % of {o['roof_tflops']:.1f}"
+        lines.append(f"    {o['name']:<24} {o['gpu_time_us'] / 1e3:9.3f} ms {o['achieved_tflops']:9.2f} TFLOP/s "
+                     f"{o['precision']:<5} {roof:<22} {o['bound'] or '':<8} {o['at_stake_us'] / 1e3:8.3f} ms")
     return lines
 
 

@@ -19,13 +19,13 @@ SYSTEM_CONTEXT_FIELDS = (
 MFU_COLUMNS = (("gpu_name", "LowCardinality(Nullable(String))"), ("model_flops", "Nullable(Int64)"),
                ("model_flops_precision", "LowCardinality(Nullable(String))"), ("peak_tflops", "Nullable(Float64)"),
                ("mfu_pct", "Nullable(Float64)"))
-# TraceAnalysis v4: the steps it covers, HTA's kernel breakdown, the memory copies per kind, the collectives
-# and the operators' roofline.
+# TraceAnalysis v4: the steps it covers, HTA's kernel breakdown, the memory copies per kind, the collectives,
+# the operators' roofline and the GPU time of the user's annotations.
 KERNEL_TYPE_FIELDS = ("kernel_type", "time_us", "pct")
 TOP_KERNEL_FIELDS = ("kernel_type", "name", "kernels", "launches", "time_us", "min_us", "max_us", "mean_us", "stddev_us")
 MEMORY_COPY_FIELDS = ("kind", "copies", "bytes", "time_us", "achieved_gbps", "bw_samples", "bw_mean_gbps",
                       "bw_std_gbps", "bw_min_gbps", "bw_p25_gbps", "bw_p50_gbps", "bw_p75_gbps", "bw_max_gbps")
-KERNEL_COLUMNS = (
+V4_COLUMNS = (
     ("profiler_steps", "UInt32"),
     ("kernel_types", "Array(Tuple(kernel_type LowCardinality(String), time_us Float64, pct Float64))"),
     ("top_kernels", ("Array(Tuple(kernel_type LowCardinality(String), name String, kernels UInt32, launches UInt64, "
@@ -39,11 +39,14 @@ KERNEL_COLUMNS = (
                    "intensity Nullable(Float64), peak_tflops Nullable(Float64), peak_gbps Nullable(Float64), "
                    "bound LowCardinality(Nullable(String)), roof_tflops Nullable(Float64), roof_pct Nullable(Float64), "
                    "at_stake_us Float64))")),
+    ("gpu_annotations", ("Array(Tuple(name String, kernels UInt32, launches UInt64, time_us Float64, min_us Float64, "
+                         "max_us Float64, mean_us Float64, stddev_us Float64))")),
 )
+ANNOTATION_FIELDS = TOP_KERNEL_FIELDS[1:]
 OPERATOR_FIELDS = ("name", "calls", "flops", "bytes", "gpu_time_us", "precision", "achieved_tflops", "achieved_gbps",
                    "intensity", "peak_tflops", "peak_gbps", "bound", "roof_tflops", "roof_pct", "at_stake_us")
 TRACE_ANALYSIS_ADDED_COLUMNS = (*((f"system_{name}", typ) for name, typ in SYSTEM_CONTEXT_FIELDS), *MFU_COLUMNS,
-                                *KERNEL_COLUMNS)
+                                *V4_COLUMNS)
 
 
 def _trace_analysis_row(record: dict) -> dict:
@@ -55,7 +58,8 @@ def _trace_analysis_row(record: dict) -> dict:
             "top_kernels": [tuple(k[f] for f in TOP_KERNEL_FIELDS) for k in record.get("top_kernels", [])],
             "memory_copies": [tuple(k[f] for f in MEMORY_COPY_FIELDS) for k in record.get("memory_copies", [])],
             "collectives": [(c["name"], c["durations_us"]) for c in record.get("collectives", [])],
-            "operators": [tuple(o[f] for f in OPERATOR_FIELDS) for o in record.get("operators", [])]}
+            "operators": [tuple(o[f] for f in OPERATOR_FIELDS) for o in record.get("operators", [])],
+            "gpu_annotations": [tuple(a[f] for f in ANNOTATION_FIELDS) for a in record.get("gpu_annotations", [])]}
 
 
 TRACE_ANALYSES_TABLE = Table(
@@ -66,7 +70,7 @@ TRACE_ANALYSES_TABLE = Table(
      "comp_comm_overlap_us", "comp_comm_overlap_pct", "idle_by_stream", "launches",
      "launch_delay_mean_us", "launch_delay_max_us", "launch_delay_total_us", "cpu_duration_mean_us",
      "gpu_duration_mean_us", "short_kernels", "short_kernel_gpu_us", "runtime_outliers",
-     "launch_delay_outliers", *(name for name, _ in MFU_COLUMNS), *(name for name, _ in KERNEL_COLUMNS),
+     "launch_delay_outliers", *(name for name, _ in MFU_COLUMNS), *(name for name, _ in V4_COLUMNS),
      "analyzed_at",
      *(f"system_{name}" for name, _ in SYSTEM_CONTEXT_FIELDS)),
     """

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import deque
 
 from schemas.gpu_peaks import peak_tflops
+from streams.trace_annotations import GpuAnnotations
 from streams.trace_antipatterns import AntipatternCollector
 from streams.trace_collectives import Collectives
 from streams.trace_idle_breakdown import IdleBreakdown, StreamIdle
@@ -38,6 +39,7 @@ class TraceAnalyzer:
         self.copies = MemoryCopies()
         self.collectives = Collectives()
         self.roofline = OperatorRoofline()
+        self.annotations = GpuAnnotations()
         self.antipatterns = AntipatternCollector()
         self.horizon = pending_horizon_us
         self.events = 0
@@ -66,11 +68,15 @@ class TraceAnalyzer:
                 self._calls[corr] = {"name": event["name"], "ts": ts, "dur": event["dur"], "op": op}
                 self._call_order.append((ts, corr))
                 self._evict(ts)
+            if event["kind"] == "annotation":
+                self.annotations.add(event)
             if event["name"].startswith("ProfilerStep#"):  # an annotation (cpu_op in older traces)
                 self.steps.add(event["name"])
             self.antipatterns.add_cpu(event)
             return
         self.gpu_events += 1
+        if event["kind"] == "annotation":  # projected onto a stream (HTA counts it as a kernel too)
+            self.annotations.add(event)
         call = self._calls.pop(corr, None) if corr >= 0 else None
         if call is None:
             self.unmatched_gpu_events += 1
@@ -120,6 +126,7 @@ class TraceAnalyzer:
             "memory_copies": self.copies.result(),
             "collectives": self.collectives.result(),
             "operators": self.roofline.result(gpu_name),
+            "gpu_annotations": self.annotations.result(),
             "antipatterns": self.antipatterns.summary(),
         }
 
@@ -139,6 +146,7 @@ class TraceAnalyzer:
             "copies": self.copies.to_state(),
             "collectives": self.collectives.to_state(),
             "roofline": self.roofline.to_state(),
+            "annotations": self.annotations.to_state(),
             "steps": sorted(self.steps),
         }
 
@@ -159,6 +167,7 @@ class TraceAnalyzer:
             a.copies = MemoryCopies.from_state(state["copies"])
             a.collectives = Collectives.from_state(state["collectives"])
             a.roofline = OperatorRoofline.from_state(state["roofline"])
+            a.annotations = GpuAnnotations.from_state(state["annotations"])
             a.steps = set(state["steps"])
         for corr, name, ts, dur, *op in sorted(state["calls"], key=lambda c: c[2]):
             a._calls[corr] = {"name": name, "ts": ts, "dur": dur, "op": op[0] if op else None}
@@ -242,6 +251,7 @@ def trace_analysis_record(
         "memory_copies": result.get("memory_copies", []),
         "collectives": result.get("collectives", []),
         "operators": result.get("operators", []),
+        "gpu_annotations": result.get("gpu_annotations", []),
         "analyzed_at": analyzed_at,
         "system": system,
     }

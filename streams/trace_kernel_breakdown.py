@@ -102,27 +102,8 @@ class KernelBreakdown:
 
     def _top(self, kind: KernelType) -> list[dict]:
         bit = BIT[kind]
-        rows = sorted(((name, k) for name, k in self.kernels.items() if k[0] == bit),
-                      key=lambda nk: (-nk[1][2], nk[0]))
-        if not rows:
-            return []
-        named = len(rows)
-        if len(rows) > TOP_KERNELS:
-            running, cumulative = 0, []
-            for _, k in rows:
-                running += k[2]
-                cumulative.append(running)
-            limit = quantile(cumulative, DURATION_RATIO)
-            named = min(TOP_KERNELS, sum(1 for c in cumulative if c <= limit))
-            # cumulative totals rise, so the kernels within the quantile are a prefix
-        out = [_kernel_row(kind, name, 1, k[1], k[2], k[3], k[4], k[5]) for name, k in rows[:named]]
-        rest = rows[named:]
-        if rest:
-            launches = sum(k[1] for _, k in rest)
-            out.append(_kernel_row(kind, "others", len(rest), launches, sum(k[2] for _, k in rest),
-                                   min(k[3] for _, k in rest), max(k[4] for _, k in rest),
-                                   sum(k[5] for _, k in rest)))
-        return out
+        rows = grouped_rows({name: k[1:] for name, k in self.kernels.items() if k[0] == bit}, TOP_KERNELS)
+        return [{"kernel_type": kind.name, **row} for row in rows]
 
     def per_kernel(self) -> dict[tuple[str, str], tuple[int, float]]:
         """Every kernel of the three types: (type, name) -> (launches, total time)."""
@@ -144,11 +125,31 @@ class KernelBreakdown:
         return b
 
 
-def _kernel_row(kind: KernelType, name: str, kernels: int, launches: int, total: float, low: float,
-                high: float, squares: float) -> dict:
+def grouped_rows(stats: dict[str, list], limit: int, ratio: float = DURATION_RATIO) -> list[dict]:
+    """HTA's summary of durations by name (``_aggr_gpu_kernel_time``): ``stats`` is name ->
+    [count, total, min, max, sum of squares]; by total time, at most ``limit`` named and, when
+    there are more, only those within the ``ratio`` quantile of the running total; the rest as
+    one row "others" (``kernels``: how many names it holds)."""
+    rows = sorted(stats.items(), key=lambda nk: (-nk[1][1], nk[0]))
+    named = len(rows)
+    if len(rows) > limit:
+        running, cumulative = 0, []
+        for _, k in rows:
+            running += k[1]
+            cumulative.append(running)
+        bound = quantile(cumulative, ratio)
+        named = min(limit, sum(1 for c in cumulative if c <= bound))  # a prefix: the running total rises
+    out = [_row(name, 1, *k) for name, k in rows[:named]]
+    rest = rows[named:]
+    if rest:
+        out.append(_row("others", len(rest), sum(k[0] for _, k in rest), sum(k[1] for _, k in rest),
+                        min(k[2] for _, k in rest), max(k[3] for _, k in rest), sum(k[4] for _, k in rest)))
+    return out
+
+
+def _row(name: str, kernels: int, launches: int, total: float, low: float, high: float, squares: float) -> dict:
     mean = total / launches
     # (integer microseconds in most traces: the sums are exact and so is the deviation)
     var = (squares - total * total / launches) / (launches - 1) if launches > 1 else 0.0
-    return {"kernel_type": kind.name, "name": name, "kernels": kernels, "launches": launches,
-            "time_us": float(total), "min_us": float(low), "max_us": float(high), "mean_us": mean,
-            "stddev_us": math.sqrt(max(var, 0.0))}
+    return {"name": name, "kernels": kernels, "launches": launches, "time_us": float(total), "min_us": float(low),
+            "max_us": float(high), "mean_us": mean, "stddev_us": math.sqrt(max(var, 0.0))}

@@ -102,3 +102,16 @@ def test_memory_bandwidth_summary_equals_hta(trace):
                            ("bw_max_gbps", "max")):
             expected = None if h[key] is None else pytest.approx(h[key], rel=1e-9, abs=1e-12)  # std of 1 value
             assert o[field] == expected, (kind, field)
+
+
+def test_gpu_user_annotation_breakdown_equals_hta(trace):
+    path, hta = trace
+    ours = {a["name"]: a for a in analyze_events(read_trace(path).events)["gpu_annotations"]}
+    theirs = {row["name"]: row for row in hta["gpu_annotations"] or []}
+    assert set(ours) == set(theirs)
+    for name, h in theirs.items():
+        o = ours[name]
+        assert (o["time_us"], o["min_us"], o["max_us"]) == (h["sum (us)"], h["min (us)"], h["max (us)"]), name
+        assert o["mean_us"] == pytest.approx(h["mean (us)"]) and o["stddev_us"] == pytest.approx(h["stddev"])
+    if path.name.startswith("synthetic"):
+        assert set(ours) == {"forward", "backward"}  # the case this compares
