@@ -69,6 +69,17 @@ def _annotations(a) -> list[dict] | None:
     return None if df is None else _rows(df)
 
 
+def _queues(a) -> dict | None:
+    summary = a.get_queue_length_summary(ranks=[0])
+    if summary is None:
+        return None
+    summary.columns = [c[1] for c in summary.columns]
+    series = a.get_queue_length_time_series(ranks=[0])
+    blocked = a.get_time_spent_blocked_on_full_queue(series)
+    return {"summary": _rows(summary.reset_index()),
+            "blocked": None if blocked is None else _rows(blocked)}
+
+
 def main(path: str) -> None:
     logging.disable(logging.WARNING)
     warnings.filterwarnings("ignore")
@@ -80,11 +91,30 @@ def main(path: str) -> None:
     out: dict = {"hta": "0.5.0", "trace": os.path.basename(path)}
     for key, analysis in (("temporal", _temporal), ("comp_comm_overlap_pctg", _overlap), ("idle", _idle),
                           ("launch", _launch), ("kernel_breakdown", _kernel_breakdown),
-                          ("memory_bw", _memory_bw), ("gpu_annotations", _annotations)):
+                          ("memory_bw", _memory_bw), ("gpu_annotations", _annotations),
+                          ("queue_length", _queues)):
         try:
             out[key] = analysis(a)
         except Exception as exc:  # noqa: BLE001 - HTA fails on some traces (no GPU kernel): recorded as such
             out[key] = {"hta_error": f"{type(exc).__name__}: {exc}"}
+    # HTA sorts with pandas' default (unstable) sort: a launch and a kernel start in the same
+    # microsecond on a stream land in either order. Its queue length with a stable sort
+    # (launches first), which gpufleet's equals:
+    import pandas as pd
+
+    unstable = pd.DataFrame.sort_values
+
+    def stable(self, *args, **kwargs):
+        kwargs.setdefault("kind", "stable")
+        return unstable(self, *args, **kwargs)
+
+    pd.DataFrame.sort_values = stable
+    try:
+        out["queue_length_stable_sort"] = _queues(TraceAnalysis(trace_dir=d))
+    except Exception as exc:  # noqa: BLE001
+        out["queue_length_stable_sort"] = {"hta_error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        pd.DataFrame.sort_values = unstable
     json.dump(out, sys.stdout, indent=1, sort_keys=True)
     print()
 

@@ -117,7 +117,17 @@ def format_record(r: dict) -> str:
 
 def _kernel_lines(r: dict) -> list[str]:
     """The breakdowns after the headline figures: one section each, left out when empty."""
-    return [line for section in (_kernels, _copies, _annotations, _roofline) for line in section(r)]
+    return [line for section in (_kernels, _copies, _annotations, _queues, _roofline) for line in section(r)]
+
+
+def _queues(r: dict) -> list[str]:
+    if not r.get("queue_lengths"):
+        return []
+    lines = ["  launch queue per stream (operations launched, not started: mean, median, max; time full)"]
+    for q in r["queue_lengths"]:
+        lines.append(f"    stream {q['stream']:<5} {q['mean']:8.1f} {q['p50']:8.1f} {q['max']:8.0f}   "
+                     f"{q['blocked_us'] / 1e3:.3f} ms at 1024")
+    return lines
 
 
 def _kernels(r: dict) -> list[str]:

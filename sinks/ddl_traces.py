@@ -20,7 +20,7 @@ MFU_COLUMNS = (("gpu_name", "LowCardinality(Nullable(String))"), ("model_flops",
                ("model_flops_precision", "LowCardinality(Nullable(String))"), ("peak_tflops", "Nullable(Float64)"),
                ("mfu_pct", "Nullable(Float64)"))
 # TraceAnalysis v4: the steps it covers, HTA's kernel breakdown, the memory copies per kind, the collectives,
-# the operators' roofline and the GPU time of the user's annotations.
+# the operators' roofline, the GPU time of the user's annotations and the launch queue per stream.
 KERNEL_TYPE_FIELDS = ("kernel_type", "time_us", "pct")
 TOP_KERNEL_FIELDS = ("kernel_type", "name", "kernels", "launches", "time_us", "min_us", "max_us", "mean_us", "stddev_us")
 MEMORY_COPY_FIELDS = ("kind", "copies", "bytes", "time_us", "achieved_gbps", "bw_samples", "bw_mean_gbps",
@@ -41,7 +41,11 @@ V4_COLUMNS = (
                    "at_stake_us Float64))")),
     ("gpu_annotations", ("Array(Tuple(name String, kernels UInt32, launches UInt64, time_us Float64, min_us Float64, "
                          "max_us Float64, mean_us Float64, stddev_us Float64))")),
+    ("queue_lengths", ("Array(Tuple(stream Int32, samples UInt64, mean Nullable(Float64), std Nullable(Float64), "
+                       "min Nullable(Float64), p25 Nullable(Float64), p50 Nullable(Float64), p75 Nullable(Float64), "
+                       "max Nullable(Float64), blocked_us Float64))")),
 )
+QUEUE_FIELDS = ("stream", "samples", "mean", "std", "min", "p25", "p50", "p75", "max", "blocked_us")
 ANNOTATION_FIELDS = TOP_KERNEL_FIELDS[1:]
 OPERATOR_FIELDS = ("name", "calls", "flops", "bytes", "gpu_time_us", "precision", "achieved_tflops", "achieved_gbps",
                    "intensity", "peak_tflops", "peak_gbps", "bound", "roof_tflops", "roof_pct", "at_stake_us")
@@ -59,7 +63,8 @@ def _trace_analysis_row(record: dict) -> dict:
             "memory_copies": [tuple(k[f] for f in MEMORY_COPY_FIELDS) for k in record.get("memory_copies", [])],
             "collectives": [(c["name"], c["durations_us"]) for c in record.get("collectives", [])],
             "operators": [tuple(o[f] for f in OPERATOR_FIELDS) for o in record.get("operators", [])],
-            "gpu_annotations": [tuple(a[f] for f in ANNOTATION_FIELDS) for a in record.get("gpu_annotations", [])]}
+            "gpu_annotations": [tuple(a[f] for f in ANNOTATION_FIELDS) for a in record.get("gpu_annotations", [])],
+            "queue_lengths": [tuple(q[f] for f in QUEUE_FIELDS) for q in record.get("queue_lengths", [])]}
 
 
 TRACE_ANALYSES_TABLE = Table(

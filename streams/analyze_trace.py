@@ -23,6 +23,7 @@ from streams.trace_kernel_breakdown import KernelBreakdown
 from streams.trace_launch_stats import LaunchStats
 from streams.trace_memory_copies import MemoryCopies
 from streams.trace_operators import OperatorRoofline
+from streams.trace_queue_length import QueueLength
 from streams.trace_rules import detect_antipatterns
 from streams.trace_temporal_breakdown import Coverage, TemporalBreakdown
 
@@ -40,6 +41,7 @@ class TraceAnalyzer:
         self.collectives = Collectives()
         self.roofline = OperatorRoofline()
         self.annotations = GpuAnnotations()
+        self.queues = QueueLength(pending_horizon_us)
         self.antipatterns = AntipatternCollector()
         self.horizon = pending_horizon_us
         self.events = 0
@@ -64,6 +66,8 @@ class TraceAnalyzer:
         corr = event["correlation"]
         if event["stream"] < 0:
             op = self.roofline.add_cpu(event)  # the operator a runtime call was made from
+            if event["kind"] == "runtime":
+                self.queues.add_cpu(event)
             if corr >= 0:
                 self._calls[corr] = {"name": event["name"], "ts": ts, "dur": event["dur"], "op": op}
                 self._call_order.append((ts, corr))
@@ -85,6 +89,8 @@ class TraceAnalyzer:
         self.copies.add(event)
         self.collectives.add(event)
         self.roofline.add_gpu(event, None if call is None else call.get("op"))
+        if call is not None:  # (every launch the queue waits for is a call the analyzer holds)
+            self.queues.add_gpu(event)
         self.idle.add(event, None if call is None else call["ts"])
         if call is not None:
             self.launch.add(call, event)
@@ -127,6 +133,7 @@ class TraceAnalyzer:
             "collectives": self.collectives.result(),
             "operators": self.roofline.result(gpu_name),
             "gpu_annotations": self.annotations.result(),
+            "queue_lengths": self.queues.result(),
             "antipatterns": self.antipatterns.summary(),
         }
 
@@ -147,6 +154,7 @@ class TraceAnalyzer:
             "collectives": self.collectives.to_state(),
             "roofline": self.roofline.to_state(),
             "annotations": self.annotations.to_state(),
+            "queues": self.queues.to_state(),
             "steps": sorted(self.steps),
         }
 
@@ -168,6 +176,7 @@ class TraceAnalyzer:
             a.collectives = Collectives.from_state(state["collectives"])
             a.roofline = OperatorRoofline.from_state(state["roofline"])
             a.annotations = GpuAnnotations.from_state(state["annotations"])
+            a.queues = QueueLength.from_state(state["queues"])
             a.steps = set(state["steps"])
         for corr, name, ts, dur, *op in sorted(state["calls"], key=lambda c: c[2]):
             a._calls[corr] = {"name": name, "ts": ts, "dur": dur, "op": op[0] if op else None}
@@ -252,6 +261,7 @@ def trace_analysis_record(
         "collectives": result.get("collectives", []),
         "operators": result.get("operators", []),
         "gpu_annotations": result.get("gpu_annotations", []),
+        "queue_lengths": result.get("queue_lengths", []),
         "analyzed_at": analyzed_at,
         "system": system,
     }

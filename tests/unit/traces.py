@@ -252,3 +252,13 @@ def synthetic_operator_trace(path: Path, steps: int = 3, gpu: str = "NVIDIA H100
            "traceEvents": sorted(events, key=lambda e: e["ts"])}
     path.write_text(json.dumps(doc))
     return path
+
+
+def queue_full_trace(path: Path, launches: int = 1300) -> Path:
+    """A host that launches a kernel every microsecond on one stream while each runs for 10:
+    the stream's launch queue passes CUDA's 1024 and stays full for a while, then drains."""
+    events = []
+    for i in range(launches):
+        events.append(runtime("cudaLaunchKernel", 1000 + i, 1, corr=i + 1))
+        events.append(kernel("gemm", 1005 + 10 * i, 10, corr=i + 1))
+    return write_trace(path, events)

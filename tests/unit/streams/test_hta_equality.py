@@ -115,3 +115,39 @@ def test_gpu_user_annotation_breakdown_equals_hta(trace):
         assert o["mean_us"] == pytest.approx(h["mean (us)"]) and o["stddev_us"] == pytest.approx(h["stddev"])
     if path.name.startswith("synthetic"):
         assert set(ours) == {"forward", "backward"}  # the case this compares
+
+
+def _queues_equal(ours: list[dict], summary: list[dict], exact: bool) -> None:
+    theirs = {row["stream"]: row for row in summary}
+    assert {q["stream"] for q in ours} == set(theirs)
+    for q in ours:
+        h = theirs[q["stream"]]
+        assert (q["samples"], q["min"], q["max"]) == (h["count"], h["min"], h["max"]), q["stream"]
+        if exact:
+            for field, key in (("mean", "mean"), ("std", "std"), ("p25", "25%"), ("p50", "50%"), ("p75", "75%")):
+                expected = None if h[key] is None else pytest.approx(h[key], rel=1e-12)
+                assert q[field] == expected, (q["stream"], field)
+        else:  # HTA's unstable sort orders a launch and a start in the same microsecond either way
+            assert q["mean"] == pytest.approx(h["mean"], rel=0.02)
+
+
+def test_queue_length_summary_equals_hta_with_a_stable_sort(trace):
+    path, hta = trace
+    ours = analyze_events(read_trace(path).events)["queue_lengths"]
+    stable, unstable = hta["queue_length_stable_sort"], hta["queue_length"]
+    if stable is None:
+        assert ours == []
+        return
+    _queues_equal(ours, stable["summary"], exact=True)
+    _queues_equal(ours, unstable["summary"], exact=False)
+
+
+def test_time_blocked_on_a_full_launch_queue_equals_hta(tmp_path):
+    from tests.unit.traces import queue_full_trace
+
+    hta = json.loads((HTA_DATA / "queue-full.json").read_text())
+    (q,) = analyze_events(read_trace(queue_full_trace(tmp_path / "queue-full.json")).events)["queue_lengths"]
+    (blocked,) = hta["queue_length"]["blocked"]
+    assert blocked["duration_at_max_queue_length"] > 0  # the case this compares
+    assert (q["stream"], q["blocked_us"]) == (blocked["stream"], blocked["duration_at_max_queue_length"])
+    _queues_equal([q], hta["queue_length_stable_sort"]["summary"], exact=True)
