@@ -3,7 +3,8 @@
 For each trace: wall time, CPU time and peak memory (max RSS of a fresh process) of
 `gpufleet analyze` (every analysis it makes) and of HTA running the analyses both have (temporal
 breakdown, comm/comp overlap, idle breakdown, launch statistics, kernel breakdown, memory
-bandwidth summary), and both sets of numbers side by side. HTA runs from its own virtualenv (``make bench-hta``
+bandwidth summary, GPU user annotations, launch queue length and time blocked on a full
+queue), and both sets of numbers side by side. HTA runs from its own virtualenv (``make bench-hta``
 creates benchmarks/.venv-hta): it is never a dependency of gpufleet.
 
     python benchmarks/bench_trace_analysis.py [--scale 10] [--synthetic STEPS] [--repeat 3] [TRACE ...]
@@ -46,7 +47,8 @@ print(json.dumps({"kernel_us": r["kernel_time_us"], "idle_us": r["idle_time_us"]
   "idle_by_stream": {str(s["stream"]): [s["host_wait_us"], s["kernel_wait_us"], s["other_us"]] for s in r["idle_by_stream"]},
   "launches": r["launches"], "launch_delay_total_us": r["launch_delay_total_us"],
   "kernel_types": {k["kernel_type"]: k["time_us"] for k in r["kernel_types"]},
-  "memory_bw_samples": {m["kind"]: m["bw_samples"] for m in r["memory_copies"] if m["bw_samples"]}}))
+  "memory_bw_samples": {m["kind"]: m["bw_samples"] for m in r["memory_copies"] if m["bw_samples"]},
+  "queue_samples": {str(q["stream"]): q["samples"] for q in r["queue_lengths"]}}))
 """
 
 HTA = r"""
@@ -67,12 +69,16 @@ for _, row in idle.iterrows():
 ls = a.get_cuda_kernel_launch_stats(visualize=False)[0]
 kt, _ = a.get_gpu_kernel_breakdown(visualize=False)
 bw = a.get_memory_bw_summary()
+a.get_gpu_user_annotation_breakdown(visualize=False)
+ql = a.get_queue_length_summary(ranks=[0])
+a.get_time_spent_blocked_on_full_queue(a.get_queue_length_time_series(ranks=[0]))
 print(json.dumps({"kernel_us": float(tb["kernel_time(us)"]), "idle_us": float(tb["idle_time(us)"]),
   "compute_us": float(tb["compute_time(us)"]), "non_compute_us": float(tb["non_compute_time(us)"]),
   "overlap_pct": None if math.isnan(ov) else float(ov), "idle_by_stream": by_stream,
   "launches": int(len(ls)), "launch_delay_total_us": float(ls["launch_delay"].sum()),
   "kernel_types": {r["kernel_type"]: float(r["sum"]) for _, r in kt.iterrows() if r["sum"] > 0},
-  "memory_bw_samples": {} if bw is None else {name: int(row.iloc[0]) for (_, name), row in bw.iterrows()}}))
+  "memory_bw_samples": {} if bw is None else {name: int(row.iloc[0]) for (_, name), row in bw.iterrows()},
+  "queue_samples": {} if ql is None else {str(int(stream)): int(row.iloc[0]) for (_, stream), row in ql.iterrows()}}))
 """
 
 
@@ -196,7 +202,7 @@ def main() -> None:
                              f" ({ours_work:.2f} s against {hta_work:.2f} s)")
                 for key in ("kernel_us", "idle_us", "compute_us", "non_compute_us", "overlap_pct",
                             "launches", "launch_delay_total_us", "idle_by_stream", "kernel_types",
-                            "memory_bw_samples"):
+                            "memory_bw_samples", "queue_samples"):
                     same = "same" if ours.result[key] == hta.result[key] else "DIFFERENT"
                     line += f"\n    {key:22s} gpufleet {ours.result[key]!s:>30.30}  HTA {hta.result[key]!s:>30.30}  {same}"
         print(line + "\n", flush=True)
