@@ -16,10 +16,9 @@ from schemas.dead_letter import dead_letter
 from schemas.topics import DEAD_LETTERS, KERNEL_EVENTS, trace_id_for
 
 STAGE = "trace-ingest"
-# Of an operator that counts FLOPs (absent elsewhere): what the roofline reads.
-_OPERATOR_FIELDS = ("flops", "precision", "op_bytes")
-_EVENT_FIELDS = ("kind", "cat", "name", "stream", "device", "correlation", "bytes", "bandwidth_gbps", "memcpy_kind", "grid",
-                "block", "tid")
+# Where they are known (absent elsewhere): a copy's size and bandwidth; an operator's FLOPs, for the roofline.
+_OPTIONAL_FIELDS = ("bytes", "bandwidth_gbps", "memcpy_kind", "flops", "precision", "op_bytes")
+_EVENT_FIELDS = ("kind", "cat", "name", "stream", "device", "correlation", "tid")
 
 
 def publish_trace(
@@ -45,7 +44,7 @@ def publish_trace(
     def records():
         for seq, e in enumerate(trace.events):
             record = {f: e[f] for f in _EVENT_FIELDS}
-            record.update({f: e.get(f) for f in _OPERATOR_FIELDS})
+            record.update({f: e.get(f) for f in _OPTIONAL_FIELDS})
             record.update(trace_id=trace_id, workflow_id=workflow_id, rank=trace.rank, seq=seq,
                           ts=int(e["ts"]), dur=int(e["dur"]))
             yield record

@@ -65,15 +65,19 @@ class TraceAnalyzer:
         self.events += 1
         corr = event["correlation"]
         if event["stream"] < 0:
-            op = self.roofline.add_cpu(event)  # the operator a runtime call was made from
-            if event["kind"] == "runtime":
+            kind, op = event["kind"], None
+            if kind == "runtime":
+                if self.roofline.open:
+                    op = self.roofline.add_cpu(event)  # the operator the call was made from
                 self.queues.add_cpu(event)
+            elif kind == "cpu_op" and event.get("flops"):
+                self.roofline.add_cpu(event)
+            elif kind == "annotation":
+                self.annotations.add(event)
             if corr >= 0:
                 self._calls[corr] = {"name": event["name"], "ts": ts, "dur": event["dur"], "op": op}
                 self._call_order.append((ts, corr))
                 self._evict(ts)
-            if event["kind"] == "annotation":
-                self.annotations.add(event)
             if event["name"].startswith("ProfilerStep#"):  # an annotation (cpu_op in older traces)
                 self.steps.add(event["name"])
             self.antipatterns.add_cpu(event)
@@ -88,12 +92,12 @@ class TraceAnalyzer:
         self.kernels.add(event)
         self.copies.add(event)
         self.collectives.add(event)
-        self.roofline.add_gpu(event, None if call is None else call.get("op"))
         if call is not None:  # (every launch the queue waits for is a call the analyzer holds)
+            if call["op"] is not None:
+                self.roofline.add_gpu(event, call["op"])
             self.queues.add_gpu(event)
-        self.idle.add(event, None if call is None else call["ts"])
-        if call is not None:
             self.launch.add(call, event)
+        self.idle.add(event, None if call is None else call["ts"])
         self.antipatterns.add_gpu(event, call)
 
     def _evict(self, now: float) -> None:

@@ -62,7 +62,7 @@ class MemoryCopies:
     def add(self, event: dict) -> None:
         """One GPU event (``stream >= 0``), in start-time order."""
         name = event["name"]
-        if kernel_type(name) is not KernelType.MEMORY:
+        if name[:1] not in ("M", "d") or kernel_type(name) is not KernelType.MEMORY:  # (Memcpy, Memset, dma)
             return
         key = memory_kind(name)
         k = self.kinds.get(key)
