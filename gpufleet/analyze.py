@@ -116,65 +116,63 @@ def format_record(r: dict) -> str:
 
 
 def _kernel_lines(r: dict) -> list[str]:
-    """The breakdowns after the headline figures: one section each, left out when empty."""
-    return [line for section in (_kernels, _copies, _annotations, _queues, _roofline) for line in section(r)]
-
-
-def _queues(r: dict) -> list[str]:
-    if not r.get("queue_lengths"):
-        return []
-    lines = ["  launch queue per stream (operations launched, not started: mean, median, max; time full)"]
-    for q in r["queue_lengths"]:
-        lines.append(f"    stream {q['stream']:<5} {q['mean']:8.1f} {q['p50']:8.1f} {q['max']:8.0f}   "
-                     f"{q['blocked_us'] / 1e3:.3f} ms at 1024")
+    """The breakdowns after the headline figures: a section each (its field, heading and the
+    line of one row), left out when empty."""
+    lines = _kernel_types(r)
+    for field, heading, row in SECTIONS:
+        if r.get(field):
+            lines.append(f"  {heading}")
+            lines += [f"    {row(x)}" for x in r[field][:SECTION_ROWS]]
+            if len(r[field]) > SECTION_ROWS:
+                lines.append(f"    ... {len(r[field]) - SECTION_ROWS} more (--json has them all)")
     return lines
 
 
-def _kernels(r: dict) -> list[str]:
+def _kernel_types(r: dict) -> list[str]:
     if not r.get("kernel_types"):
         return []
-    lines = ["  GPU time by kernel type"]
-    lines += [f"    {k['kernel_type']:<58} {k['time_us'] / 1e3:10.3f} ms {k['pct']:6.1f} %" for k in r["kernel_types"]]
-    lines.append("  top kernels (launches, GPU time, mean per launch)")
-    for k in r["top_kernels"]:
-        name = f"others ({k['kernels']} kernels)" if k["name"] == "others" else short_kernel_name(k["name"])
-        lines.append(f"    {k['kernel_type'][:4]} {k['launches']:>7} {k['time_us'] / 1e3:10.3f} ms "
-                     f"{k['mean_us']:9.1f} us  {name}")
-    return lines
+    return ["  GPU time by kernel type"] + [
+        f"    {k['kernel_type']:<58} {k['time_us'] / 1e3:10.3f} ms {k['pct']:6.1f} %" for k in r["kernel_types"]]
 
 
-def _copies(r: dict) -> list[str]:
-    if not r.get("memory_copies"):
-        return []
-    lines = ["  memory copies (count, bytes, GPU time, achieved bandwidth; concurrent bandwidth mean / max)"]
-    for m in r["memory_copies"]:
-        achieved = "n/a" if m["achieved_gbps"] is None else f"{m['achieved_gbps']:.2f} GB/s"
-        concurrent = "" if not m["bw_samples"] else f"; {m['bw_mean_gbps']:.2f} / {m['bw_max_gbps']:.2f} GB/s"
-        lines.append(f"    {m['kind']:<15} {m['copies']:>7} {m['bytes'] / 1e6:10.1f} MB {m['time_us'] / 1e3:10.3f} ms "
-                     f"{achieved}{concurrent}")
-    return lines
+def _top_kernel(k: dict) -> str:
+    name = f"others ({k['kernels']} kernels)" if k["name"] == "others" else short_kernel_name(k["name"])
+    return f"{k['kernel_type'][:4]} {k['launches']:>7} {k['time_us'] / 1e3:10.3f} ms {k['mean_us']:9.1f} us  {name}"
 
 
-def _annotations(r: dict) -> list[str]:
-    if not r.get("gpu_annotations"):
-        return []
-    lines = ["  annotations on the GPU (record_function ranges: count, GPU time, mean)"]
-    for a in r["gpu_annotations"][:10]:
-        name = f"others ({a['kernels']} names)" if a["name"] == "others" and a["kernels"] > 1 else a["name"]
-        lines.append(f"    {a['launches']:>7} {a['time_us'] / 1e3:10.3f} ms {a['mean_us']:10.1f} us  {name[:70]}")
-    return lines
+def _copy(m: dict) -> str:
+    achieved = "n/a" if m["achieved_gbps"] is None else f"{m['achieved_gbps']:.2f} GB/s"
+    concurrent = "" if not m["bw_samples"] else f"; {m['bw_mean_gbps']:.2f} / {m['bw_max_gbps']:.2f} GB/s"
+    return f"{m['kind']:<15} {m['copies']:>7} {m['bytes'] / 1e6:10.1f} MB {m['time_us'] / 1e3:10.3f} ms {achieved}{concurrent}"
 
 
-def _roofline(r: dict) -> list[str]:
-    if not r.get("operators"):
-        return []
-    lines = [("  roofline of the operators that count their FLOPs (GPU time, achieved, % of roof, bound, "
-              "at stake below 70 %)")]
-    for o in r["operators"]:
-        roof = "no peak known" if o["roof_pct"] is None else f"{o['roof_pct']:5.1f} % of {o['roof_tflops']:.1f}"
-        lines.append(f"    {o['name']:<24} {o['gpu_time_us'] / 1e3:9.3f} ms {o['achieved_tflops']:9.2f} TFLOP/s "
-                     f"{o['precision']:<5} {roof:<22} {o['bound'] or '':<8} {o['at_stake_us'] / 1e3:8.3f} ms")
-    return lines
+def _annotation(a: dict) -> str:
+    name = f"others ({a['kernels']} names)" if a["name"] == "others" and a["kernels"] > 1 else a["name"]
+    return f"{a['launches']:>7} {a['time_us'] / 1e3:10.3f} ms {a['mean_us']:10.1f} us  {name[:70]}"
+
+
+def _queue(q: dict) -> str:
+    return (f"stream {q['stream']:<5} {q['mean']:8.1f} {q['p50']:8.1f} {q['max']:8.0f}   "
+            f"{q['blocked_us'] / 1e3:.3f} ms at 1024")
+
+
+def _operator(o: dict) -> str:
+    roof = "no peak known" if o["roof_pct"] is None else f"{o['roof_pct']:5.1f} % of {o['roof_tflops']:.1f}"
+    return (f"{o['name']:<24} {o['gpu_time_us'] / 1e3:9.3f} ms {o['achieved_tflops']:9.2f} TFLOP/s "
+            f"{o['precision']:<5} {roof:<22} {o['bound'] or '':<8} {o['at_stake_us'] / 1e3:8.3f} ms")
+
+
+SECTION_ROWS = 40
+SECTIONS = (
+    ("top_kernels", "top kernels (launches, GPU time, mean per launch)", _top_kernel),
+    ("memory_copies", "memory copies (count, bytes, GPU time, achieved bandwidth; concurrent bandwidth mean / max)",
+     _copy),
+    ("gpu_annotations", "annotations on the GPU (record_function ranges: count, GPU time, mean)", _annotation),
+    ("queue_lengths", "launch queue per stream (operations launched, not started: mean, median, max; time full)",
+     _queue),
+    ("operators", ("roofline of the operators that count their FLOPs (GPU time, achieved, % of roof, bound, "
+                   "at stake below 70 %)"), _operator),
+)
 
 
 def format_findings(findings: list[dict]) -> str:

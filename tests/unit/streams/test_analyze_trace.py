@@ -132,15 +132,17 @@ def test_rank_comes_from_distributed_info(tmp_path):
     assert trace.rank == 0
 
 
-@pytest.mark.parametrize("trace", ["resnet50", "synthetic"])
+@pytest.mark.parametrize("trace", ["resnet50", "synthetic", "operators"])
 def test_checkpointed_state_resumes_to_the_same_result(tmp_path, trace):
     import json
 
     from streams.analyze_trace import TraceAnalyzer
-    from tests.unit.traces import SHARED_TRACES, synthetic_job_trace
+    from tests.unit.traces import SHARED_TRACES, synthetic_job_trace, synthetic_operator_trace
 
     if trace == "synthetic":  # several streams, NCCL overlapping computation
         path = synthetic_job_trace(tmp_path / "t.json")
+    elif trace == "operators":  # operators open on two threads, every cut (the roofline's state)
+        path = synthetic_operator_trace(tmp_path / "t.json")
     else:
         path = SHARED_TRACES / "resnet50_num_workers_4__worker0.1623212756351.pt.trace.json.gz"
         if not path.exists():
@@ -148,14 +150,26 @@ def test_checkpointed_state_resumes_to_the_same_result(tmp_path, trace):
     events = read_trace(path).events
     whole = analyze_events(events)
     assert whole["top_kernels"] and whole["kernel_types"]
-    cut = len(events) * 2 // 3
-    first = TraceAnalyzer()
-    for e in events[:cut]:
-        first.add(e)
-    resumed = TraceAnalyzer.from_state(json.loads(json.dumps(first.to_state())))
-    for e in events[cut:]:
-        resumed.add(e)
-    assert resumed.result() == whole
+    if trace == "operators":
+        assert whole["operators"]
+    events = list(events)
+    for cut in range(1, len(events)) if trace == "operators" else [len(events) * 2 // 3]:
+        first = TraceAnalyzer()
+        for e in events[:cut]:
+            first.add(e)
+        resumed = TraceAnalyzer.from_state(json.loads(json.dumps(first.to_state())))
+        for e in events[cut:]:
+            resumed.add(e)
+        assert resumed.result("NVIDIA H100 80GB HBM3") == analyze_trace_result(events), cut
+
+
+def analyze_trace_result(events: list[dict]) -> dict:
+    from streams.analyze_trace import TraceAnalyzer
+
+    whole = TraceAnalyzer()
+    for e in events:
+        whole.add(e)
+    return whole.result("NVIDIA H100 80GB HBM3")
 
 
 def test_analysis_record_fits_its_schema(tmp_path):
