@@ -162,12 +162,18 @@ def _operator(o: dict) -> str:
             f"{o['precision']:<5} {roof:<22} {o['bound'] or '':<8} {o['at_stake_us'] / 1e3:8.3f} ms")
 
 
+def _step(x: dict) -> str:
+    return (f"{x['step']:<18} {x['cpu_us'] / 1e3:9.3f} {x['gpu_span_us'] / 1e3:9.3f} {x['gpu_busy_us'] / 1e3:9.3f} "
+            f"{x['gpu_idle_us'] / 1e3:9.3f} {x['compute_us'] / 1e3:9.3f}")
+
+
 SECTION_ROWS = 40
 SECTIONS = (
     ("top_kernels", "top kernels (launches, GPU time, mean per launch)", _top_kernel),
     ("memory_copies", "memory copies (count, bytes, GPU time, achieved bandwidth; concurrent bandwidth mean / max)",
      _copy),
     ("gpu_annotations", "annotations on the GPU (record_function ranges: count, GPU time, mean)", _annotation),
+    ("steps", "per step, ms (CPU step, GPU span, busy, idle, compute)", _step),
     ("queue_lengths", "launch queue per stream (operations launched, not started: mean, median, max; time full)",
      _queue),
     ("operators", ("roofline of the operators that count their FLOPs (GPU time, achieved, % of roof, bound, "

@@ -20,7 +20,8 @@ MFU_COLUMNS = (("gpu_name", "LowCardinality(Nullable(String))"), ("model_flops",
                ("model_flops_precision", "LowCardinality(Nullable(String))"), ("peak_tflops", "Nullable(Float64)"),
                ("mfu_pct", "Nullable(Float64)"))
 # TraceAnalysis v4: the steps it covers, HTA's kernel breakdown, the memory copies per kind, the collectives,
-# the operators' roofline, the GPU time of the user's annotations and the launch queue per stream.
+# the operators' roofline, the GPU time of the user's annotations, the launch queue per stream and per-step
+# timelines.
 KERNEL_TYPE_FIELDS = ("kernel_type", "time_us", "pct")
 TOP_KERNEL_FIELDS = ("kernel_type", "name", "kernels", "launches", "time_us", "min_us", "max_us", "mean_us", "stddev_us")
 MEMORY_COPY_FIELDS = ("kind", "copies", "bytes", "time_us", "achieved_gbps", "bw_samples", "bw_mean_gbps",
@@ -44,7 +45,10 @@ V4_COLUMNS = (
     ("queue_lengths", ("Array(Tuple(stream Int32, samples UInt64, mean Nullable(Float64), std Nullable(Float64), "
                        "min Nullable(Float64), p25 Nullable(Float64), p50 Nullable(Float64), p75 Nullable(Float64), "
                        "max Nullable(Float64), blocked_us Float64))")),
+    ("steps", ("Array(Tuple(step String, cpu_us Float64, gpu_events UInt64, gpu_span_us Float64, "
+               "gpu_busy_us Float64, gpu_idle_us Float64, compute_us Float64))")),
 )
+STEP_FIELDS = ("step", "cpu_us", "gpu_events", "gpu_span_us", "gpu_busy_us", "gpu_idle_us", "compute_us")
 QUEUE_FIELDS = ("stream", "samples", "mean", "std", "min", "p25", "p50", "p75", "max", "blocked_us")
 ANNOTATION_FIELDS = TOP_KERNEL_FIELDS[1:]
 OPERATOR_FIELDS = ("name", "calls", "flops", "bytes", "gpu_time_us", "precision", "achieved_tflops", "achieved_gbps",
@@ -64,7 +68,8 @@ def _trace_analysis_row(record: dict) -> dict:
             "collectives": [(c["name"], c["durations_us"]) for c in record.get("collectives", [])],
             "operators": [tuple(o[f] for f in OPERATOR_FIELDS) for o in record.get("operators", [])],
             "gpu_annotations": [tuple(a[f] for f in ANNOTATION_FIELDS) for a in record.get("gpu_annotations", [])],
-            "queue_lengths": [tuple(q[f] for f in QUEUE_FIELDS) for q in record.get("queue_lengths", [])]}
+            "queue_lengths": [tuple(q[f] for f in QUEUE_FIELDS) for q in record.get("queue_lengths", [])],
+            "steps": [tuple(x[f] for f in STEP_FIELDS) for x in record.get("steps", [])]}
 
 
 TRACE_ANALYSES_TABLE = Table(

@@ -25,6 +25,7 @@ from streams.trace_memory_copies import MemoryCopies
 from streams.trace_operators import OperatorRoofline
 from streams.trace_queue_length import QueueLength
 from streams.trace_rules import detect_antipatterns
+from streams.trace_steps import Steps
 from streams.trace_temporal_breakdown import Coverage, TemporalBreakdown
 
 # A GPU event starting this long after its runtime call is not joined to it.
@@ -42,6 +43,7 @@ class TraceAnalyzer:
         self.roofline = OperatorRoofline()
         self.annotations = GpuAnnotations()
         self.queues = QueueLength(pending_horizon_us)
+        self.per_step = Steps()
         self.antipatterns = AntipatternCollector()
         self.horizon = pending_horizon_us
         self.events = 0
@@ -75,11 +77,14 @@ class TraceAnalyzer:
             elif kind == "annotation":
                 self.annotations.add(event)
             if corr >= 0:
-                self._calls[corr] = {"name": event["name"], "ts": ts, "dur": event["dur"], "op": op}
+                step = self.per_step.current  # the step the call is made in
+                step = step[0] if step is not None and ts < step[2] else None
+                self._calls[corr] = {"name": event["name"], "ts": ts, "dur": event["dur"], "op": op, "step": step}
                 self._call_order.append((ts, corr))
                 self._evict(ts)
             if event["name"].startswith("ProfilerStep#"):  # an annotation (cpu_op in older traces)
                 self.steps.add(event["name"])
+                self.per_step.add_cpu(event)
             self.antipatterns.add_cpu(event)
             return
         self.gpu_events += 1
@@ -95,6 +100,8 @@ class TraceAnalyzer:
         if call is not None:  # (every launch the queue waits for is a call the analyzer holds)
             if call["op"] is not None:
                 self.roofline.add_gpu(event, call["op"])
+            if call.get("step") is not None:
+                self.per_step.add_gpu(event, call["step"])
             self.queues.add_gpu(event)
             self.launch.add(call, event)
         self.idle.add(event, None if call is None else call["ts"])
@@ -138,6 +145,7 @@ class TraceAnalyzer:
             "operators": self.roofline.result(gpu_name),
             "gpu_annotations": self.annotations.result(),
             "queue_lengths": self.queues.result(),
+            "steps": self.per_step.result(),
             "antipatterns": self.antipatterns.summary(),
         }
 
@@ -150,7 +158,7 @@ class TraceAnalyzer:
             "prev_end": {str(s): e for s, e in self.idle._prev_end.items()},
             "launch": {k: getattr(self.launch, k) for k in LAUNCH_COUNTERS},
             "counters": [self.events, self.gpu_events, self.unmatched_gpu_events, self.out_of_order, self._last_ts],
-            "calls": [[corr, c["name"], c["ts"], c["dur"], c.get("op")] for corr, c in self._calls.items()],
+            "calls": [[corr, c["name"], c["ts"], c["dur"], c.get("op"), c.get("step")] for corr, c in self._calls.items()],
             "horizon": self.horizon,
             "antipatterns": self.antipatterns.to_state(),
             "kernels": self.kernels.to_state(),
@@ -159,6 +167,7 @@ class TraceAnalyzer:
             "roofline": self.roofline.to_state(),
             "annotations": self.annotations.to_state(),
             "queues": self.queues.to_state(),
+            "per_step": self.per_step.to_state(),
             "steps": sorted(self.steps),
         }
 
@@ -181,9 +190,11 @@ class TraceAnalyzer:
             a.roofline = OperatorRoofline.from_state(state["roofline"])
             a.annotations = GpuAnnotations.from_state(state["annotations"])
             a.queues = QueueLength.from_state(state["queues"])
+            a.per_step = Steps.from_state(state["per_step"])
             a.steps = set(state["steps"])
-        for corr, name, ts, dur, *op in sorted(state["calls"], key=lambda c: c[2]):
-            a._calls[corr] = {"name": name, "ts": ts, "dur": dur, "op": op[0] if op else None}
+        for corr, name, ts, dur, *rest in sorted(state["calls"], key=lambda c: c[2]):
+            op, step = (rest + [None, None])[:2]  # (calls checkpointed before the roofline and steps have neither)
+            a._calls[corr] = {"name": name, "ts": ts, "dur": dur, "op": op, "step": step}
             a._call_order.append((ts, corr))
         return a
 
@@ -266,6 +277,7 @@ def trace_analysis_record(
         "operators": result.get("operators", []),
         "gpu_annotations": result.get("gpu_annotations", []),
         "queue_lengths": result.get("queue_lengths", []),
+        "steps": result.get("steps", []),
         "analyzed_at": analyzed_at,
         "system": system,
     }
