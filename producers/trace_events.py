@@ -1,0 +1,144 @@
+"""The events a trace analysis keeps, in columns: ~70 bytes an event, where a dict of its
+fields took ~800 (the records of a trace that is mostly kernels and launches took three times
+HTA's memory). ``EventList`` gives them back in start order, a dict each as it is read."""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Iterator, Sequence
+from operator import itemgetter
+from typing import Any
+
+from producers.trace_json import Args, Event, to_int
+
+# Event kinds as stored, by code.
+_KINDS = ("other", "kernel", "memcpy", "memset", "sync", "runtime", "cpu_op", "annotation")
+_KIND_CODE = {k: i for i, k in enumerate(_KINDS)}
+
+
+class Columns:
+    """The kept events, a column each. Times are doubles, exact for every time the reader
+    accepts (|t| < 2**53 us; the parser's own floats); the rare fields (a copy's bytes and
+    bandwidth, an operator's FLOPs) are kept apart, per row."""
+
+    def __init__(self) -> None:
+        self.kind, self.gpu = array("B"), array("B")
+        self.cat: list[str | None] = []
+        self.name: list[str] = []
+        self.ts, self.dur = array("d"), array("d")
+        self.stream, self.device, self.correlation, self.tid = array("q"), array("q"), array("q"), array("q")
+        self.extras: dict[int, dict] = {}
+        self.float_dur = False
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+    def add(self, e: Event, kind: str | None, name: str, args: Args, stream: int, correlation: int, gpu_side: bool,
+            names: dict[str, str], tids: dict[Any, int]) -> None:
+        dur = e.dur
+        if type(dur) is float:
+            self.float_dur = True
+        device, nbytes = args.device, args.bytes
+        if type(device) is not int:
+            device = to_int(device)
+        if type(nbytes) is not int:
+            nbytes = to_int(nbytes)
+        name = names.setdefault(name, name)
+        cat = e.cat
+        self.kind.append(_KIND_CODE.get(kind, 0))
+        self.gpu.append(gpu_side)
+        self.cat.append(names.setdefault(cat, cat))
+        self.name.append(name)
+        self.ts.append(e.ts)
+        self.dur.append(dur)
+        self.stream.append(stream)
+        self.device.append(device)
+        self.correlation.append(correlation)
+        self.tid.append(-1 if stream >= 0 else _tid(e.tid, tids))  # the CPU thread: where an operator launched a kernel
+        if kind == "memcpy" or kind == "memset" or nbytes >= 0:
+            self.extras[len(self.kind) - 1] = {
+                "bytes": nbytes if nbytes >= 0 else None,
+                "bandwidth_gbps": _bandwidth(args.bandwidth) if kind == "memcpy" or kind == "memset" else None,
+                "memcpy_kind": name[len("Memcpy "):] if kind == "memcpy" and name.startswith("Memcpy ") else None}
+
+
+class EventList(Sequence):
+    """The events of a trace in start order, each a dict made when it is read (the fields of
+    ``KernelEvent``: ``end`` = ``ts`` + ``dur``; a copy's ``bytes``, ``bandwidth_gbps`` and
+    ``memcpy_kind`` and an operator's ``flops``, ``precision`` and ``op_bytes`` only where
+    they are known). Iterate once to analyse: indexing makes a new dict each time."""
+
+    CHUNK = 4096
+
+    def __init__(self, rows: Columns, order: array, whole_ts: bool, whole_dur: bool) -> None:
+        self._rows, self._order = rows, order
+        self._whole_ts, self._whole_dur = whole_ts, whole_dur
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def __iter__(self) -> Iterator[dict]:
+        """The events in order, ``CHUNK`` at a time: each column's values for a chunk are taken in
+        one C-level call (``itemgetter``), so a dict costs little more than its making."""
+        r = self._rows
+        columns = (r.kind, r.cat, r.name, r.ts, r.dur, r.stream, r.device, r.correlation, r.tid)
+        extras, kinds = r.extras, _KINDS
+        whole_ts, whole_dur = self._whole_ts, self._whole_dur
+        order = self._order
+        for first in range(0, len(order), self.CHUNK):
+            chunk = order[first:first + self.CHUNK]
+            if len(chunk) == 1:
+                values = [[column[chunk[0]]] for column in columns]
+            else:
+                pick = itemgetter(*chunk)
+                values = [pick(column) for column in columns]
+            kind, cat, name, ts, dur, stream, device, correlation, tid = values
+            if whole_ts:
+                ts = map(int, ts)
+            if whole_dur:
+                dur = map(int, dur)
+            for i, k, c, n, t, d, s, dev, corr, th in zip(chunk, kind, cat, name, ts, dur, stream, device,
+                                                          correlation, tid):
+                e = {"kind": kinds[k], "cat": c, "name": n, "ts": t, "dur": d, "end": t + d, "stream": s,
+                     "device": dev, "correlation": corr, "tid": th}
+                if extras:
+                    x = extras.get(i)
+                    if x is not None:
+                        e.update(x)
+                yield e
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        one = EventList(self._rows, self._order[index:index + 1], self._whole_ts, self._whole_dur)
+        return next(iter(one))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return f"EventList({len(self)} events)"
+
+
+def _tid(value: Any, tids: dict[Any, int]) -> int:
+    """A thread as a number: the profiler's number, or the order in which a named thread
+    (``"stream 7"``, ``"25738"`` as a string in older traces) was first seen, from 1 << 40."""
+    if type(value) is int:
+        return value
+    if value is None:
+        return -1
+    known = tids.get(value)
+    if known is None:
+        text = str(value)
+        known = tids[value] = int(text) if text.isdigit() and len(text) < 16 else (1 << 40) + len(tids)
+    return known
+
+
+def _bandwidth(value: Any) -> float | None:
+    """The profiler's bandwidth of a copy (GB/s): a finite number, else None."""
+    if type(value) is not float and type(value) is not int:
+        return None
+    return float(value) if math.isfinite(value) and value >= 0 else None
