@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import gc
 import math
-from array import array
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -184,28 +183,25 @@ def read_trace(path: str | Path) -> TraceRead:
     devices = Counter(rows.device[i] for i in range(len(rows)) if rows.gpu[i] and rows.device[i] >= 0)
     result.gpu_name = _gpu_name(result.device_properties, devices.most_common(1)[0][0] if devices else None)
     result.rounded = any_float
-    ts_col, dur_col = rows.ts, rows.dur
     if any_float:
-        ceil, floor = math.ceil, math.floor
-        for i in range(len(rows)):
-            start = ceil(ts_col[i])
-            dur_col[i] = floor(ts_col[i] + dur_col[i]) - start
-            ts_col[i] = start
+        rows.round_times()
     keep = range(len(rows))
     if len(steps) >= 2:
-        start_of = math.ceil if any_float else (lambda ts: ts)
-        last_step_start = max(start_of(ts) for starts in steps.values() for ts in starts)
-        kept = {c for c, ts in cpu_corr_ts.items() if start_of(ts) < last_step_start}
+        keep = _before_last_step(rows, steps, cpu_corr_ts, any_float)
         result.last_step_dropped = True
-        corr_col, gpu_col = rows.correlation, rows.gpu
-        keep = [i for i in keep if (corr_col[i] in kept if gpu_col[i] else ts_col[i] < last_step_start)]
-    # In start order, CPU-side before GPU-side at the same start: CPU events first, then a
-    # stable sort on the start alone (a C-level key, several times faster than a tuple key).
-    stream_col = rows.stream
-    order = [i for i in keep if stream_col[i] < 0] + [i for i in keep if stream_col[i] >= 0]
-    order.sort(key=ts_col.__getitem__)
-    result.events = EventList(rows, array("q", order), whole_ts=True, whole_dur=any_float or not rows.float_dur)
+    result.events = EventList.in_start_order(rows, keep, whole_dur=any_float or not rows.float_dur)
     return result
+
+
+def _before_last_step(rows: Columns, steps: dict[str, list[float]], cpu_corr_ts: dict[int, float],
+                      rounded: bool) -> list[int]:
+    """The rows HTA keeps when the last profiler step is dropped: CPU-side events that start
+    before it, GPU-side events launched by a CPU-side event that does."""
+    start_of = math.ceil if rounded else (lambda ts: ts)
+    last_step_start = max(start_of(ts) for starts in steps.values() for ts in starts)
+    kept = {c for c, ts in cpu_corr_ts.items() if start_of(ts) < last_step_start}
+    ts_col, corr_col, gpu_col = rows.ts, rows.correlation, rows.gpu
+    return [i for i in range(len(rows)) if (corr_col[i] in kept if gpu_col[i] else ts_col[i] < last_step_start)]
 
 
 class _MemoryPeaks:

@@ -151,7 +151,7 @@ class TraceAnalyzer:
 
     # -- checkpoints (JSON-able) -------------------------------------------------------
     def to_state(self) -> dict:
-        cov = {name: [c.first, c.start, c.end, c.closed] for name, c in self._coverages().items()}
+        cov = {name: c.to_state() for name, c in self._coverages().items()}
         return {
             "coverage": cov,
             "idle": {str(s): [v.host_wait, v.kernel_wait, v.other] for s, v in self.idle.streams.items()},
@@ -174,8 +174,9 @@ class TraceAnalyzer:
     @classmethod
     def from_state(cls, state: dict) -> TraceAnalyzer:
         a = cls(state["horizon"])
-        for name, c in a._coverages().items():
-            c.first, c.start, c.end, c.closed = state["coverage"][name]
+        t = a.temporal
+        t.all, t.compute, t.communication, t.either = (
+            Coverage.from_state(state["coverage"][name]) for name in ("all", "compute", "communication", "either"))
         for s, (h, k, o) in state["idle"].items():
             a.idle.streams[int(s)] = StreamIdle(h, k, o)
         a.idle._prev_end = {int(s): e for s, e in state["prev_end"].items()}

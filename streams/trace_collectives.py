@@ -29,7 +29,6 @@ class Collectives:
 
     def __init__(self) -> None:
         self.durations: dict[str, list[float]] = {}
-        self.dropped = 0
 
     def add(self, event: dict) -> None:
         """One GPU event (``stream >= 0``), in start-time order."""
@@ -37,22 +36,19 @@ class Collectives:
         if not name.startswith("nccl") or kernel_type(name) is not KernelType.COMMUNICATION:
             return
         launches = self.durations.setdefault(name, [])
-        if len(launches) < MAX_LAUNCHES:
+        if len(launches) < MAX_LAUNCHES:  # (the later launches of a very long trace are not compared)
             launches.append(float(event["end"] - event["ts"]))
-        else:
-            self.dropped += 1
 
     def result(self) -> list[dict]:
         return [{"name": name, "durations_us": list(d)} for name, d in sorted(self.durations.items())]
 
     def to_state(self) -> dict:
-        return {"durations": self.durations, "dropped": self.dropped}
+        return {"durations": self.durations}
 
     @classmethod
     def from_state(cls, state: dict) -> Collectives:
         c = cls()
         c.durations = {name: list(d) for name, d in state["durations"].items()}
-        c.dropped = state["dropped"]
         return c
 
 

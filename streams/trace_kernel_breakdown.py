@@ -47,6 +47,9 @@ class KernelBreakdown:
         self.unions = {mask: Coverage() for mask in MASKS}
         # kernel name -> [type bit (0: not one of TYPES), launches, total, min, max, sum of squares]
         self.kernels: dict[str, list] = {}
+        self._wire()
+
+    def _wire(self) -> None:
         # type bit -> the ``add`` of each union that holds the type (per event: one lookup, no mask tests)
         self._adders = {0: (), **{bit: tuple(u.add for m, u in self.unions.items() if m & bit) for bit in BIT.values()}}
 
@@ -112,15 +115,14 @@ class KernelBreakdown:
 
     # -- checkpoints (JSON-able) ---------------------------------------------------------------
     def to_state(self) -> dict:
-        return {"unions": {str(m): [u.first, u.start, u.end, u.closed] for m, u in self.unions.items()},
+        return {"unions": {str(m): u.to_state() for m, u in self.unions.items()},
                 "kernels": self.kernels}
 
     @classmethod
     def from_state(cls, state: dict) -> KernelBreakdown:
         b = cls()
-        for m, (first, start, end, closed) in state["unions"].items():
-            u = b.unions[int(m)]
-            u.first, u.start, u.end, u.closed = first, start, end, closed
+        b.unions = {int(m): Coverage.from_state(u) for m, u in state["unions"].items()}
+        b._wire()
         b.kernels = {name: list(k) for name, k in state["kernels"].items()}
         return b
 

@@ -55,22 +55,12 @@ class Steps:
     # -- checkpoints (JSON-able) ---------------------------------------------------------------
     def to_state(self) -> dict:
         return {"current": self.current,
-                "steps": {name: [s[0], s[1], s[2], _cov(s[3]), _cov(s[4])] for name, s in self.steps.items()}}
+                "steps": {name: [s[0], s[1], s[2], s[3].to_state(), s[4].to_state()] for name, s in self.steps.items()}}
 
     @classmethod
     def from_state(cls, state: dict) -> Steps:
         st = cls()
         st.current = state["current"]
         for name, (start, cpu_us, kernels, busy, compute) in state["steps"].items():
-            st.steps[name] = [start, cpu_us, kernels, _uncov(busy), _uncov(compute)]
+            st.steps[name] = [start, cpu_us, kernels, Coverage.from_state(busy), Coverage.from_state(compute)]
         return st
-
-
-def _cov(c: Coverage) -> list:
-    return [c.first, c.start, c.end, c.closed]
-
-
-def _uncov(fields: list) -> Coverage:
-    c = Coverage()
-    c.first, c.start, c.end, c.closed = fields
-    return c

@@ -33,6 +33,15 @@ class Coverage:
         elif end > self.end:
             self.end = end
 
+    def to_state(self) -> list:
+        return [self.first, self.start, self.end, self.closed]
+
+    @classmethod
+    def from_state(cls, state: list) -> Coverage:
+        c = cls()
+        c.first, c.start, c.end, c.closed = state
+        return c
+
     @property
     def covered(self) -> float:
         return 0.0 if self.first is None else self.closed + self.end - self.start
