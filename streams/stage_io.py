@@ -13,6 +13,7 @@ import faust
 from schemas.codec import Codec
 from schemas.dead_letter import dead_letter
 from schemas.topics import DEAD_LETTERS, key_of
+from streams import faust_fixes
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,12 @@ def drop_unowned(data: MutableMapping, owned: set[int], unsaved: dict[str, int])
 
 def _partition(entry) -> int | None:
     return entry.get("partition") if isinstance(entry, dict) else getattr(entry, "partition", None)
+
+
+def write_state(table, partition: int, key, value, **kwargs) -> None:
+    """``key``'s entry of ``table`` (``value``; None: deleted) to its changelog partition; the
+    next offset commit waits until the broker has it (``faust_fixes``, fix 6)."""
+    faust_fixes.state_writes(table.app).append(table.send_changelog(partition, key, value, **kwargs))
 
 
 class BeforeCommit(faust.Sensor):

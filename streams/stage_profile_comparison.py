@@ -25,7 +25,7 @@ import msgspec
 
 from schemas.codec import Codec
 from schemas.topics import DEAD_LETTERS, FINDINGS, TRACE_ANALYSES, request_of_trace
-from streams.stage_io import by_partition, decoded, drop_unowned, send, topic_of
+from streams.stage_io import by_partition, decoded, drop_unowned, send, topic_of, write_state
 from streams.trace_collectives import stragglers
 from streams.trace_diff import (
     RegressionConfig,
@@ -164,14 +164,14 @@ class ProfileComparisonStage:
                 if findings:
                     await self.app.producer.flush()
                 for key in changed:
-                    self.table.send_changelog(partition, key, self.table.data[key])
+                    write_state(self.table, partition, key, self.table.data[key])
 
     async def expire(self) -> None:
         if self.app.rebalancing:  # the table is being restored
             return
         for key, partition in expired(self.table.data, int(time.time() * 1000), self.settings.comparison).items():
             del self.table.data[key]
-            self.table.send_changelog(partition, key, None)
+            write_state(self.table, partition, key, None)
 
 
 def register(app: faust.App, settings, codec: Codec) -> None:  # settings: streams.app.StreamSettings

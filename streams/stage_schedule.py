@@ -13,7 +13,7 @@ import faust
 from schemas.codec import Codec
 from schemas.topics import DEAD_LETTERS, PROFILE_REQUESTS, PROFILE_SCHEDULE
 from streams.schedule_profiles import FleetSchedule
-from streams.stage_io import by_partition, decoded, send
+from streams.stage_io import by_partition, decoded, send, write_state
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +62,11 @@ def register(app: faust.App, settings, codec: Codec) -> None:  # settings: strea
                         requests += schedule.apply(report, now)
                 reports, changed, removed = schedule.take_changes()
                 for key in reports:
-                    table.send_changelog(partition, "report:" + key, table.data["report:" + key])
+                    write_state(table, partition, "report:" + key, table.data["report:" + key])
                 for wf in changed:
-                    table.send_changelog(partition, "wf:" + wf, table.data["wf:" + wf])
+                    write_state(table, partition, "wf:" + wf, table.data["wf:" + wf])
                 for wf in removed:
-                    table.send_changelog(partition, "wf:" + wf, None)
+                    write_state(table, partition, "wf:" + wf, None)
                 for request in requests:
                     log.info("periodic profile of %s (%s)", request["workflow_id"], request["request_id"])
                     await send(codec, requests_topic, PROFILE_REQUESTS, request)

@@ -23,7 +23,14 @@ from schemas.topics import (
 )
 from schemas.validate_ids import ids_error
 from streams.root_cause import profile_result
-from streams.stage_io import by_partition, drop_unowned, send, send_dead_letter, topic_of
+from streams.stage_io import (
+    by_partition,
+    drop_unowned,
+    send,
+    send_dead_letter,
+    topic_of,
+    write_state,
+)
 from streams.trace_sessions import TraceSessions
 
 log = logging.getLogger(__name__)
@@ -110,9 +117,9 @@ class TraceStage:
             self.outputs_pending = False
         for tid in result.changed:
             state = table.data[tid]
-            table.send_changelog(state["partition"], tid, state)
+            write_state(table, state["partition"], tid, state)
         for tid, partition in result.removed.items():
-            table.send_changelog(partition, tid, None)
+            write_state(table, partition, tid, None)
 
     async def _report_to_requester(self, analysis: dict, findings: list[dict]) -> None:
         origin = request_of_trace(analysis["trace_id"])

@@ -63,6 +63,7 @@ from streams.stage_io import (
     send,
     send_dead_letter,
     topic_of,
+    write_state,
 )
 from streams.summarize_workflow import accumulate, correct, summary
 from streams.window_utilization import BatchResult, Incoming, WindowAggregator
@@ -161,11 +162,11 @@ class WindowStage:
         written. Encoded here: the batches go on while the producer sends it."""
         for wf, partition in self.unsaved.items():  # (None: it was forgotten)
             value = codecs.dumps(STATE_CODEC, self.table.data.get(wf))
-            self.table.send_changelog(partition, wf, value, value_serializer="raw")
+            write_state(self.table, partition, wf, value, value_serializer="raw")
         self.unsaved.clear()
         for key, partition in self.unsaved_history.items():
             value = codecs.dumps(self.history.value_serializer, self.history.data.get(key))
-            self.history.send_changelog(partition, key, value, value_serializer="raw")
+            write_state(self.history, partition, key, value, value_serializer="raw")
         self.unsaved_history.clear()
 
     def assigned(self) -> list[int]:

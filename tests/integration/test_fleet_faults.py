@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 import signal
 import threading
 from collections import Counter, defaultdict
@@ -178,7 +179,7 @@ def test_nothing_is_lost_or_doubled_when_a_broker_a_worker_and_a_sink_are_killed
         try:
             wait_until(stored, 180, "every GPU-second of every closed window in ClickHouse, one row per window")
         except AssertionError:
-            pytest.fail(_differences(chdb_client, database, published, closed_before, cluster, prefix))
+            pytest.fail(_differences(chdb_client, database, published, closed_before, cluster, prefix, tmp_path))
         idle = fleet.workflows[0].workflow_id
         wait_until(lambda: any((m["workflow_id"], m["detector"]) == (idle, "idle_allocated") for m in Hook.received),
                    60, "the owner of the idle workflow to be told")
@@ -217,8 +218,9 @@ def _topic(cluster, name):
     return AdminClient({"bootstrap.servers": cluster.bootstrap}).list_topics(timeout=10).topics[name]
 
 
-def _differences(client, database, published, closed_before, cluster, prefix) -> str:
-    """Which windows ClickHouse and the published samples disagree on, and every emission of them."""
+def _differences(client, database, published, closed_before, cluster, prefix, logs) -> str:
+    """Which windows ClickHouse and the published samples disagree on, every emission of them,
+    the dead letters, and what the workers logged about partitions changing hands."""
     want: dict[tuple, float] = defaultdict(float)
     for s in published:
         if s["event_time"] < closed_before:
@@ -230,4 +232,9 @@ def _differences(client, database, published, closed_before, cluster, prefix) ->
     emitted = [(w["workflow_id"], w["window_start"], w["version"], w["gpu_seconds"], w["closed_at"])
                for *_, n, w in read_topic(cluster.bootstrap, prefix + WORKFLOW_WINDOWS.name, PARTITIONS)
                if n == "WorkflowWindow" and (w["workflow_id"], w["window_start"]) in wrong]
-    return f"windows (stored version, seconds), published seconds: {wrong}; their emissions: {sorted(emitted)}"
+    letters = [r for *_, r in read_topic(cluster.bootstrap, prefix + DEAD_LETTERS.name, 1)]
+    notable = re.compile(r"WARNING|ERROR|dropped the state|reading again|rebalance again|generation id|window-utilization:")
+    logged = [f"{path.parent.name}: {line.strip()[:300]}" for path in sorted(logs.glob("*/*.log"))
+              for line in path.read_text(errors="replace").splitlines() if notable.search(line)]
+    return (f"windows (stored version, seconds), published seconds: {wrong}; their emissions: {sorted(emitted)}; "
+            f"dead letters: {letters[:5]} ({len(letters)}); the workers logged:\n" + "\n".join(logged[-150:]))

@@ -149,3 +149,95 @@ def test_the_trace_stage_sends_its_analysis_before_the_state_that_says_the_trace
     kinds = [e[0] for e in events]
     assert kinds.index("flush") < kinds.index("state") and "send" not in kinds[kinds.index("flush"):]
     assert [e for e in events if e[0] == "state"][-1][2]["done"] is True
+
+
+class CommittingConsumer:
+    """The parts of faust's consumer the commit (faust_fixes, fix 5) uses, recording what it does."""
+
+    def __init__(self, app, events: list) -> None:
+        self.app, self.events = app, events
+        self.diag = SimpleNamespace(set_flag=lambda flag: None, unset_flag=lambda flag: None)
+        self._transition = None
+
+    def _filter_tps_with_pending_acks(self, topics):
+        return ["tp"]
+
+    def _filter_committable_offsets(self, tps):
+        return {"tp": 42}
+
+    async def _handle_attached(self, offsets):
+        pass
+
+    async def _commit_offsets(self, offsets, start_new_transaction=True):
+        self.events.append(("committed", offsets))
+        return True
+
+    async def crash(self, exc):
+        self.events.append(("crashed", str(exc)))
+
+
+def writes_acknowledged_later(stage, monkeypatch) -> list[asyncio.Future]:
+    """The stage's state writes as the producer hands them back: futures that resolve once the
+    broker has acknowledged them (the test resolves them)."""
+    futures: list[asyncio.Future] = []
+
+    def send_changelog(partition, key, value, value_serializer=None):
+        fut = asyncio.get_running_loop().create_future()
+        futures.append(fut)
+        stage.events.append(("state", key))
+        return fut
+
+    monkeypatch.setattr(stage.table, "send_changelog", send_changelog)
+    monkeypatch.setattr(stage.history, "send_changelog", send_changelog)
+    return futures
+
+
+def test_offsets_are_committed_only_once_the_states_before_them_are_durable(stage, monkeypatch):
+    """A commit that went ahead of the state writes it follows, with the worker killed before
+    the broker had them, left the new owner a state without samples the committed offsets had
+    passed: a window short of 12 GPU-seconds, emitted once (the fleet fault test, in CI)."""
+    from streams import faust_fixes
+
+    futures = writes_acknowledged_later(stage, monkeypatch)
+    stage.app.sensors.add(stage_windows.BeforeCommit(stage.save_state))
+    consumer = CommittingConsumer(stage.app, stage.events)
+
+    async def scenario():
+        await stage._apply_samples(0, messages(0, 80, offset=0), now=BASE_MS + 90_000)
+        commit = asyncio.create_task(faust_fixes._force_commit_between_batches(consumer))
+        while not futures:  # the commit writes the states
+            await asyncio.sleep(0)
+        for _ in range(20):  # it would have committed by now, had it not waited
+            await asyncio.sleep(0)
+        assert ("committed", {"tp": 42}) not in stage.events
+        for fut in futures:
+            fut.set_result(None)
+        assert await commit is True
+
+    asyncio.run(scenario())
+    kinds = [e[0] for e in stage.events]
+    assert kinds.count("state") == 2 and kinds[-1] == "committed"
+
+
+def test_a_state_write_that_failed_stops_the_commit_and_the_worker(stage, monkeypatch):
+    """Offsets past a state that never reached its changelog would lose what the state held:
+    the worker stops instead (its partitions go to a worker that reads on from the last
+    durable state)."""
+    from streams import faust_fixes
+
+    futures = writes_acknowledged_later(stage, monkeypatch)
+    stage.app.sensors.add(stage_windows.BeforeCommit(stage.save_state))
+    consumer = CommittingConsumer(stage.app, stage.events)
+
+    async def scenario():
+        await stage._apply_samples(0, messages(0, 80, offset=0), now=BASE_MS + 90_000)
+        commit = asyncio.create_task(faust_fixes._force_commit_between_batches(consumer))
+        while not futures:
+            await asyncio.sleep(0)
+        futures[0].set_result(None)
+        futures[1].set_exception(RuntimeError("the changelog's leader is gone"))
+        assert await commit is False
+
+    asyncio.run(scenario())
+    kinds = [e[0] for e in stage.events]
+    assert "committed" not in kinds and kinds[-1] == "crashed", stage.events
