@@ -30,8 +30,8 @@ class InOrder:
     def admit(self, partition: int, offsets: list[int], start: int | None) -> tuple[list[bool], int | None]:
         """For ``offsets`` (ascending) of one partition: which to apply, and the offset to seek
         the partition back to (None: no hole). ``start``: where the partition was sought (its
-        committed offset), for its first messages since ``reset``; None or negative (none
-        committed yet): whatever comes first.
+        committed offset, or its first offset where none was committed: ``faust_fixes.start_offset``),
+        for its first messages since ``reset``; None or negative (not known): whatever comes first.
         A batch that only brings messages past a hole asks for the seek again: messages the
         consumer had fetched before the seek can still come, and after them it drops the
         re-read as copies unless it is sought again."""

@@ -272,7 +272,7 @@ class WindowStage:
         """The messages to apply now, strictly in offset order (``streams.in_order``): a hole
         is read again from where it starts."""
         tp = TP(self.samples_name, partition)
-        kept, seek = self.in_order.take(partition, messages, self.app.consumer._committed_offset.get(tp))
+        kept, seek = self.in_order.take(partition, messages, faust_fixes.start_offset(self.app.consumer, tp))
         if seek is not None:
             await self.app.consumer.seek(tp, seek)
             self.stats["reread"] += 1
