@@ -51,11 +51,11 @@ offsets:
    before them (``send_changelog``: queued in the producer's buffer, sent by a task of its
    own) may not have reached the broker yet: a worker killed then leaves committed offsets
    past a state that is lost, and the new owner restores an older state and reads on after
-   what only the lost one held (the fleet fault test, in CI: a window short of 12 GPU-seconds,
-   emitted once). Every table write of the stages is kept (``state_writes``); the commit takes
-   those issued before it chose its offsets and commits only once the broker has acknowledged
-   each. One that failed stops the worker without committing: its partitions go to a worker
-   that reads on from the last durable state.
+   what only the lost one held (found reading the commit while looking for the cause of 7).
+   Every table write of the stages is kept (``state_writes``); the commit takes those issued
+   before it chose its offsets and commits only once the broker has acknowledged each. One
+   that failed stops the worker without committing: its partitions go to a worker that reads
+   on from the last durable state.
 
 7. A stream partition that no offset was ever committed for (every partition of a new
    deployment) is not sought at the end of a recovery: the client seeks only to committed

@@ -194,8 +194,8 @@ def writes_acknowledged_later(stage, monkeypatch) -> list[asyncio.Future]:
 
 def test_offsets_are_committed_only_once_the_states_before_them_are_durable(stage, monkeypatch):
     """A commit that went ahead of the state writes it follows, with the worker killed before
-    the broker had them, left the new owner a state without samples the committed offsets had
-    passed: a window short of 12 GPU-seconds, emitted once (the fleet fault test, in CI)."""
+    the broker had them, would leave the new owner a state without samples the committed
+    offsets had passed."""
     from streams import faust_fixes
 
     futures = writes_acknowledged_later(stage, monkeypatch)
