@@ -111,8 +111,9 @@ def running_sink(bootstrap: str, prefix: str, client, database: str, **options) 
         thread.join(30)
 
 
-def read_topic(bootstrap: str, topic: str, partitions: int, timeout: float = 10.0) -> list[tuple]:
-    """Every message on ``topic`` now: (partition, offset, key, schema name or None, record or raw bytes)."""
+def read_topic(bootstrap: str, topic: str, partitions: int, timeout: float = 10.0, decode: bool = True) -> list[tuple]:
+    """Every message on ``topic`` now: (partition, offset, key, schema name or None, record or raw bytes);
+    ``decode=False``: the raw bytes of each."""
     c = Consumer(consumer_config(bootstrap, "test-reader"))
     try:
         ends = {}
@@ -136,7 +137,7 @@ def read_topic(bootstrap: str, topic: str, partitions: int, timeout: float = 10.
                 if m.error():
                     continue
                 try:
-                    name, record = CODEC.decode(m.value())
+                    name, record = CODEC.decode(m.value()) if decode else (None, m.value())
                 except ValueError:
                     name, record = None, m.value()
                 out.append((m.partition(), m.offset(), m.key(), name, record))
