@@ -12,6 +12,7 @@ Every transition yields an ``Alert`` record; ``notify`` says whether to message 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from streams.detect_waste import Violation
 
@@ -64,12 +65,19 @@ def _as_dict(v: Violation) -> dict:
             "message": v.message, "advice": v.advice}
 
 
+def _period(since_ms: int, end_ms: int) -> str:
+    """"For the 10 min since 09:50 UTC (2026-01-01)": how long a condition held, and from when."""
+    since = datetime.fromtimestamp(since_ms / 1000, tz=UTC)
+    return f"For the {(end_ms - since_ms) / 60_000:g} min since {since:%H:%M} UTC ({since:%Y-%m-%d})"
+
+
 def _alert(state: dict, detector: str, status: str, v: dict, window: dict, wasted_so_far_s: float,
            notify: bool, now_ms: int) -> dict:
     wf = window["workflow_id"]
     message = v["message"]
-    if status == FIRING:
-        message += f" {wasted_so_far_s / 3600:.2f} GPU-hours wasted by the job so far."
+    if status == FIRING:  # the whole period the rule judged, not only the window that completed it
+        message = (f"{_period(state['since'], window['window_end'])}: {message[:1].lower()}{message[1:]}"
+                   f" {wasted_so_far_s / 3600:.2f} GPU-hours wasted by the job so far.")
     else:
         message = f"Resolved: {detector.replace('_', ' ')} no longer holds for workflow {wf}."
     return {

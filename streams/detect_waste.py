@@ -47,6 +47,15 @@ def _minutes(w: dict) -> float:
     return (w["window_end"] - w["window_start"]) / 60_000
 
 
+NAMED_GPUS = 8  # a message names at most this many GPUs, then says how many more
+
+
+def _named(names: list[str]) -> str:
+    """``names`` for a message: the first ``NAMED_GPUS``, then how many more."""
+    shown = ", ".join(names[:NAMED_GPUS])
+    return shown + (f" and {len(names) - NAMED_GPUS} more" if len(names) > NAMED_GPUS else "")
+
+
 def low_utilization(w: dict, c: DetectorConfig) -> Violation | None:
     mean = w["utilization_mean_pct"]
     if mean >= c.low_util_warn_pct:
@@ -55,8 +64,9 @@ def low_utilization(w: dict, c: DetectorConfig) -> Violation | None:
     return Violation(
         "low_utilization", "CRITICAL" if critical else "WARNING", mean,
         c.low_util_critical_pct if critical else c.low_util_warn_pct,
-        f"{w['gpu_count']} GPU(s) at {mean:.1f}% mean utilisation in the last {_minutes(w):g} min; "
-        f"{w['wasted_gpu_seconds'] / 3600:.2f} GPU-hours wasted in it.",
+        f"The job's {w['gpu_count']} GPU(s) stayed under {c.low_util_warn_pct:g}% mean utilisation "
+        f"({mean:.1f}% in its last {_minutes(w):g}-min window, "
+        f"{w['wasted_gpu_seconds'] / 3600:.2f} GPU-hours wasted in it).",
         "Look for an input-bound loop (DataLoader num_workers, pin_memory), host synchronisations, "
         "or a batch too small for the GPU; or ask for fewer GPUs.",
         c.low_util_min_s,
@@ -68,7 +78,8 @@ def idle_allocated(w: dict, c: DetectorConfig) -> Violation | None:
         return None
     return Violation(
         "idle_allocated", "CRITICAL", float(w["idle_gpus"]), 0.0,
-        f"All {w['gpu_count']} GPU(s) hold memory at 0 % utilisation: the job holds GPUs it does not use.",
+        f"All {w['gpu_count']} GPU(s) hold memory at 0 % utilisation: the job holds GPUs it does not use"
+        + (f" ({_named(w['idle_gpu_names'])})." if w.get("idle_gpu_names") else "."),
         "If the job is stuck or finished, stop it and release the GPUs; if it waits for something, "
         "release the GPUs while it waits.",
         c.idle_min_s,
@@ -80,7 +91,8 @@ def partial_use(w: dict, c: DetectorConfig) -> Violation | None:
         return None
     return Violation(
         "partial_use", "WARNING", float(w["idle_gpus"]), 0.0,
-        f"{w['idle_gpus']} of the job's {w['gpu_count']} GPUs sat at 0 % while the others worked.",
+        f"{w['idle_gpus']} of the job's {w['gpu_count']} GPUs sat at 0 % while the others worked"
+        + (f": {_named(w['idle_gpu_names'])}." if w.get("idle_gpu_names") else "."),
         "Check that every rank gets work (device placement, world size, data sharding); release GPUs "
         "the job does not use.",
         c.partial_min_s,

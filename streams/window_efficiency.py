@@ -135,7 +135,9 @@ def efficiency_fields(e: dict) -> dict:
         "power_mean_watts": _mean(e["power"]),
         "gpu_imbalance_pct": (max(per_gpu) - min(per_gpu)) if per_gpu else None,
         "idle_gpus": sum(1 for u in per_gpu if u == 0),
-        # Not in the WorkflowWindow schema: for the detectors' evidence only.
+        # Not in the WorkflowWindow schema: for the detectors' evidence only. Where each GPU at
+        # 0 % is (host/gpuN, and its rank where the agent knows it), in the order they came.
+        "idle_gpu_names": [(e["per_gpu"][uuid][2:] or [uuid])[0] for uuid, u in means.items() if u == 0],
         "slowest_gpu": None if slowest is None else (e["per_gpu"][slowest][2:] or [slowest])[0],
         "slowest_gpu_pct": None if slowest is None else means[slowest],
         "throttled_gpu_seconds": e["throttled_ms"] / 1000.0,

@@ -59,3 +59,13 @@ def test_a_restarted_worker_repeats_nothing():
     restored = json.loads(json.dumps(state))  # the changelog, read back
     _, more = run([10.0] * 5, state=restored, start_minute=10)
     assert more == []  # still firing: no second alert, no second message
+
+
+def test_a_firing_alert_says_the_period_it_judged_not_only_its_last_window():
+    """Issue 20, tried as a new user: a low-utilisation alert said "in the last 1 min" although
+    its rule needs 10 minutes of low use; the owner must see the whole period judged."""
+    _, alerts = run([10.0] * 10)
+    (_, fired), = alerts
+    assert fired["message"].startswith("For the 10 min since 00:00 UTC (2026-01-01):"), fired["message"]
+    assert "in the last 1 min" not in fired["message"]
+    assert ": the job's 2 GPU(s) stayed under 25% mean utilisation (10.0% in its last 1-min window, " in fired["message"]

@@ -84,3 +84,26 @@ def test_the_straggler_is_named_by_its_rank_when_the_agent_knows_it():
     assert w["slowest_gpu"] == "node-1/gpu1 (rank 11)" and w["slowest_gpu_pct"] == 15.0
     from streams.detect_waste import DetectorConfig, imbalance
     assert "the straggler is node-1/gpu1 (rank 11) at 15%" in imbalance(w, DetectorConfig()).message
+
+
+def test_partial_use_names_the_gpus_that_sat_at_zero():
+    """Issue 20, tried as a new user: "1 of the job's 4 GPUs sat at 0 %" without naming which
+    (the window kept only a count); an alert that leads to action names host, GPU and rank."""
+    samples = [sample(event_time=BASE_MS + t * 1000, host=f"node-{index // 2}", gpu_index=index % 2,
+                      gpu_uuid=f"GPU-{index}", utilization_pct=util, rank=index)
+               for t in range(60) for index, util in enumerate((80.0, 0.0, 79.0, 0.0))]
+    w = close_one(samples)
+    assert w["idle_gpus"] == 2 and w["idle_gpu_names"] == ["node-0/gpu1 (rank 1)", "node-1/gpu1 (rank 3)"]
+    from streams.detect_waste import DetectorConfig, partial_use
+    message = partial_use(w, DetectorConfig()).message
+    assert "2 of the job's 4 GPUs sat at 0 %" in message
+    assert message.endswith(": node-0/gpu1 (rank 1), node-1/gpu1 (rank 3).")
+
+
+def test_a_long_list_of_idle_gpus_is_cut_with_a_count():
+    samples = [sample(event_time=BASE_MS + t * 1000, host="big-node", gpu_index=index, gpu_uuid=f"GPU-{index}",
+                      utilization_pct=0.0 if index else 50.0)
+               for t in range(60) for index in range(16)]
+    from streams.detect_waste import DetectorConfig, partial_use
+    message = partial_use(close_one(samples), DetectorConfig()).message
+    assert "big-node/gpu1, big-node/gpu2" in message and message.endswith("and 7 more.")
