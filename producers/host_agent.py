@@ -90,6 +90,7 @@ class HostAgent:
         self.observers: list[Callable[[list[dict], dict], None]] = []
         # pid -> TFLOPS of model work a job reports for that process (``profile_hook.report_throughput``)
         self.throughputs: Callable[[float], dict[int, float]] = lambda now: {}
+        self.metrics = None  # a producers.agent_metrics.AgentMetrics, told of each tick
 
     def _put(self, spec: TopicSpec, record: dict, schema: str | None = None) -> None:
         self.spool.append(self.settings.topic_prefix + spec.name, key_of(spec, record),
@@ -98,6 +99,7 @@ class HostAgent:
     def tick(self, interval_s: float | None = None) -> int:
         """Sample once and spool the records; returns how many GPU samples were spooled.
         ``interval_s``: the time this tick stands for (the settings' interval by default)."""
+        started = time.perf_counter()
         now = int(self.clock() * 1000)
         interval = round((interval_s or self.settings.interval_s) * 1000)
         if self.simulated is not None:
@@ -125,6 +127,8 @@ class HostAgent:
         self.spool.flush()
         self.ticks += 1
         self.samples += len(samples)
+        if self.metrics is not None:
+            self.metrics.ticked(samples, time.perf_counter() - started)
         return len(samples)
 
     def _from_readings(self, readings: list[GpuReading], now: int, interval: int):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, Producer
 
 from kafka_client.config import Connection, consumer_config, producer_config
+from kafka_client.metrics import ComponentMetrics, consumer_lag
 from schemas.codec import Codec, CodecError
 from schemas.dead_letter import dead_letter
 from schemas.topics import ALERTS, DEAD_LETTERS, WORKFLOW_SUMMARIES
@@ -77,6 +79,12 @@ class SentLog:
         self._file.close()
 
 
+METRICS = ComponentMetrics("notifier")
+NOTIFICATIONS = METRICS.counter("gpufleet_notifications", "Messages to owners and teams, by channel and outcome "
+                                "(sent, or failed: refused for good, dead-lettered)", ["channel", "outcome"])
+LAG_EVERY_S = 5.0
+
+
 class AlertNotifier:
     def __init__(self, kafka: str | Connection, routing: Routing, sent_log: Path, group_id: str = "gpufleet-notifier",
                  topic_prefix: str = "", webhook_backoff_s: float = 0.5, rates: Rates | None = None) -> None:
@@ -97,9 +105,15 @@ class AlertNotifier:
 
     def run(self, stop: threading.Event) -> None:
         self.consumer.subscribe([self.topic, self.summaries_topic])
+        lag_at = 0.0
         try:
             while not stop.is_set():
                 batch = [m for m in self.consumer.consume(num_messages=500, timeout=0.5) if not m.error()]
+                if time.monotonic() - lag_at >= LAG_EVERY_S:
+                    METRICS.set_lag(consumer_lag(self.consumer))
+                    lag_at = time.monotonic()
+                for m in batch:
+                    METRICS.records_in(m.topic())
                 for m in batch:
                     try:
                         self._handle(m)
@@ -178,13 +192,17 @@ class AlertNotifier:
                 send()
             except NotifyError as exc:
                 self.failures += 1
+                NOTIFICATIONS.labels(channel, "failed").inc()
                 self._dead_letter(m, str(exc))
                 continue
             self.sent.add(channel_key)
             self.messages += 1
+            NOTIFICATIONS.labels(channel, "sent").inc()
         self.sent.add(key)
 
     def _dead_letter(self, m, reason: str) -> None:
         log.warning("dead-letter %s[%d]@%d: %s", m.topic(), m.partition(), m.offset(), reason)
         record = dead_letter(STAGE, reason, m.topic(), m.partition(), m.offset(), m.key(), m.value())
         self.producer.produce(self.dead_letter_topic, value=self.codec.encode(DEAD_LETTERS.schema, record))
+        METRICS.dead_letter(STAGE, reason)
+        METRICS.records_out(self.dead_letter_topic)

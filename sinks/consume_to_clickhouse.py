@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from confluent_kafka import (
@@ -34,6 +34,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient
 
 from kafka_client.config import Connection, client_config, consumer_config, producer_config
+from kafka_client.metrics import ComponentMetrics, consumer_lag
 from schemas.codec import Codec
 from schemas.dead_letter import dead_letter
 from schemas.sample_columns import blocks_of
@@ -130,6 +131,13 @@ def resume_plan(assigned: list[tuple[str, int]], topic_ids: dict[str, str], stor
     return seek, warnings
 
 
+METRICS = ComponentMetrics("sink")
+ROWS = METRICS.counter("gpufleet_sink_rows", "Rows inserted into ClickHouse, by table", ["table"])
+INSERT_SECONDS = METRICS.histogram("gpufleet_sink_insert_seconds", "Time of one insert into ClickHouse, by table",
+                                   ["table"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+LAG_EVERY_S = 5.0
+
+
 @dataclass
 class SinkStats:
     rows: dict[str, int] = field(default_factory=lambda: defaultdict(int))
@@ -204,9 +212,13 @@ class ClickHouseSink:
         """Consume until ``stop`` is set; everything consumed by then is inserted and committed."""
         self.writer.ensure_tables()
         self.consumer.subscribe([self.prefix + t.topic.name for t in self.tables], on_assign=self._on_assign)
+        lag_at = 0.0
         try:
             while not stop.is_set():
                 self.run_batch(stop)
+                if time.monotonic() - lag_at >= LAG_EVERY_S:
+                    METRICS.set_lag(consumer_lag(self.consumer))
+                    lag_at = time.monotonic()
         finally:
             self.consumer.close()
             self.producer.flush(30)
@@ -231,6 +243,8 @@ class ClickHouseSink:
         return len(messages)
 
     def _write(self, messages: list) -> None:
+        for topic, n in Counter(m.topic() for m in messages).items():
+            METRICS.records_in(topic, n)
         ok, errors = self.codec.decode_many([m.value() for m in messages])
         bad = [(messages[i], reason) for i, reason in errors]
         rows: dict[str, list[Row | Block]] = defaultdict(list)
@@ -258,15 +272,20 @@ class ClickHouseSink:
         index = {(m.topic(), m.partition(), m.offset()): m for m in messages}
         for name, table_rows in rows.items():
             table = by_name[name]
-            rejected = self.writer.insert(table, table_rows)
+            with INSERT_SECONDS.labels(name).time():
+                rejected = self.writer.insert(table, table_rows)
             for r in rejected:
                 m = index[(r.row.topic, r.row.partition, r.row.offset)]
                 bad.append((m, f"ClickHouse refused the row (code {r.code}): {r.reason}"))
-            self.stats.rows[name] += sum(r.size for r in table_rows) - sum(r.row.size for r in rejected)
+            stored = sum(r.size for r in table_rows) - sum(r.row.size for r in rejected)
+            self.stats.rows[name] += stored
+            ROWS.labels(name).inc(stored)
         for m, reason in bad:
             log.warning("dead-letter %s[%d]@%d: %s", m.topic(), m.partition(), m.offset(), reason)
             record = dead_letter(STAGE, reason, m.topic(), m.partition(), m.offset(), m.key(), m.value())
             self.producer.produce(self.dead_letter_topic, value=self.codec.encode(DEAD_LETTERS.schema, record))
+            METRICS.dead_letter(STAGE, reason)
+            METRICS.records_out(self.dead_letter_topic)
         if bad:
             # The dead letters must be durable before the offsets of their sources are committed.
             if self.producer.flush(30):

@@ -10,6 +10,7 @@ from collections.abc import MutableMapping
 
 import faust
 
+from kafka_client.metrics import ComponentMetrics
 from schemas.codec import Codec
 from schemas.dead_letter import dead_letter
 from schemas.topics import DEAD_LETTERS, key_of
@@ -23,14 +24,20 @@ def topic_of(app: faust.App, settings, spec, **kwargs) -> faust.TopicT:
     return app.topic(settings.topic(spec.name), **kwargs)
 
 
+# The worker's metrics (``kafka_client.metrics``); the stages add theirs to its registry.
+METRICS = ComponentMetrics("worker")
+
+
 async def send(codec: Codec, topic: faust.TopicT, spec, record: dict) -> None:
     """``record`` to ``topic``, keyed as ``spec`` says. force=True: handed to the producer
     now; Faust flushes the producer before it commits offsets."""
     await topic.send(key=key_of(spec, record), value=codec.encode(spec.schema, record), force=True)
+    METRICS.records_out(topic.get_topic_name())
 
 
 async def send_dead_letter(codec: Codec, topic: faust.TopicT, stage: str, message, reason: str, now: int) -> None:
     log.warning("dead-letter %s[%d]@%d: %s", message.topic, message.partition, message.offset, reason)
+    METRICS.dead_letter(stage, reason)
     record = dead_letter(stage, reason, message.topic, message.partition, message.offset,
                          message.key, message.value, now)
     await send(codec, topic, DEAD_LETTERS, record)
@@ -58,6 +65,7 @@ def by_partition(events) -> dict[int, list]:
         out[event.message.partition].append(event.message)
     for messages in out.values():
         messages.sort(key=lambda m: m.offset)
+        METRICS.records_in(messages[0].topic, len(messages))
     return out
 
 

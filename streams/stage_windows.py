@@ -56,6 +56,7 @@ from streams.raise_alerts import raise_alerts
 from streams.root_cause import apply_profile_result
 from streams.schedule_profiles import is_periodic
 from streams.stage_io import (
+    METRICS,
     BeforeCommit,
     by_partition,
     decoded,
@@ -98,6 +99,12 @@ class _StateType:
     @classmethod
     def from_data(cls, data, *, preferred_type=None):
         return data
+
+# The window stage's own metrics, beside the worker's (``stage_io.METRICS``).
+SAMPLES_APPLIED = METRICS.counter("gpufleet_worker_samples", "GPU samples applied to event-time windows")
+WINDOWS_CLOSED = METRICS.counter("gpufleet_windows_closed", "Workflow windows closed")
+ALERTS_RAISED = METRICS.counter("gpufleet_alerts", "Alert transitions, by detector and status",
+                                ["detector", "status"])
 
 STAGE = "window-utilization"
 LIFE_CYCLE = "workflow-life-cycle"
@@ -217,6 +224,9 @@ class WindowStage:
             self.unsaved[wf] = partition
         for key in result.history_changed | result.history_removed:
             self.unsaved_history[key] = partition
+        WINDOWS_CLOSED.inc(len(result.closed))
+        for alert in alerts:
+            ALERTS_RAISED.labels(alert["detector"], alert["status"]).inc()
         self.stats["windows"] += len(result.closed)
         self.stats["windows_updated"] += len(result.updated)
         self.stats["alerts"] += len(alerts)
@@ -308,7 +318,9 @@ class WindowStage:
             if clocks:
                 await self.finish(partition, self.aggregator.follow(partition, max(clocks), self.quiet_ms,
                                                                     closed_at=now), now)
-        self.stats["samples"] += sum(size(inc.record) for inc in good)
+        applied = sum(size(inc.record) for inc in good)
+        SAMPLES_APPLIED.inc(applied)
+        self.stats["samples"] += applied
         self.stats["refused"] += len(result.refused)
         self.stats["invalid"] += len(bad)
         self.stats["replayed"] += result.replayed

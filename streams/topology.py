@@ -20,13 +20,43 @@ from __future__ import annotations
 import faust
 
 from schemas.codec import Codec
-from streams import stage_profile_comparison, stage_schedule, stage_traces, stage_windows
+from streams import (
+    faust_fixes,
+    stage_profile_comparison,
+    stage_schedule,
+    stage_traces,
+    stage_windows,
+)
+from streams.stage_io import METRICS
 
 STAGES = (stage_windows, stage_traces, stage_profile_comparison, stage_schedule)
 
 
+LAG_EVERY_S = 5.0
+
+
 def register(app: faust.App, settings) -> None:  # settings: streams.app.StreamSettings
-    """Add every stage's agents, timers and tables to ``app``."""
+    """Add every stage's agents, timers and tables to ``app``, and the timer that keeps the
+    worker's consumer lag metric (``stage_io.METRICS``) current."""
     codec = Codec()
     for stage in STAGES:
         stage.register(app, settings, codec)
+
+    @app.timer(interval=LAG_EVERY_S)
+    async def consumer_lag() -> None:
+        if not app.rebalancing:
+            METRICS.set_lag(worker_lag(app))
+
+
+def worker_lag(app: faust.App) -> dict[tuple[str, int], int]:
+    """Per stream partition this worker owns: the messages past its committed offset (the
+    tables' changelogs, which it only reads while it recovers, are left out)."""
+    consumer, changelogs = app.consumer, app.tables.changelog_topics
+    lags = {}
+    for tp in consumer.assignment():
+        if tp.topic in changelogs:
+            continue
+        high, start = consumer.highwater(tp), faust_fixes.start_offset(consumer, tp)
+        if high is not None and high >= 0 and start is not None and start >= 0:
+            lags[(tp.topic, tp.partition)] = max(0, high - start)
+    return lags

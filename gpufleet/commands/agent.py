@@ -10,7 +10,13 @@ import threading
 import time
 from pathlib import Path
 
-from gpufleet.commands.common import fleet_args, kafka_args, kafka_connection
+from gpufleet.commands.common import (
+    fleet_args,
+    kafka_args,
+    kafka_connection,
+    metrics_args,
+    serve_metrics,
+)
 
 
 def add(sub) -> None:
@@ -38,6 +44,7 @@ def add(sub) -> None:
                    help="where training processes with gpufleet's profiling hook meet the agent "
                         "(env GPUFLEET_PROFILE_DIR; default /tmp/gpufleet-profile)")
     fleet_args(p)
+    metrics_args(p)
     p.set_defaults(func=cmd_agent)
 
     p = sub.add_parser("nvml-check", help="check the real NVML path on a machine with NVIDIA GPUs")
@@ -59,6 +66,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     import socket
 
     from kafka_client.admin import ensure_topics
+    from producers.agent_metrics import AgentMetrics
     from producers.attribute_process import AttributionKeys, ProcessAttributor
     from producers.forward_spool import Forwarder
     from producers.host_agent import AgentSettings, HostAgent, SimulatedGpus, run_agent
@@ -98,6 +106,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
     )
     spool = Spool(args.spool_dir or args.data_dir / "agent-spool", max_bytes=args.spool_max_mb << 20)
     agent = HostAgent(settings, spool, Codec(), nvml=nvml, simulated=simulated, attributor=ProcessAttributor(keys))
+    agent.metrics = AgentMetrics(spool)
+    serve_metrics(args, agent.metrics.registry)
     stop = threading.Event()
     # Profile requests for this host's workflows, answered beside the sampling loop.
     try:

@@ -26,6 +26,23 @@ def kafka_args(p: argparse.ArgumentParser) -> None:
                         "Topics that exist keep theirs")
 
 
+def metrics_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--metrics-port", type=int, default=int(os.environ.get("GPUFLEET_METRICS_PORT", "0")),
+                   help="serve Prometheus metrics on this port at /metrics (env GPUFLEET_METRICS_PORT; "
+                        "default 0: off, since two components on one host would take the same port)")
+    p.add_argument("--metrics-host", default=os.environ.get("GPUFLEET_METRICS_HOST", "0.0.0.0"),
+                   help="address the metrics listen on (env GPUFLEET_METRICS_HOST; default all)")
+
+
+def serve_metrics(args: argparse.Namespace, registry) -> None:
+    """The component's metrics on ``--metrics-port``, if given."""
+    from kafka_client.metrics import serve
+
+    server = serve(registry, args.metrics_port, args.metrics_host)
+    if server is not None:
+        print(f"metrics at http://{args.metrics_host}:{server.server_address[1]}/metrics", flush=True)
+
+
 def clickhouse_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clickhouse-dsn", default=os.environ.get("GPUFLEET_CLICKHOUSE_DSN"),
                    help="chdb:///path (embedded, the default under the data dir) or http(s)://user@host:port "

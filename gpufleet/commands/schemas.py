@@ -20,10 +20,10 @@ def add(sub) -> None:
     s.add_argument("--topic-prefix", default=os.environ.get("GPUFLEET_TOPIC_PREFIX", ""),
                    help="the deployment's topic prefix, which the subjects <topic>-value carry "
                         "(env GPUFLEET_TOPIC_PREFIX)")
-    s.set_defaults(func=cmd_serve)
+    s.set_defaults(func=cmd_schemas)
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
+def cmd_schemas(args: argparse.Namespace) -> int:
     from schemas.registry import RegistryServer, SchemaRegistry
 
     registry = SchemaRegistry(args.topic_prefix)

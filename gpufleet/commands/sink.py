@@ -12,8 +12,10 @@ from gpufleet.commands.common import (
     clickhouse_dsn,
     kafka_args,
     kafka_connection,
+    metrics_args,
     rates,
     rates_args,
+    serve_metrics,
 )
 
 
@@ -22,6 +24,7 @@ def add(sub) -> None:
     kafka_args(p)
     clickhouse_args(p)
     p.add_argument("--group-id", default="gpufleet-clickhouse-sink")
+    metrics_args(p)
     p.set_defaults(func=cmd_sink)
 
     p = sub.add_parser("notify", help="message owners and teams about alerts (webhook, e-mail)")
@@ -29,12 +32,13 @@ def add(sub) -> None:
     p.add_argument("--routing", type=Path, required=True, help="routing file (TOML): see sinks/route_alerts.py")
     p.add_argument("--group-id", default="gpufleet-notifier")
     rates_args(p, "the job reports")
+    metrics_args(p)
     p.set_defaults(func=cmd_notify)
 
 
 def cmd_sink(args: argparse.Namespace) -> int:
     from kafka_client.admin import ensure_topics
-    from sinks.consume_to_clickhouse import ClickHouseSink
+    from sinks.consume_to_clickhouse import METRICS, ClickHouseSink
     from sinks.write_clickhouse import ClickHouseWriter, connect
 
     kafka = kafka_connection(args, "sink")
@@ -42,6 +46,7 @@ def cmd_sink(args: argparse.Namespace) -> int:
     dsn = clickhouse_dsn(args)
     writer = ClickHouseWriter(connect(dsn), args.database, cluster=args.clickhouse_cluster)
     sink = ClickHouseSink(kafka, writer, group_id=args.group_id, topic_prefix=args.topic_prefix)
+    serve_metrics(args, METRICS.registry)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -61,7 +66,7 @@ def cmd_sink(args: argparse.Namespace) -> int:
 
 def cmd_notify(args: argparse.Namespace) -> int:
     from kafka_client.admin import ensure_topics
-    from sinks.consume_alerts import AlertNotifier
+    from sinks.consume_alerts import METRICS, AlertNotifier
     from sinks.route_alerts import load_routing
 
     prices = rates(args)
@@ -69,6 +74,7 @@ def cmd_notify(args: argparse.Namespace) -> int:
     ensure_topics(kafka, prefix=args.topic_prefix, partitions=args.partitions)
     notifier = AlertNotifier(kafka, load_routing(args.routing), args.data_dir / "notifier-sent.log",
                              group_id=args.group_id, topic_prefix=args.topic_prefix, rates=prices)
+    serve_metrics(args, METRICS.registry)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

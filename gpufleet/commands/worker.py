@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from gpufleet.commands.common import kafka_args, kafka_connection
+from gpufleet.commands.common import kafka_args, kafka_connection, metrics_args, serve_metrics
 
 
 def add(sub) -> None:
@@ -50,6 +50,7 @@ def add(sub) -> None:
                         "is a regression finding (default 10 %%)")
     p.add_argument("--regression-min-ms", type=float, default=0.1,
                    help="... and at least this much longer per step (default 0.1 ms)")
+    metrics_args(p)
     p.set_defaults(func=cmd_worker)
 
 
@@ -62,6 +63,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from streams.goodput import GoodputConfig
     from streams.raise_alerts import AlertConfig, load_detector_config
     from streams.schedule_profiles import ScheduleConfig
+    from streams.stage_io import METRICS
     from streams.stage_profile_comparison import ComparisonConfig
     from streams.trace_diff import RegressionConfig
     from streams.window_utilization import WindowConfig
@@ -101,6 +103,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     )
     create_topics(kafka, changelog_topics(settings))
     app = create_app(settings)
+    serve_metrics(args, METRICS.registry)
     tune_gc()
     worker = faust.Worker(app, loglevel=args.log_level, quiet=True)
     # Faust's terminal spinner sets the root logger to DEBUG so that every record spins it:

@@ -14,6 +14,7 @@ from sinks.write_clickhouse import ClickHouseWriter
 from tests.unit.sinks.fleet_data import build, store
 
 DOCKER = Path(__file__).resolve().parents[2] / "docker"
+NO_KAFKA = {"schemas"}  # serves the schemas in the image: reaches no broker, holds no credentials
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +33,7 @@ def gpufleet_services(*composes):
 
 def test_services_run_commands_the_cli_accepts(compose, agent_compose):
     services = gpufleet_services(compose, agent_compose)
-    assert set(services) == {"kafka-secrets", "kafka-grant", "worker", "sink", "notifier", "agent"}
+    assert set(services) == {"kafka-secrets", "kafka-grant", "worker", "sink", "notifier", "agent", "schemas"}
     entrypoint = re.search(r'ENTRYPOINT \[(.*)\]', (DOCKER / "Dockerfile").read_text()).group(1)
     prefix = json.loads(f"[{entrypoint}]")
     assert prefix[0] == "gpufleet"
@@ -65,7 +66,7 @@ def test_services_reach_kafka_and_clickhouse_by_their_service_names(compose, age
         assert (kafka["KAFKA_DEFAULT_REPLICATION_FACTOR"], kafka["KAFKA_MIN_INSYNC_REPLICAS"]) == (3, 2)
         assert kafka["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == 3
     for name, service in gpufleet_services(compose).items():
-        if name not in ("kafka-secrets", "kafka-grant"):
+        if name not in ("kafka-secrets", "kafka-grant", *NO_KAFKA):
             assert service.get("depends_on", {}).get("kafka-grant") == {"condition": "service_completed_successfully"}
     agent = agent_compose["services"]["agent"]
     assert agent["network_mode"] == "host" and agent["pid"] == "host"
@@ -110,6 +111,9 @@ def test_each_component_mounts_only_its_own_kafka_credentials(compose):
         mounts = [v for v in service.get("volumes", []) if isinstance(v, dict) and v["source"] == "kafka-secrets"]
         if name == "kafka-secrets":
             continue  # makes them
+        if name in NO_KAFKA:
+            assert not mounts and "GPUFLEET_KAFKA_CONFIG" not in service.get("environment", {}), name
+            continue
         folders = {v["volume"]["subpath"] for v in mounts if "volume" in v}
         principal = {"kafka-grant": "admin"}.get(name, name)
         assert folders == {f"clients/{principal}"} and principal in PRINCIPALS, name
@@ -133,12 +137,21 @@ def test_the_image_copies_every_package_the_cli_needs():
         assert f"COPY {package} {package}" in dockerfile
 
 
-def test_grafana_provisions_the_clickhouse_datasource_the_dashboard_uses():
-    source = yaml.safe_load((DOCKER / "grafana/provisioning/datasources/clickhouse.yaml").read_text())
-    (datasource,) = source["datasources"]
+def dashboard_targets(datasource_type: str) -> list[dict]:
     dashboard = json.loads((DOCKER / "grafana/dashboards/gpufleet.json").read_text())
-    assert {p["datasource"]["uid"] for p in dashboard["panels"]} == {datasource["uid"]}
-    assert datasource["jsonData"]["host"] == "clickhouse"
+    return [t for p in dashboard["panels"] if p.get("datasource", {}).get("type") == datasource_type
+            for t in p["targets"]]
+
+
+def test_grafana_provisions_the_datasources_the_dashboard_uses(compose):
+    sources = [d for f in sorted((DOCKER / "grafana/provisioning/datasources").glob("*.yaml"))
+               for d in yaml.safe_load(f.read_text())["datasources"]]
+    by_type = {d["type"]: d for d in sources}
+    dashboard = json.loads((DOCKER / "grafana/dashboards/gpufleet.json").read_text())
+    used = {(p["datasource"]["type"], p["datasource"]["uid"]) for p in dashboard["panels"] if p["type"] != "row"}
+    assert used == {(t, d["uid"]) for t, d in by_type.items()}
+    assert by_type["grafana-clickhouse-datasource"]["jsonData"]["host"] == "clickhouse"
+    assert by_type["prometheus"]["url"] == "http://prometheus:9090" and "prometheus" in compose["services"]
     provider = yaml.safe_load((DOCKER / "grafana/provisioning/dashboards/gpufleet.yaml").read_text())
     assert provider["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards"
 
@@ -155,8 +168,7 @@ def grafana_to_clickhouse(sql: str, database: str, start: str, end: str) -> str:
 def test_every_dashboard_query_runs_on_our_tables(chdb_client, database):
     data = build()
     store(ClickHouseWriter(chdb_client, database), data)
-    dashboard = json.loads((DOCKER / "grafana/dashboards/gpufleet.json").read_text())
-    queries = [t["rawSql"] for p in dashboard["panels"] for t in p["targets"]]
+    queries = [t["rawSql"] for t in dashboard_targets("grafana-clickhouse-datasource")]
     assert len(queries) >= 6
     answered = 0
     for sql in queries:
@@ -165,3 +177,45 @@ def test_every_dashboard_query_runs_on_our_tables(chdb_client, database):
         answered += bool(rows)
     # Only the alert panels have nothing to show: this data set has no alerts.
     assert answered == len(queries) - 2
+
+
+def exposed_metrics() -> dict[str, set[str]]:
+    """Every series name gpufleet's components serve, with its label names (and the labels
+    Prometheus adds: job, instance, and le on histogram buckets)."""
+    from producers.agent_metrics import GPU_READINGS, LABELS, AgentMetrics
+    from sinks.consume_alerts import METRICS as NOTIFIER
+    from sinks.consume_to_clickhouse import METRICS as SINK
+    from streams import topology  # noqa: F401 -- every stage's metrics registered in the worker's registry
+    from streams.stage_io import METRICS as WORKER
+
+    added = {"job", "instance", "cluster"}
+    out: dict[str, set[str]] = {}
+    for registry in (WORKER.registry, SINK.registry, NOTIFIER.registry):
+        for name, collector in registry._names_to_collectors.items():
+            out.setdefault(name, set()).update(added, getattr(collector, "_labelnames", ()),
+                                               {"le"} if name.endswith("_bucket") else ())
+    agent = AgentMetrics(spool=None)
+    for name, collector in agent.registry._names_to_collectors.items():
+        out.setdefault(name, set()).update(added, {"le"} if name.endswith("_bucket") else ())
+    for name in ("gpufleet_agent_spool_records", "gpufleet_agent_spool_dropped_total"):
+        out[name] = set(added)
+    for name, _, _ in GPU_READINGS:
+        out[name] = added | set(LABELS)
+    return out
+
+
+def test_every_prometheus_query_of_the_dashboard_parses_and_names_what_gpufleet_serves():
+    """Checked statically, as the ClickHouse queries are run: a metric or label renamed in the
+    code breaks this test, not the operators' dashboard."""
+    import promql_parser
+
+    exposed = exposed_metrics()
+    exprs = [t["expr"] for t in dashboard_targets("prometheus")]
+    assert len(exprs) >= 8
+    for expr in exprs:
+        promql_parser.parse(expr)  # raises on a syntax error
+        names = re.findall(r"\b(gpufleet_[a-z_]+)\b", expr)
+        assert names and all(n in exposed for n in names), (expr, [n for n in names if n not in exposed])
+        labels = {label.strip() for group in re.findall(r"\bby \(([^)]*)\)", expr) for label in group.split(",")}
+        allowed = set().union(*(exposed[n] for n in names))
+        assert labels <= allowed, (expr, labels - allowed)
