@@ -1,7 +1,10 @@
 """``gpufleet report --html out.html``: the fleet on one self-contained page.
 
-Charts are inline SVG drawn here (no scripts, fonts or images fetched), so the file can be
-mailed, attached to a ticket or opened offline: the utilisation distribution of workflow
+Charts are inline SVG drawn by matplotlib (no scripts, fonts or images fetched), so the file
+can be mailed, attached to a ticket or opened offline. matplotlib rather than a JavaScript
+grammar such as Vega-Lite: it renders SVG itself, offline, in-process and without a browser
+engine (vl-convert carries one), and its constrained layout keeps every tick, value and legend
+inside the drawing (the hand-drawn charts cut the value over the tallest bar). The charts: the utilisation distribution of workflow
 windows, wasted GPU-hours over time by team, the goodput waterfall (where the allocated
 GPU-hours went) by team and over time, the hardware MFU estimate of the windows (tensor-core
 activity, where the GPUs report it), the top opportunities, and alerts per detector.
@@ -10,7 +13,8 @@ activity, where the GPUs report it), the top opportunities, and alerts per detec
 from __future__ import annotations
 
 import html
-from datetime import UTC, datetime
+import io
+from datetime import UTC, datetime, timedelta
 
 from clickhouse_connect.driver.client import Client
 
@@ -24,65 +28,78 @@ def _esc(value: object) -> str:
     return html.escape(str(value))
 
 
+EMPTY = '<p class="empty">no data in this period</p>'
+PX = 1 / 96  # a CSS pixel in inches: figures are sized in pixels, as the page lays them out
+STYLE = {
+    "svg.fonttype": "none",  # text stays text: selectable, searchable, small
+    "svg.hashsalt": "gpufleet",  # the same numbers make the same file
+    "font.family": "sans-serif", "font.size": 10,
+    "axes.spines.top": False, "axes.spines.right": False,
+}
+
+
+def _figure(width: int, height: int):
+    """A figure of ``width`` x ``height`` CSS pixels whose layout keeps every label inside it
+    (matplotlib's constrained layout: axes shrink to make room for ticks, labels and legends)."""
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width * PX, height * PX), dpi=96, layout="constrained")
+
+
+def _svg(fig) -> str:
+    """The figure as an inline ``<svg>`` element (no XML prolog, no creation date)."""
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", metadata={"Date": None})
+    return buf.getvalue()[buf.getvalue().index("<svg"):]
+
+
+def _rc():
+    import matplotlib
+    from cycler import cycler
+
+    return matplotlib.rc_context({**STYLE, "axes.prop_cycle": cycler(color=PALETTE)})
+
+
 def bar_chart(labels: list[str], values: list[float], unit: str, width: int = 640, height: int = 260) -> str:
-    """Vertical bars with their values; an empty chart says so."""
+    """Vertical bars with their values above them; an empty chart says so."""
     if not values or max(values) <= 0:
-        return '<p class="empty">no data in this period</p>'
-    top = max(values)
-    left, bottom, pad = 50, 40, 10
-    inner_w, inner_h = width - left - pad, height - bottom - pad
-    step = inner_w / len(values)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img">',
-             f'<line x1="{left}" y1="{pad + inner_h}" x2="{width - pad}" y2="{pad + inner_h}" stroke="#999"/>']
-    for i, (label, value) in enumerate(zip(labels, values)):
-        h = inner_h * value / top
-        x = left + i * step + step * 0.1
-        y = pad + inner_h - h
-        parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{step * 0.8:.1f}" height="{h:.1f}" fill="{PALETTE[0]}">'
-                     f'<title>{_esc(label)}: {value:,.2f} {_esc(unit)}</title></rect>')
-        parts.append(f'<text x="{x + step * 0.4:.1f}" y="{y - 3:.1f}" font-size="11" text-anchor="middle">'
-                     f'{value:,.4g}</text>')
-        parts.append(f'<text x="{x + step * 0.4:.1f}" y="{pad + inner_h + 15}" font-size="11" '
-                     f'text-anchor="middle">{_esc(label)}</text>')
-    parts.append(f'<text x="4" y="{pad + 10}" font-size="11">{_esc(unit)}</text></svg>')
-    return "".join(parts)
+        return EMPTY
+    with _rc():
+        fig = _figure(width, height)
+        ax = fig.add_subplot()
+        bars = ax.bar(labels, values, color=PALETTE[0])
+        ax.bar_label(bars, labels=[f"{v:,.4g}" for v in values], padding=2, fontsize=9)
+        ax.margins(y=0.15)  # room above the tallest bar for its value
+        ax.set_ylabel(unit)
+        ax.tick_params(axis="x", labelsize=9)
+        return _svg(fig)
 
 
 def line_chart(series: dict[str, list[tuple[datetime, float]]], unit: str, width: int = 640,
                height: int = 260) -> str:
-    """One line per series over time, with a legend."""
-    points = [p for s in series.values() for p in s]
-    if not points:
-        return '<p class="empty">no data in this period</p>'
-    t0 = min(t for t, _ in points).timestamp()
-    t1 = max(t for t, _ in points).timestamp()
-    top = max(v for _, v in points) or 1.0
-    left, bottom, pad, legend = 50, 30, 24, 130
-    inner_w, inner_h = width - left - pad - legend, height - bottom - pad
+    """One line per series over time, with a legend beside the plot."""
+    if not any(series.values()):
+        return EMPTY
+    from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
 
-    def xy(t: datetime, v: float) -> str:
-        x = left + (inner_w * (t.timestamp() - t0) / (t1 - t0) if t1 > t0 else inner_w / 2)
-        return f"{x:.1f},{pad + inner_h - inner_h * v / top:.1f}"
-
-    first = datetime.fromtimestamp(t0, UTC).strftime("%Y-%m-%d %H:%M")
-    last = datetime.fromtimestamp(t1, UTC).strftime("%Y-%m-%d %H:%M")
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img">',
-             f'<line x1="{left}" y1="{pad + inner_h}" x2="{left + inner_w}" y2="{pad + inner_h}" stroke="#999"/>',
-             f'<text x="4" y="12" font-size="11">{_esc(unit)}</text>',
-             f'<text x="{left}" y="{height - 8}" font-size="11">{first}</text>',
-             f'<text x="{left + inner_w}" y="{height - 8}" font-size="11" text-anchor="end">{last}</text>',
-             f'<text x="{left - 4}" y="{pad + 4}" font-size="11" text-anchor="end">{top:,.3g}</text>']
-    for i, (name, pts) in enumerate(sorted(series.items())):
-        color = PALETTE[i % len(PALETTE)]
-        path = " ".join(xy(t, v) for t, v in sorted(pts))
-        shape = (f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{path}"/>' if len(pts) > 1 else
-                 f'<circle cx="{path.split(",")[0]}" cy="{path.split(",")[1]}" r="4" fill="{color}"/>')
-        parts.append(shape)
-        ly = pad + 14 * i + 10
-        parts.append(f'<rect x="{width - legend + 4}" y="{ly - 9}" width="10" height="10" fill="{color}"/>'
-                     f'<text x="{width - legend + 18}" y="{ly}" font-size="11">{_esc(name or "(no team)")}</text>')
-    parts.append("</svg>")
-    return "".join(parts)
+    with _rc():
+        fig = _figure(width, height)
+        ax = fig.add_subplot()
+        for name, points in sorted(series.items()):
+            points = sorted(points)
+            ax.plot([t for t, _ in points], [v for _, v in points], label=name or "(no team)",
+                    marker="o" if len(points) == 1 else None, linewidth=2)
+        times = {t for points in series.values() for t, _ in points}
+        if len(times) == 1:  # one hour of data: an axis of two hours around it, not of years
+            (t,) = times
+            ax.set_xlim(t - timedelta(hours=1), t + timedelta(hours=1))
+        locator = AutoDateLocator()
+        ax.xaxis.set_major_locator(locator)
+        ax.xaxis.set_major_formatter(ConciseDateFormatter(locator))
+        ax.set_ylim(bottom=0)
+        ax.set_ylabel(unit)
+        fig.legend(loc="outside right upper", frameon=False, fontsize=9)
+        return _svg(fig)
 
 
 def stacked_bars(labels: list[str], stacks: dict[str, list[float]], unit: str, width: int = 640,
@@ -90,33 +107,23 @@ def stacked_bars(labels: list[str], stacks: dict[str, list[float]], unit: str, w
     """One bar per label, made of a segment per stack (in the order given), with a legend."""
     totals = [sum(s[i] for s in stacks.values()) for i in range(len(labels))]
     if not labels or max(totals) <= 0:
-        return '<p class="empty">no data in this period</p>'
-    top = max(totals)
-    left, bottom, pad, legend = 50, 40, 10, 130
-    inner_w, inner_h = width - left - pad - legend, height - bottom - pad
-    step = inner_w / len(labels)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img">',
-             f'<line x1="{left}" y1="{pad + inner_h}" x2="{left + inner_w}" y2="{pad + inner_h}" stroke="#999"/>',
-             f'<text x="4" y="{pad + 10}" font-size="11">{_esc(unit)}</text>',
-             f'<text x="{left - 4}" y="{pad + 24}" font-size="11" text-anchor="end">{top:,.3g}</text>']
-    for i, label in enumerate(labels):
-        x, y = left + i * step + step * 0.1, pad + inner_h
-        for k, (name, values) in enumerate(stacks.items()):
-            h = inner_h * values[i] / top
-            y -= h
-            parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{step * 0.8:.1f}" height="{h:.1f}" '
-                         f'fill="{PALETTE[k % len(PALETTE)]}"><title>{_esc(label)}, {_esc(name)}: '
-                         f'{values[i]:,.2f} {_esc(unit)}</title></rect>')
+        return EMPTY
+    with _rc():
+        fig = _figure(width, height)
+        ax = fig.add_subplot()
+        positions = range(len(labels))
+        bottom = [0.0] * len(labels)
+        for name, values in stacks.items():
+            ax.bar(positions, values, bottom=bottom, label=name, width=0.8)
+            bottom = [b + v for b, v in zip(bottom, values)]
         if len(labels) <= 16:
-            parts.append(f'<text x="{x + step * 0.4:.1f}" y="{pad + inner_h + 15}" font-size="11" '
-                         f'text-anchor="middle">{_esc(label)}</text>')
-    for k, name in enumerate(stacks):
-        ly = pad + 14 * k + 10
-        parts.append(f'<rect x="{width - legend + 4}" y="{ly - 9}" width="10" height="10" '
-                     f'fill="{PALETTE[k % len(PALETTE)]}"/><text x="{width - legend + 18}" y="{ly}" '
-                     f'font-size="11">{_esc(name)}</text>')
-    parts.append("</svg>")
-    return "".join(parts)
+            ax.set_xticks(list(positions), labels, fontsize=9, rotation=30 if len(labels) > 6 else 0,
+                          ha="right" if len(labels) > 6 else "center")
+        else:  # an hour per bar: the first and last say when
+            ax.set_xticks([0, len(labels) - 1], [labels[0], labels[-1]], fontsize=9)
+        ax.set_ylabel(unit)
+        fig.legend(loc="outside right upper", frameon=False, fontsize=9)
+        return _svg(fig)
 
 
 def table(columns: list[str], rows: list[tuple]) -> str:

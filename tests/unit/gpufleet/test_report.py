@@ -78,3 +78,41 @@ def test_headless_chromium_renders_the_charts(report, tmp_path):
     counts = {rgb: n for n, rgb in colors}
     assert counts.get((0x3B, 0x6F, 0xB6), 0) > 2000
     assert counts.get((0xE0, 0x7B, 0x39), 0) > 100
+
+
+def text_boxes(svg: str) -> list[tuple[float, float, str]]:
+    """Each text of an SVG chart: (top, baseline, text), from its y and font size (an attribute,
+    or the ``font:`` shorthand of its style)."""
+    boxes = []
+    for attrs, text in re.findall(r"<text([^>]*)>([^<]*)</text>", svg):
+        y = re.search(r'\by="([-\d.]+)"|translate\([-\d.]+[ ,]+([-\d.]+)\)', attrs)
+        y = float(y.group(1) or y.group(2))
+        size = re.search(r'font-size[=:]\s*"?([\d.]+)|font:\s*(?:\w+\s+)*?([\d.]+)px', attrs)
+        size = float(size.group(1) or size.group(2))
+        boxes.append((y - size, y, text))
+    return boxes
+
+
+def svg_height(svg: str) -> float:
+    viewbox = re.search(r'viewBox="[-\d.]+ [-\d.]+ [\d.]+ ([\d.]+)"', svg)
+    return float(viewbox.group(1) if viewbox else re.search(r'<svg[^>]*\bheight="([\d.]+)', svg).group(1))
+
+
+@pytest.mark.parametrize("chart", ["bars", "lines", "stacks"])
+def test_no_label_of_a_chart_is_clipped(chart):
+    """Issue 21, seen in headless Chromium: the value labels were cut at the top of the tallest
+    bar. Every text of every chart lies inside the drawing."""
+    from datetime import UTC, datetime
+
+    from gpufleet.report import bar_chart, line_chart, stacked_bars
+
+    t = [datetime(2026, 1, 1, h, tzinfo=UTC) for h in range(6)]
+    svg = {"bars": lambda: bar_chart(["0-10%", "10-20%", "20-30%"], [120.0, 4500.0, 33.0], "workflow-minutes"),
+           "lines": lambda: line_chart({"vision": [(x, 10.0 * i) for i, x in enumerate(t)],
+                                        "nlp": [(x, 3.0) for x in t]}, "GPU-hours"),
+           "stacks": lambda: stacked_bars(["vision", "nlp"], {"idle": [5.0, 1.0], "productive": [40.0, 9.0]},
+                                          "GPU-hours")}[chart]()
+    boxes, height = text_boxes(svg), svg_height(svg)
+    assert boxes
+    clipped = [(top, base, text) for top, base, text in boxes if top < 0 or base > height]
+    assert not clipped, clipped
