@@ -2,8 +2,10 @@
 that scrapes dcgm-exporter today can scrape the agent instead.
 
 Health: ``gpufleet_agent_tick_seconds`` (what one tick cost: NVML, processes, host counters,
-spooling), ``gpufleet_agent_spool_records`` (records waiting to be sent), and
-``gpufleet_agent_spool_dropped_total`` (records the spool dropped when full).
+spooling), ``gpufleet_agent_spool_records`` (records waiting to be sent),
+``gpufleet_agent_spool_dropped_total`` (records the spool dropped when full), and, once a
+forwarder is attached, ``gpufleet_agent_records_sent_total`` and
+``gpufleet_agent_records_refused_total`` (records the brokers refused for good).
 
 GPUs: ``gpufleet_gpu_utilization_percent``, ``_memory_used_bytes``, ``_power_watts``,
 ``_temperature_celsius``, ``_sm_active_percent``, ``_tensor_active_percent``, labelled with
@@ -38,6 +40,7 @@ class AgentMetrics(Collector):
 
     def __init__(self, spool) -> None:
         self.spool = spool
+        self.forwarder = None  # a producers.forward_spool.Forwarder, for what it sent
         self.latest: list[dict] = []  # replaced whole by each tick: a scrape reads one tick's samples
         self.registry = CollectorRegistry()
         self.tick_seconds = Histogram("gpufleet_agent_tick_seconds", "What one tick of the agent cost",
@@ -55,6 +58,11 @@ class AgentMetrics(Collector):
         yield waiting
         yield CounterMetricFamily("gpufleet_agent_spool_dropped", "Records the spool dropped when full",
                                   value=self.spool.dropped)
+        if self.forwarder is not None:
+            yield CounterMetricFamily("gpufleet_agent_records_sent", "Spooled records sent to Kafka",
+                                      value=self.forwarder.sent)
+            yield CounterMetricFamily("gpufleet_agent_records_refused", "Records the brokers refused for good",
+                                      value=self.forwarder.failed)
         samples = self.latest
         for name, doc, field in GPU_READINGS:
             family = GaugeMetricFamily(name, doc, labels=LABELS)

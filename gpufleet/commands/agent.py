@@ -123,8 +123,9 @@ def cmd_agent(args: argparse.Namespace) -> int:
     profiles = threading.Thread(target=listener.run, args=(stop,), name="profiles", daemon=True)
     profiles.start()
     try:
-        run_agent(agent, Forwarder(spool, kafka, send_every_s=args.send_every), stop, profiling=coordinator.capturing,
-                  wake=coordinator.started)
+        forwarder = Forwarder(spool, kafka, send_every_s=args.send_every)
+        agent.metrics.forwarder = forwarder
+        run_agent(agent, forwarder, stop, profiling=coordinator.capturing, wake=coordinator.started)
     finally:
         stop.set()
         profiles.join(10)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 
@@ -81,6 +82,15 @@ def channels():
         http.shutdown()
 
 
+def notifications() -> dict[tuple[str, str], int]:
+    """The notifier's ``gpufleet_notifications_total`` by (channel, outcome), as Prometheus reads it."""
+    from sinks.consume_alerts import METRICS
+
+    return {(s.labels["channel"], s.labels["outcome"]): int(s.value)
+            for family in METRICS.registry.collect() if family.name == "gpufleet_notifications"
+            for s in family.samples if s.name.endswith("_total")}
+
+
 def test_alerts_reach_webhook_and_mail_once(kafka, prefix, tmp_path, channels):
     base, smtp_port, mailbox = channels
     (tmp_path / "routing.toml").write_text(f"""
@@ -114,8 +124,12 @@ sender = "gpufleet@example.com"
 
     notifier = AlertNotifier(kafka.bootstrap, routing, tmp_path / "sent.log", group_id=f"{prefix}n1",
                              topic_prefix=prefix, webhook_backoff_s=0.05)
+    before = notifications()
     run_notifier(notifier, lambda: len(Webhooks.received) >= 3 and len(mailbox.messages) >= 2
                  and notifier.failures >= 1)
+    # What its /metrics tells the operators: 3 webhooks and 2 mails sent, 1 webhook refused.
+    assert Counter(notifications()) - Counter(before) == Counter(
+        {("webhook", "sent"): 3, ("email", "sent"): 2, ("webhook", "failed"): 1})
     assert [(path, body["gpufleet_alert"]["alert_id"], body["gpufleet_alert"]["status"],
              bool(body["gpufleet_alert"]["root_cause"])) for path, body in Webhooks.received] == [
         ("/nlp", "a1", "FIRING", False), ("/nlp", "a1", "FIRING", True), ("/nlp", "a1", "RESOLVED", False)]

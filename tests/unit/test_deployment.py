@@ -197,7 +197,8 @@ def exposed_metrics() -> dict[str, set[str]]:
     agent = AgentMetrics(spool=None)
     for name, collector in agent.registry._names_to_collectors.items():
         out.setdefault(name, set()).update(added, {"le"} if name.endswith("_bucket") else ())
-    for name in ("gpufleet_agent_spool_records", "gpufleet_agent_spool_dropped_total"):
+    for name in ("gpufleet_agent_spool_records", "gpufleet_agent_spool_dropped_total",
+                 "gpufleet_agent_records_sent_total", "gpufleet_agent_records_refused_total"):
         out[name] = set(added)
     for name, _, _ in GPU_READINGS:
         out[name] = added | set(LABELS)

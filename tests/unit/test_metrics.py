@@ -3,6 +3,8 @@ partitions a component no longer owns, and the agent's GPU readings, one tick at
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -80,6 +82,10 @@ def test_the_agent_shows_each_gpus_latest_reading_and_no_series_of_a_workflow_go
     assert registry.get_sample_value("gpufleet_agent_tick_seconds_count") == 2.0
     assert registry.get_sample_value("gpufleet_agent_spool_records") == spool.pending() > 0
     assert registry.get_sample_value("gpufleet_agent_spool_dropped_total") == 0.0
+    assert registry.get_sample_value("gpufleet_agent_records_sent_total") is None  # no forwarder yet
+    agent.metrics.forwarder = SimpleNamespace(sent=12, failed=1)
+    assert registry.get_sample_value("gpufleet_agent_records_sent_total") == 12.0
+    assert registry.get_sample_value("gpufleet_agent_records_refused_total") == 1.0
 
 
 def test_the_worker_registry_holds_every_stages_metrics():
