@@ -98,6 +98,12 @@ PROFILE_SCHEDULE = TopicSpec(
         "profiling scheduler (one partition, so its budget is fleet-wide).",
 )
 
+ENFORCEMENT = TopicSpec(
+    "gpufleet.enforcement.v1", "EnforcementEvent", "workflow_id", 4,
+    doc="The enforcement ladder: warnings, actions falling due, exemptions, holds and cancellations from the "
+        "worker; what `gpufleet enforce` did about each action (claimed, ran, would have run, failed).",
+)
+
 # The default of a deployment's --partitions: room for 32 workers (one read 128k samples a
 # second here in benchmarks/bench_fleet.py) before the topics must be recreated.
 DEFAULT_PARTITIONS = 32
@@ -108,6 +114,7 @@ CO_PARTITIONED: tuple[TopicSpec, ...] = (GPU_SAMPLES, WORKFLOW_EVENTS, PROFILE_R
 ALL_TOPICS: tuple[TopicSpec, ...] = (
     GPU_SAMPLES, HOST_SAMPLES, WORKFLOW_EVENTS, WORKFLOW_WINDOWS, WORKFLOW_SUMMARIES, ALERTS, DEAD_LETTERS,
     KERNEL_EVENTS, TRACE_ANALYSES, FINDINGS, PROFILE_REQUESTS, PROFILE_STATUSES, PROFILE_RESULTS, PROFILE_SCHEDULE,
+    ENFORCEMENT,
 )
 
 

@@ -40,6 +40,7 @@ from schemas.sample_columns import CLOCK, blocks_of, size
 from schemas.topics import (
     ALERTS,
     DEAD_LETTERS,
+    ENFORCEMENT,
     GPU_SAMPLES,
     PROFILE_REQUESTS,
     PROFILE_RESULTS,
@@ -51,6 +52,7 @@ from schemas.topics import (
 from schemas.validate_ids import ids_error
 from streams import faust_fixes, workflow_state
 from streams.auto_profile import auto_profile_requests
+from streams.enforcement_ladder import climb
 from streams.in_order import InOrder
 from streams.raise_alerts import raise_alerts
 from streams.root_cause import apply_profile_result
@@ -125,6 +127,7 @@ class WindowStage:
         self.windows_topic, self.summaries_topic = topic(WORKFLOW_WINDOWS), topic(WORKFLOW_SUMMARIES)
         self.alerts_topic, self.requests_topic = topic(ALERTS), topic(PROFILE_REQUESTS)
         self.schedule_topic, self.dlq_topic = topic(PROFILE_SCHEDULE), topic(DEAD_LETTERS)
+        self.enforcement_topic = topic(ENFORCEMENT)
         # One WorkflowState per workflow; the changelog partition is the workflow's source partition.
         self.table = app.Table("window-state", default=None, partitions=settings.partitions, key_type=str,
                                value_type=_StateType)
@@ -207,7 +210,7 @@ class WindowStage:
         windows late samples completed (judged once, when they closed: no alerts again),
         summaries of workflows that ended or whose ended totals changed, then the state to the
         changelog and the records to their topics."""
-        alerts, requests = self._judge(result.closed, now)
+        alerts, requests, steps = self._judge(result.closed, now)
         corrected = self._correct(result) | self._end(partition, result)
         summaries = [record for wf in sorted(corrected)  # its first summary, or one corrected by late samples
                      if (record := summary(wf, self.table.data[wf], self.table.data[wf].end_reason or "ended",
@@ -218,6 +221,10 @@ class WindowStage:
             await send(self.codec, self.alerts_topic, ALERTS, alert)
         for request in requests:  # the root cause of the waste, while the owner reads the alert
             await send(self.codec, self.requests_topic, PROFILE_REQUESTS, request)
+        for step in steps:  # the enforcement ladder: warnings, the action falling due (gpufleet enforce)
+            log.info("enforcement %s of %s (ladder %s): %s", step["step"], step["workflow_id"], step["policy"],
+                     step["reason"])
+            await send(self.codec, self.enforcement_topic, ENFORCEMENT, step)
         for record in summaries:
             await send(self.codec, self.summaries_topic, WORKFLOW_SUMMARIES, record)
         for wf in result.changed | result.removed:
@@ -232,9 +239,9 @@ class WindowStage:
         self.stats["alerts"] += len(alerts)
         self.stats["summaries"] += len(summaries)
 
-    def _judge(self, closed: list[dict], now: int) -> tuple[list[dict], list[dict]]:
-        """The alerts and profile requests of newly closed windows; their job totals."""
-        alerts, requests = [], []
+    def _judge(self, closed: list[dict], now: int) -> tuple[list[dict], list[dict], list[dict]]:
+        """The alerts, profile requests and enforcement steps of newly closed windows; their job totals."""
+        alerts, requests, steps = [], [], []
         for window in closed:
             state = self.table.data.get(window["workflow_id"])
             if state is not None:  # (a workflow forgotten in this batch has no more alerts)
@@ -242,7 +249,8 @@ class WindowStage:
                 accumulate(state, window, raised)
                 alerts += raised
                 requests += auto_profile_requests(state, raised, self.settings.auto_profile, now)
-        return alerts, requests
+                steps += climb(state, window, self.settings.enforcement, now)
+        return alerts, requests, steps
 
     def _correct(self, result: BatchResult) -> set[str]:
         """Job totals corrected for windows late samples completed; the ended workflows among them."""
@@ -351,6 +359,11 @@ class WindowStage:
         """One life-cycle event into its workflow's state: which hosts it runs on, and whether
         the last one said it ended."""
         state = self.aggregator.state_of(event["workflow_id"], partition, event["owner"], event["team"])
+        for field in ("scheduler_job_id", "cluster"):  # what the enforcement ladders look at
+            if event.get(field):
+                setattr(state, field, event[field])
+        if event.get("cmdline"):
+            state.cmdline = event["cmdline"][:300]
         hosts = set(state.hosts)
         if event["event"] == "ENDED":
             hosts.discard(event["host"])

@@ -138,6 +138,7 @@ def efficiency_fields(e: dict) -> dict:
         # Not in the WorkflowWindow schema: for the detectors' evidence only. Where each GPU at
         # 0 % is (host/gpuN, and its rank where the agent knows it), in the order they came.
         "idle_gpu_names": [(e["per_gpu"][uuid][2:] or [uuid])[0] for uuid, u in means.items() if u == 0],
+        "hosts": sorted({str((g[2:] or ["?"])[0]).split("/")[0] for g in e["per_gpu"].values()}),
         "slowest_gpu": None if slowest is None else (e["per_gpu"][slowest][2:] or [slowest])[0],
         "slowest_gpu_pct": None if slowest is None else means[slowest],
         "throttled_gpu_seconds": e["throttled_ms"] / 1000.0,

@@ -13,6 +13,8 @@ the life cycle (``stage_windows``) ``hosts``, ``ending``; ``ended`` and ``end_re
 ``summarize_workflow``          ``job`` (the totals of its closed windows)
 ``raise_alerts``                ``alerts`` (each detector's life cycle), ``wasted_s``
 ``auto_profile``, ``root_cause`` ``auto_profiled_at``, and the profile of an alert in ``alerts``
+the life cycle, again           ``scheduler_job_id``, ``cluster``, ``cmdline`` (for the ladders)
+``enforcement_ladder``          ``ladders`` (each ladder's steps taken in the current episode)
 ==============================  ===================================================================
 
 The changelog holds ``{"v": STATE_VERSION, "state": {...}}`` (JSON, by msgspec). Version 0 is
@@ -46,6 +48,10 @@ class WorkflowState(msgspec.Struct, kw_only=True):
     first_sample_at: int = -1
     busy_since: int | None = None
     energy_counters: dict[str, float] = {}
+    scheduler_job_id: str | None = None
+    cluster: str | None = None
+    cmdline: str | None = None  # the first 300 characters: what the enforcement ladder's exemptions look at
+    ladders: dict[str, dict] = {}
 
 
 class _Written(msgspec.Struct):

@@ -50,6 +50,9 @@ def add(sub) -> None:
                         "is a regression finding (default 10 %%)")
     p.add_argument("--regression-min-ms", type=float, default=0.1,
                    help="... and at least this much longer per step (default 0.1 ms)")
+    p.add_argument("--enforcement", type=Path, default=None,
+                   help="the enforcement ladders (TOML, [[ladder]] tables: see docker/config/enforcement.toml): "
+                        "warn, warn again, then have `gpufleet enforce` act on alerts that keep firing")
     metrics_args(p)
     p.set_defaults(func=cmd_worker)
 
@@ -97,6 +100,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
                                                                  min_us=args.regression_min_ms * 1000)),
         replication=replication_for(brokers_in(kafka))[0],
         alerts=AlertConfig(detectors=detectors, team_detectors=team_detectors, min_duration_s=args.detector_min_s),
+        enforcement=_ladders(args.enforcement),
         schedule=ScheduleConfig(enabled=args.periodic_profiles, interval_s=args.profile_every_s,
                                 budget_fraction=args.profile_budget, report_s=args.schedule_report_s,
                                 seed=args.schedule_seed),
@@ -112,6 +116,17 @@ def cmd_worker(args: argparse.Namespace) -> int:
     worker.spinner = None
     worker.execute_from_commandline()
     return 0
+
+
+def _ladders(path: Path | None) -> tuple:
+    from streams.enforcement_ladder import PolicyError, load_ladders
+
+    if path is None:
+        return ()
+    try:
+        return load_ladders(path)
+    except PolicyError as exc:
+        sys.exit(f"enforcement policy: {exc}")
 
 
 def _stream_partitions(kafka, prefix: str) -> tuple[int, int, int]:

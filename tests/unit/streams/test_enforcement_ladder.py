@@ -1,0 +1,157 @@
+"""The enforcement ladder over a planted idle job, minute by minute: two warnings, then the
+action once; exemptions, a busy job, a grace period, stale or partial data, a resolved alert,
+and a replay of the same windows, which decides alike and takes no step twice."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from streams.enforcement_ladder import (
+    ACTION_DUE,
+    CANCELLED,
+    EXEMPT,
+    FIRST_WARNING,
+    HELD,
+    SECOND_WARNING,
+    Ladder,
+    PolicyError,
+    climb,
+    load_ladders,
+    render,
+)
+from streams.raise_alerts import AlertConfig, raise_alerts
+from streams.workflow_state import WorkflowState
+from tests.unit.samples import BASE_MS, window
+
+MIN = 60_000
+LADDER = Ladder(name="idle-gpus", detector="idle_allocated", first_warning_min=5, second_warning_min=10,
+                action_min=15, command=("scancel", "{scheduler_job_id}"), act=True)
+
+
+def job(**fields) -> WorkflowState:
+    return WorkflowState(**{"partition": 0, "owner": "alice@example.com", "team": "vision",
+                            "scheduler_job_id": "4242", "cluster": "east", "hosts": ["gpu-host-000"],
+                            "first_sample_at": BASE_MS, **fields})
+
+
+def minute(m: int, idle: bool = True, **extra) -> dict:
+    return window(**{"window_start": BASE_MS + m * MIN, "window_end": BASE_MS + (m + 1) * MIN, "gpu_count": 2,
+                     "idle_gpus": 2 if idle else 0, "utilization_mean_pct": 0.0 if idle else 80.0,
+                     "hosts": ["gpu-host-000"], **extra})
+
+
+def run(state: WorkflowState, minutes, ladder: Ladder = LADDER, **window_extra) -> list[tuple[int, dict]]:
+    """Each minute's window through the alerts, then the ladder: (minute, event)."""
+    out = []
+    for m, idle in minutes:
+        w = minute(m, idle, **window_extra)
+        raise_alerts(state, w, AlertConfig(), now_ms=w["window_end"])
+        state.job = {"max_gpus": 2}
+        out += [(m, e) for e in climb(state, w, (ladder,), now_ms=w["window_end"])]
+    return out
+
+
+def steps(events) -> list[tuple[int, str]]:
+    return [(m, e["step"]) for m, e in events]
+
+
+def test_two_warnings_then_the_action_once_at_the_configured_minutes():
+    state = job()
+    events = run(state, [(m, True) for m in range(25)])
+    # the condition began at minute 0; the window ending at minute 5 completes 5 minutes
+    assert steps(events) == [(4, FIRST_WARNING), (9, SECOND_WARNING), (14, ACTION_DUE)]
+    action = events[-1][1]
+    assert action["command"] == ["scancel", "4242"] and action["dry_run"] is False
+    assert action["due_at"] == BASE_MS + 15 * MIN and action["event_id"] == f"{action['alert_id']}:ACTION_DUE"
+    first = events[0][1]
+    assert first["action_at"] == BASE_MS + 15 * MIN and "will be released 15 min after it began" in first["reason"]
+
+
+def test_a_replay_of_the_same_windows_decides_alike_and_repeats_nothing():
+    state = job()
+    events = run(state, [(m, True) for m in range(12)])
+    replayed = copy.deepcopy(state)  # the state as the changelog has it, the windows read again
+    assert run(replayed, [(m, True) for m in range(12)]) == []
+    fresh = job()  # a worker that rebuilds it all from the start decides the same records
+    assert [e for _, e in run(fresh, [(m, True) for m in range(12)])] == [e for _, e in events]
+
+
+def test_a_resolved_alert_cancels_the_pending_steps():
+    state = job()
+    events = run(state, [(m, m < 12) for m in range(20)])
+    assert steps(events) == [(4, FIRST_WARNING), (9, SECOND_WARNING), (12, CANCELLED)]
+
+
+def test_dry_run_is_the_default_and_says_so():
+    ladder = Ladder(name="idle", command=("scancel", "{scheduler_job_id}"))
+    events = run(job(), [(m, True) for m in range(16)], ladder)
+    assert steps(events)[-1] == (14, ACTION_DUE) and all(e["dry_run"] for _, e in events)
+    assert "(dry run)" in events[-1][1]["reason"] and "would be released" in events[0][1]["reason"]
+
+
+@pytest.mark.parametrize("state, ladder, why", [
+    (job(team="research"), Ladder(name="l", exempt_teams=("research",)), "team research is exempt"),
+    (job(owner="bo"), Ladder(name="l", exempt_owners=("bo",)), "owner bo is exempt"),
+    (job(), Ladder(name="l", exempt_workflows=("wf-*",)), "matches an exempt pattern"),
+    (job(cmdline="python -m ipykernel_launcher -f k.json"), Ladder(name="l"), "an interactive job"),
+])
+def test_an_exempt_job_never_reaches_the_action(state, ladder, why):
+    events = run(state, [(m, True) for m in range(30)], ladder)
+    assert steps(events) == [(4, EXEMPT)] and why in events[0][1]["reason"]
+
+
+def test_a_job_with_enough_busy_gpus_is_spared():
+    ladder = Ladder(name="partial", detector="partial_use", busy_fraction=0.5)
+    state = job()
+    out = []
+    for m in range(30):  # 1 of 4 GPUs idle: partial use fires, 75 % busy spares it
+        w = window(window_start=BASE_MS + m * MIN, window_end=BASE_MS + (m + 1) * MIN, gpu_count=4, idle_gpus=1,
+                   hosts=["gpu-host-000"])
+        raise_alerts(state, w, AlertConfig(), now_ms=0)
+        out += climb(state, w, (ladder,), now_ms=0)
+    assert [e["step"] for e in out] == [EXEMPT] and "75% of its GPUs are busy" in out[0]["reason"]
+
+
+def test_the_ladder_starts_after_the_grace_period():
+    ladder = Ladder(name="l", grace_after_start_min=20)
+    events = run(job(), [(m, True) for m in range(40)], ladder)
+    assert steps(events) == [(24, FIRST_WARNING), (29, SECOND_WARNING), (34, ACTION_DUE)]
+
+
+def test_partial_or_stale_data_holds_the_action_until_a_whole_window():
+    state = job(hosts=["gpu-host-000", "gpu-host-001"])  # the life cycle says two hosts
+    events = run(state, [(m, True) for m in range(18)])
+    assert steps(events) == [(4, FIRST_WARNING), (9, SECOND_WARNING), (14, HELD)]
+    assert "no samples from gpu-host-001" in events[-1][1]["reason"]
+    w = minute(18, hosts=["gpu-host-000", "gpu-host-001"])
+    raise_alerts(state, w, AlertConfig(), now_ms=0)
+    assert [e["step"] for e in climb(state, w, (LADDER,), now_ms=0)] == [ACTION_DUE]
+
+
+def test_a_job_without_the_id_its_command_needs_is_held_not_acted_on():
+    events = run(job(scheduler_job_id=None), [(m, True) for m in range(20)])
+    assert steps(events)[-1] == (14, HELD) and "needs scheduler_job_id" in events[-1][1]["reason"]
+
+
+def test_hostile_ids_never_reach_a_command():
+    assert render(("scancel", "{scheduler_job_id}"), {"scheduler_job_id": "77"}) == ["scancel", "77"]
+    for hostile in ("--signal=KILL", "1; rm -rf /", "../../etc", "a b", ""):
+        with pytest.raises(ValueError, match="not safe"):
+            render(("scancel", "{scheduler_job_id}"), {"scheduler_job_id": hostile})
+
+
+def test_a_policy_file_is_checked(tmp_path):
+    policy = tmp_path / "enforcement.toml"
+    policy.write_text('[[ladder]]\nname = "idle"\ncommand = ["scancel", "{scheduler_job_id}"]\nact = true\n')
+    (ladder,) = load_ladders(policy)
+    assert ladder.act and ladder.action_min == 15
+    for text, says in [('[[ladder]]\nname = "x"\nact = true\n', "acts but has no command"),
+                       ('[[ladder]]\nname = "x"\ncommand = ["rm", "{home}"]\n', "names home"),
+                       ('[[ladder]]\nname = "x"\nfirst_warning_min = 20\n', "in that order"),
+                       ('[[ladder]]\nname = "x"\nactt = true\n', "unknown field"),
+                       ('[[ladder]]\nname = "x"\n[[ladder]]\nname = "x"\n', "same name")]:
+        policy.write_text(text)
+        with pytest.raises(PolicyError, match=says):
+            load_ladders(policy)
