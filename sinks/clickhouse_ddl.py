@@ -12,7 +12,7 @@ deleted and created again, another cluster) are never mistaken for its own.
 
 from __future__ import annotations
 
-from sinks.ddl_alerts import ALERTS_TABLE, DEAD_LETTERS_TABLE
+from sinks.ddl_alerts import ALERTS_TABLE, DEAD_LETTERS_TABLE, ENFORCEMENT_TABLE
 from sinks.ddl_samples import GPU_SAMPLES_TABLE, HOST_SAMPLES_TABLE, ROLLUPS
 from sinks.ddl_traces import (
     FINDINGS_TABLE,
@@ -41,6 +41,7 @@ __all__ = [
     "ALERTS_TABLE",
     "DEAD_LETTERS_TABLE",
     "DERIVED",
+    "ENFORCEMENT_TABLE",
     "FINDINGS_TABLE",
     "GPU_SAMPLES_TABLE",
     "HOST_SAMPLES_TABLE",
@@ -61,7 +62,7 @@ __all__ = [
 TABLES: tuple[Table, ...] = (
     GPU_SAMPLES_TABLE, HOST_SAMPLES_TABLE, WORKFLOW_EVENTS_TABLE, WORKFLOW_WINDOWS_TABLE, WORKFLOW_SUMMARIES_TABLE,
     ALERTS_TABLE, DEAD_LETTERS_TABLE, TRACE_ANALYSES_TABLE, FINDINGS_TABLE, PROFILE_REQUESTS_TABLE,
-    PROFILE_STATUSES_TABLE,
+    PROFILE_STATUSES_TABLE, ENFORCEMENT_TABLE,
 )
 
 

@@ -1,9 +1,10 @@
 """The tables of what went wrong: ``alerts`` (each transition, with its root cause once a
-profile found it) and ``dead_letters`` (what a stage could not use, and why)."""
+profile found it), ``enforcement`` (each step of the enforcement ladders: who, what, why,
+which ladder) and ``dead_letters`` (what a stage could not use, and why)."""
 
 from __future__ import annotations
 
-from schemas.topics import ALERTS, DEAD_LETTERS
+from schemas.topics import ALERTS, DEAD_LETTERS, ENFORCEMENT
 from sinks.table import Table
 
 # Alert v3: the automatic profile an episode caused and, once analysed, its root cause. Its
@@ -71,5 +72,41 @@ DEAD_LETTERS_TABLE = Table(
     )
     ENGINE = ReplacingMergeTree
     ORDER BY (kafka_partition, kafka_offset)
+    """,
+)
+
+ENFORCEMENT_TABLE = Table(
+    "enforcement", ENFORCEMENT,
+    ("event_id", "alert_id", "step", "policy", "detector", "workflow_id", "owner", "team", "cluster",
+     "scheduler_job_id", "since", "due_at", "action_at", "dry_run", "gpus", "reason", "command", "exit_code",
+     "attempt", "at"),
+    """
+    CREATE TABLE IF NOT EXISTS {db}.{name} (
+        event_id String,
+        alert_id String,
+        step LowCardinality(String),
+        policy LowCardinality(String),
+        detector LowCardinality(String),
+        workflow_id LowCardinality(String),
+        owner LowCardinality(Nullable(String)),
+        team LowCardinality(Nullable(String)),
+        cluster LowCardinality(Nullable(String)),
+        scheduler_job_id Nullable(String),
+        since DateTime64(3, 'UTC'),
+        due_at DateTime64(3, 'UTC'),
+        action_at Nullable(DateTime64(3, 'UTC')),
+        dry_run Bool,
+        gpus Int32,
+        reason String,
+        command Array(String),
+        exit_code Nullable(Int32),
+        attempt Int32,
+        at DateTime64(3, 'UTC'),
+        kafka_partition UInt32,
+        kafka_offset UInt64
+    )
+    -- One row per step of an episode (its id says which): a replay writes the same row again.
+    ENGINE = ReplacingMergeTree(at)
+    ORDER BY (workflow_id, alert_id, event_id)
     """,
 )

@@ -19,7 +19,7 @@ from producers.run_simulation import SimulationPlan, run_simulation
 from producers.simulate_fleet import HEALTHY, IDLE, build_fleet
 from schemas.topics import ENFORCEMENT, GPU_SAMPLES
 from streams.enforcement_ladder import load_ladders
-from tests.integration.helpers import CODEC, read_topic, wait_until, worker_process
+from tests.integration.helpers import CODEC, read_topic, running_sink, wait_until, worker_process
 from tests.unit.samples import BASE_MS
 
 MINUTES = 25
@@ -63,7 +63,7 @@ def run_enforcer(enforcer: Enforcer, until) -> None:
         thread.join(30)
 
 
-def test_two_warnings_then_the_action_exactly_once(kafka, prefix, tmp_path):
+def test_two_warnings_then_the_action_exactly_once(kafka, prefix, tmp_path, chdb_client, database):
     ran = tmp_path / "ran.jsonl"
     script = tmp_path / "release-gpus"
     script.write_text(f"#!{sys.executable}\nimport json, sys\n"
@@ -112,3 +112,15 @@ def test_two_warnings_then_the_action_exactly_once(kafka, prefix, tmp_path):
     assert {k for k in counted if k[0] == trial} == {
         (trial, "idle-gpus-trial", s) for s in ("FIRST_WARNING", "SECOND_WARNING", "ACTION_DUE", "WOULD_ACT")}
     assert not any(k[0] == busy for k in counted)
+
+    # Every step is a row in ClickHouse too: who, what, why, which ladder.
+    def stored():
+        rows = chdb_client.query(f"SELECT workflow_id, policy, step, reason, command "
+                                 f"FROM {database}.enforcement FINAL").result_rows
+        return rows if len(rows) == sum(counted.values()) else None
+
+    with running_sink(kafka.bootstrap, prefix, chdb_client, database):
+        rows = wait_until(stored, 60, "the enforcement rows in ClickHouse")
+    assert Counter((wf, pol, step) for wf, pol, step, _, _ in rows) == counted
+    (reason, command), = [(r, c) for wf, _, step, r, c in rows if (wf, step) == (idle, "ACTED")]
+    assert command == [str(script), idle, "vision"] and "GPU(s) released" in reason
