@@ -17,6 +17,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 from confluent_kafka import Consumer, Producer
@@ -25,7 +26,7 @@ from kafka_client.config import Connection, consumer_config, producer_config
 from kafka_client.metrics import ComponentMetrics, consumer_lag
 from schemas.codec import Codec, CodecError
 from schemas.dead_letter import dead_letter
-from schemas.topics import ALERTS, DEAD_LETTERS, WORKFLOW_SUMMARIES
+from schemas.topics import ALERTS, DEAD_LETTERS, ENFORCEMENT, WORKFLOW_SUMMARIES
 from sinks.commit_offsets import Committer
 from sinks.job_report import Rates, job_report
 from sinks.notify_owner import (
@@ -94,6 +95,7 @@ class AlertNotifier:
         self.codec = Codec()
         self.topic = topic_prefix + ALERTS.name
         self.summaries_topic = topic_prefix + WORKFLOW_SUMMARIES.name
+        self.enforcement_topic = topic_prefix + ENFORCEMENT.name
         self.dead_letter_topic = topic_prefix + DEAD_LETTERS.name
         self.consumer = Consumer(consumer_config(kafka, group_id))
         self.committer = Committer(self.consumer)
@@ -104,7 +106,7 @@ class AlertNotifier:
         self.failures = 0
 
     def run(self, stop: threading.Event) -> None:
-        self.consumer.subscribe([self.topic, self.summaries_topic])
+        self.consumer.subscribe([self.topic, self.summaries_topic, self.enforcement_topic])
         lag_at = 0.0
         try:
             while not stop.is_set():
@@ -139,6 +141,9 @@ class AlertNotifier:
             return
         if m.topic() == self.summaries_topic:
             self._job_report(m, name, alert)
+            return
+        if m.topic() == self.enforcement_topic:
+            self._enforcement(m, name, alert)
             return
         if name != ALERTS.schema:
             self._dead_letter(m, f"expected {ALERTS.schema}, got {name}")
@@ -181,6 +186,25 @@ class AlertNotifier:
             sends.append(("email", lambda: deliver_email(self.routing.smtp, address, title, body, page)))
         self._deliver(m, f"report:{summary['workflow_id']}:{summary['last_window_end']}", sends)
 
+    def _enforcement(self, m, name: str, step: dict) -> None:
+        """A warning of the enforcement ladder, or what became of its action, to the owner's
+        mail and the team's webhook; each step once (its event id)."""
+        if name != ENFORCEMENT.schema:
+            self._dead_letter(m, f"expected {ENFORCEMENT.schema}, got {name}")
+            return
+        told = enforcement_message(step)
+        if told is None:  # a step the owner need not hear of (ACTION_DUE, the enforcer's claim)
+            return
+        title, body = told
+        sends = []
+        if url := self.routing.webhook_for(step):
+            payload = {"text": f"{title}\n{body}", "gpufleet_enforcement": step}
+            sends.append(("webhook", lambda: post_webhook(url, payload, "the enforcement step",
+                                                          backoff_s=self.webhook_backoff_s)))
+        if address := self.routing.email_for(step):
+            sends.append(("email", lambda: deliver_email(self.routing.smtp, address, title, body)))
+        self._deliver(m, f"enforcement:{step['event_id']}", sends)
+
     def _deliver(self, m, key: str, sends: list[tuple[str, Callable[[], None]]]) -> None:
         """Each ``(channel, send)`` not yet done for ``key``, recorded as done once it is; a
         channel that refuses for good makes a dead letter of ``m``."""
@@ -206,3 +230,33 @@ class AlertNotifier:
         self.producer.produce(self.dead_letter_topic, value=self.codec.encode(DEAD_LETTERS.schema, record))
         METRICS.dead_letter(STAGE, reason)
         METRICS.records_out(self.dead_letter_topic)
+
+
+def enforcement_message(step: dict) -> tuple[str, str] | None:
+    """(title, plain text) of an enforcement step for the job's owner, or None."""
+    wf, ladder, gpus = step["workflow_id"], step["policy"], step["gpus"]
+    what = step["detector"].replace("_", " ")
+    action_at = step.get("action_at")
+    when = (datetime.fromtimestamp(action_at / 1000, tz=UTC).strftime("%H:%M UTC")
+            if action_at is not None else "soon")
+    left = (action_at - step["due_at"]) / 60_000 if action_at is not None else None
+    dry = " This ladder is a dry run: nothing will be done to the job, this is what would be." if step["dry_run"] else ""
+    kind = step["step"]
+    if kind in ("FIRST_WARNING", "SECOND_WARNING"):
+        which = "first" if kind == "FIRST_WARNING" else "second and last"
+        return (f"[gpufleet {which} warning] {what}: {wf}",
+                (f"{step['reason']}. Its {gpus} GPU(s) will be released at {when} (in {left:g} min) under the "
+                f"ladder {ladder!r}, unless the GPUs get work before then or the job is stopped by its owner."
+                f"{dry} Ask your operators if the job should be exempt."))
+    if kind == "ACTED":
+        return (f"[gpufleet] the GPUs of {wf} were released",
+                (f"{what} held past the ladder {ladder!r}: gpufleet ran {' '.join(step['command'])}. "
+                f"{step['reason']}."))
+    if kind == "WOULD_ACT":
+        return (f"[gpufleet dry run] the GPUs of {wf} would have been released",
+                f"{what} held past the ladder {ladder!r}. {step['reason']}.")
+    if kind == "ACTION_FAILED":
+        return (f"[gpufleet] releasing the GPUs of {wf} failed", f"Under the ladder {ladder!r}: {step['reason']}.")
+    if kind == "CANCELLED":
+        return (f"[gpufleet] no action on {wf}", f"{step['reason']}: the warnings stand down.")
+    return None

@@ -14,7 +14,7 @@ from aiosmtpd.controller import Controller
 from gpufleet.local_kafka import free_port
 from producers.publish_kafka import Publisher
 from schemas.goodput_buckets import JOULES_FIELDS, SECONDS_FIELDS
-from schemas.topics import ALERTS, DEAD_LETTERS, WORKFLOW_SUMMARIES
+from schemas.topics import ALERTS, DEAD_LETTERS, ENFORCEMENT, WORKFLOW_SUMMARIES
 from sinks.consume_alerts import AlertNotifier
 from sinks.route_alerts import load_routing
 from tests.integration.helpers import CODEC, read_topic, wait_until
@@ -196,3 +196,47 @@ sender = "gpufleet@example.com"
                           topic_prefix=prefix, webhook_backoff_s=0.05)
     run_notifier(again, lambda: again.handled >= 3)
     assert len(Webhooks.received) == 1 and len(mailbox.messages) == 1
+
+
+def ladder_step(step: str, **fields) -> dict:
+    return {"event_id": f"idle_allocated:wf-5:{BASE_MS}:{step}", "alert_id": f"idle_allocated:wf-5:{BASE_MS}",
+            "step": step, "policy": "idle-gpus", "detector": "idle_allocated", "workflow_id": "wf-5",
+            "owner": "ana@example.com", "team": "nlp", "cluster": None, "scheduler_job_id": "4242", "since": BASE_MS,
+            "due_at": BASE_MS + 300_000, "action_at": BASE_MS + 900_000, "dry_run": False, "gpus": 2,
+            "reason": "idle allocated has held", "command": [], "exit_code": None, "attempt": 0, "at": BASE_MS,
+            **fields}
+
+
+def test_the_owner_is_warned_before_the_ladder_acts_and_told_when_it_did(kafka, prefix, tmp_path, channels):
+    base, smtp_port, mailbox = channels
+    (tmp_path / "routing.toml").write_text(f"""
+[default]
+email_owners = true
+[teams.nlp]
+webhook = "{base}/nlp"
+[smtp]
+host = "127.0.0.1"
+port = {smtp_port}
+sender = "gpufleet@example.com"
+""")
+    pub = Publisher(kafka.bootstrap, CODEC)
+    pub.publish(ENFORCEMENT, [
+        ladder_step("FIRST_WARNING"),
+        ladder_step("SECOND_WARNING", due_at=BASE_MS + 600_000),
+        ladder_step("SECOND_WARNING", due_at=BASE_MS + 600_000),  # a replay: nothing more
+        ladder_step("ACTION_DUE", due_at=BASE_MS + 900_000),  # the enforcer's business, not the owner's
+        ladder_step("ACTING", command=["scancel", "4242"]),
+        ladder_step("ACTED", command=["scancel", "4242"], reason="ran scancel 4242: 2 GPU(s) released"),
+    ], topic=prefix + ENFORCEMENT.name)
+    assert pub.flush() == 0
+    notifier = AlertNotifier(kafka.bootstrap, load_routing(tmp_path / "routing.toml"), tmp_path / "sent.log",
+                             group_id=f"{prefix}e1", topic_prefix=prefix, webhook_backoff_s=0.05)
+    run_notifier(notifier, lambda: notifier.handled >= 6)
+    titles = [body["text"].splitlines()[0] for _, body in Webhooks.received]
+    assert titles == ["[gpufleet first warning] idle allocated: wf-5",
+                      "[gpufleet second and last warning] idle allocated: wf-5",
+                      "[gpufleet] the GPUs of wf-5 were released"]
+    first = Webhooks.received[0][1]["text"]
+    assert "will be released at 00:15 UTC (in 10 min) under the ladder 'idle-gpus'" in first
+    assert "in 5 min" in Webhooks.received[1][1]["text"] and "ran scancel 4242" in Webhooks.received[2][1]["text"]
+    assert [to for to, _ in mailbox.messages] == [["ana@example.com"]] * 3
