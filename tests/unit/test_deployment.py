@@ -33,7 +33,8 @@ def gpufleet_services(*composes):
 
 def test_services_run_commands_the_cli_accepts(compose, agent_compose):
     services = gpufleet_services(compose, agent_compose)
-    assert set(services) == {"kafka-secrets", "kafka-grant", "worker", "sink", "notifier", "agent", "schemas"}
+    assert set(services) == {"kafka-secrets", "kafka-grant", "worker", "sink", "notifier", "agent", "schemas",
+                             "enforcer"}
     entrypoint = re.search(r'ENTRYPOINT \[(.*)\]', (DOCKER / "Dockerfile").read_text()).group(1)
     prefix = json.loads(f"[{entrypoint}]")
     assert prefix[0] == "gpufleet"
@@ -45,7 +46,7 @@ def test_services_run_commands_the_cli_accepts(compose, agent_compose):
             source = mounted["source"] if isinstance(mounted, dict) else mounted.split(":")[0]
             if source.startswith("./"):
                 assert (DOCKER / source).exists(), f"{name} mounts {source}, which is not in docker/"
-    for option in ("--thresholds", "--routing"):
+    for option in ("--thresholds", "--routing", "--enforcement", "--policy"):
         for service in services.values():
             if option in service["command"]:
                 path = service["command"][service["command"].index(option) + 1]
@@ -220,3 +221,11 @@ def test_every_prometheus_query_of_the_dashboard_parses_and_names_what_gpufleet_
         labels = {label.strip() for group in re.findall(r"\bby \(([^)]*)\)", expr) for label in group.split(",")}
         allowed = set().union(*(exposed[n] for n in names))
         assert labels <= allowed, (expr, labels - allowed)
+
+
+def test_the_shipped_enforcement_policy_loads_and_acts_on_nothing():
+    """Acting needs an explicit setting: the example ladders are dry runs."""
+    from streams.enforcement_ladder import load_ladders
+
+    ladders = load_ladders(DOCKER / "config/enforcement.toml")
+    assert ladders and not any(ladder.act for ladder in ladders)
