@@ -54,16 +54,24 @@ class Columns:
             nbytes = to_int(nbytes)
         name = names.setdefault(name, name)
         cat = e.cat
+        tid = -1 if stream >= 0 else _tid(e.tid, tids)  # the CPU thread: where an operator launched a kernel
+        try:  # the 64-bit columns first: an id beyond 64 bits (no profiler writes one) fails here
+            self.stream.append(stream)
+            self.device.append(device)
+            self.correlation.append(correlation)
+            self.tid.append(tid)
+        except OverflowError:  # read as no id at all
+            n = len(self.kind)
+            for column, value in ((self.stream, stream), (self.device, device), (self.correlation, correlation),
+                                  (self.tid, tid)):
+                del column[n:]
+                column.append(value if -_INT64 <= value < _INT64 else -1)
         self.kind.append(_KIND_CODE.get(kind, 0))
         self.gpu.append(gpu_side)
         self.cat.append(names.setdefault(cat, cat))
         self.name.append(name)
         self.ts.append(e.ts)
         self.dur.append(dur)
-        self.stream.append(stream)
-        self.device.append(device)
-        self.correlation.append(correlation)
-        self.tid.append(-1 if stream >= 0 else _tid(e.tid, tids))  # the CPU thread: where an operator launched a kernel
         if kind == "memcpy" or kind == "memset" or nbytes >= 0:
             self.extras[len(self.kind) - 1] = {
                 "bytes": nbytes if nbytes >= 0 else None,
@@ -142,12 +150,15 @@ class EventList(Sequence):
         return f"EventList({len(self)} events)"
 
 
+_INT64 = 1 << 63
+
+
 def _tid(value: Any, tids: dict[Any, int]) -> int:
     """A thread as a number: the profiler's number, or the order in which a named thread
     (``"stream 7"``, ``"25738"`` as a string in older traces) was first seen, from 1 << 40."""
     if type(value) is int:
         return value
-    if value is None:
+    if not isinstance(value, str | int | float):  # None, or what no profiler writes (a list, an object)
         return -1
     known = tids.get(value)
     if known is None:

@@ -65,6 +65,30 @@ def test_an_event_with_a_time_or_category_of_the_wrong_type_is_skipped_not_a_cra
     assert trace.events_seen == 4
 
 
+@pytest.mark.parametrize("kineto_layout", [False, True])
+@pytest.mark.parametrize("tid", [[], {"a": 1}, [1, 2], 2.5, True, "worker thread"])
+def test_an_event_whose_thread_is_of_any_type_is_read_not_a_crash(tmp_path, kineto_layout, tid):
+    """Found by tests/property (this session's full run): a thread id [] raised 'unhashable
+    type: list' in the reader instead of reading the event or saying why not."""
+    events = [cpu_op("aten::mm", 0, 10), runtime("cudaLaunchKernel", 1, 2, corr=1), kernel("gemm", 3, 4, corr=1)]
+    events[0]["tid"] = events[1]["tid"] = tid
+    trace = read_trace(write_trace(tmp_path / "t.json", events, kineto_layout=kineto_layout))
+    assert not trace.partial and {e["name"] for e in trace.events} >= {"cudaLaunchKernel", "gemm"}
+
+
+@pytest.mark.parametrize("kineto_layout", [False, True])
+@pytest.mark.parametrize("field, value", [("stream", 9.223372036854776e18), ("stream", 2**64),
+                                          ("correlation", -(2**70)), ("device", 2**63)])
+def test_an_id_beyond_64_bits_is_read_as_none_not_a_crash(tmp_path, kineto_layout, field, value):
+    """Found by tests/property: a stream of 9.2e18 raised 'int too big to convert'."""
+    events = [runtime("cudaLaunchKernel", 0, 2, corr=1), kernel("gemm", 3, 4, corr=1), kernel("relu", 9, 1, corr=2)]
+    events[2]["args"][field] = value
+    trace = read_trace(write_trace(tmp_path / "t.json", events, kineto_layout=kineto_layout))
+    assert {e["name"] for e in trace.events} >= {"cudaLaunchKernel", "gemm"}
+    # read (the id as none), or, where the streaming parser cannot hold the number, damage with a reason
+    assert not trace.partial or "damaged after 2 events" in trace.error
+
+
 def test_a_number_too_large_for_the_streaming_parser_ends_the_read_as_damage(tmp_path):
     events = [runtime("cudaLaunchKernel", 0, 2, corr=1), kernel("gemm", 3, 4, corr=1), kernel("relu", 9, 1, corr=2)]
     events[2]["ts"] = 10**30  # beyond 64 bits: ijson stops there
