@@ -1,8 +1,10 @@
 """``gpufleet demo``: the whole pipeline on one machine, on a simulated fleet, with live progress.
 
 local Kafka (started here) <- simulator thread; worker subprocess (Faust); sink thread ->
-embedded ClickHouse under the data directory. Bounded in wall time; ends with a
-per-workflow summary read back from ClickHouse.
+embedded ClickHouse under the data directory; an enforcer thread runs the demo's enforcement
+ladder as a dry run. Bounded in wall time; ends with a per-workflow summary read back from
+ClickHouse, the goodput waterfall and the GPU-hours the ladder would have freed, each against
+what the simulator planted.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from gpufleet import local_kafka
+from gpufleet.enforcer import Enforcer
 from gpufleet.goodput_report import fleet_goodput
 from gpufleet.opportunities import opportunities
 from gpufleet.query_server import QueryServer
@@ -29,20 +32,34 @@ from kafka_client.admin import ensure_topics
 from kafka_client.config import consumer_config
 from producers.publish_kafka import Publisher
 from producers.run_simulation import SimulationPlan, SimulationProgress, run_simulation
-from producers.simulate_fleet import build_fleet
+from producers.simulate_fleet import IDLE, build_fleet
 from schemas.codec import Codec
-from schemas.topics import ALERTS, DEAD_LETTERS, GPU_SAMPLES, WORKFLOW_WINDOWS
+from schemas.topics import ALERTS, DEAD_LETTERS, ENFORCEMENT, GPU_SAMPLES, WORKFLOW_WINDOWS
 from sinks.clickhouse_ddl import TABLES
 from sinks.consume_to_clickhouse import ClickHouseSink
 from sinks.job_report import BUCKETS, LABELS, Rates, render_waterfall
 from sinks.write_clickhouse import ClickHouseWriter, connect, default_dsn
+from streams.enforcement_ladder import Ladder, load_ladders
 from streams.goodput import GoodputConfig
 
 log = logging.getLogger(__name__)
 
 WORKER_GROUP = "gpufleet-worker"
 SINK_GROUP = "gpufleet-clickhouse-sink"
+ENFORCER_GROUP = "gpufleet-enforcer"
 DATABASE = "gpufleet"
+# The demo's ladder: warn after 5 and 10 simulated minutes of GPUs held at 0 %, act at 15; a
+# dry run, so what it would run is recorded, nothing is.
+DEMO_POLICY = """
+[[ladder]]
+name = "idle-gpus"
+detector = "idle_allocated"
+first_warning_min = 5
+second_warning_min = 10
+action_min = 15
+command = ["release-gpus", "{workflow_id}"]
+act = false
+"""
 
 
 @dataclass(frozen=True)
@@ -150,6 +167,34 @@ def goodput_against_planted(client, fleet, start_ms: int) -> str:
     return "\n".join(lines)
 
 
+def enforcement_against_planted(client, fleet, start_ms: int, ladder: Ladder) -> str:
+    """What the ladder did, the GPU-hours its actions would have freed (what the workflows it
+    acted on held in the closed windows from the action on), and beside them the time the
+    simulator planted idle after the action point (each idle job, at 0 % from its first tick)."""
+    closed_to = client.query(f"SELECT toUnixTimestamp64Milli(max(window_end)) FROM {DATABASE}.workflow_windows"
+                             ).result_rows[0][0]
+    steps = client.query(f"SELECT step, count() FROM {DATABASE}.enforcement FINAL GROUP BY step ORDER BY step"
+                         ).result_rows
+    acted = client.query(f"""
+        SELECT e.workflow_id, e.gpus, toUnixTimestamp64Milli(e.due_at),
+               (SELECT sum(gpu_seconds) FROM {DATABASE}.workflow_windows FINAL
+                WHERE workflow_id = e.workflow_id AND window_start >= e.due_at) AS freed
+        FROM {DATABASE}.enforcement AS e FINAL WHERE e.step IN ('ACTED', 'WOULD_ACT') ORDER BY e.workflow_id
+        """).result_rows
+    action_ms = round(ladder.action_min * 60_000)
+    planted = sum(len(w.gpus) * max(0, closed_to - (start_ms + action_ms)) / 1000
+                  for w in fleet.workflows if w.profile is IDLE)
+    freed = sum(seconds or 0.0 for *_, seconds in acted)
+    lines = [(f"ladder {ladder.name!r}: warnings after {ladder.first_warning_min:g} and {ladder.second_warning_min:g} "
+             f"simulated minutes of {ladder.detector.replace('_', ' ')}, the action at {ladder.action_min:g}"),
+             "steps: " + (", ".join(f"{step} {n}" for step, n in steps) or "none")]
+    lines += [f"would have released {wf} ({gpus} GPUs) {(due - start_ms) / 60_000:g} min into the run"
+              for wf, gpus, due, _ in acted]
+    lines.append(f"GPU-hours it would have freed: {freed / 3600:.3f} (in the closed windows); "
+                 f"planted idle after the action point: {planted / 3600:.3f}")
+    return "\n".join(lines)
+
+
 def run_demo(opts: DemoOptions) -> int:
     data_dir = opts.data_dir.resolve()
     for sub in ("kafka", "worker", "clickhouse"):
@@ -162,16 +207,19 @@ def run_demo(opts: DemoOptions) -> int:
     print(f"  broker on {broker.bootstrap} (log {broker.log_file})"
           + (": SASL_SSL with mutual TLS and ACLs, each component as its own user" if broker.secure else ""))
     worker = None
-    sink_thread = None
+    sink_thread = enforcer_thread = None
     queries = None
     stop = threading.Event()
     try:
         ensure_topics(broker.connection("admin"))
         worker_log = data_dir / "worker.log"
+        policy = data_dir / "enforcement.toml"
+        policy.write_text(DEMO_POLICY)
+        ladders = load_ladders(policy)
         # Without --bootstrap the worker finds the local cluster, as its own user where it is secure.
         worker = subprocess.Popen(
             [sys.executable, "-m", "gpufleet", "--data-dir", str(data_dir), "--log-level", "info",
-             "worker", "--app-id", WORKER_GROUP],
+             "worker", "--app-id", WORKER_GROUP, "--enforcement", str(policy)],
             stdout=worker_log.open("wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
         print(f"  worker pid {worker.pid} (log {worker_log})")
@@ -180,6 +228,9 @@ def run_demo(opts: DemoOptions) -> int:
         sink = ClickHouseSink(broker.connection("sink"), writer, group_id=SINK_GROUP)
         sink_thread = threading.Thread(target=sink.run, args=(stop,), name="sink", daemon=True)
         sink_thread.start()
+        enforcer = Enforcer(broker.connection("enforcer"), ladders, act=False, group_id=ENFORCER_GROUP)
+        enforcer_thread = threading.Thread(target=enforcer.run, args=(stop,), name="enforcer", daemon=True)
+        enforcer_thread.start()
         queries = QueryServer(Path(dsn[len("chdb://"):])).start()
         print(f"  sink writing to {dsn} (while it runs, `gpufleet sql` queries go through it)")
 
@@ -212,6 +263,7 @@ def run_demo(opts: DemoOptions) -> int:
             try:
                 worker_lag = watch.lag(WORKER_GROUP, [GPU_SAMPLES])
                 sink_lag = watch.lag(SINK_GROUP, [t.topic for t in TABLES])
+                sink_lag += watch.lag(ENFORCER_GROUP, [ENFORCEMENT])  # its outcomes go to the sink in turn
                 counts = [watch.total(spec) for spec in (WORKFLOW_WINDOWS, ALERTS, DEAD_LETTERS)]
             except KafkaException as exc:
                 # A broker that is still electing leaders or loading its coordinator answers
@@ -239,8 +291,9 @@ def run_demo(opts: DemoOptions) -> int:
                 worker.wait(30)
             except subprocess.TimeoutExpired:
                 worker.kill()
-        if sink_thread is not None:
-            sink_thread.join(60)
+        for thread in (sink_thread, enforcer_thread):
+            if thread is not None:
+                thread.join(60)
         if queries is not None:
             queries.stop()
         if not opts.keep_kafka:
@@ -255,6 +308,8 @@ def run_demo(opts: DemoOptions) -> int:
     print(format_table(*opportunities(writer.client, DATABASE, "cause", "all", limit=10)))
     print("\nWhere the allocated GPU-hours went (gpufleet goodput):\n")
     print(goodput_against_planted(writer.client, fleet, start_ms))
+    print("\nThe enforcement ladder (gpufleet enforce, a dry run):\n")
+    print(enforcement_against_planted(writer.client, fleet, start_ms, ladders[0]))
     print(f"\nData: ClickHouse {dsn} (database {DATABASE}); Kafka log dirs {data_dir / 'kafka'}"
           f"{' (broker still running)' if opts.keep_kafka else ''}.")
     print(f"Try:\n  {_self_command(data_dir)} sql \"{EXAMPLE_SQL}\"\n"

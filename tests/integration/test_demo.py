@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -14,23 +15,30 @@ def gpufleet(*args: str, timeout: float) -> subprocess.CompletedProcess:
 def test_demo_then_sql(tmp_path):
     data = str(tmp_path / "data")
     demo = gpufleet("--data-dir", data, "demo", "--hosts", "2", "--gpus-per-host", "4", "--workflows", "4",
-                    "--sim-minutes", "3", "--speed", "60", "--max-wall-s", "150", timeout=240)
+                    "--sim-minutes", "20", "--speed", "120", "--max-wall-s", "150", timeout=240)
     out = demo.stdout
     assert demo.returncode == 0, out + demo.stderr
     assert "Per-workflow summary" in out and "(4 rows)" in out
-    # 8 GPUs x 180 ticks, every one stored; 2 closed windows per workflow (the third is still open).
-    assert "rows stored: gpu_samples 1440, workflow_windows 8," in out
+    # 8 GPUs x 1200 ticks, every one stored; 19 closed windows per workflow (the 20th is still open).
+    assert "rows stored: gpu_samples 9600, workflow_windows 76," in out
     assert f'gpufleet --data-dir {data} sql "' in out
     assert "wall-time limit" not in out
     # The goodput waterfall, measured through Kafka, the worker and ClickHouse, against what
     # the simulator planted: every bucket within 0.5 % of the allocated GPU-hours.
     worst = float(out.split("largest difference: ")[1].split("%")[0])
     assert "goodput: " in out and worst <= 0.5, out
+    # The enforcement ladder (warn at 5 and 10 simulated minutes, act at 15, a dry run): the
+    # GPU-hours it would have freed equal the idle time planted after the action point.
+    ladder = out.split("The enforcement ladder")[1]
+    assert "steps: ACTION_DUE 1, FIRST_WARNING 1, SECOND_WARNING 1, WOULD_ACT 1" in ladder
+    freed, planted = map(float, re.search(r"would have freed: ([\d.]+) .*; planted idle after the action "
+                                          r"point: ([\d.]+)", ladder).groups())
+    assert freed == planted > 0, ladder
 
     sql = gpufleet("--data-dir", data, "sql", "--format", "csv",
                    "SELECT count() AS n FROM gpufleet.workflow_windows FINAL", timeout=60)
     assert sql.returncode == 0, sql.stderr
-    assert sql.stdout.split() == ["n", "8"]
+    assert sql.stdout.split() == ["n", "76"]
 
     refused = gpufleet("--data-dir", data, "sql", "DROP TABLE gpufleet.gpu_samples", timeout=60)
     assert refused.returncode != 0 and "readonly" in refused.stderr
