@@ -116,3 +116,42 @@ def test_no_label_of_a_chart_is_clipped(chart):
     assert boxes
     clipped = [(top, base, text) for top, base, text in boxes if top < 0 or base > height]
     assert not clipped, clipped
+
+
+@pytest.mark.skipif(not shutil.which("chromium"), reason="Chromium is not installed (.ci/run installs it)")
+def test_each_chart_area_is_drawn_in_headless_chromium(report, tmp_path):
+    """Each chart of the report, alone in a cell of known place and size, rendered by Chromium:
+    every cell has its chart's colours, in quantity, and nothing drawn outside its cell."""
+    from PIL import Image
+
+    from gpufleet.report import PALETTE, bar_chart, line_chart, stacked_bars
+    from schemas.goodput_buckets import BUCKETS
+
+    _, numbers, _ = report
+    charts = [
+        bar_chart([f"{10 * b}%" for b in range(10)], numbers["distribution"], "workflow-minutes"),
+        line_chart(numbers["wasted_by_team"], "GPU-hours"),
+        stacked_bars([t for t, _ in numbers["goodput_by_team"]],
+                     {b: [v[i] for _, v in numbers["goodput_by_team"]] for i, b in enumerate(BUCKETS)}, "GPU-hours"),
+        stacked_bars([t for t, _ in numbers["goodput_by_hour"]],
+                     {b: [v[i] for _, v in numbers["goodput_by_hour"]] for i, b in enumerate(BUCKETS)}, "GPU-hours"),
+    ]
+    cell_w, cell_h = 700, 320
+    cells = "".join(f'<div style="position:absolute;left:{(i % 2) * cell_w}px;top:{(i // 2) * cell_h}px;'
+                    f'width:{cell_w}px;height:{cell_h}px;overflow:hidden">{svg}</div>' for i, svg in enumerate(charts))
+    html = tmp_path / "charts.html"
+    html.write_text(f"<!DOCTYPE html><html><body style='margin:0;background:#fff'>{cells}</body></html>")
+    png = tmp_path / "charts.png"
+    subprocess.run(
+        ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--hide-scrollbars",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={tmp_path / 'profile'}", f"--window-size={2 * cell_w},{2 * cell_h}",
+         f"--screenshot={png}", html.as_uri()], check=True, capture_output=True, timeout=120)
+    image = Image.open(png).convert("RGB")
+    palette = {tuple(int(c[i:i + 2], 16) for i in (1, 3, 5)) for c in PALETTE}
+    for i in range(4):
+        cell = image.crop(((i % 2) * cell_w, (i // 2) * cell_h, (i % 2 + 1) * cell_w, (i // 2 + 1) * cell_h))
+        counts = {rgb: n for n, rgb in cell.getcolors(maxcolors=1 << 20)}
+        drawn = sum(n for rgb, n in counts.items() if rgb != (255, 255, 255))
+        coloured = sum(n for rgb, n in counts.items() if rgb in palette)
+        assert drawn > 0.02 * cell_w * cell_h and coloured > 200, (i, drawn, coloured)
