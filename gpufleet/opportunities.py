@@ -6,6 +6,8 @@ analysis found with the GPU-seconds it puts at stake -- summed across workflows,
 and optionally per team, owner, workflow, framework, model, cluster or GPU model, with the number of
 workflows affected and the ones to look at first. ``--by regression``: the workflows whose latest
 profiles got slower than their previous ones (``stage_profile_comparison``), by the GPU time lost.
+``--by right-size``: the GPU-hours the ended workflows would have freed had they asked for what
+``streams.right_size`` recommends (fewer GPUs, a MIG slice, a smaller model), by kind.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ DIMENSIONS = {
     "gpu-model": "gpu_model",
     "antipattern": "''",
     "regression": "workflow_id",  # profiles slower than the workflow's previous one, per workflow
+    "right-size": "''",  # what workflows should ask for next time (streams.right_size), by kind
 }
 REGRESSION_CAUSE = "antipattern:profile_regression"
 
@@ -46,6 +49,8 @@ def parse_since(text: str) -> float | None:
 def opportunities_sql(database: str, by: str, since_s: float | None, examples: int = 3) -> str:
     if by not in DIMENSIONS:
         raise ValueError(f"--by {by!r}: one of {', '.join(DIMENSIONS)}")
+    if by == "right-size":
+        return right_size_sql(database, since_s, examples)
     key = DIMENSIONS[by]
     where = ["loss.gpu_seconds > 0"]
     if since_s is not None:
@@ -85,6 +90,24 @@ def opportunities_sql(database: str, by: str, since_s: float | None, examples: i
     """
 
 
+def right_size_sql(database: str, since_s: float | None, examples: int = 3) -> str:
+    """The GPU-hours the ended workflows' right-size recommendations would have freed, by kind,
+    with the workflows that would free the most (and what each should ask for)."""
+    since = ("" if since_s is None else
+             f"AND last_window_end >= now64(3) - toIntervalMillisecond({int(since_s * 1000)})")
+    return f"""
+    SELECT '' AS key, concat('right_size:', r.kind) AS cause,
+           round(sum(r.gpu_hours_freed), 3) AS gpu_hours,
+           count() AS workflows,
+           arrayMap(x -> concat(x.1, ': ', x.2), arraySlice(arraySort(x -> -x.3,
+               groupArray((workflow_id, r.recommended, r.gpu_hours_freed))), 1, {examples})) AS top_workflows
+    FROM {database}.workflow_summaries FINAL ARRAY JOIN right_size AS r
+    WHERE r.gpu_hours_freed > 0 {since}
+    GROUP BY cause
+    ORDER BY gpu_hours DESC, cause
+    """
+
+
 def opportunities(client: Client, database: str, by: str = "cause", since: str = "7d",
                   limit: int = 20) -> tuple[list[str], list[tuple]]:
     """Column names and rows, the largest loss first."""
@@ -92,7 +115,7 @@ def opportunities(client: Client, database: str, by: str = "cause", since: str =
     result = client.query(sql)
     columns = list(result.column_names)
     rows = [tuple(r) for r in result.result_rows]
-    if by in ("cause", "antipattern"):  # the key is empty: show the cause alone
+    if by in ("cause", "antipattern", "right-size"):  # the key is empty: show the cause alone
         columns = columns[1:]
         rows = [r[1:] for r in rows]
     else:

@@ -1,12 +1,13 @@
-"""Dense peak TFLOPS of GPU models per precision and their peak memory bandwidth
-(``gpu_peaks.json``, with the datasheet of each): what model FLOPs utilisation and the
-operators' rooflines are measured against."""
+"""Dense peak TFLOPS of GPU models per precision, their peak memory bandwidth, memory and MIG
+profiles (``gpu_peaks.json``, with the datasheet of each): what model FLOPs utilisation and the
+operators' rooflines are measured against, and what right-sizing recommends from."""
 
 from __future__ import annotations
 
 import json
 from functools import cache
 from pathlib import Path
+from typing import NamedTuple
 
 PRECISIONS = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8")
 
@@ -34,3 +35,32 @@ def peak_memory_gbps(gpu_name: str | None) -> float | None:
     """The peak memory bandwidth of ``gpu_name`` in GB/s, or None where it is not in the table."""
     entry = _entry(gpu_name)
     return None if entry is None else entry[2]
+
+
+class MigProfile(NamedTuple):
+    name: str  # as nvidia-smi names it: "1g.10gb"
+    sevenths: int  # compute slices of the seven
+    memory_gb: float
+
+
+class GpuSpec(NamedTuple):
+    match: str  # the model, as a substring of the name NVML reports
+    memory_gb: float
+    bf16_tflops: float | None
+    mig: tuple[MigProfile, ...]  # the profiles smaller than the whole GPU, smallest first
+
+
+@cache
+def catalogue() -> tuple[GpuSpec, ...]:
+    """Every model of the table, in its order (more specific names first)."""
+    raw = json.loads((Path(__file__).with_name("gpu_peaks.json")).read_text())
+    return tuple(GpuSpec(g["match"], float(g["memory_gb"]), g["tflops"].get("bf16"),
+                         tuple(MigProfile(n, s, float(m)) for n, s, m in g.get("mig", ())))
+                 for g in raw["gpus"])
+
+
+def gpu_spec(gpu_name: str | None) -> GpuSpec | None:
+    """The table's entry of ``gpu_name``, or None where the model is not in it."""
+    if not gpu_name:
+        return None
+    return next((g for g in catalogue() if g.match in gpu_name), None)

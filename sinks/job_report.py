@@ -188,6 +188,14 @@ _ADVICE = {
 }
 
 
+RIGHT_SIZE_FIELDS = ("kind", "current", "recommended", "reason", "source", "gpu_hours_freed")
+
+
+def right_size_of(summary: dict) -> list[dict]:
+    """The summary's right-size records as dicts (a stored row has them as tuples)."""
+    return [r if isinstance(r, dict) else dict(zip(RIGHT_SIZE_FIELDS, r)) for r in summary.get("right_size") or []]
+
+
 def job_report(summary: dict, rates: Rates | None = None, cluster: str = "") -> tuple[str, str]:
     """The report an owner gets when a workflow ends: plain text and HTML, from its
     ``WorkflowSummary``. Like the jobstats report HPC users know: what the job used, where
@@ -224,6 +232,13 @@ def job_report(summary: dict, rates: Rates | None = None, cluster: str = "") -> 
                   if seconds / max(summary["gpu_seconds"], 1e-9) >= 0.01]
         if alerts:
             lines.append(f"- alerts raised while it ran: {', '.join(alerts)}")
+    sizes = right_size_of(summary)
+    if sizes:
+        lines += ["", "What to ask for next time:"]
+        lines += [f"- {r['recommended']}" + (f" instead of {r['current']}" if r.get("current") else "")
+                  + f": {r['reason']}"
+                  + (f"; {r['gpu_hours_freed']:.2f} GPU-hours freed over this run" if r["gpu_hours_freed"] > 0 else "")
+                  + f" (from {r['source']})" for r in sizes]
     text = "\n".join(lines) + "\n"
     rows = "".join(
         f"<tr><td>{html.escape(LABELS[b])}</td><td>{v.gpu_seconds / 3600:.2f}</td>"

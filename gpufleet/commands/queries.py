@@ -34,8 +34,9 @@ def add(sub) -> None:
     clickhouse_args(p)
     p.add_argument("--by", default="cause",
                    choices=["cause", "team", "owner", "workflow", "framework", "model", "cluster", "gpu-model",
-                            "antipattern", "regression"],
-                   help="group by; 'regression': the workflows whose profiles got slower than their previous one")
+                            "antipattern", "regression", "right-size"],
+                   help="group by; 'regression': the workflows whose profiles got slower than their previous one; "
+                        "'right-size': the GPU-hours ended workflows would have freed asking for what fits them")
     p.add_argument("--since", default="7d", help="how far back: 7d, 12h, 30m, or all")
     p.add_argument("--limit", type=int, default=20)
     p.add_argument("--format", choices=["table", "csv", "json"], default="table")

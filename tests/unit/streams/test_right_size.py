@@ -1,0 +1,105 @@
+"""Right-sizing from a job's totals, built by the same accumulation the worker does: fewer GPUs
+for GPUs that sat idle, a MIG slice or a smaller model for a job that used little of a big GPU,
+nothing for a job that fills what it has; each with the measurement it used."""
+
+from __future__ import annotations
+
+import pytest
+
+from streams.right_size import recommend
+from streams.summarize_workflow import accumulate, summary
+from streams.workflow_state import WorkflowState
+from tests.unit.samples import BASE_MS, window
+
+MIN = 60_000
+
+
+def job_of(minutes: int = 60, **fields) -> WorkflowState:
+    state = WorkflowState(partition=0)
+    for m in range(minutes):
+        accumulate(state, window(window_start=BASE_MS + m * MIN, window_end=BASE_MS + (m + 1) * MIN, **fields), [])
+    return state
+
+
+def by_kind(records) -> dict[str, dict]:
+    return {r["kind"]: r for r in records}
+
+
+def test_gpus_idle_for_most_of_the_job_are_given_back():
+    state = job_of(gpu_count=4, gpu_seconds=240.0, zero_util_gpu_seconds=120.0, utilization_mean_pct=40.0,
+                   memory_peak_fraction=0.9, sm_active_mean_pct=None, gpu_model="NVIDIA H100 80GB HBM3")
+    rec = by_kind(recommend(state.job))["gpu_count"]
+    assert (rec["current"], rec["recommended"]) == ("4 GPUs", "2 GPUs")
+    assert rec["gpu_hours_freed"] == pytest.approx(2.0)  # 2 GPUs for the hour
+
+
+def test_a_job_using_a_sliver_of_a_hopper_gpu_gets_the_mig_slice_that_holds_it():
+    state = job_of(gpu_count=1, gpu_seconds=60.0, zero_util_gpu_seconds=0.0, utilization_mean_pct=30.0,
+                   memory_peak_fraction=6 / 80, sm_active_mean_pct=8.0, gpu_model="NVIDIA H100 80GB HBM3")
+    rec = by_kind(recommend(state.job))["mig"]
+    assert rec["recommended"] == "MIG 1g.10gb of H100"
+    assert "GPM SM activity" in rec["source"] and "NVML used memory" in rec["source"]
+    assert rec["gpu_hours_freed"] == pytest.approx(6 / 7)
+
+
+def test_without_gpm_utilisation_stands_in_and_the_record_says_so():
+    state = job_of(gpu_count=1, gpu_seconds=60.0, zero_util_gpu_seconds=0.0, utilization_mean_pct=30.0,
+                   memory_peak_fraction=20 / 80, sm_active_mean_pct=None, gpu_model="NVIDIA H100 80GB HBM3")
+    rec = by_kind(recommend(state.job))["mig"]
+    assert rec["recommended"] == "MIG 3g.40gb of H100"  # 24 GB and 36 % of the SMs with headroom
+    assert "NVML utilisation (an upper bound)" in rec["source"]
+
+
+def test_a_gpu_without_mig_points_to_a_smaller_model():
+    state = job_of(gpu_count=1, gpu_seconds=60.0, zero_util_gpu_seconds=0.0, utilization_mean_pct=20.0,
+                   memory_peak_fraction=10 / 48, sm_active_mean_pct=20.0, gpu_model="NVIDIA L40S")
+    rec = by_kind(recommend(state.job))["gpu_model"]
+    assert (rec["current"], rec["recommended"]) == ("NVIDIA L40S", "L4")
+
+
+def test_a_job_that_fills_its_gpus_gets_no_gpu_recommendation_and_its_cpu_is_sized():
+    state = job_of(gpu_count=8, gpu_seconds=480.0, zero_util_gpu_seconds=0.0, utilization_mean_pct=92.0,
+                   memory_peak_fraction=0.95, sm_active_mean_pct=85.0, gpu_model="NVIDIA H100 80GB HBM3",
+                   workflow_cpu_mean_pct=1200.0)
+    records = recommend(state.job)
+    assert [r["kind"] for r in records] == ["cpu_per_gpu"]
+    assert records[0]["recommended"] == "2 CPU core(s) per GPU" and records[0]["gpu_hours_freed"] == 0.0
+
+
+def test_the_summary_carries_them_and_an_unknown_model_gets_no_model_advice():
+    state = job_of(gpu_count=1, gpu_seconds=60.0, zero_util_gpu_seconds=0.0, utilization_mean_pct=5.0,
+                   memory_peak_fraction=0.05, sm_active_mean_pct=3.0, gpu_model="Some Future GPU")
+    record = summary("wf-a", state, "ended", BASE_MS)
+    assert record["right_size"] == recommend(state.job) and not any(
+        r["kind"] in ("mig", "gpu_model") for r in record["right_size"])
+
+
+def test_stored_recommendations_rank_fleet_wide_and_reach_the_job_report(chdb_client, database):
+    """Through the ClickHouse table: ``gpufleet opportunities --by right-size`` sums what each
+    kind would free, and the job report (``gpufleet workflow ID``) reads the stored row."""
+    from gpufleet.opportunities import opportunities
+    from gpufleet.workflows import workflow_summary
+    from sinks.clickhouse_ddl import WORKFLOW_SUMMARIES_TABLE
+    from sinks.job_report import job_report
+    from sinks.write_clickhouse import ClickHouseWriter, Row
+
+    idle = job_of(gpu_count=4, gpu_seconds=240.0, zero_util_gpu_seconds=120.0, memory_peak_fraction=0.9,
+                  sm_active_mean_pct=None, gpu_model="NVIDIA H100 80GB HBM3", owner="ana", team="nlp")
+    small = job_of(gpu_count=1, gpu_seconds=60.0, zero_util_gpu_seconds=0.0, memory_peak_fraction=6 / 80,
+                   sm_active_mean_pct=8.0, gpu_model="NVIDIA H100 80GB HBM3", owner="bo", team="cv")
+    records = [summary(wf, state, "ended", BASE_MS + 3_600_000) for wf, state in (("wf-idle", idle), ("wf-small", small))]
+    writer = ClickHouseWriter(chdb_client, database)
+    writer.ensure_tables()
+    assert writer.insert(WORKFLOW_SUMMARIES_TABLE, [Row(0, i, r) for i, r in enumerate(records)]) == []
+
+    columns, rows = opportunities(chdb_client, database, by="right-size", since="all")
+    got = {cause: (hours, n, top) for cause, hours, n, top in rows}
+    assert columns == ["cause", "gpu_hours", "workflows", "top_workflows"]
+    assert got == {"right_size:gpu_count": (2.0, 1, ["wf-idle: 2 GPUs"]),
+                   "right_size:mig": (pytest.approx(6 / 7, abs=1e-3), 1, ["wf-small: MIG 1g.10gb of H100"])}
+
+    stored, _ = workflow_summary(chdb_client, database, "wf-small")
+    text, page = job_report(stored)
+    assert "What to ask for next time:" in text
+    assert "- MIG 1g.10gb of H100 instead of NVIDIA H100 80GB HBM3: peak memory 6.0 GB of 80" in text
+    assert "GPM SM activity" in text and "MIG 1g.10gb" in page
