@@ -25,6 +25,7 @@ from string import Formatter
 
 import msgspec
 
+from streams.right_size import recommend
 from streams.workflow_state import WorkflowState
 
 FIRST_WARNING, SECOND_WARNING, ACTION_DUE = "FIRST_WARNING", "SECOND_WARNING", "ACTION_DUE"
@@ -155,7 +156,7 @@ def _climb_one(state: WorkflowState, window: dict, ladder: Ladder, now_ms: int) 
         taken["warned"] = True
         action_at = start + round(ladder.action_min * 60_000)
         out.append(_event(ladder, state, window, taken, step, due, now_ms, action_at=action_at,
-                          reason=_why(ladder, window, step, action_at)))
+                          reason=_why(ladder, window, step, action_at) + _advice(state, step)))
     return out
 
 
@@ -212,6 +213,15 @@ def _why(ladder: Ladder, window: dict, step: str, action_at: int) -> str:
     when = "would be" if not ladder.act else "will be"
     return (f"{what} has held; unless it stops, the job's {window['gpu_count']} GPU(s) {when} released "
             f"{ladder.action_min:g} min after it began")
+
+
+def _advice(state: WorkflowState, step: str) -> str:
+    """On a warning: what the job should ask for instead (``right_size``), the largest saving first."""
+    if step == ACTION_DUE or not state.job:
+        return ""
+    sizes = sorted((r for r in recommend(state.job) if r["gpu_hours_freed"] > 0),
+                   key=lambda r: -r["gpu_hours_freed"])
+    return f". Right-sizing: ask for {sizes[0]['recommended']} ({sizes[0]['reason']})" if sizes else ""
 
 
 def _event(ladder: Ladder, state: WorkflowState, window: dict, taken: dict, step: str, due: int, now_ms: int,

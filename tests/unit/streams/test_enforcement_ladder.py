@@ -155,3 +155,17 @@ def test_a_policy_file_is_checked(tmp_path):
         policy.write_text(text)
         with pytest.raises(PolicyError, match=says):
             load_ladders(policy)
+
+
+def test_a_warning_carries_the_right_size_advice():
+    """The owner is told what to ask for instead: here, fewer GPUs (half of them at 0 %)."""
+    state = job()
+    out = []
+    for m in range(6):
+        w = minute(m)
+        raise_alerts(state, w, AlertConfig(), now_ms=0)
+        state.job = {"max_gpus": 4, "gpu_seconds": 240.0 * (m + 1), "zero_util_gpu_seconds": 120.0 * (m + 1),
+                     "util_weighted": 0.0, "mem_peak": 0.9, "model": "NVIDIA H100 80GB HBM3"}
+        out += climb(state, w, (LADDER,), now_ms=0)
+    (first,) = out
+    assert first["step"] == FIRST_WARNING and "Right-sizing: ask for 2 GPUs" in first["reason"]
