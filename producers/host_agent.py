@@ -90,6 +90,8 @@ class HostAgent:
         self.observers: list[Callable[[list[dict], dict], None]] = []
         # pid -> TFLOPS of model work a job reports for that process (``profile_hook.report_throughput``)
         self.throughputs: Callable[[float], dict[int, float]] = lambda now: {}
+        # pid -> (allocator peak, reserved peak) bytes a job reports (``profile_hook.report_memory``)
+        self.memory_peaks: Callable[[float], dict[int, tuple[int, int]]] = lambda now: {}
         self.metrics = None  # a producers.agent_metrics.AgentMetrics, told of each tick
 
     def _put(self, spec: TopicSpec, record: dict, schema: str | None = None) -> None:
@@ -136,7 +138,8 @@ class HostAgent:
         seen: dict[str, tuple[ProcessInfo, set[str], set[int]]] = {}
         live = set()
         reported = self.throughputs(now / 1000)
-        gpus_of = Counter(p.pid for r in readings for p in r.processes if p.pid in reported)
+        allocators = self.memory_peaks(now / 1000)
+        gpus_of = Counter(p.pid for r in readings for p in r.processes if p.pid in reported or p.pid in allocators)
         for r in readings:
             groups: dict[str, list] = {}
             infos: dict[str, ProcessInfo] = {}
@@ -166,6 +169,11 @@ class HostAgent:
                     "parent_gpu_uuid": r.parent_uuid, "xids": list(r.xids), "rank": ranks.get(wf),
                     # a process's reported model work, shared among the GPUs it uses
                     "model_tflops": _sum_or_none(reported[p.pid] / gpus_of[p.pid] for p in procs if p.pid in reported),
+                    # the framework allocator's peaks, likewise (what the job needs, where NVML sees the reserve)
+                    "allocator_peak_bytes": _int_or_none(_sum_or_none(
+                        allocators[p.pid][0] / gpus_of[p.pid] for p in procs if p.pid in allocators)),
+                    "allocator_reserved_bytes": _int_or_none(_sum_or_none(
+                        allocators[p.pid][1] / gpus_of[p.pid] for p in procs if p.pid in allocators)),
                 })
                 if info is not None and wf not in (IDLE, UNATTRIBUTED):
                     entry = seen.setdefault(wf, (info, set(), set()))
@@ -219,6 +227,10 @@ def _shares(groups: dict[str, list]) -> dict[str, float]:
         if whole > 0 and all(w > 0 for w in weights.values()):
             return {wf: w / whole for wf, w in weights.items()}
     return {wf: 1.0 / len(groups) for wf in groups}
+
+
+def _int_or_none(value: float | None) -> int | None:
+    return None if value is None else int(value)
 
 
 def _sum_or_none(values) -> float | None:

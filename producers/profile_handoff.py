@@ -108,6 +108,11 @@ class Handoff:
         """The model FLOPs per second (in TFLOPS) process ``pid`` did lately, as of ``at`` (epoch s)."""
         _write(self.dir / f"throughput-{pid}.json", json.dumps({"model_tflops": model_tflops, "at": at}))
 
+    def report_memory(self, pid: int, peak_bytes: int, reserved_bytes: int, at: float) -> None:
+        """The framework allocator's peaks of process ``pid`` over its GPUs, as of ``at`` (epoch s)."""
+        _write(self.dir / f"memory-{pid}.json",
+               json.dumps({"peak_bytes": peak_bytes, "reserved_bytes": reserved_bytes, "at": at}))
+
     # The agent's side.
 
     def hooks(self) -> list[dict]:
@@ -136,6 +141,22 @@ class Handoff:
                 continue
             if now - at <= max_age_s and 0.0 <= tflops < float("inf"):
                 out[pid] = tflops
+        return out
+
+    def memory_peaks(self, now: float, max_age_s: float = 300.0) -> dict[int, tuple[int, int]]:
+        """pid -> (allocator peak, reserved peak) bytes each live process reported within
+        ``max_age_s`` of ``now``."""
+        out = {}
+        for path in self.dir.glob("memory-*.json"):
+            try:
+                pid = int(path.stem.removeprefix("memory-"))
+                report = json.loads(path.read_text())
+                peak, reserved, at = int(report["peak_bytes"]), int(report["reserved_bytes"]), float(report["at"])
+                os.kill(pid, 0)
+            except (OSError, ValueError, KeyError, TypeError, OverflowError):
+                continue
+            if now - at <= max_age_s and 0 <= peak < 1 << 50 and 0 <= reserved < 1 << 50:
+                out[pid] = (peak, reserved)
         return out
 
     def ask(self, pid: int, request: dict) -> None:

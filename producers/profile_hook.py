@@ -137,6 +137,22 @@ def enable(directory: str | Path | None = None, poll_s: float = 0.2) -> None:
         _HOOK = _Hook(Path(directory) if directory else profile_dir(), poll_s)
 
 
+def report_memory(directory: str | Path | None = None) -> None:
+    """Tell gpufleet's agent the peaks of PyTorch's CUDA allocator in this process (over every
+    GPU it uses: ``torch.cuda.max_memory_allocated`` and ``max_memory_reserved``), so that
+    right-sizing judges the memory the job needs, not what the caching allocator reserved up
+    front (which is what NVML sees). Call it every few steps, or once near the end; a report
+    counts for five minutes. Does nothing where CUDA was never initialised in this process."""
+    import torch
+
+    if not torch.cuda.is_initialized():
+        return
+    devices = range(torch.cuda.device_count())
+    peak = sum(int(torch.cuda.max_memory_allocated(d)) for d in devices)
+    reserved = sum(int(torch.cuda.max_memory_reserved(d)) for d in devices)
+    Handoff(Path(directory) if directory else profile_dir()).report_memory(os.getpid(), peak, reserved, time.time())
+
+
 def report_throughput(model_tflops: float | None = None, *, tokens_per_s: float | None = None,
                       params: float | None = None, directory: str | Path | None = None) -> None:
     """Tell gpufleet's agent how much model work this process does, for its model FLOPs

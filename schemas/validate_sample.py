@@ -49,6 +49,8 @@ BOUNDS = (
     Bounds("power_watts", 0.0, math.inf, "is negative"),
     Bounds("share", 0.0, 1.0, "is outside (0, 1]", low_open=True),
     Bounds("model_tflops", 0.0, 100_000.0, "is outside 0..100000 (TFLOPS of one GPU)"),
+    Bounds("allocator_peak_bytes", 0, 1 << 50, "is outside 0..1 PiB (the memory of one GPU)"),
+    Bounds("allocator_reserved_bytes", 0, 1 << 50, "is outside 0..1 PiB (the memory of one GPU)"),
 )
 
 

@@ -12,9 +12,10 @@ SM and tensor activity, CPU) and the table of GPU models and MIG profiles
   bf16 peak covers the job's tensor work (SM activity times the current model's peak);
 - **CPU cores per GPU**: what the job's processes used, for the scheduler request.
 
-Each says which measurement it used: memory is NVML's used memory (a framework that reserves
-memory up front, as PyTorch's caching allocator does, looks bigger there than it is: the
-recommendation is then on the safe side); compute is GPM's SM activity where the GPUs report
+Each says which measurement it used: memory is the framework allocator's own peak where the
+job reports it (``profile_hook.report_memory``: PyTorch's ``max_memory_allocated``), else
+NVML's used memory (a framework that reserves memory up front, as PyTorch's caching allocator
+does, looks bigger there than it is: the recommendation is then on the safe side); compute is GPM's SM activity where the GPUs report
 it (Hopper and later), else NVML's utilisation, an upper bound (a kernel on one SM counts as
 busy). ``gpu_hours_freed`` is what following it would have given back over the run.
 
@@ -30,6 +31,7 @@ from schemas.gpu_peaks import catalogue, gpu_spec
 HEADROOM = 1.2  # memory and compute the recommendation must hold beyond the job's peak and mean
 IDLE_SHARE = 0.75  # a GPU at 0 % for this share of the job counts as one the job did not need
 NVML_MEMORY = "NVML used memory (a framework that reserves memory up front looks bigger there)"
+ALLOCATOR_MEMORY = "the framework allocator's peak (PyTorch max_memory_allocated, reported by the job)"
 
 
 def recommend(job: dict) -> list[dict]:
@@ -49,7 +51,8 @@ def recommend(job: dict) -> list[dict]:
                            idle * span_s / 3600))
     model = job.get("model")
     spec = gpu_spec(model)
-    peak = job.get("mem_peak")
+    peak, memory_source = ((job["alloc_peak"], ALLOCATOR_MEMORY) if job.get("alloc_peak") is not None
+                           else (job.get("mem_peak"), NVML_MEMORY))
     if spec is not None and peak is not None:
         used_gb = peak * spec.memory_gb
         need_gb = used_gb * HEADROOM
@@ -59,7 +62,7 @@ def recommend(job: dict) -> list[dict]:
         need_share = min(1.0, busy / 100 * HEADROOM)
         busy_hours = hours - idle * span_s / 3600
         slice_ = next((p for p in spec.mig if p.memory_gb >= need_gb and p.sevenths / 7 >= need_share), None)
-        sources = f"memory: {NVML_MEMORY}; compute: {compute_source}"
+        sources = f"memory: {memory_source}; compute: {compute_source}"
         if slice_ is not None:
             out.append(_record("mig", model, f"MIG {slice_.name} of {spec.match}",
                                f"peak memory {used_gb:.1f} GB of {spec.memory_gb:g} and {busy:.0f} % busy fit "

@@ -38,6 +38,8 @@ def accumulate(state: WorkflowState, window: dict, alerts: list[dict]) -> None:
         job["energy_j"] = (job["energy_j"] or 0.0) + window["energy_joules"]
     if window.get("memory_peak_fraction") is not None:
         job["mem_peak"] = max(job["mem_peak"] or 0.0, window["memory_peak_fraction"])
+    if window.get("allocator_peak_fraction") is not None:
+        job["alloc_peak"] = max(job.get("alloc_peak") or 0.0, window["allocator_peak_fraction"])
     job["xids"] += window["xid_count"]
     for a in alerts:
         if a["status"] == "FIRING" and a["detector"] not in job["fired"]:
@@ -78,6 +80,8 @@ def correct(state: WorkflowState, before: dict | None, after: dict) -> None:
         job["energy_j"] = (job["energy_j"] or 0.0) + after["energy_joules"] - (before.get("energy_joules") or 0.0)
     if after.get("memory_peak_fraction") is not None:
         job["mem_peak"] = max(job["mem_peak"] or 0.0, after["memory_peak_fraction"])
+    if after.get("allocator_peak_fraction") is not None:
+        job["alloc_peak"] = max(job.get("alloc_peak") or 0.0, after["allocator_peak_fraction"])
     job["xids"] += after["xid_count"] - before["xid_count"]
 
 

@@ -119,6 +119,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: (stop.set(), coordinator.started.set()))
     agent.observers.append(coordinator.observe)  # the host's view while a profile is captured
     agent.throughputs = coordinator.handoff.throughputs  # what jobs report of their model work (MFU)
+    agent.memory_peaks = coordinator.handoff.memory_peaks  # the jobs' allocator peaks (right-sizing)
     listener = ProfileListener(kafka, coordinator, topic_prefix=args.topic_prefix)
     profiles = threading.Thread(target=listener.run, args=(stop,), name="profiles", daemon=True)
     profiles.start()

@@ -269,3 +269,25 @@ def test_a_job_reports_its_model_work_through_the_profile_directory(tmp_path):
         report_throughput(tokens_per_s=10_000, directory=tmp_path / "profiles")
     with pytest.raises(ValueError, match=">= 0"):
         report_throughput(float("nan"), directory=tmp_path / "profiles")
+
+
+def test_the_allocator_peaks_a_job_reports_ride_on_its_gpus_samples(world, tmp_path):
+    """What the profiling hook's report_memory writes (PyTorch's allocator peaks over the
+    process's GPUs) reaches the samples of those GPUs, shared among them; the agent reads a
+    report while it is fresh and its process lives."""
+    from producers.profile_handoff import Handoff
+
+    agent, spool, gpus, _ = world
+    gpus[1].processes.append(FakeProcess(101, sm_util=10))  # rank 0 now uses GPU-0 and GPU-1
+    handoff = Handoff(tmp_path / "profiles")
+    now = time.time()
+    handoff.report_memory(101, 8 << 30, 12 << 30, at=now)  # pid 101: 8 GiB peak, 12 GiB reserved
+    handoff.report_memory(os.getpid(), 1 << 30, 1 << 30, at=now - 3600)  # an hour old: none
+    peaks = handoff.memory_peaks(now)
+    assert set(peaks) <= {101} and handoff.memory_peaks(now + 3600) == {}
+    agent.memory_peaks = lambda t: {101: (8 << 30, 12 << 30)}  # (pid 101 is a fixture, no live process)
+    agent.tick()
+    by = {(r["gpu_uuid"], r["workflow_id"]): r for _, _, r in spooled(spool)["GpuSample"]}
+    assert by[("GPU-0", "wf-a")]["allocator_peak_bytes"] == 4 << 30
+    assert by[("GPU-1", "wf-a")]["allocator_reserved_bytes"] == 6 << 30
+    assert by[("GPU-0", "slurm-77")]["allocator_peak_bytes"] is None

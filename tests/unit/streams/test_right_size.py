@@ -103,3 +103,23 @@ def test_stored_recommendations_rank_fleet_wide_and_reach_the_job_report(chdb_cl
     assert "What to ask for next time:" in text
     assert "- MIG 1g.10gb of H100 instead of NVIDIA H100 80GB HBM3: peak memory 6.0 GB of 80" in text
     assert "GPM SM activity" in text and "MIG 1g.10gb" in page
+
+
+def test_memory_is_judged_by_the_allocator_where_the_job_reports_it():
+    """NVML sees the 70 GB PyTorch's caching allocator reserved; the job's own peak is 6 GB:
+    through the window and the job's totals, the advice follows the allocator, and says so."""
+    from tests.unit.samples import sample
+    from tests.unit.streams.test_window_efficiency import close_one
+
+    def one_minute(**fields):
+        return close_one([sample(event_time=BASE_MS + t * 1000, gpu_model="NVIDIA H100 80GB HBM3",
+                                 memory_used_bytes=70 << 30, memory_total_bytes=80 << 30, sm_active_pct=8.0,
+                                 **fields) for t in range(60)])
+
+    reported, silent = WorkflowState(partition=0), WorkflowState(partition=0)
+    accumulate(reported, one_minute(allocator_peak_bytes=6 << 30, allocator_reserved_bytes=70 << 30), [])
+    accumulate(silent, one_minute(), [])
+    assert reported.job["alloc_peak"] == pytest.approx(6 / 80) and "alloc_peak" not in silent.job
+    rec = by_kind(recommend(reported.job))["mig"]
+    assert rec["recommended"] == "MIG 1g.10gb of H100" and "max_memory_allocated" in rec["source"]
+    assert not any(r["kind"] in ("mig", "gpu_model") for r in recommend(silent.job))  # 70 GB fits nothing smaller
