@@ -113,9 +113,11 @@ class HostAgent:
             now, interval, self.settings.host, {wf: pids for wf, (_, _, pids) in seen.items()},
             spool_dropped_total=self.spool.dropped)
         cpu = {w["workflow_id"]: w["cpu_pct"] for w in host["workflows"]}
+        rss = {w["workflow_id"]: w["rss_bytes"] for w in host["workflows"]}
         for s in samples:
             # On every GPU sample of the workflow: the stream sees GPU and CPU side by side.
             s.setdefault("workflow_cpu_pct", cpu.get(s["workflow_id"]))
+            s.setdefault("workflow_memory_bytes", rss.get(s["workflow_id"]))
             s.setdefault("host_iowait_pct", host["iowait_pct"])
         for observe in self.observers:
             observe(samples, host)

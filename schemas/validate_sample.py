@@ -51,6 +51,7 @@ BOUNDS = (
     Bounds("model_tflops", 0.0, 100_000.0, "is outside 0..100000 (TFLOPS of one GPU)"),
     Bounds("allocator_peak_bytes", 0, 1 << 50, "is outside 0..1 PiB (the memory of one GPU)"),
     Bounds("allocator_reserved_bytes", 0, 1 << 50, "is outside 0..1 PiB (the memory of one GPU)"),
+    Bounds("workflow_memory_bytes", 0, 1 << 60, "is outside 0..1 EiB"),
 )
 
 

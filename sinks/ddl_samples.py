@@ -39,6 +39,7 @@ GPU_SAMPLE_ADDED_COLUMNS = (
     ("model_tflops", "Nullable(Float32) CODEC(ZSTD)"),  # GpuSample v5
     ("allocator_peak_bytes", "Nullable(Int64) CODEC(ZSTD)"),  # GpuSample v6
     ("allocator_reserved_bytes", "Nullable(Int64) CODEC(ZSTD)"),
+    ("workflow_memory_bytes", "Nullable(Int64) CODEC(ZSTD)"),
 )
 
 GPU_SAMPLES_TABLE = Table(

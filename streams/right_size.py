@@ -10,7 +10,7 @@ SM and tensor activity, CPU) and the table of GPU models and MIG profiles
   with ``HEADROOM`` and whose share of the SMs covers its SM activity with headroom;
 - **a smaller GPU model**: otherwise, the model of least memory that holds the peak and whose
   bf16 peak covers the job's tensor work (SM activity times the current model's peak);
-- **CPU cores per GPU**: what the job's processes used, for the scheduler request.
+- **CPU cores and host memory per GPU**: what the job's processes used, for the scheduler request.
 
 Each says which measurement it used: memory is the framework allocator's own peak where the
 job reports it (``profile_hook.report_memory``: PyTorch's ``max_memory_allocated``), else
@@ -78,6 +78,12 @@ def recommend(job: dict) -> list[dict]:
                                    f"peak memory {used_gb:.1f} GB of {spec.memory_gb:g} and {busy:.0f} % busy "
                                    f"fit a {g.match} ({g.memory_gb:g} GB, {g.bf16_tflops:g} bf16 TFLOPS) with "
                                    f"{HEADROOM - 1:.0%} headroom", sources, busy_hours))
+    host_memory = job.get("host_mem_per_gpu")
+    if host_memory:
+        gib = max(1, math.ceil(host_memory * HEADROOM / 2**30))
+        out.append(_record("host_memory_per_gpu", None, f"{gib} GiB of host memory per GPU",
+                           f"its processes peaked at {host_memory / 2**30:.1f} GiB per GPU on a host",
+                           "the agent's per-workflow resident memory", 0.0))
     cpu = activity_mean(job, "cpu")
     if cpu is not None:
         cores = max(1, math.ceil(cpu / 100 * HEADROOM / gpus))

@@ -40,6 +40,8 @@ def accumulate(state: WorkflowState, window: dict, alerts: list[dict]) -> None:
         job["mem_peak"] = max(job["mem_peak"] or 0.0, window["memory_peak_fraction"])
     if window.get("allocator_peak_fraction") is not None:
         job["alloc_peak"] = max(job.get("alloc_peak") or 0.0, window["allocator_peak_fraction"])
+    if window.get("host_memory_per_gpu_bytes") is not None:
+        job["host_mem_per_gpu"] = max(job.get("host_mem_per_gpu") or 0.0, window["host_memory_per_gpu_bytes"])
     job["xids"] += window["xid_count"]
     for a in alerts:
         if a["status"] == "FIRING" and a["detector"] not in job["fired"]:

@@ -13,6 +13,7 @@ against each GPU's bf16 dense peak: ``schemas/gpu_peaks.json``).
 
 from __future__ import annotations
 
+from collections import Counter
 from functools import cache
 from itertools import compress
 from operator import mul, not_, truediv
@@ -75,6 +76,10 @@ def add_efficiency(e: dict, c: dict, w: list[float], total: float) -> None:
             pair = e["mem_frac"]
             pair[0] += sum(map(mul, fractions, weights))
             pair[1] += sum(weights)
+        rss = c["workflow_memory_bytes"]  # the workflow's processes on this host (the same on each GPU)
+        if rss is not None:
+            peaks = e.setdefault("host_rss", {})
+            peaks[c["host"]] = max(peaks.get(c["host"], 0), max(r for r in rss if r is not None))
         allocated = c["allocator_peak_bytes"]  # the framework's own peak, where the job reports it
         if allocated is not None:
             reported = [a / m for a, m in zip(allocated, capacity) if a is not None and m]
@@ -123,6 +128,15 @@ def _mean(pair: list[float]) -> float | None:
     return pair[0] / pair[1] if pair[1] > 0 else None
 
 
+def _host_memory_per_gpu(e: dict) -> float | None:
+    """The most resident memory the workflow's processes held on one host, per GPU of it there."""
+    peaks = e.get("host_rss")
+    if not peaks:
+        return None
+    gpus = Counter(str((g[2:] or ["?"])[0]).split("/")[0] for g in e["per_gpu"].values())
+    return max(rss / max(1, gpus[host]) for host, rss in peaks.items())
+
+
 def efficiency_fields(e: dict) -> dict:
     means = {uuid: g[0] / g[1] for uuid, g in e["per_gpu"].items() if g[1] > 0}
     per_gpu = list(means.values())
@@ -139,6 +153,7 @@ def efficiency_fields(e: dict) -> dict:
         "memory_mean_fraction": _mean(e["mem_frac"]),
         # Not in the schema: the job's totals take it (right-sizing judges memory by it where reported).
         "allocator_peak_fraction": e.get("alloc_peak"),
+        "host_memory_per_gpu_bytes": _host_memory_per_gpu(e),
         "power_mean_watts": _mean(e["power"]),
         "gpu_imbalance_pct": (max(per_gpu) - min(per_gpu)) if per_gpu else None,
         "idle_gpus": sum(1 for u in per_gpu if u == 0),

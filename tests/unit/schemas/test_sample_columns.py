@@ -117,7 +117,7 @@ def test_the_column_check_and_the_sample_check_agree_on_every_rule(bounds):
     """Both read BOUNDS: a rule added there applies to blocks and to single samples alike."""
     for value, allowed in edge_values(bounds):
         (block,) = columns_of(tick(0, share=0.5, model_tflops=100.0, allocator_peak_bytes=1 << 30,
-                                   allocator_reserved_bytes=2 << 30))
+                                   allocator_reserved_bytes=2 << 30, workflow_memory_bytes=1 << 33))
         block[bounds.field][1] = value
         per_sample = [validate_sample(s) for s in rows_of(block)]
         assert (per_sample[1] is None) is allowed, (value, per_sample[1])

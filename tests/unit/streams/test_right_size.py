@@ -123,3 +123,16 @@ def test_memory_is_judged_by_the_allocator_where_the_job_reports_it():
     rec = by_kind(recommend(reported.job))["mig"]
     assert rec["recommended"] == "MIG 1g.10gb of H100" and "max_memory_allocated" in rec["source"]
     assert not any(r["kind"] in ("mig", "gpu_model") for r in recommend(silent.job))  # 70 GB fits nothing smaller
+
+
+def test_host_memory_per_gpu_is_sized_from_the_workflows_resident_memory():
+    from tests.unit.samples import sample
+    from tests.unit.streams.test_window_efficiency import close_one
+
+    window = close_one([sample(event_time=BASE_MS + t * 1000, gpu_uuid=f"GPU-{i}", gpu_index=i,
+                               workflow_memory_bytes=40 << 30) for t in range(60) for i in range(4)])
+    assert window["host_memory_per_gpu_bytes"] == 10 << 30  # 40 GiB on the host, 4 GPUs
+    state = WorkflowState(partition=0)
+    accumulate(state, window, [])
+    (rec,) = [r for r in recommend(state.job) if r["kind"] == "host_memory_per_gpu"]
+    assert rec["recommended"] == "12 GiB of host memory per GPU" and "10.0 GiB per GPU" in rec["reason"]
