@@ -50,6 +50,8 @@ class ProcessInfo:
     framework_version: str | None = None
     model: str | None = None
     rank: int | None = None  # distributed rank (RANK as torchrun sets it, else SLURM_PROCID)
+    qos: str | None = None  # the scheduler's quality of service and partition (Slurm), for the ladders' exemptions
+    partition: str | None = None
     source: str = "none"  # how the workflow was found: env:<KEY>, slurm-cgroup, k8s-cgroup, none
 
 
@@ -100,7 +102,8 @@ class ProcessAttributor:
         rank = _first(env, ("RANK", "SLURM_PROCID"))
         common = {"owner": owner, "team": team, "cmdline": cmdline, "framework": framework,
                   "framework_version": version, "model": _first(env, self.keys.model),
-                  "rank": int(rank) if rank is not None and rank.isdigit() else None}
+                  "rank": int(rank) if rank is not None and rank.isdigit() else None,
+                  "qos": env.get("SLURM_JOB_QOS"), "partition": env.get("SLURM_JOB_PARTITION")}
         found = workflow_of_environment(env, self.keys.workflow)
         if found is not None:
             workflow, key = found

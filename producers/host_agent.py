@@ -211,7 +211,8 @@ class HostAgent:
             "owner": info.owner, "team": info.team, "gpu_uuids": sorted(entry.gpus), "pids": sorted(entry.pids),
             "cmdline": info.cmdline, "framework": info.framework, "framework_version": info.framework_version,
             "scheduler_job_id": info.scheduler_job_id, "attribution": info.source,
-            "model": info.model, "cluster": self.settings.cluster,
+            "model": info.model, "cluster": self.settings.cluster, "scheduler_qos": info.qos,
+            "scheduler_partition": info.partition,
         }
 
 

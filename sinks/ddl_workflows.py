@@ -78,7 +78,8 @@ WORKFLOW_WINDOWS_TABLE = Table(
 WORKFLOW_EVENTS_TABLE = Table(
     "workflow_events", WORKFLOW_EVENTS,
     ("workflow_id", "event", "event_time", "host", "owner", "team", "gpu_uuids", "pids", "cmdline",
-     "framework", "framework_version", "scheduler_job_id", "attribution", "model", "cluster"),
+     "framework", "framework_version", "scheduler_job_id", "attribution", "model", "cluster", "scheduler_qos",
+     "scheduler_partition"),
     """
     CREATE TABLE IF NOT EXISTS {db}.{name} (
         workflow_id String,
@@ -101,7 +102,9 @@ WORKFLOW_EVENTS_TABLE = Table(
     ENGINE = ReplacingMergeTree
     ORDER BY (workflow_id, host, event_time, event)
     """,
-    added_columns=(("model", "LowCardinality(Nullable(String))"), ("cluster", "LowCardinality(Nullable(String))")),
+    added_columns=(("model", "LowCardinality(Nullable(String))"), ("cluster", "LowCardinality(Nullable(String))"),
+                   ("scheduler_qos", "LowCardinality(Nullable(String))"),
+                   ("scheduler_partition", "LowCardinality(Nullable(String))")),
 )
 
 

@@ -4,7 +4,9 @@ then acted on (the job's GPUs released), as the HPC centres that recover the mos
 
 A ladder (``Ladder``, from the ``[[ladder]]`` tables of a TOML policy file) names a detector,
 the minutes the condition must have held for each step, the clusters and teams it covers, its
-exemptions, and the action's command template. The worker climbs it on each closed window of a
+exemptions (teams, owners, workflow patterns, the scheduler's QOS and partitions, interactive
+command lines, a share of busy GPUs, a grace period after start), and the action's command
+template. The worker climbs it on each closed window of a
 workflow (``climb``): it decides on event time alone, from the workflow's state, so a replay
 decides alike, and the steps taken are kept in the state (``WorkflowState.ladders``) so that
 none is taken twice. What it decides are ``EnforcementEvent`` records: FIRST_WARNING,
@@ -56,6 +58,8 @@ class Ladder(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     exempt_teams: tuple[str, ...] = ()
     exempt_owners: tuple[str, ...] = ()
     exempt_workflows: tuple[str, ...] = ()  # glob patterns of workflow ids
+    exempt_qos: tuple[str, ...] = ()  # the scheduler's quality of service (Slurm SLURM_JOB_QOS)
+    exempt_partitions: tuple[str, ...] = ()  # the scheduler's partitions (SLURM_JOB_PARTITION)
     interactive: tuple[str, ...] = ("jupyter", "ipykernel", "code-server")  # in a command line: interactive, exempt
 
     def covers(self, state: WorkflowState) -> bool:
@@ -166,6 +170,10 @@ def _exemption(ladder: Ladder, state: WorkflowState, window: dict) -> str | None
         return f"team {state.team} is exempt from ladder {ladder.name}"
     if state.owner in ladder.exempt_owners:
         return f"owner {state.owner} is exempt from ladder {ladder.name}"
+    if state.scheduler_qos is not None and state.scheduler_qos in ladder.exempt_qos:
+        return f"quality of service {state.scheduler_qos} is exempt from ladder {ladder.name}"
+    if state.scheduler_partition is not None and state.scheduler_partition in ladder.exempt_partitions:
+        return f"partition {state.scheduler_partition} is exempt from ladder {ladder.name}"
     if any(fnmatch.fnmatchcase(wf, pattern) for pattern in ladder.exempt_workflows):
         return f"workflow {wf} matches an exempt pattern of ladder {ladder.name}"
     if state.cmdline and any(word in state.cmdline for word in ladder.interactive):

@@ -359,7 +359,7 @@ class WindowStage:
         """One life-cycle event into its workflow's state: which hosts it runs on, and whether
         the last one said it ended."""
         state = self.aggregator.state_of(event["workflow_id"], partition, event["owner"], event["team"])
-        for field in ("scheduler_job_id", "cluster"):  # what the enforcement ladders look at
+        for field in ("scheduler_job_id", "cluster", "scheduler_qos", "scheduler_partition"):  # what the enforcement ladders look at
             if event.get(field):
                 setattr(state, field, event[field])
         if event.get("cmdline"):

@@ -13,7 +13,7 @@ the life cycle (``stage_windows``) ``hosts``, ``ending``; ``ended`` and ``end_re
 ``summarize_workflow``          ``job`` (the totals of its closed windows)
 ``raise_alerts``                ``alerts`` (each detector's life cycle), ``wasted_s``
 ``auto_profile``, ``root_cause`` ``auto_profiled_at``, and the profile of an alert in ``alerts``
-the life cycle, again           ``scheduler_job_id``, ``cluster``, ``cmdline`` (for the ladders)
+the life cycle, again           ``scheduler_job_id``, ``cluster``, ``cmdline``, ``scheduler_qos``/``_partition``
 ``enforcement_ladder``          ``ladders`` (each ladder's steps taken in the current episode)
 ==============================  ===================================================================
 
@@ -51,6 +51,8 @@ class WorkflowState(msgspec.Struct, kw_only=True):
     scheduler_job_id: str | None = None
     cluster: str | None = None
     cmdline: str | None = None  # the first 300 characters: what the enforcement ladder's exemptions look at
+    scheduler_qos: str | None = None
+    scheduler_partition: str | None = None
     ladders: dict[str, dict] = {}
 
 

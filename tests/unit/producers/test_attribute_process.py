@@ -69,3 +69,11 @@ def test_the_rank_comes_from_the_launcher_environment(tmp_path):
     make_process(tmp_path, 72, {"GPUFLEET_WORKFLOW_ID": "wf", "RANK": "not-a-number"})
     a = ProcessAttributor(proc=tmp_path)
     assert [a.attribute(pid).rank for pid in (70, 71, 72)] == [11, 7, None]
+
+
+def test_the_schedulers_qos_and_partition_are_read_for_the_ladders_exemptions(tmp_path):
+    make_process(tmp_path, 30, {"SLURM_JOB_ID": "9", "SLURM_JOB_QOS": "high", "SLURM_JOB_PARTITION": "debug"})
+    make_process(tmp_path, 31, {"GPUFLEET_WORKFLOW_ID": "wf"})
+    a = ProcessAttributor(proc=tmp_path)
+    assert (a.attribute(30).qos, a.attribute(30).partition) == ("high", "debug")
+    assert (a.attribute(31).qos, a.attribute(31).partition) == (None, None)

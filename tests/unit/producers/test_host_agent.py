@@ -116,6 +116,7 @@ def test_workflow_life_cycle(world):
     assert wf_a["gpu_uuids"] == ["GPU-0", "GPU-1"] and wf_a["pids"] == [101, 102]
     assert (wf_a["owner"], wf_a["team"], wf_a["attribution"]) == ("ana", "nlp", "env:GPUFLEET_WORKFLOW_ID")
     assert (wf_a["model"], wf_a["cluster"]) == ("bert-large", "east-1")
+    assert (wf_a["scheduler_qos"], wf_a["scheduler_partition"]) == (None, None)  # not a Slurm job
 
     sent = spool.read(spool.cursor(), limit=100_000)
     spool.acknowledge(sent[-1].position, len(sent))

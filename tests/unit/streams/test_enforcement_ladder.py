@@ -96,6 +96,8 @@ def test_dry_run_is_the_default_and_says_so():
     (job(owner="bo"), Ladder(name="l", exempt_owners=("bo",)), "owner bo is exempt"),
     (job(), Ladder(name="l", exempt_workflows=("wf-*",)), "matches an exempt pattern"),
     (job(cmdline="python -m ipykernel_launcher -f k.json"), Ladder(name="l"), "an interactive job"),
+    (job(scheduler_qos="high"), Ladder(name="l", exempt_qos=("high",)), "quality of service high is exempt"),
+    (job(scheduler_partition="debug"), Ladder(name="l", exempt_partitions=("debug",)), "partition debug is exempt"),
 ])
 def test_an_exempt_job_never_reaches_the_action(state, ladder, why):
     events = run(state, [(m, True) for m in range(30)], ladder)
