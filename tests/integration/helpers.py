@@ -111,6 +111,20 @@ def running_sink(bootstrap: str, prefix: str, client, database: str, **options) 
         thread.join(30)
 
 
+def run_until(run: Callable[[threading.Event], object], until: Callable[[], object], timeout: float,
+              what: str) -> None:
+    """``run(stop)`` (a notifier's, an enforcer's loop) in a thread until ``until()`` holds,
+    then stopped and joined."""
+    stop = threading.Event()
+    thread = threading.Thread(target=run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        wait_until(until, timeout, what)
+    finally:
+        stop.set()
+        thread.join(30)
+
+
 def read_topic(bootstrap: str, topic: str, partitions: int, timeout: float = 10.0, decode: bool = True) -> list[tuple]:
     """Every message on ``topic`` now: (partition, offset, key, schema name or None, record or raw bytes);
     ``decode=False``: the raw bytes of each."""

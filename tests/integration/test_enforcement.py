@@ -10,7 +10,6 @@ import dataclasses
 import json
 import stat
 import sys
-import threading
 from collections import Counter
 
 from gpufleet.enforcer import Enforcer
@@ -19,7 +18,14 @@ from producers.run_simulation import SimulationPlan, run_simulation
 from producers.simulate_fleet import HEALTHY, IDLE, build_fleet
 from schemas.topics import ENFORCEMENT, GPU_SAMPLES
 from streams.enforcement_ladder import load_ladders
-from tests.integration.helpers import CODEC, read_topic, running_sink, wait_until, worker_process
+from tests.integration.helpers import (
+    CODEC,
+    read_topic,
+    run_until,
+    running_sink,
+    wait_until,
+    worker_process,
+)
 from tests.unit.samples import BASE_MS
 
 MINUTES = 25
@@ -53,14 +59,7 @@ def steps(bootstrap, prefix) -> list[tuple[str, str, str]]:
 
 
 def run_enforcer(enforcer: Enforcer, until) -> None:
-    stop = threading.Event()
-    thread = threading.Thread(target=enforcer.run, args=(stop,), daemon=True)
-    thread.start()
-    try:
-        wait_until(until, 90, "the enforcer")
-    finally:
-        stop.set()
-        thread.join(30)
+    run_until(enforcer.run, until, 90, "the enforcer")
 
 
 def test_two_warnings_then_the_action_exactly_once(kafka, prefix, tmp_path, chdb_client, database):

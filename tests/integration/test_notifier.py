@@ -17,7 +17,7 @@ from schemas.goodput_buckets import JOULES_FIELDS, SECONDS_FIELDS
 from schemas.topics import ALERTS, DEAD_LETTERS, ENFORCEMENT, WORKFLOW_SUMMARIES
 from sinks.consume_alerts import AlertNotifier
 from sinks.route_alerts import load_routing
-from tests.integration.helpers import CODEC, read_topic, wait_until
+from tests.integration.helpers import CODEC, read_topic, run_until
 from tests.unit.samples import BASE_MS
 
 
@@ -55,14 +55,7 @@ def alert(alert_id, status, notify, team, owner):
 
 
 def run_notifier(notifier, until):
-    stop = threading.Event()
-    thread = threading.Thread(target=notifier.run, args=(stop,), daemon=True)
-    thread.start()
-    try:
-        wait_until(until, 60, "the notifier to catch up")
-    finally:
-        stop.set()
-        thread.join(30)
+    run_until(notifier.run, until, 60, "the notifier to catch up")
 
 
 @pytest.fixture

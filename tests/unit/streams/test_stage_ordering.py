@@ -192,21 +192,28 @@ def writes_acknowledged_later(stage, monkeypatch) -> list[asyncio.Future]:
     return futures
 
 
+async def a_batch_then_a_commit(stage, futures: list) -> asyncio.Task:
+    """A batch that closes a window, then the consumer's commit (faust_fixes), run until it has
+    written the states: the task of the commit, waiting on their acknowledgements."""
+    from streams import faust_fixes
+
+    stage.app.sensors.add(stage_windows.BeforeCommit(stage.save_state))
+    await stage._apply_samples(0, messages(0, 80, offset=0), now=BASE_MS + 90_000)
+    commit = asyncio.create_task(faust_fixes._force_commit_between_batches(CommittingConsumer(stage.app,
+                                                                                               stage.events)))
+    while not futures:  # the commit writes the states
+        await asyncio.sleep(0)
+    return commit
+
+
 def test_offsets_are_committed_only_once_the_states_before_them_are_durable(stage, monkeypatch):
     """A commit that went ahead of the state writes it follows, with the worker killed before
     the broker had them, would leave the new owner a state without samples the committed
     offsets had passed."""
-    from streams import faust_fixes
-
     futures = writes_acknowledged_later(stage, monkeypatch)
-    stage.app.sensors.add(stage_windows.BeforeCommit(stage.save_state))
-    consumer = CommittingConsumer(stage.app, stage.events)
 
     async def scenario():
-        await stage._apply_samples(0, messages(0, 80, offset=0), now=BASE_MS + 90_000)
-        commit = asyncio.create_task(faust_fixes._force_commit_between_batches(consumer))
-        while not futures:  # the commit writes the states
-            await asyncio.sleep(0)
+        commit = await a_batch_then_a_commit(stage, futures)
         for _ in range(20):  # it would have committed by now, had it not waited
             await asyncio.sleep(0)
         assert ("committed", {"tp": 42}) not in stage.events
@@ -223,17 +230,10 @@ def test_a_state_write_that_failed_stops_the_commit_and_the_worker(stage, monkey
     """Offsets past a state that never reached its changelog would lose what the state held:
     the worker stops instead (its partitions go to a worker that reads on from the last
     durable state)."""
-    from streams import faust_fixes
-
     futures = writes_acknowledged_later(stage, monkeypatch)
-    stage.app.sensors.add(stage_windows.BeforeCommit(stage.save_state))
-    consumer = CommittingConsumer(stage.app, stage.events)
 
     async def scenario():
-        await stage._apply_samples(0, messages(0, 80, offset=0), now=BASE_MS + 90_000)
-        commit = asyncio.create_task(faust_fixes._force_commit_between_batches(consumer))
-        while not futures:
-            await asyncio.sleep(0)
+        commit = await a_batch_then_a_commit(stage, futures)
         futures[0].set_result(None)
         futures[1].set_exception(RuntimeError("the changelog's leader is gone"))
         assert await commit is False
