@@ -292,3 +292,26 @@ def test_the_allocator_peaks_a_job_reports_ride_on_its_gpus_samples(world, tmp_p
     assert by[("GPU-0", "wf-a")]["allocator_peak_bytes"] == 4 << 30
     assert by[("GPU-1", "wf-a")]["allocator_reserved_bytes"] == 6 << 30
     assert by[("GPU-0", "slurm-77")]["allocator_peak_bytes"] is None
+
+
+def test_report_memory_sends_pytorchs_allocator_peaks_over_the_processs_gpus(tmp_path, monkeypatch):
+    """The hook's side, with torch faked at its boundary (torch.cuda): the sum of the peaks of
+    every GPU the process uses reaches the agent's side; a process that never touched CUDA
+    reports nothing."""
+    import sys
+    import types
+
+    from producers.profile_handoff import Handoff
+    from producers.profile_hook import report_memory
+
+    peaks = {0: (3 << 30, 5 << 30), 1: (1 << 30, 2 << 30)}  # device -> (allocated, reserved) peaks
+    initialized = [False]
+    cuda = types.SimpleNamespace(is_initialized=lambda: initialized[0], device_count=lambda: len(peaks),
+                                 max_memory_allocated=lambda d: peaks[d][0], max_memory_reserved=lambda d: peaks[d][1])
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    handoff = Handoff(tmp_path / "profiles")
+    report_memory(directory=tmp_path / "profiles")
+    assert handoff.memory_peaks(time.time()) == {}
+    initialized[0] = True
+    report_memory(directory=tmp_path / "profiles")
+    assert handoff.memory_peaks(time.time()) == {os.getpid(): (4 << 30, 7 << 30)}
