@@ -81,4 +81,23 @@ def workflow_summary(client: Client, database: str, workflow_id: str) -> tuple[d
         summary[k] = int(summary[k].timestamp() * 1000)
     cluster = client.query(f"SELECT argMax(cluster, event_time) FROM {database}.workflows WHERE workflow_id = %(wf)s",
                            parameters={"wf": workflow_id}).result_rows
+    summary["profile_split"] = profile_split(client, database, workflow_id)
     return summary, (cluster[0][0] or "") if cluster else ""
+
+
+def profile_split(client: Client, database: str, workflow_id: str) -> dict | None:
+    """How the workflow's profiled GPU time divides (its complete trace analyses, every rank):
+    shares of kernel compute, exposed communication (not overlapped with compute), other GPU
+    work (copies, communication under compute), and the GPU idle between kernels while the host
+    launched them; None where it was never profiled. The job report splits its productive
+    GPU-hours by them (goodput, issue 18)."""
+    (traces, span, idle, compute, non_compute, comm, overlap), = client.query(f"""
+        SELECT count(), sum(kernel_time_us), sum(idle_time_us), sum(compute_time_us), sum(non_compute_time_us),
+               sum(communication_time_us), sum(comp_comm_overlap_us)
+        FROM {database}.trace_analyses FINAL WHERE workflow_id = %(wf)s AND NOT partial""",
+        parameters={"wf": workflow_id}).result_rows
+    if not traces or not span or span <= 0:  # (kernel time is the GPU's span: compute, non-compute and idle)
+        return None
+    exposed = min(non_compute, max(0.0, comm - overlap))  # communication not under compute
+    return {"traces": traces, "compute": compute / span, "exposed_communication": exposed / span,
+            "other": (non_compute - exposed) / span, "launch_overhead": idle / span}

@@ -188,6 +188,11 @@ _ADVICE = {
 }
 
 
+# The productive GPU-hours of a profiled job, by what its profiles show the GPU doing.
+PROFILE_SPLIT = (("compute", "kernel compute"), ("exposed_communication", "exposed communication"),
+                 ("other", "other GPU work (copies, overlapped comm.)"),
+                 ("launch_overhead", "host launch overhead (GPU idle)"))
+
 RIGHT_SIZE_FIELDS = ("kind", "current", "recommended", "reason", "source", "gpu_hours_freed")
 
 
@@ -224,6 +229,13 @@ def job_report(summary: dict, rates: Rates | None = None, cluster: str = "") -> 
         "",
         render_waterfall(w, rates, "Where the GPU-hours went"),
     ]
+    split = summary.get("profile_split")
+    productive = summary.get("productive_gpu_seconds", 0.0)
+    if split and productive > 0:
+        lines += ["", (f"The productive {productive / 3600:.2f} GPU-hours, split as its profiles "
+                      f"({split['traces']} trace(s)) spent the GPU's time:")]
+        lines += [f"  {label:<38} {productive * split[key] / 3600:>8.2f} GPU-h  {100 * split[key]:5.1f}%"
+                  for key, label in PROFILE_SPLIT]
     wasted = sorted(((w.buckets[b].gpu_seconds, b) for b in _ADVICE if w.buckets[b].gpu_seconds > 0), reverse=True)
     alerts = summary.get("alerts_fired") or []
     if wasted or alerts:

@@ -1,5 +1,7 @@
 """The owner-facing commands' queries on the embedded ClickHouse, on data written by the sink's writer."""
 
+import pytest
+
 from gpufleet.workflows import list_workflows, workflow_timeline
 from sinks.clickhouse_ddl import ALERTS_TABLE, WORKFLOW_WINDOWS_TABLE
 from sinks.write_clickhouse import ClickHouseWriter, Row
@@ -35,3 +37,38 @@ def test_list_and_timeline(chdb_client, database):
     assert [r[columns.index("util_pct")] for r in timeline] == [10.0, 11.0, 12.0]
     assert [r[columns.index("alerts")] for r in timeline] == ["", "low_utilization FIRING", ""]
     assert workflow_timeline(chdb_client, database, "x' OR 1=1 --")[1] == []
+
+
+def test_a_profiled_jobs_productive_hours_are_split_by_what_its_profile_shows(chdb_client, database, tmp_path):
+    """Goodput (issue 18): where a profile of the workflow exists, the report splits its
+    productive GPU-hours into kernel compute, exposed communication, other GPU work and the
+    host's launch overhead, in the shares its complete trace analyses measured."""
+    from gpufleet.analyze import analyze_file
+    from gpufleet.workflows import workflow_summary
+    from sinks.clickhouse_ddl import TRACE_ANALYSES_TABLE
+    from sinks.job_report import job_report
+    from tests.unit.traces import kernel, runtime, write_trace
+
+    writer = ClickHouseWriter(chdb_client, database)
+    writer.ensure_tables()
+    assert writer.insert(WORKFLOW_WINDOWS_TABLE, [Row(0, 0, window(workflow_id="wf-p", gpu_seconds=3600.0,
+                                                                   productive_gpu_seconds=3600.0))]) == []
+    # 60 us of compute, 20 of NCCL (10 of it under compute), 20 idle: a 100 us span
+    path = write_trace(tmp_path / "t.json", [
+        runtime("cudaLaunchKernel", 0, 1, corr=1), kernel("sm80_xmma_gemm", 0, 60, corr=1),
+        runtime("cudaLaunchKernel", 1, 1, corr=2), kernel("ncclKernel_AllReduce_RING", 50, 20, corr=2, stream=8),
+        runtime("cudaLaunchKernel", 2, 1, corr=3), kernel("sm80_xmma_gemm", 90, 10, corr=3)])
+    assert writer.insert(TRACE_ANALYSES_TABLE, [Row(0, 0, analyze_file(path, workflow_id="wf-p"))]) == []
+
+    summary, _ = workflow_summary(chdb_client, database, "wf-p")
+    split = summary["profile_split"]
+    assert split == {"traces": 1, "compute": pytest.approx(0.7), "exposed_communication": pytest.approx(0.1),
+                     "other": pytest.approx(0.0), "launch_overhead": pytest.approx(0.2)}
+    text, _ = job_report(summary)
+    assert "The productive 1.00 GPU-hours, split as its profiles (1 trace(s)) spent the GPU's time:" in text
+    assert "kernel compute" in text and "0.70 GPU-h   70.0%" in text
+    assert "host launch overhead (GPU idle)" in text and "0.20 GPU-h   20.0%" in text
+    # A workflow never profiled: no split, and the report says nothing of one.
+    assert writer.insert(WORKFLOW_WINDOWS_TABLE, [Row(0, 1, window(workflow_id="wf-q"))]) == []
+    plain, _ = workflow_summary(chdb_client, database, "wf-q")
+    assert plain["profile_split"] is None and "split as its profiles" not in job_report(plain)[0]
