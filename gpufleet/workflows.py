@@ -74,6 +74,7 @@ def workflow_summary(client: Client, database: str, workflow_id: str) -> tuple[d
                    max(w.memory_peak_fraction) AS memory_peak_fraction, sum(w.energy_joules) AS energy_joules,
                    any(w.gpu_model) AS gpu_model, CAST([], 'Array(String)') AS alerts_fired,
                    sum(w.tensor_active_mean_pct * w.gpu_seconds) / sum(w.gpu_seconds) AS tensor_active_mean_pct,
+                   sum(w.model_mfu_pct * w.gpu_seconds) / sum(w.gpu_seconds) AS model_mfu_pct,
                    {_BUCKET_SUMS}
             FROM {database}.workflow_windows AS w FINAL WHERE w.workflow_id = %(wf)s""", parameters={"wf": workflow_id})
         summary = dict(zip(result.column_names, result.result_rows[0]))

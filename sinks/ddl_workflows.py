@@ -108,9 +108,11 @@ WORKFLOW_EVENTS_TABLE = Table(
 )
 
 
-# WorkflowSummary v3: what the job should ask for next time (streams.right_size).
+# WorkflowSummary v3: the job's tensor activity and model MFU, and what it should ask for next time.
 RIGHT_SIZE_FIELDS = ("kind", "current", "recommended", "reason", "source", "gpu_hours_freed")
-RIGHT_SIZE_COLUMNS = (
+SUMMARY_V3_COLUMNS = (
+    ("tensor_active_mean_pct", "Nullable(Float64)"),
+    ("model_mfu_pct", "Nullable(Float64)"),
     ("right_size", ("Array(Tuple(kind String, current Nullable(String), recommended String, reason String, "
                    "source String, gpu_hours_freed Float64))")),
 )
@@ -120,7 +122,8 @@ WORKFLOW_SUMMARIES_TABLE = Table(
     ("workflow_id", "owner", "team", "first_window_start", "last_window_end", "end_reason", "windows",
      "max_gpus", "gpu_seconds", "active_gpu_seconds", "wasted_gpu_seconds", "zero_util_gpu_seconds",
      "throttled_gpu_seconds", "utilization_mean_pct", "memory_peak_fraction", "energy_joules", "xid_count",
-     *(name for name, _ in GOODPUT_COLUMNS), "alerts_fired", "right_size", "summarized_at"),
+     *(name for name, _ in GOODPUT_COLUMNS), "alerts_fired", "tensor_active_mean_pct", "model_mfu_pct", "right_size",
+     "summarized_at"),
     """
     CREATE TABLE IF NOT EXISTS {db}.{name} (
         workflow_id String,
@@ -149,7 +152,7 @@ WORKFLOW_SUMMARIES_TABLE = Table(
     ENGINE = ReplacingMergeTree(last_window_end)
     ORDER BY workflow_id
     """,
-    added_columns=(*GOODPUT_COLUMNS, *RIGHT_SIZE_COLUMNS),
+    added_columns=(*GOODPUT_COLUMNS, *SUMMARY_V3_COLUMNS),
     prepare=lambda r: {**r, "right_size": [tuple(x[k] for k in RIGHT_SIZE_FIELDS) for x in r.get("right_size") or []]},
 )
 

@@ -225,7 +225,9 @@ def job_report(summary: dict, rates: Rates | None = None, cluster: str = "") -> 
         + (f", memory peak {100 * summary['memory_peak_fraction']:.0f}%" if summary.get("memory_peak_fraction")
            is not None else "")
         + (f", tensor cores active {summary['tensor_active_mean_pct']:.1f}% (hardware MFU estimate)"
-           if summary.get("tensor_active_mean_pct") is not None else ""),
+           if summary.get("tensor_active_mean_pct") is not None else "")
+        + (f", model FLOPs utilisation {summary['model_mfu_pct']:.1f}% (from the work the job reported)"
+           if summary.get("model_mfu_pct") is not None else ""),
         "",
         render_waterfall(w, rates, "Where the GPU-hours went"),
     ]

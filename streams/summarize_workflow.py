@@ -8,7 +8,7 @@ efficiency record of every executed workflow.
 from __future__ import annotations
 
 from schemas.goodput_buckets import JOULES_FIELDS, SECONDS_FIELDS
-from streams.right_size import recommend
+from streams.right_size import activity_mean, recommend
 from streams.workflow_state import WorkflowState
 
 _SUMS = ("gpu_seconds", "active_gpu_seconds", "wasted_gpu_seconds", "zero_util_gpu_seconds",
@@ -51,7 +51,7 @@ def accumulate(state: WorkflowState, window: dict, alerts: list[dict]) -> None:
 # Means over the job of what right-sizing judges (streams.right_size): [sum of value x seconds,
 # seconds] of each, over the windows that have it (SM and tensor activity only where GPM is read).
 ACTIVITY = (("sm", "sm_active_mean_pct", "gpu_seconds"), ("tensor", "tensor_active_mean_pct", "gpu_seconds"),
-            ("cpu", "workflow_cpu_mean_pct", None))
+            ("mfu", "model_mfu_pct", "gpu_seconds"), ("cpu", "workflow_cpu_mean_pct", None))
 
 
 def _add_activity(job: dict, window: dict, sign: int) -> None:
@@ -100,5 +100,6 @@ def summary(workflow_id: str, state: WorkflowState, reason: str, now_ms: int) ->
         **{k: job.get(k, 0.0) for k in _SUMS}, "gpu_model": job.get("model"),
         "utilization_mean_pct": job["util_weighted"] / seconds if seconds else 0.0,
         "memory_peak_fraction": job["mem_peak"], "energy_joules": job["energy_j"], "xid_count": job["xids"],
-        "alerts_fired": sorted(job["fired"]), "right_size": recommend(job), "summarized_at": now_ms,
+        "alerts_fired": sorted(job["fired"]), "tensor_active_mean_pct": activity_mean(job, "tensor"),
+        "model_mfu_pct": activity_mean(job, "mfu"), "right_size": recommend(job), "summarized_at": now_ms,
     }

@@ -136,3 +136,19 @@ def test_host_memory_per_gpu_is_sized_from_the_workflows_resident_memory():
     accumulate(state, window, [])
     (rec,) = [r for r in recommend(state.job) if r["kind"] == "host_memory_per_gpu"]
     assert rec["recommended"] == "12 GiB of host memory per GPU" and "10.0 GiB per GPU" in rec["reason"]
+
+
+def test_the_summary_carries_the_jobs_tensor_activity_and_model_mfu_and_the_report_shows_them():
+    """Goodput (issue 18): the job-end report's MFU is the job's, weighted by GPU-seconds over
+    its windows (tensor activity where GPM reads it; model MFU where the job reported its work)."""
+    from sinks.job_report import job_report
+
+    state = WorkflowState(partition=0)
+    for m, (gpu_s, tensor, mfu) in enumerate([(60.0, 40.0, 30.0), (180.0, 20.0, None)]):
+        accumulate(state, window(window_start=BASE_MS + m * MIN, window_end=BASE_MS + (m + 1) * MIN,
+                                 gpu_seconds=gpu_s, tensor_active_mean_pct=tensor, model_mfu_pct=mfu), [])
+    record = summary("wf-a", state, "ended", BASE_MS)
+    assert record["tensor_active_mean_pct"] == pytest.approx((60 * 40 + 180 * 20) / 240)
+    assert record["model_mfu_pct"] == pytest.approx(30.0)  # only the window that had it
+    text, _ = job_report(record)
+    assert "tensor cores active 25.0%" in text and "model FLOPs utilisation 30.0%" in text
