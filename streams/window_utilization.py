@@ -385,6 +385,7 @@ class WindowAggregator:
             wf = c["workflow_id"]
             state = self.store.get(wf)
             if state is None:
+                log.info("%s: its first samples on partition %d here (offset %d)", wf, partition, item.offset)
                 state = self.state_of(wf, partition, c["owner"], c["team"])
                 idle.add(wf)
             elif (item.offset, item.index) <= (state.last_offset, state.last_index):
@@ -446,6 +447,9 @@ class WindowAggregator:
         key = history_key(wf, start)
         closed = self.history.get(key)
         if closed is None:
+            log.info("%s: samples of window %d came after the watermark passed it, and no closed window of "
+                     "it is kept here: it starts anew (partition %d, %d windows kept)", wf, start, partition,
+                     sum(map(len, self._kept[partition].values())))
             closed = {"partition": partition, "version": 0, "acc": _new_acc()}
             self._kept[partition].setdefault(start + self.config.size_ms, set()).add(key)
         if key not in reopened:

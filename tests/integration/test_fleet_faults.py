@@ -233,7 +233,8 @@ def _differences(client, database, published, closed_before, cluster, prefix, lo
                for *_, n, w in read_topic(cluster.bootstrap, prefix + WORKFLOW_WINDOWS.name, PARTITIONS)
                if n == "WorkflowWindow" and (w["workflow_id"], w["window_start"]) in wrong]
     letters = [r for *_, r in read_topic(cluster.bootstrap, prefix + DEAD_LETTERS.name, 1)]
-    notable = re.compile(r"WARNING|ERROR|dropped the state|reading again|rebalance again|generation id|window-utilization:")
+    notable = re.compile(r"dropped the state|reading again|rebalance again|generation id|window-utilization:|"
+                         r"first samples|starts anew|Recovery complete|Revoking|overlapping|StateWrite|Traceback")
     logged = [f"{path.parent.name}: {line.strip()[:300]}" for path in sorted(logs.glob("*/*.log"))
               for line in path.read_text(errors="replace").splitlines() if notable.search(line)]
     return (f"windows (stored version, seconds), published seconds: {wrong}; their emissions: {sorted(emitted)}; "
