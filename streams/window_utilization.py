@@ -413,6 +413,12 @@ class WindowAggregator:
                 key = str(start)
                 acc = state.windows.get(key)
                 if acc is None:
+                    if self.history.get(history_key(wf, start)) is not None:
+                        # Closed already, on a clock since rebuilt lower (a quiet partition follows
+                        # the fleet's clock, which no state keeps): it stays closed, and takes these
+                        # samples as a new version.
+                        self._add_late(partition, wf, state, start, part, closed_at, reopened)
+                        continue
                     acc = state.windows[key] = _new_acc()
                     index.setdefault(start + size, set()).add(wf)
                     idle.discard(wf)

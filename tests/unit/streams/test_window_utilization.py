@@ -276,3 +276,28 @@ def test_samples_of_one_message_count_once_each_and_replays_are_skipped_by_posit
     closer = Incoming.row(8, sample(workflow_id="wf-other", event_time=BASE_MS + 60_000))
     (window,) = [w for w in agg.process(0, [closer], closed_at=0).closed if w["workflow_id"] == "wf-a"]
     assert window["sample_count"] == 4 and window["gpu_count"] == 4
+
+
+def test_a_window_closed_on_the_fleets_clock_stays_closed_after_a_rebalance():
+    """Found by the fleet fault test (a window emitted twice as version 1, 84 and then 36 of
+    120 GPU-seconds, the second replacing the first): a quiet partition follows the fleet's
+    clock and closes its windows before its own samples of them have all come (the broker
+    holding them was down); the clock it followed is not kept in any workflow's state, so
+    after a rebalance the partition's watermark is rebuilt lower, and the rest of the window's
+    samples opened it again as a new window. A window that has closed takes its later samples
+    as a new version, whatever the watermark."""
+    store: dict = {}
+    history: dict = {}
+    agg = WindowAggregator(CFG, store, history)
+    samples = series(seconds=120, start=BASE_MS, gpus=2)
+    early = [s for s in samples if s["event_time"] < BASE_MS + 102_000]
+    rest = [s for s in samples if s["event_time"] >= BASE_MS + 102_000]
+    feed(agg, 0, early)
+    followed = agg.follow(0, BASE_MS + 140_000, quiet_ms=5_000, closed_at=0)  # the fleet is at 140 s
+    first = [w for w in followed.closed if w["window_start"] == BASE_MS + 60_000]
+    assert [(w["version"], w["gpu_seconds"]) for w in first] == [(1, 84.0)]
+    agg.forget_partitions()  # a rebalance: the indexes (the partition's clock with them) are rebuilt
+    r = feed(agg, 0, rest, first_offset=1000)
+    assert [w for w in r.closed if w["window_start"] == BASE_MS + 60_000] == []  # not a new window
+    (after, before), = [(a, b) for a, b in r.updated if a["window_start"] == BASE_MS + 60_000]
+    assert before == first[0] and (after["version"], after["gpu_seconds"]) == (2, 120.0)
