@@ -64,27 +64,7 @@ def add_efficiency(e: dict, c: dict, w: list[float], total: float) -> None:
             pair = e[key]
             pair[0] += sum(map(mul, col, w))
             pair[1] += total
-    used, capacity = c["memory_used_bytes"], c["memory_total_bytes"]
-    if used is not None and capacity is not None:
-        known = list(map(bool, capacity))
-        fractions = list(map(truediv, compress(used, known), compress(capacity, known)))
-        if fractions:
-            peak = max(fractions)
-            if e["mem_peak"] is None or peak > e["mem_peak"]:
-                e["mem_peak"] = peak
-            weights = list(compress(w, known))
-            pair = e["mem_frac"]
-            pair[0] += sum(map(mul, fractions, weights))
-            pair[1] += sum(weights)
-        rss = c["workflow_memory_bytes"]  # the workflow's processes on this host (the same on each GPU)
-        if rss is not None:
-            peaks = e.setdefault("host_rss", {})
-            peaks[c["host"]] = max(peaks.get(c["host"], 0), max(r for r in rss if r is not None))
-        allocated = c["allocator_peak_bytes"]  # the framework's own peak, where the job reports it
-        if allocated is not None:
-            reported = [a / m for a, m in zip(allocated, capacity) if a is not None and m]
-            if reported and max(reported) > (e.get("alloc_peak") or 0.0):
-                e["alloc_peak"] = max(reported)
+    _add_memory(e, c, w)
     # With where the GPU is and whose rank runs there, so an imbalance can name the straggler.
     per_gpu = e["per_gpu"]
     ranks = c["rank"]
@@ -110,6 +90,32 @@ def add_efficiency(e: dict, c: dict, w: list[float], total: float) -> None:
     ecc = c["ecc_uncorrected_volatile"]
     if ecc is not None and (e["ecc"] is None or max(ecc) > e["ecc"]):
         e["ecc"] = max(ecc)
+
+
+def _add_memory(e: dict, c: dict, w: list[float]) -> None:
+    """The block's memory: NVML's used fraction (peak and weighted mean), and where the agent
+    has them, the workflow's resident memory on the host and the framework allocator's peak."""
+    used, capacity = c["memory_used_bytes"], c["memory_total_bytes"]
+    if used is not None and capacity is not None:
+        known = list(map(bool, capacity))
+        fractions = list(map(truediv, compress(used, known), compress(capacity, known)))
+        if fractions:
+            peak = max(fractions)
+            if e["mem_peak"] is None or peak > e["mem_peak"]:
+                e["mem_peak"] = peak
+            weights = list(compress(w, known))
+            pair = e["mem_frac"]
+            pair[0] += sum(map(mul, fractions, weights))
+            pair[1] += sum(weights)
+        rss = c["workflow_memory_bytes"]  # the workflow's processes on this host (the same on each GPU)
+        if rss is not None:
+            peaks = e.setdefault("host_rss", {})
+            peaks[c["host"]] = max(peaks.get(c["host"], 0), max(r for r in rss if r is not None))
+        allocated = c["allocator_peak_bytes"]  # the framework's own peak, where the job reports it
+        if allocated is not None:
+            reported = [a / m for a, m in zip(allocated, capacity) if a is not None and m]
+            if reported and max(reported) > (e.get("alloc_peak") or 0.0):
+                e["alloc_peak"] = max(reported)
 
 
 def _percentile(hist: dict[str, float], q: float) -> float | None:

@@ -176,23 +176,46 @@ class CommittingConsumer:
         self.events.append(("crashed", str(exc)))
 
 
-def writes_acknowledged_later(stage, monkeypatch) -> list[asyncio.Future]:
-    """The stage's state writes as the producer hands them back: futures that resolve once the
-    broker has acknowledged them (the test resolves them)."""
-    futures: list[asyncio.Future] = []
+class Writes:
+    """The stage's state writes as the producer hands them back: futures the test resolves (the
+    broker's acknowledgement), with an event when the commit has written them and one when it
+    waits on every one of them."""
+
+    def __init__(self) -> None:
+        self.futures: list[asyncio.Future] = []
+        self.written, self.awaited = asyncio.Event(), asyncio.Event()
+
+
+class Write(asyncio.Future):
+    """One write's acknowledgement, telling ``writes`` when something waits on it."""
+
+    def __init__(self, writes: Writes) -> None:
+        super().__init__()
+        self.writes, self.waited_on = writes, False
+
+    def add_done_callback(self, fn, *, context=None) -> None:
+        super().add_done_callback(fn, context=context)
+        self.waited_on = True
+        if all(getattr(f, "waited_on", False) for f in self.writes.futures):
+            self.writes.awaited.set()
+
+
+def writes_acknowledged_later(stage, monkeypatch) -> Writes:
+    writes = Writes()
 
     def send_changelog(partition, key, value, value_serializer=None):
-        fut = asyncio.get_running_loop().create_future()
-        futures.append(fut)
+        fut = Write(writes)
+        writes.futures.append(fut)
+        writes.written.set()
         stage.events.append(("state", key))
         return fut
 
     monkeypatch.setattr(stage.table, "send_changelog", send_changelog)
     monkeypatch.setattr(stage.history, "send_changelog", send_changelog)
-    return futures
+    return writes
 
 
-async def a_batch_then_a_commit(stage, futures: list) -> asyncio.Task:
+async def a_batch_then_a_commit(stage, writes: Writes) -> asyncio.Task:
     """A batch that closes a window, then the consumer's commit (faust_fixes), run until it has
     written the states: the task of the commit, waiting on their acknowledgements."""
     from streams import faust_fixes
@@ -201,8 +224,7 @@ async def a_batch_then_a_commit(stage, futures: list) -> asyncio.Task:
     await stage._apply_samples(0, messages(0, 80, offset=0), now=BASE_MS + 90_000)
     commit = asyncio.create_task(faust_fixes._force_commit_between_batches(CommittingConsumer(stage.app,
                                                                                                stage.events)))
-    while not futures:  # the commit writes the states
-        await asyncio.sleep(0)
+    await writes.written.wait()  # the commit writes the states
     return commit
 
 
@@ -210,14 +232,14 @@ def test_offsets_are_committed_only_once_the_states_before_them_are_durable(stag
     """A commit that went ahead of the state writes it follows, with the worker killed before
     the broker had them, would leave the new owner a state without samples the committed
     offsets had passed."""
-    futures = writes_acknowledged_later(stage, monkeypatch)
+    writes = writes_acknowledged_later(stage, monkeypatch)
 
     async def scenario():
-        commit = await a_batch_then_a_commit(stage, futures)
-        for _ in range(20):  # it would have committed by now, had it not waited
-            await asyncio.sleep(0)
-        assert ("committed", {"tp": 42}) not in stage.events
-        for fut in futures:
+        commit = await a_batch_then_a_commit(stage, writes)
+        waiting = asyncio.ensure_future(writes.awaited.wait())  # the commit waits on every write it made ...
+        await asyncio.wait({waiting, commit}, return_when=asyncio.FIRST_COMPLETED)  # ... or it went on
+        assert waiting.done() and ("committed", {"tp": 42}) not in stage.events
+        for fut in writes.futures:
             fut.set_result(None)
         assert await commit is True
 
@@ -230,10 +252,11 @@ def test_a_state_write_that_failed_stops_the_commit_and_the_worker(stage, monkey
     """Offsets past a state that never reached its changelog would lose what the state held:
     the worker stops instead (its partitions go to a worker that reads on from the last
     durable state)."""
-    futures = writes_acknowledged_later(stage, monkeypatch)
+    writes = writes_acknowledged_later(stage, monkeypatch)
+    futures = writes.futures
 
     async def scenario():
-        commit = await a_batch_then_a_commit(stage, futures)
+        commit = await a_batch_then_a_commit(stage, writes)
         futures[0].set_result(None)
         futures[1].set_exception(RuntimeError("the changelog's leader is gone"))
         assert await commit is False
