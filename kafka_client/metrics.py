@@ -91,9 +91,6 @@ class ComponentMetrics:
     def counter(self, name: str, doc: str, labels: Iterable[str] = ()) -> Counter:
         return Counter(name, doc, list(labels), registry=self.registry)
 
-    def gauge(self, name: str, doc: str, labels: Iterable[str] = ()) -> Gauge:
-        return Gauge(name, doc, list(labels), registry=self.registry)
-
     def histogram(self, name: str, doc: str, labels: Iterable[str] = (), buckets=Histogram.DEFAULT_BUCKETS
                   ) -> Histogram:
         return Histogram(name, doc, list(labels), registry=self.registry, buckets=buckets)
