@@ -2,6 +2,7 @@
 compare gpufleet's trace analysis with (``tests/data/hta/<trace>.json``).
 
     benchmarks/.venv-hta/bin/python benchmarks/hta_reference.py TRACE > tests/data/hta/NAME.json
+    benchmarks/.venv-hta/bin/python benchmarks/hta_reference.py --add critical_path TRACE tests/data/hta/NAME.json
 
 Runs in HTA's own virtualenv (``make bench-hta``), never in gpufleet's.
 """
@@ -80,6 +81,34 @@ def _queues(a) -> dict | None:
             "blocked": None if blocked is None else _rows(blocked)}
 
 
+def _critical_path(a) -> dict:
+    """HTA's critical path of the first profiler step: its length and the time of its edges by
+    what bounds them and by the event they are charged to. HTA 0.5.0 calls ``DataFrame.drop``
+    with both ``axis`` and ``columns``, which pandas 2 refuses: ``axis`` is dropped for it."""
+    import pandas as pd
+
+    drop = pd.DataFrame.drop
+
+    def drop_without_axis(self, labels=None, *, axis=0, index=None, columns=None, **kwargs):
+        if index is not None or columns is not None:
+            return drop(self, labels, index=index, columns=columns, **kwargs)
+        return drop(self, labels, axis=axis, **kwargs)
+
+    pd.DataFrame.drop = drop_without_axis
+    try:
+        graph, ok = a.critical_path_analysis(rank=0, annotation="ProfilerStep", instance_id=0)
+    finally:
+        pd.DataFrame.drop = drop
+    if not ok:
+        return {"hta_error": "critical_path_analysis returned False"}
+    edges = graph.get_critical_path_breakdown()
+    by_bound = edges.groupby("bound_by").duration.sum()
+    charged = edges[edges.type == "critical_path_operator"].groupby("s_name").duration.sum()
+    return {"path_us": _clean(edges.duration.sum()),
+            "bound_by": {k: _clean(v) for k, v in by_bound.items() if k},
+            "by_event": {k: _clean(v) for k, v in charged.items()}}
+
+
 def main(path: str) -> None:
     logging.disable(logging.WARNING)
     warnings.filterwarnings("ignore")
@@ -119,5 +148,27 @@ def main(path: str) -> None:
     print()
 
 
+def add(key: str, path: str, reference: str) -> None:
+    """Add one analysis (``critical_path``) to a stored reference file."""
+    logging.disable(logging.WARNING)
+    warnings.filterwarnings("ignore")
+    from hta.trace_analysis import TraceAnalysis
+
+    d = tempfile.mkdtemp()
+    os.symlink(os.path.abspath(path), os.path.join(d, os.path.basename(path)))
+    with open(reference) as fh:
+        out = json.load(fh)
+    try:
+        out[key] = {"critical_path": _critical_path}[key](TraceAnalysis(trace_dir=d))
+    except Exception as exc:  # noqa: BLE001 - recorded as HTA's failure, as above
+        out[key] = {"hta_error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+    with open(reference, "w") as fh:
+        json.dump(out, fh, indent=1, sort_keys=True)
+        fh.write("\n")
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if sys.argv[1] == "--add":
+        add(*sys.argv[2:5])
+    else:
+        main(sys.argv[1])

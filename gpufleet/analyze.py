@@ -22,21 +22,23 @@ def analyze_file(path: str | Path, workflow_id: str = "", trace_id: str | None =
 
 
 def analyze_file_with_findings(
-    path: str | Path, workflow_id: str = "", trace_id: str | None = None,
+    path: str | Path, workflow_id: str = "", trace_id: str | None = None, critical_path: bool = False,
 ) -> tuple[dict, list[dict]]:
-    """The ``TraceAnalysis`` and ``Finding`` records of one file, as the worker makes them."""
-    record, findings, _ = _analyze(path, workflow_id, trace_id)
+    """The ``TraceAnalysis`` and ``Finding`` records of one file, as the worker makes them;
+    with ``critical_path``, the record also holds the steps' critical paths (``critical_path``,
+    not a field of the wire record) and the findings what they show."""
+    record, findings, _ = _analyze(path, workflow_id, trace_id, critical_path)
     return record, findings
 
 
-def _analyze(path: str | Path, workflow_id: str = "", trace_id: str | None = None,
+def _analyze(path: str | Path, workflow_id: str = "", trace_id: str | None = None, critical_path: bool = False,
              ) -> tuple[dict, list[dict], TraceAnalyzer | None]:
     try:
-        trace = read_trace(path)
+        trace = read_trace(path, cpu_ops=critical_path)
     except TraceError as exc:
         return {"source": str(path), "error": str(exc), "unreadable": True}, [], None
     now = int(time.time() * 1000)
-    analyzer = TraceAnalyzer()
+    analyzer = TraceAnalyzer(critical_path=critical_path, infer_syncs=trace.sync_events == 0)
     with no_cycle_collection():
         for e in trace.events:
             analyzer.add(e)
@@ -46,7 +48,10 @@ def _analyze(path: str | Path, workflow_id: str = "", trace_id: str | None = Non
         workflow_id=workflow_id, rank=trace.rank, source=str(path),
         partial=trace.partial, error=trace.error, analyzed_at=now, flops=trace.flops, gpu_name=trace.gpu_name,
     )
-    return record, findings_records(result, record, trace.memory(), now), analyzer
+    findings = findings_records(result, record, trace.memory(), now)
+    if critical_path:
+        record["critical_path"] = result["critical_path"]
+    return record, findings, analyzer
 
 
 def trace_files(path: str | Path) -> list[Path]:
@@ -181,6 +186,26 @@ SECTIONS = (
 )
 
 
+def format_critical_path(cp: dict) -> str:
+    """The steps' critical paths: per step the path's length and what it ran on, then the
+    operators and kernels that take most of it over all steps."""
+    lines = [("  critical path per step, ms (span of the step, path, and on it: CPU, GPU compute, "
+              "communication, launch delay, gaps between kernels)")]
+    rows = cp["steps"] + ([{**cp["total"], "step": "all steps", "span_us": None}] if len(cp["steps"]) > 1 else [])
+    for x in rows[:SECTION_ROWS]:
+        span = "" if x["span_us"] is None else f"{x['span_us'] / 1e3:9.3f}"
+        lines.append(f"    {x['step']:<18} {span:>9} {x['path_us'] / 1e3:9.3f} | {x['cpu_us'] / 1e3:9.3f} "
+                     f"{x['gpu_compute_us'] / 1e3:9.3f} {x['communication_us'] / 1e3:9.3f} "
+                     f"{x['launch_overhead_us'] / 1e3:9.3f} {x['kernel_gap_us'] / 1e3:9.3f}")
+    if cp["top"]:
+        lines.append("  most time on the critical path")
+        lines += [f"    {t['on']:<3} {t['time_us'] / 1e3:9.3f} ms  {t['short_name']}" for t in cp["top"]]
+    lines += [f"  not found for {s}" for s in cp["skipped"]]
+    if not cp["steps"]:
+        lines.append("  no step with CPU operators: was the trace read with every CPU operator?")
+    return "\n".join(lines)
+
+
 def format_findings(findings: list[dict]) -> str:
     if not findings:
         return "  no antipattern found"
@@ -237,18 +262,19 @@ def format_job(job: dict) -> str:
     return "\n".join(lines)
 
 
-def run(paths: list[str], as_json: bool, workflow_id: str = "") -> tuple[str, int]:
+def run(paths: list[str], as_json: bool, workflow_id: str = "", critical_path: bool = False) -> tuple[str, int]:
     """The analyses of ``paths`` as text (or JSON), the job's ranks side by side when they are
     several, and the exit status: 1 if a file could not be read or was damaged (its figures
-    then cover only what was read), else 0."""
-    results = [analyze_file_with_findings(p, workflow_id) for p in paths]
+    then cover only what was read), else 0. ``critical_path``: each step's critical path too."""
+    results = [analyze_file_with_findings(p, workflow_id, critical_path=critical_path) for p in paths]
     job = job_analysis([a for a, _ in results])
     if as_json:
         text = json.dumps({"traces": [{"analysis": a, "findings": f} for a, f in results], "job": job}, indent=1)
     else:
         text = "\n\n".join(
-            format_record(a) + ("" if a.get("unreadable") or not a["gpu_events"]
-                                else "\n  findings:\n" + format_findings(f))
+            format_record(a)
+            + ("\n" + format_critical_path(a["critical_path"]) if "critical_path" in a and a["gpu_events"] else "")
+            + ("" if a.get("unreadable") or not a["gpu_events"] else "\n  findings:\n" + format_findings(f))
             for a, f in results
         )
         if job is not None:

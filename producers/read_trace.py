@@ -27,7 +27,7 @@ from typing import Any
 
 import msgspec
 
-from producers.trace_events import Columns, EventList
+from producers.trace_events import SYNC_CODE, Columns, EventList
 from producers.trace_json import (
     NO_ARGS,
     Args,
@@ -68,6 +68,7 @@ class TraceRead(msgspec.Struct):
     # FLOPs of the operators the profiler counted (with_flops=True), per precision of their inputs
     flops: dict[str, int] = msgspec.field(default_factory=dict)
     gpu_name: str | None = None  # the GPU most of the rank's GPU events ran on, from deviceProperties
+    sync_events: int = 0  # the profiler's synchronisation events (cuda_sync; PyTorch 2.3 and later)
 
     def memory(self) -> dict | None:
         if self.memory_peak_bytes is None:
@@ -91,8 +92,9 @@ def no_cycle_collection() -> Iterator[None]:
             gc.enable()
 
 
-def read_trace(path: str | Path) -> TraceRead:
-    """Read ``path`` with HTA's loading rules; see the module docstring."""
+def read_trace(path: str | Path, cpu_ops: bool = False) -> TraceRead:
+    """Read ``path`` with HTA's loading rules; see the module docstring. ``cpu_ops``: keep every
+    CPU operator (the critical path needs them; the other analyses only a few)."""
     path = Path(path)
     result = TraceRead(str(path))
 
@@ -159,7 +161,7 @@ def read_trace(path: str | Path) -> TraceRead:
                             op = _add_flops(result.flops, args.flops, args.input_type)
                         if (kind == "cpu_op" or kind == "annotation") and op is None \
                                 and "ProfilerStep" not in name and "DataLoader" not in name \
-                                and cat != "gpu_user_annotation":
+                                and cat != "gpu_user_annotation" and not (cpu_ops and kind == "cpu_op"):
                             continue  # CPU ops the analysis does not use
                         if op is not None:  # an operator that counts its FLOPs: kept for the roofline
                             rows.add(e, kind, name, args, stream, corr, False, names, tids)
@@ -183,6 +185,7 @@ def read_trace(path: str | Path) -> TraceRead:
     devices = Counter(rows.device[i] for i in range(len(rows)) if rows.gpu[i] and rows.device[i] >= 0)
     result.gpu_name = _gpu_name(result.device_properties, devices.most_common(1)[0][0] if devices else None)
     result.rounded = any_float
+    result.sync_events = rows.kind.count(SYNC_CODE)
     if any_float:
         rows.round_times()
     keep = range(len(rows))

@@ -15,6 +15,7 @@ from producers.trace_json import Args, Event, to_int
 # Event kinds as stored, by code.
 _KINDS = ("other", "kernel", "memcpy", "memset", "sync", "runtime", "cpu_op", "annotation")
 _KIND_CODE = {k: i for i, k in enumerate(_KINDS)}
+SYNC_CODE = _KIND_CODE["sync"]
 
 
 class Columns:
@@ -77,6 +78,9 @@ class Columns:
                 "bytes": nbytes if nbytes >= 0 else None,
                 "bandwidth_gbps": _bandwidth(args.bandwidth) if kind == "memcpy" or kind == "memset" else None,
                 "memcpy_kind": name[len("Memcpy "):] if kind == "memcpy" and name.startswith("Memcpy ") else None}
+        elif kind == "sync" and args.wait_on_record is not None:
+            self.extras[len(self.kind) - 1] = {"wait_on_stream": to_int(args.wait_on_stream),
+                                               "wait_on_record": to_int(args.wait_on_record)}
 
 
 class EventList(Sequence):

@@ -153,6 +153,10 @@ class Args(msgspec.Struct, gc=False):
     bandwidth: Any = msgspec.field(default=None, name="memory bandwidth (GB/s)")  # copies and sets
     # with record_shapes=True: kept unparsed, read only for the operators that count FLOPs
     input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
+    # synchronisation on a CUDA event (cuda_sync "Event Sync", "Stream Wait Event"): the stream
+    # and the cudaEventRecord call it waits on
+    wait_on_stream: Any = None
+    wait_on_record: Any = msgspec.field(default=None, name="wait_on_cuda_event_record_corr_id")
 
 
 # A time in microseconds the analysis can place: a number below 2**53 (285 years) either way.

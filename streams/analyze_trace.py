@@ -18,6 +18,7 @@ from schemas.gpu_peaks import peak_tflops
 from streams.trace_annotations import GpuAnnotations
 from streams.trace_antipatterns import AntipatternCollector
 from streams.trace_collectives import Collectives
+from streams.trace_critical_path import CriticalPath
 from streams.trace_idle_breakdown import IdleBreakdown, StreamIdle
 from streams.trace_kernel_breakdown import KernelBreakdown
 from streams.trace_launch_stats import LaunchStats
@@ -33,7 +34,12 @@ PENDING_HORIZON_US = 10_000_000
 
 
 class TraceAnalyzer:
-    def __init__(self, pending_horizon_us: float = PENDING_HORIZON_US) -> None:
+    def __init__(self, pending_horizon_us: float = PENDING_HORIZON_US, critical_path: bool = False,
+                 infer_syncs: bool = False) -> None:
+        """``critical_path``: find each step's critical path too (needs every CPU operator:
+        ``read_trace(..., cpu_ops=True)``; not checkpointed, for a whole trace at once);
+        ``infer_syncs``: the trace has no synchronisation events (``TraceRead.sync_events``)."""
+        self.critical = CriticalPath(infer_syncs) if critical_path else None
         self.temporal = TemporalBreakdown()
         self.idle = IdleBreakdown()
         self.launch = LaunchStats()
@@ -65,6 +71,8 @@ class TraceAnalyzer:
         else:
             self._last_ts = ts
         self.events += 1
+        if self.critical is not None:
+            self.critical.add(event)
         corr = event["correlation"]
         if event["stream"] < 0:
             kind, op = event["kind"], None
@@ -147,6 +155,7 @@ class TraceAnalyzer:
             "queue_lengths": self.queues.result(),
             "steps": self.per_step.result(),
             "antipatterns": self.antipatterns.summary(),
+            **({"critical_path": self.critical.result()} if self.critical is not None else {}),
         }
 
     # -- checkpoints (JSON-able) -------------------------------------------------------
@@ -295,5 +304,6 @@ def findings_records(result: dict, analysis: dict, memory: dict | None, detected
             **f,
             "detected_at": detected_at,
         }
-        for f in detect_antipatterns(result["antipatterns"], analysis, memory, analysis.get("system"))
+        for f in detect_antipatterns(result["antipatterns"], analysis, memory, analysis.get("system"),
+                                     result.get("critical_path"))
     ]

@@ -14,7 +14,10 @@ and the analysis of the same trace, all listed in ``RULES``. Rules:
   running under 70 % of their roofline (``trace_operators``);
 * from what the host agent saw during a requested profile (``ProfileSystemContext``): a
   starved GPU while the host's or the job's CPUs are saturated (CPU-bound input), or while
-  the host waits on I/O (storage-bound input), on the live input-bound detector's thresholds.
+  the host waits on I/O (storage-bound input), on the live input-bound detector's thresholds;
+* where the critical path was found (``gpufleet analyze --critical-path``): steps whose critical
+  path is mostly CPU time, exposed communication, or launch delays and gaps between kernels,
+  with the operators that take most of it.
 
 Findings worth under 1 ms of GPU time are left out. The GPU time at stake of different
 findings can overlap (a gap is also a low-utilisation chunk): do not add them up.
@@ -49,6 +52,7 @@ class Evidence:
     analysis: dict
     memory: dict | None = None
     system: dict | None = None
+    critical_path: dict | None = None  # a CriticalPath.result(), where it was found
 
     @property
     def kernel_us(self) -> float:
@@ -307,16 +311,61 @@ def storage_bound_input(e: Evidence) -> dict | None:
         "with more prefetching (DataLoader prefetch_factor); check the shared filesystem's throughput.")
 
 
+CRITICAL_PATH_CPU_SHARE = 0.5
+CRITICAL_PATH_OTHER_SHARE = 0.3
+
+
+def critical_path_bound(e: Evidence) -> dict | None:
+    """What sets the pace of the profiled steps, where it is not the GPU's own computation."""
+    cp = e.critical_path
+    total = cp["total"] if cp else None
+    if not total or not total["path_us"]:
+        return None
+    path = total["path_us"]
+    waiting = total["launch_overhead_us"] + total["kernel_gap_us"]
+    shares = (f"{100 * total['cpu_us'] / path:.0f} % CPU, {100 * total['gpu_compute_us'] / path:.0f} % GPU compute, "
+              f"{100 * total['communication_us'] / path:.0f} % communication, {100 * waiting / path:.0f} % launch "
+              "delays and gaps between kernels")
+    steps = len(cp["steps"])
+    where = f"the critical path of {steps} step{'s' if steps != 1 else ''} ({path / 1e3:.1f} ms): {shares}"
+
+    def top(on: str) -> str:
+        named = [f"{t['short_name']} {t['time_us'] / 1e3:.1f} ms" for t in cp["top"] if t["on"] == on][:3]
+        return "; most on it: " + ", ".join(named) if named else ""
+
+    if total["cpu_us"] >= CRITICAL_PATH_CPU_SHARE * path:
+        return _finding(
+            "critical_path_cpu", "WARNING", "The steps wait for the CPU", where + top("cpu"), total["cpu_us"],
+            "The GPU's work follows the host's: speed up or take off the main thread what is named (data "
+            "loading: more DataLoader workers and pinned memory; Python and launch overhead: torch.compile, "
+            "CUDA graphs), and remove synchronisations that make the host wait for the GPU and then the GPU "
+            "for the host.")
+    if total["communication_us"] >= CRITICAL_PATH_OTHER_SHARE * path:
+        return _finding(
+            "critical_path_communication", "WARNING", "Communication sets the pace of the steps", where + top("gpu"),
+            total["communication_us"],
+            "Overlap the collectives with computation (DDP bucket sizes, FSDP prefetching, async tensor "
+            "parallelism) or move less data (gradient compression, a topology-aware layout).")
+    if waiting >= CRITICAL_PATH_OTHER_SHARE * path:
+        return _finding(
+            "critical_path_launch", "WARNING", "Launch delays and gaps between kernels set the pace of the steps",
+            where, waiting,
+            "The GPU waits between kernels: fuse small kernels (torch.compile), capture the step in a CUDA "
+            "graph, and keep the launch queue full (no synchronisation between launches).")
+    return None
+
+
 # Every rule, in the order their findings are listed.
 RULES: tuple[Rule, ...] = (
     gpu_gaps, low_utilization_chunks, synchronization, synchronous_memcpy, pageable_async_memcpy,
     synchronous_memset, launch_bound, high_launch_delay, low_comm_overlap, input_pipeline_stall,
     no_tensor_cores, memory_pressure, operators_below_roof, cpu_bound_input, storage_bound_input,
+    critical_path_bound,
 )
 
 
 def detect_antipatterns(s: dict, analysis: dict, memory: dict | None = None,
-                        system: dict | None = None) -> list[dict]:
+                        system: dict | None = None, critical_path: dict | None = None) -> list[dict]:
     """The findings of every rule on one trace (see :class:`Evidence` for the arguments)."""
-    evidence = Evidence(s, analysis, memory, system)
+    evidence = Evidence(s, analysis, memory, system, critical_path)
     return [f for rule in RULES if (f := rule(evidence)) is not None]

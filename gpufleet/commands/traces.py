@@ -26,6 +26,9 @@ def add(sub) -> None:
     p.add_argument("traces", nargs="+", help=".json or .json.gz trace files, one per rank")
     p.add_argument("--json", action="store_true", help="print the TraceAnalysis records as JSON")
     p.add_argument("--workflow", default="", help="workflow id to put in the records")
+    p.add_argument("--critical-path", action="store_true",
+                   help="find each profiler step's critical path across CPU threads and GPU streams "
+                        "(reads every CPU operator: about twice the time)")
     p.set_defaults(func=cmd_analyze)
 
     p = sub.add_parser("diff", help="what changed between two profiles: per step, by kernel type and kernel",
@@ -109,7 +112,7 @@ def _system_line(system: dict) -> str:
 def cmd_analyze(args: argparse.Namespace) -> int:
     from gpufleet.analyze import run
 
-    text, rc = run(args.traces, args.json, args.workflow)
+    text, rc = run(args.traces, args.json, args.workflow, args.critical_path)
     print(text)
     return rc
 

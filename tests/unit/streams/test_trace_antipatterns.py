@@ -169,11 +169,42 @@ def test_a_starved_gpu_on_a_host_waiting_for_io_is_storage_bound(tmp_path):
     assert "storage_bound_input" not in with_context(tmp_path, BUSY, context(host_iowait_mean_pct=35.0))
 
 
+def critical_path_rules(tmp_path, events) -> dict:
+    _, findings = analyze_file_with_findings(write_trace(tmp_path / "t.json", events), "wf", critical_path=True)
+    return {f["rule"]: f for f in findings if f["rule"].startswith("critical_path")}
+
+
+def test_critical_path_names_what_sets_the_pace_of_the_steps(tmp_path):
+    """The ["critical_path_bound"] rule: one finding for what most of the steps' critical path
+    ran on, where it is not the GPU's own computation (tested apart: it needs the CPU operators)."""
+    cpu = [cpu_op("aten::slow_python", 0, 50 * MS), *launched("gemm", 49 * MS, 1 * MS, corr=1, call_ts=48 * MS)]
+    found = critical_path_rules(tmp_path, cpu)
+    assert set(found) == {"critical_path_cpu"}
+    assert "aten::slow_python" in found["critical_path_cpu"]["evidence"]
+    # the CPU's time on the path: 48 ms to the launch, and the rest of the operator or the kernel's wait
+    assert 0.048 <= found["critical_path_cpu"]["gpu_seconds_at_stake"] <= 0.050
+
+    nccl = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)"
+    communication = [cpu_op("aten::step", 0, 120 * MS), runtime("cudaLaunchKernel", 10, 5, corr=1),
+                     kernel(nccl, 20, 100 * MS, corr=1), runtime("cudaDeviceSynchronize", 30, 110 * MS, corr=2)]
+    assert set(critical_path_rules(tmp_path, communication)) == {"critical_path_communication"}
+
+    gaps = [cpu_op("aten::step", 0, 6.2 * MS), runtime("cudaLaunchKernel", 10, 5, corr=1),
+            runtime("cudaLaunchKernel", 20, 5, corr=2), kernel("a", 30, 1 * MS, corr=1), kernel("b", 5 * MS, 1 * MS, corr=2),
+            runtime("cudaDeviceSynchronize", 40, 6.1 * MS, corr=3)]
+    assert set(critical_path_rules(tmp_path, gaps)) == {"critical_path_launch"}
+
+    gpu_bound = [cpu_op("aten::step", 0, 101 * MS), runtime("cudaLaunchKernel", 10, 5, corr=1),
+                 kernel("gemm", 20, 100 * MS, corr=1), runtime("cudaDeviceSynchronize", 30, 100 * MS, corr=2)]
+    assert critical_path_rules(tmp_path, gpu_bound) == {}
+
+
 def test_every_registered_rule_has_its_case_here():
     """A rule is a function in streams/trace_rules.py, in RULES, with a test here."""
     from streams.trace_rules import RULES
 
-    tested_apart = {"memory_pressure", "cpu_bound_input", "storage_bound_input"}  # by the tests above
+    tested_apart = {"memory_pressure", "cpu_bound_input", "storage_bound_input",
+                    "critical_path_bound"}  # by the tests above
     assert {rule.__name__ for rule in RULES} == set(CASES) | tested_apart
     here = Path(__file__).read_text()
     assert all(f'["{name}"]' in here for name in tested_apart)
