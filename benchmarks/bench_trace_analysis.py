@@ -17,6 +17,11 @@ with fresh correlation ids and step numbers) and runs both on it. --synthetic ST
 traces of shapes the shared ones lack (tests/unit/traces.py), in the profiler's layout: a
 data-parallel job with NCCL overlapping computation on five streams, and the same with eight
 nested CPU operators (shapes, call stacks) around each launch, as with_stack traces have.
+
+--critical-path also times each side's critical path: gpufleet's of every profiler step
+(``gpufleet analyze --critical-path``: every analysis and the paths) against HTA's of its first
+step (``critical_path_analysis``, the analysis HTA offers), with the first step's path side by
+side; HTA's error where it fails.
 """
 
 from __future__ import annotations
@@ -82,6 +87,34 @@ print(json.dumps({"kernel_us": float(tb["kernel_time(us)"]), "idle_us": float(tb
 """
 
 
+OURS_CP = r"""
+import json, sys
+from gpufleet.analyze import analyze_file
+cp = analyze_file(sys.argv[1], critical_path=True)["critical_path"]
+first = cp["steps"][0] if cp["steps"] else {}
+print(json.dumps({"steps": len(cp["steps"]), **{k: first.get(k) for k in ("path_us", "cpu_us", "gpu_compute_us",
+  "communication_us", "launch_overhead_us", "kernel_gap_us")}}))
+"""
+
+HTA_CP = r"""
+import json, logging, os, sys, tempfile
+logging.disable(logging.WARNING)
+import warnings; warnings.filterwarnings("ignore")
+sys.path.insert(0, sys.argv[2])
+from hta_reference import _critical_path
+from hta.trace_analysis import TraceAnalysis
+d = tempfile.mkdtemp()
+os.symlink(os.path.abspath(sys.argv[1]), os.path.join(d, os.path.basename(sys.argv[1])))
+cp = _critical_path(TraceAnalysis(trace_dir=d))
+if "hta_error" in cp:
+    sys.exit(cp["hta_error"])
+b = cp["bound_by"]
+print(json.dumps({"steps": 1, "path_us": cp["path_us"], "cpu_us": b.get("cpu_bound", 0),
+  "gpu_compute_us": b.get("gpu_compute_bound", 0), "communication_us": b.get("gpu_communication_bound", 0),
+  "launch_overhead_us": b.get("gpu_kernel_launch_overhead", 0), "kernel_gap_us": b.get("gpu_kernel_kernel_overhead", 0)}))
+"""
+
+
 # The same programs up to their imports: what a run costs before it reads anything.
 OURS_STARTUP = OURS.split("r = analyze_file")[0] + "print('{}')\n"
 HTA_STARTUP = HTA.split("d = tempfile.mkdtemp()")[0] + "print('{}')\n"
@@ -90,8 +123,8 @@ HTA_STARTUP = HTA.split("d = tempfile.mkdtemp()")[0] + "print('{}')\n"
 def measure(python: str, code: str, trace: Path, cwd: Path) -> tuple[dict | None, float, float, float, str]:
     """Run ``code`` on ``trace`` in a fresh interpreter: (result, wall s, CPU s, peak RSS MiB, error)."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen([python, "-c", code, str(trace)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=cwd)
+    proc = subprocess.Popen([python, "-c", code, str(trace), str(ROOT / "benchmarks")], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=cwd)
     _, status, usage = os.wait4(proc.pid, 0)  # the outputs are a line each: the pipes cannot fill
     elapsed = time.perf_counter() - t0
     out, err = proc.stdout.read(), proc.stderr.read()
@@ -137,6 +170,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs of each side per trace (medians are printed)")
     parser.add_argument("--synthetic", type=int, default=0, metavar="STEPS",
                         help="also run on synthetic traces of this many steps (NCCL on five streams; CPU-operator heavy)")
+    parser.add_argument("--critical-path", action="store_true",
+                        help="also time the critical path: gpufleet's of every step, HTA's of the first")
     parser.add_argument("--make-scaled", nargs=3, metavar=("SOURCE", "FACTOR", "DEST"), help=argparse.SUPPRESS)
     parser.add_argument("--make-synthetic", nargs=3, metavar=("STEPS", "CPU_OPS", "DEST"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -206,6 +241,26 @@ def main() -> None:
                     same = "same" if ours.result[key] == hta.result[key] else "DIFFERENT"
                     line += f"\n    {key:22s} gpufleet {ours.result[key]!s:>30.30}  HTA {hta.result[key]!s:>30.30}  {same}"
         print(line + "\n", flush=True)
+        if args.critical_path:
+            print(critical_path_lines(trace, args.repeat, have_hta, tmp) + "\n", flush=True)
+
+
+def critical_path_lines(trace: Path, repeat: int, have_hta: bool, tmp: Path) -> str:
+    ours, hta = Runs(), Runs()
+    for _ in range(repeat):
+        ours.add(*measure(sys.executable, OURS_CP, trace, ROOT))
+        if have_hta:
+            hta.add(*measure(str(HTA_PYTHON), HTA_CP, trace, tmp))
+    line = f"  critical path\n    gpufleet (all {ours.result['steps'] if ours.result else '?'} steps):  {ours}"
+    if have_hta:
+        line += f"\n    HTA 0.5.0 (first step): {hta}"
+        if not hta.error and not ours.error:
+            line += f"\n    ratio (medians): {hta.wall / ours.wall:5.1f}x faster, {ours.peak / hta.peak:5.2f} of HTA's memory"
+            for key in ("path_us", "cpu_us", "gpu_compute_us", "communication_us", "launch_overhead_us",
+                        "kernel_gap_us"):
+                same = "same" if ours.result[key] == hta.result[key] else "DIFFERENT"
+                line += f"\n      first step {key:20s} gpufleet {ours.result[key]!s:>10}  HTA {hta.result[key]!s:>10}  {same}"
+    return line
 
 
 class Runs:

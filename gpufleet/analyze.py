@@ -16,9 +16,10 @@ from streams.trace_collectives import stragglers
 from streams.trace_kernel_type import short_kernel_name
 
 
-def analyze_file(path: str | Path, workflow_id: str = "", trace_id: str | None = None) -> dict:
+def analyze_file(path: str | Path, workflow_id: str = "", trace_id: str | None = None,
+                 critical_path: bool = False) -> dict:
     """The ``TraceAnalysis`` record of one file, or ``{"source", "error"}`` if it cannot be read."""
-    return analyze_file_with_findings(path, workflow_id, trace_id)[0]
+    return analyze_file_with_findings(path, workflow_id, trace_id, critical_path)[0]
 
 
 def analyze_file_with_findings(

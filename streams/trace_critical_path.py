@@ -29,8 +29,9 @@ predecessor, a step is summarised and forgotten once it is over (at most ``IN_FL
 held), and a step of more than ``MAX_NODES`` nodes is given up with a reason.
 
 **CUDA graphs.** A ``cudaGraphLaunch`` puts many kernels on the GPU under one correlation id.
-HTA matches one GPU event per launch and fails on the rest; here every kernel of the graph
-follows the launch or the kernel before it on its stream, so a step of graphs has a path.
+HTA 0.5.0 fails on a step of graphs (its launch queue counts only kernel launch calls); here
+every kernel of the graph follows the launch or the kernel before it on its stream, so a step
+of graphs has the path of the same kernels launched one by one.
 
 Without profiler steps the whole trace is one region.
 """

@@ -60,6 +60,29 @@ def write_trace(path: Path, events: list[dict], rank: int | None = 0, gz: bool =
     return path
 
 
+def cuda_graph_step_trace(path: Path, graph: bool) -> Path:
+    """A step that launches six kernels (stream 7: four of 100 us back to back; stream 8: two
+    of 50 us) and waits for them (cudaStreamSynchronize, with the profiler's Stream Sync).
+    ``graph``: as one cudaGraphLaunch (one correlation id for all six), else one launch each."""
+    events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1,
+               "ts": 0, "dur": 1000, "args": {}},
+              cpu_op("aten::forward", 10, 40)]
+    if graph:
+        events.append(runtime("cudaGraphLaunch", 20, 20, corr=1))
+        corrs = [1] * 6
+    else:
+        events += [runtime("cudaLaunchKernel", 12 + 4 * i, 3, corr=1 + i) for i in range(6)]
+        corrs = list(range(1, 7))
+    starts7 = [50, 150, 250, 350]
+    events += [kernel(f"k7_{i}", ts, 100, stream=7, corr=c) for i, (ts, c) in enumerate(zip(starts7, corrs))]
+    events += [kernel(f"k8_{i}", ts, 50, stream=8, corr=c) for i, (ts, c) in enumerate(zip((60, 110), corrs[4:]))]
+    events += [runtime("cudaStreamSynchronize", 60, 400, corr=100),
+               {"ph": "X", "cat": "cuda_sync", "name": "Stream Sync", "pid": 0, "tid": 7, "ts": 61, "dur": 398,
+                "args": {"stream": 7, "correlation": 100, "device": 0}},
+               cpu_op("aten::item", 470, 10)]
+    return write_trace(path, events)
+
+
 COMPUTE_KERNELS = tuple(f"void gemm_{i}<float, {i * 32}>(float const*, float*)" for i in range(14)) + (
     "ampere_sgemm_128x64_tn", "void at::native::vectorized_elementwise_kernel<4, at::native::AddFunctor<float> >")
 NCCL_KERNELS = ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)",

@@ -18,6 +18,7 @@ from streams.trace_kernel_type import short_kernel_name
 from tests.unit.traces import (
     SHARED_TRACES,
     cpu_op,
+    cuda_graph_step_trace,
     kernel,
     memcpy,
     runtime,
@@ -107,42 +108,27 @@ def test_real_traces_hta_fails_on_have_a_path_per_step(name):
     assert cp["skipped"] == []
 
 
-def _graph_step(tmp_path: Path, graph: bool) -> Path:
-    """A step that launches six kernels (stream 7: four of 100 us back to back; stream 8: two
-    of 50 us) and waits for them (cudaStreamSynchronize, with the profiler's Stream Sync).
-    ``graph``: as one cudaGraphLaunch (one correlation id for all six), else one launch each."""
-    events = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1, "tid": 1,
-               "ts": 0, "dur": 1000, "args": {}},
-              cpu_op("aten::forward", 10, 40)]
-    if graph:
-        events.append(runtime("cudaGraphLaunch", 20, 20, corr=1))
-        corrs = [1] * 6
-    else:
-        events += [runtime("cudaLaunchKernel", 12 + 4 * i, 3, corr=1 + i) for i in range(6)]
-        corrs = list(range(1, 7))
-    starts7 = [50, 150, 250, 350]
-    events += [kernel(f"k7_{i}", ts, 100, stream=7, corr=c) for i, (ts, c) in enumerate(zip(starts7, corrs))]
-    events += [kernel(f"k8_{i}", ts, 50, stream=8, corr=c) for i, (ts, c) in enumerate(zip((60, 110), corrs[4:]))]
-    events += [runtime("cudaStreamSynchronize", 60, 400, corr=100),
-               {"ph": "X", "cat": "cuda_sync", "name": "Stream Sync", "pid": 0, "tid": 7, "ts": 61, "dur": 398,
-                "args": {"stream": 7, "correlation": 100, "device": 0}},
-               cpu_op("aten::item", 470, 10)]
-    return write_trace(tmp_path / f"graph-{graph}.json", events)
-
-
 @pytest.mark.parametrize("graph", [True, False])
 def test_a_cuda_graph_step_has_the_path_of_the_same_kernels_launched_one_by_one(tmp_path, graph):
     """The step's path: the CPU up to the launch, every kernel of stream 7 in order, the wait's
     end, aten::item. A graph's kernels share one correlation id; each follows the one before
     it on its stream, so the path is the same whether they came from one graph launch or six
-    launch calls (HTA matches one kernel per launch and cannot build the graph's path)."""
-    step = critical_path(_graph_step(tmp_path, graph))["steps"][0]
+    launch calls."""
+    step = critical_path(cuda_graph_step_trace(tmp_path / "t.json", graph))["steps"][0]
     assert step["gpu_compute_us"] == 400 and step["streams"] == {7: 400}
     assert {t["name"] for t in step["top"] if t["on"] == "gpu"} == {"k7_0", "k7_1", "k7_2", "k7_3"}
     launch_call = 20 if graph else 12
     assert step["launch_overhead_us"] == 50 - launch_call
     assert step["cpu_us"] == launch_call - 10 + 10  # into aten::forward up to the launch; aten::item
     assert step["path_us"] == 40 + 400 + 10  # the wait for the GPU weighs nothing on the CPU
+    # HTA 0.5.0 on the same two traces: on the graph it fails (its launch queue counts only kernel
+    # launch calls); launched one by one, its path starts at the first kernel (its queue-length
+    # test adds no launch edge), 40 us shorter: the CPU up to the launch and the launch delay
+    hta = json.loads((HTA_DATA / f"cuda-graph-step-{'graph' if graph else 'launches'}.json").read_text())
+    if graph:
+        assert "hta_error" in hta["critical_path"]
+    else:
+        assert hta["critical_path"]["path_us"] == step["path_us"] - 40
 
 
 def test_launch_or_previous_kernel_whichever_came_last(tmp_path):
@@ -240,7 +226,7 @@ def test_steps_are_summarised_as_they_end_and_forgotten(tmp_path):
 
 
 def test_gpufleet_analyze_prints_the_critical_path_and_its_finding(tmp_path):
-    path = _graph_step(tmp_path, graph=True)
+    path = cuda_graph_step_trace(tmp_path / "t.json", graph=True)
     text, rc = run([str(path)], as_json=False, critical_path=True)
     assert rc == 0
     assert "critical path per step" in text and "k7_0" in text
