@@ -55,11 +55,13 @@ bench: setup
 	$(BIN)/python benchmarks/bench_sink.py
 	$(BIN)/python benchmarks/bench_stream.py
 
-# Holistic Trace Analysis in an environment of its own, only to compare against in benchmarks.
+# Holistic Trace Analysis in an environment of its own, only to compare against in benchmarks,
+# with the pandas and NumPy of its time: under pandas 3 and NumPy 2 its critical path and call
+# graph fail (DataFrame.drop with axis and columns; np.unique on object arrays) or lose edges.
 bench-hta: benchmarks/.venv-hta/bin/python
 benchmarks/.venv-hta/bin/python:
 	$(PYTHON) -m venv benchmarks/.venv-hta
-	benchmarks/.venv-hta/bin/pip install -q holistictraceanalysis==0.5.0
+	benchmarks/.venv-hta/bin/pip install -q holistictraceanalysis==0.5.0 "pandas<2.3" "numpy<2"
 
 clean:
 	rm -rf $(VENV) .venv-torch docker/kafka/libs data .pytest_cache

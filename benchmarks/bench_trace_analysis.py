@@ -21,7 +21,9 @@ nested CPU operators (shapes, call stacks) around each launch, as with_stack tra
 --critical-path also times each side's critical path: gpufleet's of every profiler step
 (``gpufleet analyze --critical-path``: every analysis and the paths) against HTA's of its first
 step (``critical_path_analysis``, the analysis HTA offers), with the first step's path side by
-side; HTA's error where it fails.
+side; HTA's error where it fails. --kernel-sequences OPERATOR times both sides' frequent CUDA
+kernel sequences of that operator (gpufleet: every analysis and the sequences; HTA:
+``get_frequent_cuda_kernel_sequences``) and compares the sequences found.
 """
 
 from __future__ import annotations
@@ -115,16 +117,39 @@ print(json.dumps({"steps": 1, "path_us": cp["path_us"], "cpu_us": b.get("cpu_bou
 """
 
 
+OURS_SEQ = r"""
+import json, sys
+from streams import trace_kernel_sequences
+trace_kernel_sequences.TOP = 10**6
+from gpufleet.analyze import analyze_file
+x = analyze_file(sys.argv[1], kernel_sequences=[sys.argv[3]])["kernel_sequences"][sys.argv[3]]
+print(json.dumps({"sequences": {"|".join(s["sequence"]): [s["count"], s["gpu_us"], s["cpu_us"]] for s in x["top"]}}))
+"""
+
+HTA_SEQ = r"""
+import json, logging, os, sys, tempfile
+logging.disable(logging.WARNING)
+import warnings; warnings.filterwarnings("ignore")
+from hta.trace_analysis import TraceAnalysis
+d = tempfile.mkdtemp()
+os.symlink(os.path.abspath(sys.argv[1]), os.path.join(d, os.path.basename(sys.argv[1])))
+df = TraceAnalysis(trace_dir=d).get_frequent_cuda_kernel_sequences(sys.argv[3], tempfile.mkdtemp(), visualize=False)
+print(json.dumps({"sequences": {r["pattern"]: [int(r["count"]), float(r["GPU kernel duration (us)"]),
+  float(r["CPU op duration (us)"])] for _, r in df.iterrows()}}))
+"""
+
+
 # The same programs up to their imports: what a run costs before it reads anything.
 OURS_STARTUP = OURS.split("r = analyze_file")[0] + "print('{}')\n"
 HTA_STARTUP = HTA.split("d = tempfile.mkdtemp()")[0] + "print('{}')\n"
 
 
-def measure(python: str, code: str, trace: Path, cwd: Path) -> tuple[dict | None, float, float, float, str]:
+def measure(python: str, code: str, trace: Path, cwd: Path, *extra: str,
+            ) -> tuple[dict | None, float, float, float, str]:
     """Run ``code`` on ``trace`` in a fresh interpreter: (result, wall s, CPU s, peak RSS MiB, error)."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen([python, "-c", code, str(trace), str(ROOT / "benchmarks")], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=cwd)
+    proc = subprocess.Popen([python, "-c", code, str(trace), str(ROOT / "benchmarks"), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
     _, status, usage = os.wait4(proc.pid, 0)  # the outputs are a line each: the pipes cannot fill
     elapsed = time.perf_counter() - t0
     out, err = proc.stdout.read(), proc.stderr.read()
@@ -172,6 +197,8 @@ def main() -> None:
                         help="also run on synthetic traces of this many steps (NCCL on five streams; CPU-operator heavy)")
     parser.add_argument("--critical-path", action="store_true",
                         help="also time the critical path: gpufleet's of every step, HTA's of the first")
+    parser.add_argument("--kernel-sequences", metavar="OPERATOR",
+                        help="also time both sides' frequent kernel sequences of this operator")
     parser.add_argument("--make-scaled", nargs=3, metavar=("SOURCE", "FACTOR", "DEST"), help=argparse.SUPPRESS)
     parser.add_argument("--make-synthetic", nargs=3, metavar=("STEPS", "CPU_OPS", "DEST"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -243,6 +270,8 @@ def main() -> None:
         print(line + "\n", flush=True)
         if args.critical_path:
             print(critical_path_lines(trace, args.repeat, have_hta, tmp) + "\n", flush=True)
+        if args.kernel_sequences:
+            print(kernel_sequence_lines(trace, args.kernel_sequences, args.repeat, have_hta, tmp) + "\n", flush=True)
 
 
 def critical_path_lines(trace: Path, repeat: int, have_hta: bool, tmp: Path) -> str:
@@ -260,6 +289,23 @@ def critical_path_lines(trace: Path, repeat: int, have_hta: bool, tmp: Path) -> 
                         "kernel_gap_us"):
                 same = "same" if ours.result[key] == hta.result[key] else "DIFFERENT"
                 line += f"\n      first step {key:20s} gpufleet {ours.result[key]!s:>10}  HTA {hta.result[key]!s:>10}  {same}"
+    return line
+
+
+def kernel_sequence_lines(trace: Path, operator: str, repeat: int, have_hta: bool, tmp: Path) -> str:
+    ours, hta = Runs(), Runs()
+    for _ in range(repeat):
+        ours.add(*measure(sys.executable, OURS_SEQ, trace, ROOT, operator))
+        if have_hta:
+            hta.add(*measure(str(HTA_PYTHON), HTA_SEQ, trace, tmp, operator))
+    found = len(ours.result["sequences"]) if ours.result else "?"
+    line = f"  kernel sequences of {operator} ({found} found)\n    gpufleet:  {ours}"
+    if have_hta:
+        line += f"\n    HTA 0.5.0: {hta}"
+        if not hta.error and not ours.error:
+            same = "the same" if ours.result == hta.result else "DIFFERENT"
+            line += (f"\n    ratio (medians): {hta.wall / ours.wall:5.1f}x faster, {ours.peak / hta.peak:5.2f} of "
+                     f"HTA's memory; sequences, counts and times {same}")
     return line
 
 

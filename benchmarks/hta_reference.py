@@ -83,22 +83,8 @@ def _queues(a) -> dict | None:
 
 def _critical_path(a) -> dict:
     """HTA's critical path of the first profiler step: its length and the time of its edges by
-    what bounds them and by the event they are charged to. HTA 0.5.0 calls ``DataFrame.drop``
-    with both ``axis`` and ``columns``, which pandas 2 refuses: ``axis`` is dropped for it."""
-    import pandas as pd
-
-    drop = pd.DataFrame.drop
-
-    def drop_without_axis(self, labels=None, *, axis=0, index=None, columns=None, **kwargs):
-        if index is not None or columns is not None:
-            return drop(self, labels, index=index, columns=columns, **kwargs)
-        return drop(self, labels, axis=axis, **kwargs)
-
-    pd.DataFrame.drop = drop_without_axis
-    try:
-        graph, ok = a.critical_path_analysis(rank=0, annotation="ProfilerStep", instance_id=0)
-    finally:
-        pd.DataFrame.drop = drop
+    what bounds them and by the event they are charged to."""
+    graph, ok = a.critical_path_analysis(rank=0, annotation="ProfilerStep", instance_id=0)
     if not ok:
         return {"hta_error": "critical_path_analysis returned False"}
     edges = graph.get_critical_path_breakdown()
@@ -107,6 +93,22 @@ def _critical_path(a) -> dict:
     return {"path_us": _clean(edges.duration.sum()),
             "bound_by": {k: _clean(v) for k, v in by_bound.items() if k},
             "by_event": {k: _clean(v) for k, v in charged.items()}}
+
+
+# Operators whose frequent kernel sequences are stored: the shared traces' common convolution,
+# batch norm (forward and backward), element-wise and linear layers.
+SEQUENCE_OPERATORS = ("aten::conv2d", "aten::batch_norm", "CudnnBatchNormBackward", "aten::add_", "aten::linear",
+                      "aten::addmm")
+
+
+def _kernel_sequences(a) -> dict:
+    """HTA's frequent CUDA kernel sequences of rank 0 for each of ``SEQUENCE_OPERATORS``
+    (minimum length 3): every pattern with its count and durations; None where HTA finds none."""
+    out = {}
+    for name in SEQUENCE_OPERATORS:
+        df = a.get_frequent_cuda_kernel_sequences(name, tempfile.mkdtemp(), min_pattern_len=3, visualize=False)
+        out[name] = None if df is None or not len(df) else _rows(df)
+    return out
 
 
 def main(path: str) -> None:
@@ -149,7 +151,7 @@ def main(path: str) -> None:
 
 
 def add(key: str, path: str, reference: str) -> None:
-    """Add one analysis (``critical_path``) to a stored reference file."""
+    """Add one analysis (``critical_path``, ``kernel_sequences``) to a stored reference file."""
     logging.disable(logging.WARNING)
     warnings.filterwarnings("ignore")
     from hta.trace_analysis import TraceAnalysis
@@ -159,7 +161,8 @@ def add(key: str, path: str, reference: str) -> None:
     with open(reference) as fh:
         out = json.load(fh)
     try:
-        out[key] = {"critical_path": _critical_path}[key](TraceAnalysis(trace_dir=d))
+        out[key] = {"critical_path": _critical_path,
+                    "kernel_sequences": _kernel_sequences}[key](TraceAnalysis(trace_dir=d))
     except Exception as exc:  # noqa: BLE001 - recorded as HTA's failure, as above
         out[key] = {"hta_error": f"{type(exc).__name__}: {str(exc)[:300]}"}
     with open(reference, "w") as fh:

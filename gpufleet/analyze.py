@@ -17,29 +17,32 @@ from streams.trace_kernel_type import short_kernel_name
 
 
 def analyze_file(path: str | Path, workflow_id: str = "", trace_id: str | None = None,
-                 critical_path: bool = False) -> dict:
+                 critical_path: bool = False, kernel_sequences: list[str] | None = None) -> dict:
     """The ``TraceAnalysis`` record of one file, or ``{"source", "error"}`` if it cannot be read."""
-    return analyze_file_with_findings(path, workflow_id, trace_id, critical_path)[0]
+    return analyze_file_with_findings(path, workflow_id, trace_id, critical_path, kernel_sequences)[0]
 
 
 def analyze_file_with_findings(
     path: str | Path, workflow_id: str = "", trace_id: str | None = None, critical_path: bool = False,
+    kernel_sequences: list[str] | None = None,
 ) -> tuple[dict, list[dict]]:
     """The ``TraceAnalysis`` and ``Finding`` records of one file, as the worker makes them;
     with ``critical_path``, the record also holds the steps' critical paths (``critical_path``,
-    not a field of the wire record) and the findings what they show."""
-    record, findings, _ = _analyze(path, workflow_id, trace_id, critical_path)
+    not a field of the wire record) and the findings what they show; with ``kernel_sequences``
+    (operator names), their frequent kernel sequences (``kernel_sequences``, likewise)."""
+    record, findings, _ = _analyze(path, workflow_id, trace_id, critical_path, kernel_sequences)
     return record, findings
 
 
 def _analyze(path: str | Path, workflow_id: str = "", trace_id: str | None = None, critical_path: bool = False,
-             ) -> tuple[dict, list[dict], TraceAnalyzer | None]:
+             kernel_sequences: list[str] | None = None) -> tuple[dict, list[dict], TraceAnalyzer | None]:
     try:
-        trace = read_trace(path, cpu_ops=critical_path)
+        trace = read_trace(path, cpu_ops=critical_path or bool(kernel_sequences))
     except TraceError as exc:
         return {"source": str(path), "error": str(exc), "unreadable": True}, [], None
     now = int(time.time() * 1000)
-    analyzer = TraceAnalyzer(critical_path=critical_path, infer_syncs=trace.sync_events == 0)
+    analyzer = TraceAnalyzer(critical_path=critical_path, infer_syncs=trace.sync_events == 0,
+                             kernel_sequences=kernel_sequences)
     with no_cycle_collection():
         for e in trace.events:
             analyzer.add(e)
@@ -52,6 +55,8 @@ def _analyze(path: str | Path, workflow_id: str = "", trace_id: str | None = Non
     findings = findings_records(result, record, trace.memory(), now)
     if critical_path:
         record["critical_path"] = result["critical_path"]
+    if kernel_sequences:
+        record["kernel_sequences"] = result["kernel_sequences"]
     return record, findings, analyzer
 
 
@@ -207,6 +212,23 @@ def format_critical_path(cp: dict) -> str:
     return "\n".join(lines)
 
 
+def format_kernel_sequences(sequences: dict) -> str:
+    """Per operator name, its most frequent kernel sequences."""
+    lines = []
+    for name, x in sequences.items():
+        if not x["sequences"]:
+            lines.append(f"  kernel sequences of {name}: none of 3 or more GPU operations"
+                         + (" (no operator of that name)" if x["depth"] is None else ""))
+            continue
+        lines.append(f"  kernel sequences of {name}: {x['sequences']} distinct (count, GPU time, CPU time; "
+                     "the operator, then what it launched)")
+        for s in x["top"]:
+            kernels = " | ".join(short_kernel_name(k, 40) for k in s["sequence"][1:])
+            lines.append(f"    {s['count']:>6} {s['gpu_us'] / 1e3:9.3f} ms {s['cpu_us'] / 1e3:9.3f} ms  "
+                         f"{s['sequence'][0]}: {kernels}")
+    return "\n".join(lines)
+
+
 def format_findings(findings: list[dict]) -> str:
     if not findings:
         return "  no antipattern found"
@@ -263,11 +285,14 @@ def format_job(job: dict) -> str:
     return "\n".join(lines)
 
 
-def run(paths: list[str], as_json: bool, workflow_id: str = "", critical_path: bool = False) -> tuple[str, int]:
+def run(paths: list[str], as_json: bool, workflow_id: str = "", critical_path: bool = False,
+        kernel_sequences: list[str] | None = None) -> tuple[str, int]:
     """The analyses of ``paths`` as text (or JSON), the job's ranks side by side when they are
     several, and the exit status: 1 if a file could not be read or was damaged (its figures
-    then cover only what was read), else 0. ``critical_path``: each step's critical path too."""
-    results = [analyze_file_with_findings(p, workflow_id, critical_path=critical_path) for p in paths]
+    then cover only what was read), else 0. ``critical_path``: each step's critical path too;
+    ``kernel_sequences``: operator names whose frequent kernel sequences to find."""
+    results = [analyze_file_with_findings(p, workflow_id, critical_path=critical_path,
+                                          kernel_sequences=kernel_sequences) for p in paths]
     job = job_analysis([a for a, _ in results])
     if as_json:
         text = json.dumps({"traces": [{"analysis": a, "findings": f} for a, f in results], "job": job}, indent=1)
@@ -275,6 +300,8 @@ def run(paths: list[str], as_json: bool, workflow_id: str = "", critical_path: b
         text = "\n\n".join(
             format_record(a)
             + ("\n" + format_critical_path(a["critical_path"]) if "critical_path" in a and a["gpu_events"] else "")
+            + ("\n" + format_kernel_sequences(a["kernel_sequences"])
+               if "kernel_sequences" in a and a["gpu_events"] else "")
             + ("" if a.get("unreadable") or not a["gpu_events"] else "\n  findings:\n" + format_findings(f))
             for a, f in results
         )

@@ -94,7 +94,8 @@ def no_cycle_collection() -> Iterator[None]:
 
 def read_trace(path: str | Path, cpu_ops: bool = False) -> TraceRead:
     """Read ``path`` with HTA's loading rules; see the module docstring. ``cpu_ops``: keep every
-    CPU operator (the critical path needs them; the other analyses only a few)."""
+    CPU operator and annotation (the critical path and the kernel sequences need them; the other
+    analyses only a few)."""
     path = Path(path)
     result = TraceRead(str(path))
 
@@ -161,7 +162,7 @@ def read_trace(path: str | Path, cpu_ops: bool = False) -> TraceRead:
                             op = _add_flops(result.flops, args.flops, args.input_type)
                         if (kind == "cpu_op" or kind == "annotation") and op is None \
                                 and "ProfilerStep" not in name and "DataLoader" not in name \
-                                and cat != "gpu_user_annotation" and not (cpu_ops and kind == "cpu_op"):
+                                and cat != "gpu_user_annotation" and not cpu_ops:
                             continue  # CPU ops the analysis does not use
                         if op is not None:  # an operator that counts its FLOPs: kept for the roofline
                             rows.add(e, kind, name, args, stream, corr, False, names, tids)

@@ -97,12 +97,16 @@ class EventList(Sequence):
 
     @classmethod
     def in_start_order(cls, rows: Columns, keep: Iterable[int], whole_dur: bool) -> EventList:
-        """``keep``'s rows in start order, CPU-side before GPU-side at the same start: CPU events
-        first, then a stable sort on the start alone (a C-level key, several times faster than a
-        tuple key). Times are whole microseconds (an integer trace, or one rounded)."""
+        """``keep``'s rows in start order, CPU-side before GPU-side at the same start, and of CPU
+        events that start together the longer first (the one the others are nested in: a step
+        and its first operator, an operator and its first call): CPU events by duration, then
+        GPU events, then a stable sort on the start alone (C-level keys, several times faster
+        than a tuple key). Times are whole microseconds (an integer trace, or one rounded)."""
         stream_col = rows.stream
         keep = list(keep)
-        order = [i for i in keep if stream_col[i] < 0] + [i for i in keep if stream_col[i] >= 0]
+        cpu = [i for i in keep if stream_col[i] < 0]
+        cpu.sort(key=rows.dur.__getitem__, reverse=True)  # (stable: equal durations keep their order)
+        order = cpu + [i for i in keep if stream_col[i] >= 0]
         order.sort(key=rows.ts.__getitem__)
         return cls(rows, array("q", order), whole_ts=True, whole_dur=whole_dur)
 

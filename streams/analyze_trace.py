@@ -21,6 +21,7 @@ from streams.trace_collectives import Collectives
 from streams.trace_critical_path import CriticalPath
 from streams.trace_idle_breakdown import IdleBreakdown, StreamIdle
 from streams.trace_kernel_breakdown import KernelBreakdown
+from streams.trace_kernel_sequences import KernelSequences
 from streams.trace_launch_stats import LaunchStats
 from streams.trace_memory_copies import MemoryCopies
 from streams.trace_operators import OperatorRoofline
@@ -35,11 +36,13 @@ PENDING_HORIZON_US = 10_000_000
 
 class TraceAnalyzer:
     def __init__(self, pending_horizon_us: float = PENDING_HORIZON_US, critical_path: bool = False,
-                 infer_syncs: bool = False) -> None:
-        """``critical_path``: find each step's critical path too (needs every CPU operator:
-        ``read_trace(..., cpu_ops=True)``; not checkpointed, for a whole trace at once);
+                 infer_syncs: bool = False, kernel_sequences: list[str] | None = None) -> None:
+        """``critical_path``: find each step's critical path too; ``kernel_sequences``: the
+        frequent kernel sequences of these operator names. Both need every CPU operator
+        (``read_trace(..., cpu_ops=True)``) and are not checkpointed: for a whole trace at once.
         ``infer_syncs``: the trace has no synchronisation events (``TraceRead.sync_events``)."""
         self.critical = CriticalPath(infer_syncs) if critical_path else None
+        self.sequences = KernelSequences(kernel_sequences) if kernel_sequences else None
         self.temporal = TemporalBreakdown()
         self.idle = IdleBreakdown()
         self.launch = LaunchStats()
@@ -73,6 +76,8 @@ class TraceAnalyzer:
         self.events += 1
         if self.critical is not None:
             self.critical.add(event)
+        if self.sequences is not None:
+            self.sequences.add(event)
         corr = event["correlation"]
         if event["stream"] < 0:
             kind, op = event["kind"], None
@@ -156,6 +161,7 @@ class TraceAnalyzer:
             "steps": self.per_step.result(),
             "antipatterns": self.antipatterns.summary(),
             **({"critical_path": self.critical.result()} if self.critical is not None else {}),
+            **({"kernel_sequences": self.sequences.result()} if self.sequences is not None else {}),
         }
 
     # -- checkpoints (JSON-able) -------------------------------------------------------

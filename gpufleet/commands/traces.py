@@ -29,6 +29,9 @@ def add(sub) -> None:
     p.add_argument("--critical-path", action="store_true",
                    help="find each profiler step's critical path across CPU threads and GPU streams "
                         "(reads every CPU operator: about twice the time)")
+    p.add_argument("--kernel-sequences", action="append", default=[], metavar="OPERATOR",
+                   help="the frequent sequences of GPU operations launched by the CPU operators whose "
+                        "name contains OPERATOR (repeatable), as HTA's get_frequent_cuda_kernel_sequences")
     p.set_defaults(func=cmd_analyze)
 
     p = sub.add_parser("diff", help="what changed between two profiles: per step, by kernel type and kernel",
@@ -112,7 +115,7 @@ def _system_line(system: dict) -> str:
 def cmd_analyze(args: argparse.Namespace) -> int:
     from gpufleet.analyze import run
 
-    text, rc = run(args.traces, args.json, args.workflow, args.critical_path)
+    text, rc = run(args.traces, args.json, args.workflow, args.critical_path, args.kernel_sequences)
     print(text)
     return rc
 

@@ -83,6 +83,58 @@ def cuda_graph_step_trace(path: Path, graph: bool) -> Path:
     return write_trace(path, events)
 
 
+def kernel_sequence_trace(path: Path, seed: int = 1, steps: int = 6, layers: int = 8) -> Path:
+    """A trace for frequent kernel sequences: each step's forward runs ``layers`` aten::linear
+    operators (aten::t, then aten::addmm launching one of two GEMMs, mostly a bias kernel and
+    often a ReLU, sometimes a memset first; some too short to count), and a backward thread
+    runs aten::linear_backward deeper in its stack (the name matches too: HTA counts only the
+    matches at the smallest depth). Its HTA results are ``tests/data/hta/kernel-sequences.json``."""
+    import random
+
+    rng = random.Random(seed)
+    events: list[dict] = []
+    corr, t = 0, 1000
+
+    def launch(name: str, at: int, tid: int, dur: int, stream: int = 7) -> int:
+        nonlocal corr
+        corr += 1
+        events.append({**runtime("cudaLaunchKernel", at, 3, corr), "tid": tid})
+        cat = "gpu_memset" if name.startswith("Memset") else "kernel"
+        events.append(kernel(name, at + 20 + rng.randint(0, 5), dur, stream=stream, corr=corr, cat=cat))
+        return at + 4
+
+    def op(name: str, at: int, dur: int, tid: int = 1) -> None:
+        events.append({**cpu_op(name, at, dur), "tid": tid})
+
+    for n in range(steps):
+        start = t
+        for _ in range(layers):
+            roll = rng.random()
+            op("aten::linear", t, 40)
+            op("aten::t", t + 1, 3)
+            op("aten::addmm", t + 5, 30)
+            at = t + 6
+            if roll < 0.2:
+                at = launch("Memset (Device)", at, 1, 2)
+            at = launch("void gemm_a<float>(float const*, float*)" if rng.random() < 0.7
+                        else "void gemm_b<float>(float const*, float*)", at, 1, 30)
+            if roll < 0.9:
+                at = launch("void bias_add<float>(float*)", at, 1, 5)
+            if rng.random() < 0.6:
+                launch("void relu<float>(float*)", at, 1, 3)
+            t += 50
+        events.append(step(n + 1, start, t - start))
+        for _ in range(layers):  # the backward thread
+            op("autograd::engine::evaluate_function: AddmmBackward0", t, 40, tid=2)
+            op("AddmmBackward0", t + 1, 38, tid=2)
+            op("aten::linear_backward", t + 2, 36, tid=2)
+            at = launch("void gemm_a<float>(float const*, float*)", t + 3, 2, 20)
+            at = launch("void gemm_b<float>(float const*, float*)", at, 2, 20)
+            launch("void bias_grad<float>(float*)", at, 2, 5)
+            t += 50
+    return write_trace(path, sorted(events, key=lambda e: e["ts"]))
+
+
 COMPUTE_KERNELS = tuple(f"void gemm_{i}<float, {i * 32}>(float const*, float*)" for i in range(14)) + (
     "ampere_sgemm_128x64_tn", "void at::native::vectorized_elementwise_kernel<4, at::native::AddFunctor<float> >")
 NCCL_KERNELS = ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)",
