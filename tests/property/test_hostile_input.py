@@ -29,6 +29,7 @@ from producers.read_trace import TraceError, read_trace
 from schemas.codec import SCHEMA_DIR, Codec, CodecError, load_catalog
 from schemas.sample_columns import COLUMNS, blocks_of, samples_checked
 from schemas.validate_sample import validate_sample
+from streams.analyze_trace import TraceAnalyzer
 
 SCALE = float(os.environ.get("GPUFLEET_FUZZ_SCALE", "1"))
 VARIANTS = 10  # damaged copies of each structured example
@@ -236,12 +237,15 @@ kineto_event = st.fixed_dictionaries(
     {"ph": st.sampled_from(["X", "i", "f", "s"]), "cat": st.one_of(st.sampled_from(
         ["kernel", "cuda_runtime", "cpu_op", "gpu_memcpy", "user_annotation", "Trace", "cuda_sync"]), event_values),
      "name": st.one_of(st.sampled_from(["sgemm", "ProfilerStep#1", "ProfilerStep#2", "cudaLaunchKernel", "[memory]",
-                                        "Event Sync"]), event_values),
+                                        "Event Sync", "Stream Wait Event", "Context Sync", "cudaGraphLaunch",
+                                        "cudaStreamSynchronize", "cudaEventRecord", "cudaMemcpy", "aten::linear"]),
+                       event_values),
      "ts": st.one_of(longs, numbers, event_values), "dur": st.one_of(ints, numbers, event_values)},
     optional={"pid": event_values, "tid": event_values,
               "args": st.one_of(event_values, st.dictionaries(
                   st.sampled_from(["stream", "correlation", "device", "bytes", "Total Allocated", "Device Id",
-                                   "External id", "grid", "block"]), event_values, max_size=5))},
+                                   "External id", "grid", "block", "wait_on_stream",
+                                   "wait_on_cuda_event_record_corr_id"]), event_values, max_size=5))},
 )
 
 
@@ -282,6 +286,19 @@ def read_or_say_why(data: bytes) -> None:
         assert read.error
     for event in read.events:
         assert isinstance(event["ts"], int) and isinstance(event["name"], str)
+    # What gpufleet analyze --critical-path --kernel-sequences does with what was read
+    read = read_trace(path, cpu_ops=True)
+    analyzer = TraceAnalyzer(critical_path=True, infer_syncs=read.sync_events == 0,
+                             kernel_sequences=["aten::linear", "sgemm", ""])
+    for event in read.events:
+        analyzer.add(event)
+    result = analyzer.result()
+    for step in result["critical_path"]["steps"]:
+        parts = sum(step[k] for k in ("cpu_us", "gpu_compute_us", "communication_us", "launch_overhead_us",
+                                      "kernel_gap_us"))
+        assert step["path_us"] >= 0 and math.isclose(parts, step["path_us"], rel_tol=1e-9, abs_tol=1e-6)
+    for found in result["kernel_sequences"].values():
+        assert all(s["count"] >= 1 and len(s["sequence"]) >= 4 for s in found["top"])
 
 
 @campaign("traces")

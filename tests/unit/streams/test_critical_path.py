@@ -9,6 +9,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gpufleet.analyze import analyze_file_with_findings, run
 from producers.read_trace import read_trace
@@ -231,3 +233,57 @@ def test_gpufleet_analyze_prints_the_critical_path_and_its_finding(tmp_path):
     assert "critical_path" not in without
     data = json.loads(run([str(path)], as_json=True, critical_path=True)[0])
     assert data["traces"][0]["analysis"]["critical_path"]["total"]["path_us"] == 450
+
+
+@st.composite
+def random_step(draw) -> list[dict]:
+    """A step of nested operators on two threads launching kernels (some as one graph) onto
+    three streams, with blocking synchronisations: random times, well formed."""
+    events = [{"ph": "X", "cat": "cpu_op", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 100_000,
+               "args": {}}]
+    corr, gpu_free = 0, {7: 0, 8: 0, 9: 0}
+    for tid in (1, 2):
+        t = draw(st.integers(1, 50))
+        for _ in range(draw(st.integers(1, 6))):
+            op_start, n = t, draw(st.integers(0, 4))
+            t += draw(st.integers(1, 20))
+            inner = []
+            for _ in range(n):
+                corr += 1
+                name = draw(st.sampled_from(["cudaLaunchKernel", "cudaLaunchKernel", "cudaGraphLaunch", "cudaMemcpy"]))
+                dur = draw(st.integers(1, 30))
+                inner.append({**runtime(name, t, dur, corr), "tid": tid})
+                for _ in range(draw(st.integers(2, 3)) if name == "cudaGraphLaunch" else 1):
+                    stream = draw(st.sampled_from([7, 8, 9]))
+                    start = max(t + draw(st.integers(1, 40)), gpu_free[stream] + draw(st.integers(0, 20)))
+                    kdur = draw(st.integers(1, 500))
+                    gpu_free[stream] = start + kdur
+                    inner.append(kernel(f"k{corr}", start, kdur, stream=stream, corr=corr))
+                t += dur + draw(st.integers(0, 10))
+            if draw(st.booleans()):
+                corr += 1
+                wait = max(gpu_free.values()) - t + 2 if draw(st.booleans()) else draw(st.integers(1, 50))
+                inner.append({**runtime("cudaDeviceSynchronize", t, max(wait, 1), corr), "tid": tid})
+                t += max(wait, 1) + 1
+            events += [{**cpu_op(f"op{op_start}", op_start, t - op_start + 1), "tid": tid}, *inner]
+            t += draw(st.integers(2, 30))
+    return events
+
+
+@given(random_step())
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_a_path_is_made_of_its_parts_and_fits_in_its_step(tmp_path, events):
+    """Whatever the step: the path's parts add up to it; it is at least as long as any kernel
+    (a kernel alone is a path) and no longer than the time from the step's first node to its
+    last (every edge goes forward in time and weighs at most the time it spans)."""
+    path = write_trace(tmp_path / "t.json", events)
+    steps = critical_path(path)["steps"]
+    assert len(steps) == 1
+    step = steps[0]
+    assert sum(step[k] for k in PARTS) == pytest.approx(step["path_us"])
+    kernels = [e for e in events if e["cat"] == "kernel"]
+    assert step["path_us"] >= max((k["dur"] for k in kernels), default=0)
+    first = min(e["ts"] for e in events)
+    last = max(e["ts"] + e["dur"] for e in events)
+    assert step["path_us"] <= last - first
+    assert sum(step["streams"].values()) == pytest.approx(step["gpu_compute_us"] + step["communication_us"])
