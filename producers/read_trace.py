@@ -193,7 +193,7 @@ def read_trace(path: str | Path, cpu_ops: bool = False) -> TraceRead:
     if len(steps) >= 2:
         keep = _before_last_step(rows, steps, cpu_corr_ts, any_float)
         result.last_step_dropped = True
-    result.events = EventList.in_start_order(rows, keep, whole_dur=any_float or not rows.float_dur)
+    result.events = EventList.in_start_order(rows, keep, whole_dur=any_float or not rows.float_dur, nested=cpu_ops)
     return result
 
 
