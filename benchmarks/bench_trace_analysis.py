@@ -247,11 +247,7 @@ def main() -> None:
           + (f"\n  HTA 0.5.0: {hta_start}" if have_hta else "") + "\n", flush=True)
     for trace in traces:
         size = trace.stat().st_size / 2**20
-        ours, hta = Runs(), Runs()
-        for _ in range(args.repeat):  # alternately, so that both see the same machine
-            ours.add(*measure(sys.executable, OURS, trace, ROOT))
-            if have_hta:
-                hta.add(*measure(str(HTA_PYTHON), HTA, trace, tmp))
+        ours, hta = alternately(OURS, HTA, trace, args.repeat, have_hta, tmp)
         line = f"{trace.name[:60]} ({size:.1f} MiB)\n  gpufleet:  {ours}"
         if have_hta:
             line += f"\n  HTA 0.5.0: {hta}"
@@ -274,12 +270,19 @@ def main() -> None:
             print(kernel_sequence_lines(trace, args.kernel_sequences, args.repeat, have_hta, tmp) + "\n", flush=True)
 
 
-def critical_path_lines(trace: Path, repeat: int, have_hta: bool, tmp: Path) -> str:
+def alternately(ours_code: str, hta_code: str, trace: Path, repeat: int, have_hta: bool, tmp: Path,
+                *extra: str) -> tuple[Runs, Runs]:
+    """Each side ``repeat`` times on ``trace``, alternately, so that both see the same machine."""
     ours, hta = Runs(), Runs()
     for _ in range(repeat):
-        ours.add(*measure(sys.executable, OURS_CP, trace, ROOT))
+        ours.add(*measure(sys.executable, ours_code, trace, ROOT, *extra))
         if have_hta:
-            hta.add(*measure(str(HTA_PYTHON), HTA_CP, trace, tmp))
+            hta.add(*measure(str(HTA_PYTHON), hta_code, trace, tmp, *extra))
+    return ours, hta
+
+
+def critical_path_lines(trace: Path, repeat: int, have_hta: bool, tmp: Path) -> str:
+    ours, hta = alternately(OURS_CP, HTA_CP, trace, repeat, have_hta, tmp)
     line = f"  critical path\n    gpufleet (all {ours.result['steps'] if ours.result else '?'} steps):  {ours}"
     if have_hta:
         line += f"\n    HTA 0.5.0 (first step): {hta}"
@@ -293,11 +296,7 @@ def critical_path_lines(trace: Path, repeat: int, have_hta: bool, tmp: Path) -> 
 
 
 def kernel_sequence_lines(trace: Path, operator: str, repeat: int, have_hta: bool, tmp: Path) -> str:
-    ours, hta = Runs(), Runs()
-    for _ in range(repeat):
-        ours.add(*measure(sys.executable, OURS_SEQ, trace, ROOT, operator))
-        if have_hta:
-            hta.add(*measure(str(HTA_PYTHON), HTA_SEQ, trace, tmp, operator))
+    ours, hta = alternately(OURS_SEQ, HTA_SEQ, trace, repeat, have_hta, tmp, operator)
     found = len(ours.result["sequences"]) if ours.result else "?"
     line = f"  kernel sequences of {operator} ({found} found)\n    gpufleet:  {ours}"
     if have_hta:

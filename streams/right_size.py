@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 
 from schemas.gpu_peaks import catalogue, gpu_spec
+from streams.job_activity import activity_mean
 
 HEADROOM = 1.2  # memory and compute the recommendation must hold beyond the job's peak and mean
 IDLE_SHARE = 0.75  # a GPU at 0 % for this share of the job counts as one the job did not need
@@ -91,13 +92,6 @@ def recommend(job: dict) -> list[dict]:
                            f"its processes kept {cpu / 100:.1f} cores busy on average over {gpus} GPU(s)",
                            "the agent's per-workflow CPU time", 0.0))
     return out
-
-
-def activity_mean(job: dict, key: str) -> float | None:
-    """The job's mean of ``key`` ("sm", "tensor", "cpu": ``summarize_workflow.ACTIVITY``), or
-    None where no window had it."""
-    total, weight = job.get(key, (0.0, 0.0))
-    return total / weight if weight > 0 else None
 
 
 def _record(kind: str, current: str | None, recommended: str, reason: str, source: str, freed_h: float) -> dict:

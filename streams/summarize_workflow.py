@@ -8,7 +8,8 @@ efficiency record of every executed workflow.
 from __future__ import annotations
 
 from schemas.goodput_buckets import JOULES_FIELDS, SECONDS_FIELDS
-from streams.right_size import activity_mean, recommend
+from streams.job_activity import activity_mean, add_activity
+from streams.right_size import recommend
 from streams.workflow_state import WorkflowState
 
 _SUMS = ("gpu_seconds", "active_gpu_seconds", "wasted_gpu_seconds", "zero_util_gpu_seconds",
@@ -33,7 +34,7 @@ def accumulate(state: WorkflowState, window: dict, alerts: list[dict]) -> None:
     if window.get("gpu_model"):
         job["model"] = window["gpu_model"]
     job["util_weighted"] += window["utilization_mean_pct"] * window["gpu_seconds"]
-    _add_activity(job, window, 1)
+    add_activity(job, window, 1)
     if window.get("energy_joules") is not None:
         job["energy_j"] = (job["energy_j"] or 0.0) + window["energy_joules"]
     if window.get("memory_peak_fraction") is not None:
@@ -48,22 +49,6 @@ def accumulate(state: WorkflowState, window: dict, alerts: list[dict]) -> None:
             job["fired"].append(a["detector"])
 
 
-# Means over the job of what right-sizing judges (streams.right_size): [sum of value x seconds,
-# seconds] of each, over the windows that have it (SM and tensor activity only where GPM is read).
-ACTIVITY = (("sm", "sm_active_mean_pct", "gpu_seconds"), ("tensor", "tensor_active_mean_pct", "gpu_seconds"),
-            ("mfu", "model_mfu_pct", "gpu_seconds"), ("cpu", "workflow_cpu_mean_pct", None))
-
-
-def _add_activity(job: dict, window: dict, sign: int) -> None:
-    for key, field, weight in ACTIVITY:
-        value = window.get(field)
-        if value is not None:
-            w = window[weight] if weight else (window["window_end"] - window["window_start"]) / 1000
-            pair = job.setdefault(key, [0.0, 0.0])
-            pair[0] += sign * value * w
-            pair[1] += sign * w
-
-
 def correct(state: WorkflowState, before: dict | None, after: dict) -> None:
     """A window completed by late samples: the job's totals take ``after`` in place of
     ``before`` (its previous emission; None where the window never closed before)."""
@@ -76,8 +61,8 @@ def correct(state: WorkflowState, before: dict | None, after: dict) -> None:
     job["max_gpus"] = max(job["max_gpus"], after["gpu_count"])
     job["util_weighted"] += (after["utilization_mean_pct"] * after["gpu_seconds"]
                              - before["utilization_mean_pct"] * before["gpu_seconds"])
-    _add_activity(job, before, -1)
-    _add_activity(job, after, 1)
+    add_activity(job, before, -1)
+    add_activity(job, after, 1)
     if after.get("energy_joules") is not None:
         job["energy_j"] = (job["energy_j"] or 0.0) + after["energy_joules"] - (before.get("energy_joules") or 0.0)
     if after.get("memory_peak_fraction") is not None:
