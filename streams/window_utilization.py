@@ -4,7 +4,8 @@ Plain logic, no Faust: the worker (``streams.topology``) feeds it batches per pa
 and persists what it reports as changed. Design:
 
 * Samples come in blocks, column by column (``schemas.sample_columns``): a block's samples
-  in one window are added with a few builtin calls per column, not one step per sample.
+  in one window are added with a few builtin calls per column, not one step per sample
+  (``streams.window_record``: a window's accumulator and the record it becomes).
 
 * A window ``[start, start + size)`` of a workflow closes when its partition's
   **watermark** (the highest event time applied on that partition minus the allowed
@@ -33,17 +34,21 @@ import logging
 import time
 from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
-from operator import mul
 
-from schemas.sample_columns import columns_of, take
+from schemas.sample_columns import columns_of
 from schemas.sample_columns import size as samples_in
 from schemas.validate_sample import NOT_WORKFLOWS
-from streams.goodput import GoodputConfig, add_goodput, goodput_fields, new_goodput
-from streams.window_efficiency import add_efficiency, efficiency_fields, new_efficiency
+from streams.goodput import GoodputConfig
+from streams.window_record import (
+    DEFAULT_GOODPUT,
+    add_block,
+    by_window,
+    new_acc,
+    to_window,
+)
 from streams.workflow_state import WorkflowState
 
 Record = dict
-DEFAULT_GOODPUT = GoodputConfig()
 log = logging.getLogger(__name__)
 
 
@@ -98,99 +103,12 @@ class BatchResult:
     history_removed: set[str] = field(default_factory=set)
 
 
-def window_start(event_time_ms: int, size_ms: int) -> int:
-    return event_time_ms - event_time_ms % size_ms
-
-
-def _new_acc() -> dict:
-    return {
-        "n": 0, "interval_ms": 0, "util_weighted": 0.0,
-        "util_min": None, "util_max": None, "mem_sum": 0.0, "mem_n": 0,
-        "energy_j": 0.0, "energy_n": 0, "eff": new_efficiency(), "goodput": new_goodput(), "model": None,
-    }
-
-
-def _add(acc: dict, c: Record, state: WorkflowState, goodput: GoodputConfig) -> None:
-    """The samples of block ``c`` (``schemas.sample_columns``), all in this accumulator's window,
-    of the workflow whose state is ``state``."""
-    # A GPU shared by several workflows counts for each in proportion to its share.
-    share = c["share"]
-    w = c["interval_ms"] if share is None else list(map(mul, c["interval_ms"], share))
-    total = sum(w)
-    util = c["utilization_pct"]
-    acc["n"] += len(util)
-    acc["interval_ms"] += total
-    acc["util_weighted"] += sum(map(mul, util, w))
-    low, high = min(util), max(util)
-    if acc["util_min"] is None or low < acc["util_min"]:
-        acc["util_min"] = low
-    if acc["util_max"] is None or high > acc["util_max"]:
-        acc["util_max"] = high
-    used = c["memory_used_bytes"]
-    if used is not None:
-        acc["mem_sum"] += sum(used)
-        acc["mem_n"] += len(used)
-    power = c["power_watts"]
-    if power is not None:
-        acc["energy_j"] += sum(map(mul, power, w)) / 1000.0
-        acc["energy_n"] += len(power)
-    add_efficiency(acc["eff"], c, w, total)
-    if "goodput" not in acc:  # a window opened by a release before goodput: from here on
-        acc["goodput"], acc["model"] = new_goodput(), None
-    add_goodput(acc["goodput"], c, w, state, goodput)
-    if acc["model"] is None:
-        acc["model"] = c["gpu_model"][0]
-
-
-def _by_window(c: Record, size_ms: int) -> list[tuple[int, Record]]:
-    """``(window start, the block's samples in that window)``: the whole block when it falls in
-    one window, as it mostly does."""
-    times = c["event_time"]
-    start = window_start(times[0], size_ms)
-    if start <= min(times) and max(times) < start + size_ms:
-        return [(start, c)]
-    starts: dict[int, list[int]] = {}
-    for i, t in enumerate(times):
-        starts.setdefault(window_start(t, size_ms), []).append(i)
-    return [(s, take(c, indices)) for s, indices in starts.items()]
-
-
 def history_key(workflow_id: str, start: int) -> str:
     return f"{workflow_id}@{start}"
 
 
 def _start_of_key(key: str) -> int:
     return int(key.rpartition("@")[2])
-
-
-def to_window(workflow_id: str, state: WorkflowState, start: int, acc: dict, size_ms: int, closed_at: int,
-              version: int = 1, goodput: GoodputConfig = DEFAULT_GOODPUT) -> Record:
-    """The ``WorkflowWindow`` record of one accumulator."""
-    interval = acc["interval_ms"]
-    buckets = acc.get("goodput")
-    energy = acc["energy_j"] if acc["energy_n"] else None
-    if buckets is not None and buckets["metered"]:  # the counters' measure where the GPUs have one
-        energy = sum(buckets["j"]) + sum(v for entry in buckets["quiet"].values() for v in entry[1::2])
-    window = {
-        "workflow_id": workflow_id,
-        "version": version,
-        "owner": state.owner,
-        "team": state.team,
-        "window_start": start,
-        "window_end": start + size_ms,
-        "sample_count": acc["n"],
-        "gpu_count": len(acc["eff"]["per_gpu"]),  # every GPU a sample came from
-        "gpu_seconds": interval / 1000.0,
-        "utilization_mean_pct": acc["util_weighted"] / interval if interval else 0.0,
-        "utilization_min_pct": float(acc["util_min"]),
-        "utilization_max_pct": float(acc["util_max"]),
-        "memory_used_mean_bytes": acc["mem_sum"] / acc["mem_n"] if acc["mem_n"] else None,
-        "energy_joules": energy,
-        **efficiency_fields(acc["eff"]),
-        "gpu_model": acc.get("model"),
-        "closed_at": closed_at,
-    }
-    return {**window, **goodput_fields(buckets or new_goodput(), window, state, goodput)}
 
 
 def _which(times: list[int], what: str) -> str:
@@ -395,7 +313,7 @@ class WindowAggregator:
             self.store[wf] = state
             result.changed.add(wf)
             watermark = newest - lateness if newest >= 0 else None
-            for start, part in _by_window(c, size):
+            for start, part in by_window(c, size):
                 times = part["event_time"]
                 if max(times) > future:
                     result.refused.append((item, _future(times, wf, future - cfg.max_future_skew_ms,
@@ -419,10 +337,10 @@ class WindowAggregator:
                         # samples as a new version.
                         self._add_late(partition, wf, state, start, part, closed_at, reopened)
                         continue
-                    acc = state.windows[key] = _new_acc()
+                    acc = state.windows[key] = new_acc()
                     index.setdefault(start + size, set()).add(wf)
                     idle.discard(wf)
-                _add(acc, part, state, cfg.goodput)
+                add_block(acc, part, state, cfg.goodput)
                 t = max(times)
                 state.max_event_time = max(state.max_event_time, t)
                 newest = max(newest, t)
@@ -456,13 +374,13 @@ class WindowAggregator:
             log.info("%s: samples of window %d came after the watermark passed it, and no closed window of "
                      "it is kept here: it starts anew (partition %d, %d windows kept)", wf, start, partition,
                      sum(map(len, self._kept[partition].values())))
-            closed = {"partition": partition, "version": 0, "acc": _new_acc()}
+            closed = {"partition": partition, "version": 0, "acc": new_acc()}
             self._kept[partition].setdefault(start + self.config.size_ms, set()).add(key)
         if key not in reopened:
             reopened[key] = (None if closed["version"] == 0 else
                              to_window(wf, state, start, closed["acc"], self.config.size_ms, closed_at,
                                        closed["version"], self.config.goodput))
-        _add(closed["acc"], part, state, self.config.goodput)
+        add_block(closed["acc"], part, state, self.config.goodput)
         self.history[key] = closed
 
     def _close(self, partition: int, watermark: int, closed_at: int, result: BatchResult) -> None:
