@@ -92,6 +92,14 @@ class _Region:
         self.seq = 0
         self.too_big = False
 
+    def release(self) -> None:
+        """Let go of the graph (a step given up)."""
+        self.ts, self.dist, self.pred, self.how, self.attr = array("d"), array("d"), array("q"), array("B"), array("q")
+        self.labels, self.pending = [], []
+        for held in (self.threads, self.stream_last, self.launched, self.calls, self.records, self.syncs,
+                     self.copies, self.waits):
+            held.clear()
+
     # -- nodes and edges ---------------------------------------------------------------
     def node(self, ts: float) -> int:
         if len(self.ts) >= MAX_NODES:
@@ -347,8 +355,11 @@ class CriticalPath:
     def add(self, e: dict) -> None:
         try:
             self._add(e)
-        except _TooBig:
-            pass
+        except _TooBig:  # the step is given up: what it held is let go now, not at its end
+            for region in self.regions:
+                if region.too_big:
+                    region.release()
+            self.by_call = {c: r for c, r in self.by_call.items() if not r.too_big}
 
     def _add(self, e: dict) -> None:
         kind = e["kind"]

@@ -22,8 +22,14 @@ matches sit at different depths.
 
 from __future__ import annotations
 
+from collections import deque
+
 MIN_LENGTH = 3
 TOP = 10
+# A call's GPU event is waited for this long after the call (trace time), as the analysis joins
+# a kernel to its launch (``analyze_trace.PENDING_HORIZON_US``): many runtime calls launch
+# nothing (cudaGetDevice, cudaEventRecord, ...), and their matches must not wait for ever.
+CALL_HORIZON_US = 10_000_000
 
 
 class _Match:
@@ -69,6 +75,7 @@ class KernelSequences:
         # tid -> the open CPU events: (end, the open match of each name, the matches the event opened)
         self.stacks: dict[int, list[tuple[float, list[_Match | None], list[_Match]]]] = {}
         self.by_call: dict[int, list[_Match]] = {}  # correlation -> the matches its call was made in
+        self.call_order: deque[tuple[float, int]] = deque()  # (ts, correlation) of the calls in by_call
 
     def add(self, e: dict) -> None:
         if e["stream"] >= 0:
@@ -83,6 +90,7 @@ class KernelSequences:
         if e["kind"] == "sync":  # a device-wide sync event: on no stream, launched by no operator
             return
         ts, name = e["ts"], e["name"]
+        self._expire(ts)
         stack = self.stacks.setdefault(e["tid"], [])
         while stack and stack[-1][0] <= ts:
             self._end(stack.pop()[2])
@@ -92,6 +100,7 @@ class KernelSequences:
             calling = [m for m in inherited if m is not None]
             if calling:
                 self.by_call[corr] = calling
+                self.call_order.append((ts, corr))
                 for m in calling:
                     m.calls += 1
         own, opened = inherited, []
@@ -104,6 +113,15 @@ class KernelSequences:
                     own[i] = _Match(op, name, len(stack), e["dur"])
                     opened.append(own[i])
         stack.append((ts + e["dur"], own, opened))
+
+    def _expire(self, now: float) -> None:
+        """Calls made more than ``CALL_HORIZON_US`` ago with no GPU event: nothing to wait for."""
+        order = self.call_order
+        while order and order[0][0] < now - CALL_HORIZON_US:
+            for m in self.by_call.pop(order.popleft()[1], ()):
+                m.calls -= 1
+                if m.ended and not m.calls:
+                    m.op.fold(m)
 
     @staticmethod
     def _end(opened: list[_Match]) -> None:
@@ -123,6 +141,7 @@ class KernelSequences:
         self.stacks.clear()
         waiting = {id(m): m for matches in self.by_call.values() for m in matches}
         self.by_call.clear()
+        self.call_order.clear()
         for m in waiting.values():
             m.calls = 0
             if m.ended:

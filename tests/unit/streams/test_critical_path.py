@@ -191,8 +191,15 @@ def test_an_old_trace_blocking_copy_waits_for_its_copy(tmp_path):
 def test_a_step_too_big_to_hold_is_given_up_with_the_reason(tmp_path, monkeypatch):
     monkeypatch.setattr(trace_critical_path, "MAX_NODES", 10)
     events = [cpu_op(f"op{i}", 10 * i, 5) for i in range(20)]
-    cp = critical_path(write_trace(tmp_path / "t.json", events))
-    assert cp["steps"] == [] and cp["skipped"] == ["(whole trace): more than 10 nodes"]
+    events += [runtime("cudaLaunchKernel", 300 + 10 * i, 2, corr=i + 1) for i in range(20)]
+    trace = read_trace(write_trace(tmp_path / "t.json", events), cpu_ops=True)
+    cp = CriticalPath()
+    for e in trace.events:
+        cp.add(e)
+    (region,) = cp.regions
+    assert region.too_big and len(region.ts) == 0 and not region.calls and not cp.by_call  # nothing held
+    result = cp.result()
+    assert result["steps"] == [] and result["skipped"] == ["(whole trace): more than 10 nodes"]
 
 
 def test_steps_are_summarised_as_they_end_and_forgotten(tmp_path):

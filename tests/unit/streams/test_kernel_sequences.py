@@ -134,6 +134,24 @@ def test_kernels_that_start_after_their_operator_ended_are_its(tmp_path):
     assert as_hta(sequences(cut, ["aten::mm"])["aten::mm"]) == {"aten::mm|a|b|c": (1, 15, 40)}
 
 
+def test_calls_that_launch_nothing_hold_nothing_for_long(tmp_path):
+    """Runtime calls with a correlation id and no GPU event (cudaGetDevice, ...) inside the
+    matches: each match still counts its kernels, and what waits for their GPU events is let
+    go a horizon later, so that a long trace holds only its recent matches."""
+    events = []
+    for n in range(50):
+        t = n * 1_000_000  # a second apart: the 10 s horizon passes during the trace
+        events += _op_with_kernels("aten::mm", t, ["a", "b", "c"], corr=100 * n + 1)
+        events.append({**runtime("cudaGetDevice", t + 2, 1, 100 * n + 50), "tid": 1})
+    ks = KernelSequences(["aten::mm"])
+    held = 0
+    for e in read_trace(write_trace(tmp_path / "t.json", sorted(events, key=lambda e: e["ts"])), cpu_ops=True).events:
+        ks.add(e)
+        held = max(held, len(ks.by_call))
+    assert held <= 12  # a horizon's worth of cudaGetDevice calls, not all 50
+    assert as_hta(ks.result()["aten::mm"]) == {"aten::mm|a|b|c": (50, 50 * 15, 50 * 40)}
+
+
 def test_gpufleet_analyze_prints_the_sequences(tmp_path):
     path = kernel_sequence_trace(tmp_path / "t.json")
     text, rc = run([str(path)], as_json=False, kernel_sequences=["aten::linear", "aten::nothing"])
