@@ -257,8 +257,21 @@ def job_analysis(records: list[dict]) -> dict | None:
                       "communication_us": r["communication_time_us"], "overlap_pct": r["comp_comm_overlap_pct"],
                       "launch_delay_mean_us": r["launch_delay_mean_us"],
                       "collectives": waits[rank]["collectives"], "came_last": waits[rank]["last"],
-                      "waited_us": waits[rank]["waited_us"], "others_waited_us": waits[rank]["caused_us"]})
+                      "waited_us": waits[rank]["waited_us"], "others_waited_us": waits[rank]["caused_us"],
+                      "critical_path": _path_shares(r.get("critical_path"))})
     return {"ranks": ranks, "collectives": s["collectives"], "straggler": s["straggler"]}
+
+
+def _path_shares(cp: dict | None) -> dict | None:
+    """A rank's critical path per step and what it ran on, as shares of it (None without one)."""
+    if not cp or not cp["steps"] or not cp["total"]["path_us"]:
+        return None
+    total = cp["total"]
+    path = total["path_us"]
+    return {"path_per_step_us": path / len(cp["steps"]), "cpu_pct": 100 * total["cpu_us"] / path,
+            "gpu_compute_pct": 100 * total["gpu_compute_us"] / path,
+            "communication_pct": 100 * total["communication_us"] / path,
+            "waiting_pct": 100 * (total["launch_overhead_us"] + total["kernel_gap_us"]) / path}
 
 
 def format_job(job: dict) -> str:
@@ -274,6 +287,13 @@ def format_job(job: dict) -> str:
                      f"{num(r['idle_pct'], '.1f'):>7} {num(r['compute_pct'], '.1f'):>7} "
                      f"{r['communication_us'] / 1e3:>9.3f} {num(r['overlap_pct'], '.1f'):>9} "
                      f"{r['came_last']:>9} {r['waited_us'] / 1e3:>10.3f} {r['others_waited_us'] / 1e3:>16.3f}")
+    paths = [(r["rank"], r["critical_path"]) for r in job["ranks"] if r.get("critical_path")]
+    if paths:
+        lines.append(f"  critical path per rank: {'rank':>5} {'ms/step':>9} {'CPU %':>6} {'GPU %':>6} {'comm %':>6} "
+                     f"{'waiting %':>9}")
+        lines += [f"  {'':22} {rank:>5} {p['path_per_step_us'] / 1e3:>9.3f} {p['cpu_pct']:>6.1f} "
+                  f"{p['gpu_compute_pct']:>6.1f} {p['communication_pct']:>6.1f} {p['waiting_pct']:>9.1f}"
+                  for rank, p in paths]
     s = job["straggler"]
     if s is None:
         lines.append("  no straggler: no rank came last to most collectives" if job["collectives"]

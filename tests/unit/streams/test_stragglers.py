@@ -65,6 +65,25 @@ def test_gpufleet_analyze_puts_the_ranks_side_by_side_and_names_the_straggler(tm
     assert json.loads(run(paths[:1], as_json=True)[0])["job"] is None
 
 
+def test_the_ranks_critical_paths_side_by_side(tmp_path):
+    """With --critical-path each rank's path per step and its shares; the straggler waits least
+    in the collectives, so the smallest share of its path is communication."""
+    import json
+
+    from gpufleet.analyze import run
+
+    paths = [str(p) for p in synthetic_rank_traces(tmp_path, ranks=4, straggler=2)]
+    text, _ = run(paths, as_json=False, critical_path=True)
+    assert "critical path per rank" in text
+    job = json.loads(run(paths, as_json=True, critical_path=True)[0])["job"]
+    shares = {r["rank"]: r["critical_path"] for r in job["ranks"]}
+    for p in shares.values():
+        assert p["path_per_step_us"] > 0
+        assert p["cpu_pct"] + p["gpu_compute_pct"] + p["communication_pct"] + p["waiting_pct"] == pytest.approx(100)
+    assert min(shares, key=lambda r: shares[r]["communication_pct"]) == 2
+    assert all(r["critical_path"] is None for r in json.loads(run(paths, as_json=True)[0])["job"]["ranks"])
+
+
 def test_the_worker_names_the_straggler_of_a_requested_profile_as_its_ranks_arrive(tmp_path):
     from schemas.topics import trace_id_of
     from streams.stage_profile_comparison import ComparisonConfig, compare, expired
