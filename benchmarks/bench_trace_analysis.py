@@ -246,28 +246,35 @@ def main() -> None:
     print(f"start-up (interpreter and imports, no trace)\n  gpufleet:  {ours_start}"
           + (f"\n  HTA 0.5.0: {hta_start}" if have_hta else "") + "\n", flush=True)
     for trace in traces:
-        size = trace.stat().st_size / 2**20
-        ours, hta = alternately(OURS, HTA, trace, args.repeat, have_hta, tmp)
-        line = f"{trace.name[:60]} ({size:.1f} MiB)\n  gpufleet:  {ours}"
-        if have_hta:
-            line += f"\n  HTA 0.5.0: {hta}"
-            if not hta.error and not ours.error:
-                line += (f"\n  ratio (medians): {hta.wall / ours.wall:5.1f}x faster ({hta.cpu / ours.cpu:.1f}x in CPU time),"
-                         f" {ours.peak / hta.peak:5.2f} of HTA's memory")
-                ours_work, hta_work = ours.wall - ours_start.wall, hta.wall - hta_start.wall
-                if ours_work > 0.05 and hta_work > 0.5:  # else both are start-up and noise
-                    line += (f"\n  beyond start-up: {hta_work / ours_work:5.1f}x faster"
-                             f" ({ours_work:.2f} s against {hta_work:.2f} s)")
-                for key in ("kernel_us", "idle_us", "compute_us", "non_compute_us", "overlap_pct",
-                            "launches", "launch_delay_total_us", "idle_by_stream", "kernel_types",
-                            "memory_bw_samples", "queue_samples"):
-                    same = "same" if ours.result[key] == hta.result[key] else "DIFFERENT"
-                    line += f"\n    {key:22s} gpufleet {ours.result[key]!s:>30.30}  HTA {hta.result[key]!s:>30.30}  {same}"
-        print(line + "\n", flush=True)
+        print(analysis_lines(trace, args.repeat, have_hta, tmp, ours_start, hta_start) + "\n", flush=True)
         if args.critical_path:
             print(critical_path_lines(trace, args.repeat, have_hta, tmp) + "\n", flush=True)
         if args.kernel_sequences:
             print(kernel_sequence_lines(trace, args.kernel_sequences, args.repeat, have_hta, tmp) + "\n", flush=True)
+
+
+def analysis_lines(trace: Path, repeat: int, have_hta: bool, tmp: Path, ours_start: Runs, hta_start: Runs) -> str:
+    """Every analysis both have, each side's time and memory, and their figures side by side."""
+    size = trace.stat().st_size / 2**20
+    ours, hta = alternately(OURS, HTA, trace, repeat, have_hta, tmp)
+    line = f"{trace.name[:60]} ({size:.1f} MiB)\n  gpufleet:  {ours}"
+    if not have_hta:
+        return line
+    line += f"\n  HTA 0.5.0: {hta}"
+    if hta.error or ours.error:
+        return line
+    line += (f"\n  ratio (medians): {hta.wall / ours.wall:5.1f}x faster ({hta.cpu / ours.cpu:.1f}x in CPU time),"
+             f" {ours.peak / hta.peak:5.2f} of HTA's memory")
+    ours_work, hta_work = ours.wall - ours_start.wall, hta.wall - hta_start.wall
+    if ours_work > 0.05 and hta_work > 0.5:  # else both are start-up and noise
+        line += (f"\n  beyond start-up: {hta_work / ours_work:5.1f}x faster"
+                 f" ({ours_work:.2f} s against {hta_work:.2f} s)")
+    for key in ("kernel_us", "idle_us", "compute_us", "non_compute_us", "overlap_pct",
+                "launches", "launch_delay_total_us", "idle_by_stream", "kernel_types",
+                "memory_bw_samples", "queue_samples"):
+        same = "same" if ours.result[key] == hta.result[key] else "DIFFERENT"
+        line += f"\n    {key:22s} gpufleet {ours.result[key]!s:>30.30}  HTA {hta.result[key]!s:>30.30}  {same}"
+    return line
 
 
 def alternately(ours_code: str, hta_code: str, trace: Path, repeat: int, have_hta: bool, tmp: Path,

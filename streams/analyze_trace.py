@@ -42,7 +42,8 @@ class TraceAnalyzer:
         (``read_trace(..., cpu_ops=True)``) and are not checkpointed: for a whole trace at once.
         ``infer_syncs``: the trace has no synchronisation events (``TraceRead.sync_events``)."""
         self.critical = CriticalPath(infer_syncs) if critical_path else None
-        self.sequences = KernelSequences(kernel_sequences) if kernel_sequences else None
+        self.sequences = KernelSequences(kernel_sequences, pending_horizon_us) if kernel_sequences else None
+        self._whole_trace = [a for a in (self.critical, self.sequences) if a is not None]
         self.temporal = TemporalBreakdown()
         self.idle = IdleBreakdown()
         self.launch = LaunchStats()
@@ -74,31 +75,11 @@ class TraceAnalyzer:
         else:
             self._last_ts = ts
         self.events += 1
-        if self.critical is not None:
-            self.critical.add(event)
-        if self.sequences is not None:
-            self.sequences.add(event)
+        for analyser in self._whole_trace:
+            analyser.add(event)
         corr = event["correlation"]
         if event["stream"] < 0:
-            kind, op = event["kind"], None
-            if kind == "runtime":
-                if self.roofline.open:
-                    op = self.roofline.add_cpu(event)  # the operator the call was made from
-                self.queues.add_cpu(event)
-            elif kind == "cpu_op" and event.get("flops"):
-                self.roofline.add_cpu(event)
-            elif kind == "annotation":
-                self.annotations.add(event)
-            if corr >= 0:
-                step = self.per_step.current  # the step the call is made in
-                step = step[0] if step is not None and ts < step[2] else None
-                self._calls[corr] = {"name": event["name"], "ts": ts, "dur": event["dur"], "op": op, "step": step}
-                self._call_order.append((ts, corr))
-                self._evict(ts)
-            if event["name"].startswith("ProfilerStep#"):  # an annotation (cpu_op in older traces)
-                self.steps.add(event["name"])
-                self.per_step.add_cpu(event)
-            self.antipatterns.add_cpu(event)
+            self._add_cpu(event, ts, corr)
             return
         self.gpu_events += 1
         if event["kind"] == "annotation":  # projected onto a stream (HTA counts it as a kernel too)
@@ -119,6 +100,28 @@ class TraceAnalyzer:
             self.launch.add(call, event)
         self.idle.add(event, None if call is None else call["ts"])
         self.antipatterns.add_gpu(event, call)
+
+    def _add_cpu(self, event: dict, ts: float, corr: int) -> None:
+        """A CPU-side event: an operator, an annotation, a runtime call."""
+        kind, op = event["kind"], None
+        if kind == "runtime":
+            if self.roofline.open:
+                op = self.roofline.add_cpu(event)  # the operator the call was made from
+            self.queues.add_cpu(event)
+        elif kind == "cpu_op" and event.get("flops"):
+            self.roofline.add_cpu(event)
+        elif kind == "annotation":
+            self.annotations.add(event)
+        if corr >= 0:
+            step = self.per_step.current  # the step the call is made in
+            step = step[0] if step is not None and ts < step[2] else None
+            self._calls[corr] = {"name": event["name"], "ts": ts, "dur": event["dur"], "op": op, "step": step}
+            self._call_order.append((ts, corr))
+            self._evict(ts)
+        if event["name"].startswith("ProfilerStep#"):  # an annotation (cpu_op in older traces)
+            self.steps.add(event["name"])
+            self.per_step.add_cpu(event)
+        self.antipatterns.add_cpu(event)
 
     def _evict(self, now: float) -> None:
         order, calls = self._call_order, self._calls

@@ -200,10 +200,14 @@ class _Region:
         """The end node of the operation a CUDA event was recorded after: the latest launched on
         the recorded stream before the ``cudaEventRecord`` call."""
         record_ts = self.records.get(sync.get("wait_on_record", -1))
-        launched = self.launched.get(sync.get("wait_on_stream", -1))
-        if record_ts is None or not launched:
+        return None if record_ts is None else self.launched_before(sync.get("wait_on_stream", -1), record_ts)
+
+    def launched_before(self, stream: int, ts: float) -> int | None:
+        """The end node of the latest operation launched on ``stream`` before ``ts``."""
+        launched = self.launched.get(stream)
+        if not launched:
             return None
-        i = bisect_left(launched[0], record_ts)
+        i = bisect_left(launched[0], ts)
         return launched[1][i - 1] if i else None
 
     # -- GPU ------------------------------------------------------------------------------
@@ -247,14 +251,8 @@ class _Region:
         if not due:
             return []
         waits[:] = [w for w in waits if w[0] >= launch_ts]
-        out = []
-        for _call_ts, recorded_stream, record_ts in due:
-            launched = self.launched.get(recorded_stream)
-            if launched:
-                i = bisect_left(launched[0], record_ts)
-                if i:
-                    out.append(launched[1][i - 1])
-        return out
+        found = (self.launched_before(recorded_stream, record_ts) for _call_ts, recorded_stream, record_ts in due)
+        return [end for end in found if end is not None]
 
     def add_sync(self, e: dict, sync: dict) -> None:
         """A GPU-side synchronisation event of a call made in this region."""

@@ -26,10 +26,6 @@ from collections import deque
 
 MIN_LENGTH = 3
 TOP = 10
-# A call's GPU event is waited for this long after the call (trace time), as the analysis joins
-# a kernel to its launch (``analyze_trace.PENDING_HORIZON_US``): many runtime calls launch
-# nothing (cudaGetDevice, cudaEventRecord, ...), and their matches must not wait for ever.
-CALL_HORIZON_US = 10_000_000
 
 
 class _Match:
@@ -70,7 +66,11 @@ class _Operator:
 class KernelSequences:
     """The analyser: fed every event of a rank in start order (CPU operators included)."""
 
-    def __init__(self, operators: list[str], min_length: int = MIN_LENGTH) -> None:
+    def __init__(self, operators: list[str], horizon_us: float, min_length: int = MIN_LENGTH) -> None:
+        """``horizon_us``: how long after a call its GPU event is waited for (trace time), as the
+        analysis joins a kernel to its launch (``TraceAnalyzer``'s horizon): many runtime calls
+        launch nothing (cudaGetDevice, cudaEventRecord...), and their matches must not wait for ever."""
+        self.horizon_us = horizon_us
         self.operators = [_Operator(name, min_length) for name in dict.fromkeys(operators) if name]
         # tid -> the open CPU events: (end, the open match of each name, the matches the event opened)
         self.stacks: dict[int, list[tuple[float, list[_Match | None], list[_Match]]]] = {}
@@ -115,9 +115,9 @@ class KernelSequences:
         stack.append((ts + e["dur"], own, opened))
 
     def _expire(self, now: float) -> None:
-        """Calls made more than ``CALL_HORIZON_US`` ago with no GPU event: nothing to wait for."""
+        """Calls made more than the horizon ago with no GPU event: nothing to wait for."""
         order = self.call_order
-        while order and order[0][0] < now - CALL_HORIZON_US:
+        while order and order[0][0] < now - self.horizon_us:
             for m in self.by_call.pop(order.popleft()[1], ()):
                 m.calls -= 1
                 if m.ended and not m.calls:

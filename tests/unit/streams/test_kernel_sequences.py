@@ -12,6 +12,7 @@ import pytest
 from gpufleet.analyze import analyze_file, run
 from producers.read_trace import read_trace
 from streams import trace_kernel_sequences
+from streams.analyze_trace import PENDING_HORIZON_US
 from streams.trace_kernel_sequences import KernelSequences
 from tests.unit.traces import (
     SHARED_TRACES,
@@ -26,7 +27,7 @@ HTA_DATA = Path(__file__).resolve().parents[2] / "data" / "hta"
 
 
 def sequences(path: Path, operators: list[str]) -> dict:
-    ks = KernelSequences(operators)
+    ks = KernelSequences(operators, PENDING_HORIZON_US)
     for e in read_trace(path, cpu_ops=True).events:
         ks.add(e)
     return ks.result()
@@ -143,7 +144,7 @@ def test_calls_that_launch_nothing_hold_nothing_for_long(tmp_path):
         t = n * 1_000_000  # a second apart: the 10 s horizon passes during the trace
         events += _op_with_kernels("aten::mm", t, ["a", "b", "c"], corr=100 * n + 1)
         events.append({**runtime("cudaGetDevice", t + 2, 1, 100 * n + 50), "tid": 1})
-    ks = KernelSequences(["aten::mm"])
+    ks = KernelSequences(["aten::mm"], PENDING_HORIZON_US)
     held = 0
     for e in read_trace(write_trace(tmp_path / "t.json", sorted(events, key=lambda e: e["ts"])), cpu_ops=True).events:
         ks.add(e)
