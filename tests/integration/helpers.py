@@ -70,6 +70,14 @@ def wait_until(predicate: Callable[[], object], timeout: float, what: str, inter
         time.sleep(interval)
 
 
+def print_log_tail(log: Path, lines: int = 60) -> None:
+    """The warnings and errors of a process's log, then its last ``lines`` lines."""
+    text = log.read_text(errors="replace").splitlines() if log.exists() else []
+    notable = [line for line in text if "WARNING" in line or "ERROR" in line or "Traceback" in line]
+    print(f"--- {log}: {len(notable)} warnings and errors (last 40) ---", *notable[-40:],
+          f"--- {log}: last {lines} lines ---", *text[-lines:], sep="\n")
+
+
 @contextmanager
 def worker_process(bootstrap: str, prefix: str, data_dir: Path, app_id: str,
                    *options: str, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
@@ -85,6 +93,9 @@ def worker_process(bootstrap: str, prefix: str, data_dir: Path, app_id: str,
     proc.log_path = log  # type: ignore[attr-defined]
     try:
         yield proc
+    except BaseException:
+        print_log_tail(log)  # pytest shows it with the failure: CI keeps no worker logs
+        raise
     finally:
         if proc.poll() is None:
             proc.terminate()

@@ -126,7 +126,6 @@ def test_windows_and_alerts_stay_exact_when_a_worker_joins_and_one_is_killed(kaf
         assert all(c == copies[0] for c in copies), f"{wf} window {start}: a replay emitted other numbers"
         assert copies[0]["sample_count"] == 60 * gpus and copies[0]["gpu_count"] == gpus, (wf, start)
         assert version == 1, "no sample came late: every window is whole when it first closes"
-    print(sorted(((wf, (st - BASE_MS) // 60_000, v, [c["sample_count"] for c in cs]) for (wf, st, v), cs in emissions.items() if wf == "wf-21-0004")))
     missing = {(w.workflow_id, BASE_MS + n * 60_000) for w in fleet.workflows for n in range(9)} - {
         (wf, start) for wf, start, _ in emissions}
     assert not missing, f"windows never emitted: {sorted((wf, (s - BASE_MS) // 60_000) for wf, s in missing)}"
