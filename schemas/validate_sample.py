@@ -12,6 +12,9 @@ from schemas.validate_ids import ids_error
 
 # 2000-01-01T00:00:00Z: an event time before this is a clock or unit error (seconds, not ms).
 MIN_EVENT_TIME_MS = 946_684_800_000
+# 2299-12-31T23:59:59.999Z, the last millisecond ClickHouse's DateTime64(3) holds: a later one
+# is stored, but no client can read it back as a time (a clock or unit error: microseconds).
+MAX_EVENT_TIME_MS = 10_413_791_999_999
 MAX_INTERVAL_MS = 3_600_000
 
 # The workflow ids of GPU samples that belong to no workflow: GPUs no process holds (idle
@@ -41,7 +44,8 @@ class Bounds:
 # The rules on single values, in the order they are checked. ``validate_sample`` applies them to
 # a sample, ``schemas.sample_columns`` to a whole column at once: one table, so the two agree.
 BOUNDS = (
-    Bounds("event_time", MIN_EVENT_TIME_MS, math.inf, "is before 2000-01-01 (expected epoch milliseconds)"),
+    Bounds("event_time", MIN_EVENT_TIME_MS, MAX_EVENT_TIME_MS,
+           "is outside 2000-01-01..2299-12-31 (expected epoch milliseconds)"),
     Bounds("interval_ms", 0, MAX_INTERVAL_MS, f"is outside 1..{MAX_INTERVAL_MS}", low_open=True),
     Bounds("utilization_pct", 0.0, 100.0, "is outside 0..100"),
     Bounds("memory_utilization_pct", 0.0, 100.0, "is outside 0..100"),
