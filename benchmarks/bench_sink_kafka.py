@@ -7,8 +7,11 @@ in one run and ``--repeat`` times each (medians; this machine is noisy):
 
 - baseline: a bare confluent-kafka consumer that decodes each batch and inserts its columns
   into ``gpu_samples`` with one raw clickhouse-connect column insert (no checks, no commit);
-- ``ClickHouseSink``: consume, decode, validate, insert column by column with its
-  deduplication token, dead-letter what is bad, commit. Goal (issue 15): >= 0.8 of the baseline;
+- ``ClickHouseSink``: consume, hand the messages to ClickHouse's own Avro parser, check and
+  insert there with its deduplication token (``sinks.insert_sample_columns``), commit. Goal
+  (issue 15): >= 0.8 of the baseline;
+- the same sink decoding and checking every message in Python (the path a batch with a bad
+  message takes, and every batch before), for comparison;
 - a ``gpufleet worker`` process on the same topic, as ``bench_stream.py`` runs it: one sink
   must keep up with what one worker consumes (ratio >= 1).
 
@@ -104,10 +107,11 @@ class TimedSink(ClickHouseSink):
         return n
 
 
-def sink(bootstrap: str, client, database: str, total: int, batch: int) -> float:
-    """Samples/s of the sink."""
+def sink(bootstrap: str, client, database: str, total: int, batch: int, in_sql: bool = True) -> float:
+    """Samples/s of the sink (``in_sql=False``: decoding and checking every message in Python,
+    as all releases before ``sinks.insert_sample_columns`` did)."""
     s = TimedSink(bootstrap, ClickHouseWriter(client, database), group_id=f"sink-{time.time_ns()}",
-                  topic_prefix=PREFIX, tables=(GPU_SAMPLES_TABLE,), batch_rows=batch)
+                  topic_prefix=PREFIX, tables=(GPU_SAMPLES_TABLE,), batch_rows=batch, sample_columns_in_sql=in_sql)
     done = threading.Event()
     thread = threading.Thread(target=s.run, args=(done,))
     thread.start()
@@ -143,9 +147,10 @@ def main() -> None:
               f"GpuSampleColumns messages (each host every {args.send_every} s), batches of {args.batch:,} messages")
 
         client = connect(f"chdb://{data_dir / 'clickhouse'}")
-        rates: dict[str, list[float]] = {"bare": [], "sink": []}
+        rates: dict[str, list[float]] = {"bare": [], "sink": [], "python": []}
+        runs = (("bare", bare), ("sink", sink), ("python", lambda *a: sink(*a, in_sql=False)))
         for r in range(args.repeat):
-            for name, run in (("bare", bare), ("sink", sink)):
+            for name, run in runs:
                 database = f"{name}_{r}"
                 ClickHouseWriter(client, database).ensure_tables()
                 rates[name].append(run(bootstrap, client, database, total, args.batch))
@@ -153,12 +158,15 @@ def main() -> None:
                 assert stored == total, (database, stored)
                 client.command(f"DROP DATABASE {database}")
             print(f"  run {r + 1}: bare {rates['bare'][-1]:,.0f} samples/s, sink {rates['sink'][-1]:,.0f} samples/s "
-                  f"({rates['sink'][-1] / rates['bare'][-1]:.2f})")
-        b, s = median(rates["bare"]), median(rates["sink"])
+                  f"({rates['sink'][-1] / rates['bare'][-1]:.2f}), sink decoding in Python "
+                  f"{rates['python'][-1]:,.0f} samples/s")
+        b, s, py = median(rates["bare"]), median(rates["sink"]), median(rates["python"])
         ratios = sorted(x / y for x, y in zip(rates["sink"], rates["bare"]))
         print(f"  bare consume + decode + raw insert {b:>10,.0f} samples/s (median of {args.repeat})")
         print(f"  ClickHouseSink                     {s:>10,.0f} samples/s   {s / b:.2f} of bare "
               f"(per-run ratios {', '.join(f'{x:.2f}' for x in ratios)}; goal >= 0.80)")
+        print(f"  ClickHouseSink decoding in Python  {py:>10,.0f} samples/s   {py / b:.2f} of bare; "
+              f"ClickHouse's own parser is {s / py:.2f}x that")
 
         proc = worker(bootstrap, PREFIX, data_dir, "sk-worker", "--idle-partition-s", "3600")
         try:
@@ -167,7 +175,7 @@ def main() -> None:
             stop(proc)
         ours *= total / messages
         print(f"  gpufleet worker                    {ours:>10,.0f} samples/s   one sink keeps up with "
-              f"{s / ours:.2f} workers (goal >= 1)")
+              f"{s / ours:.2f} workers (goal >= 1; {py / ours:.2f} decoding in Python)")
     finally:
         local_kafka.stop(data_dir / "kafka")
 

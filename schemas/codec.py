@@ -86,6 +86,14 @@ class Codec:
     def names(self) -> list[str]:
         return sorted(self._latest)
 
+    def wire_header(self, name: str) -> bytes:
+        """The 5 bytes every message encoded now with schema ``name`` starts with."""
+        return _HEADER.pack(MAGIC, self.schema_id(name))
+
+    def schema_json(self, name: str) -> dict:
+        """The newest version of schema ``name`` as its ``.avsc`` file holds it."""
+        return json.loads((SCHEMA_DIR / self._latest_version(name).file).read_text())
+
     def _latest_version(self, name: str) -> SchemaVersion:
         try:
             return self._latest[name]

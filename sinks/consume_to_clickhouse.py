@@ -48,7 +48,16 @@ from schemas.topics import (
 from schemas.validate_ids import ids_error
 from sinks.clickhouse_ddl import TABLES, Table
 from sinks.commit_offsets import Committer
-from sinks.write_clickhouse import Block, ClickHouseWriter, Position, Row, table_for_topic
+from sinks.ddl_samples import GPU_SAMPLES_TABLE
+from sinks.insert_sample_columns import Message, SampleColumnsInsert
+from sinks.write_clickhouse import (
+    Block,
+    ClickHouseWriter,
+    Position,
+    Row,
+    deduplication_token,
+    table_for_topic,
+)
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +144,9 @@ METRICS = ComponentMetrics("sink")
 ROWS = METRICS.counter("gpufleet_sink_rows", "Rows inserted into ClickHouse, by table", ["table"])
 INSERT_SECONDS = METRICS.histogram("gpufleet_sink_insert_seconds", "Time of one insert into ClickHouse, by table",
                                    ["table"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+SAMPLE_BATCHES = METRICS.counter(
+    "gpufleet_sink_sample_batches", "Batches of GPU samples, by who decoded and checked them: clickhouse "
+    "(its own Avro parser) or python (older formats, or a batch with a message that fails a check)", ["path"])
 LAG_EVERY_S = 5.0
 
 
@@ -143,6 +155,10 @@ class SinkStats:
     rows: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     dead_letters: int = 0
     batches: int = 0
+    # Batches of GPU samples that ClickHouse decoded and checked itself, and those it left to
+    # the Python path (a message of an older format, or one that fails a check).
+    samples_in_sql: int = 0
+    samples_in_python: int = 0
 
 
 class ClickHouseSink:
@@ -156,6 +172,7 @@ class ClickHouseSink:
         batch_rows: int = 20_000,
         batch_wait_s: float = 1.0,
         consumer_overrides: dict | None = None,
+        sample_columns_in_sql: bool = True,
     ) -> None:
         self.writer = writer
         self.prefix = topic_prefix
@@ -170,6 +187,9 @@ class ClickHouseSink:
         self.admin = AdminClient(client_config(kafka))
         self.topic_ids: dict[str, str] = {}  # topic -> Kafka's id of it, refreshed on each assignment
         self.dead_letter_topic = topic_prefix + DEAD_LETTERS.name
+        self.samples_topic = topic_prefix + GPU_SAMPLES.name
+        self.columns = (SampleColumnsInsert(writer.client, writer.database, self.codec)
+                        if any(t.topic is GPU_SAMPLES for t in tables) and sample_columns_in_sql else None)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         assigned = [(tp.topic, tp.partition) for tp in partitions]
@@ -245,13 +265,16 @@ class ClickHouseSink:
     def _write(self, messages: list) -> None:
         for topic, n in Counter(m.topic() for m in messages).items():
             METRICS.records_in(topic, n)
-        ok, errors = self.codec.decode_many([m.value() for m in messages])
-        bad = [(messages[i], reason) for i, reason in errors]
+        decode = messages
+        if self._insert_sample_columns(messages):
+            decode = [m for m in messages if m.topic() != self.samples_topic or not self.columns.accepts(m.value())]
+        ok, errors = self.codec.decode_many([m.value() for m in decode])
+        bad = [(decode[i], reason) for i, reason in errors]
         rows: dict[str, list[Row | Block]] = defaultdict(list)
         by_name = {}
         tables: dict[str, Table] = {}  # topic -> table, looked up once per batch
         for i, name, record in ok:
-            m = messages[i]
+            m = decode[i]
             table = tables.get(m.topic())
             if table is None:
                 table = tables[m.topic()] = table_for_topic(m.topic(), self.prefix)
@@ -293,6 +316,35 @@ class ClickHouseSink:
             self.stats.dead_letters += len(bad)
         self._commit(messages)
         self.stats.batches += 1
+
+    def _insert_sample_columns(self, messages: list) -> bool:
+        """The batch's samples through ClickHouse's own Avro parser (``sinks.insert_sample_columns``)
+        where every message of the samples topic is the newest ``GpuSampleColumns`` or carries
+        no samples (a ``PartitionClock``, decoded as before): whether they were stored. If not,
+        they all take the Python path, so that a batch's samples land in one insert either way."""
+        if self.columns is None:
+            return False
+        samples = [m for m in messages if m.topic() == self.samples_topic]
+        columns = [m for m in samples if self.columns.accepts(m.value())]
+        if not columns:
+            return False
+        if len(columns) + sum(map(self.columns.is_clock, (m.value() for m in samples))) < len(samples):
+            self.stats.samples_in_python += 1
+            SAMPLE_BATCHES.labels("python").inc()
+            return False
+        topic_id = self.topic_ids.get(self.samples_topic, "")
+        batch = [Message(m.partition(), m.offset(), m.value(), m.topic(), topic_id) for m in columns]
+        with INSERT_SECONDS.labels(GPU_SAMPLES_TABLE.name).time():
+            stored = self.columns.insert(batch, deduplication_token(GPU_SAMPLES_TABLE, batch))
+        if stored is None:
+            self.stats.samples_in_python += 1
+            SAMPLE_BATCHES.labels("python").inc()
+            return False
+        self.stats.samples_in_sql += 1
+        SAMPLE_BATCHES.labels("clickhouse").inc()
+        self.stats.rows[GPU_SAMPLES_TABLE.name] += stored
+        ROWS.labels(GPU_SAMPLES_TABLE.name).inc(stored)
+        return True
 
     def _commit(self, messages: list) -> None:
         """Commit the positions after ``messages``; only ever called after their inserts

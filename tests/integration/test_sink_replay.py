@@ -5,11 +5,15 @@ from __future__ import annotations
 import threading
 import time
 
+from confluent_kafka import Producer
+
+from kafka_client.config import producer_config
 from producers.publish_kafka import Publisher
-from schemas.topics import GPU_SAMPLES
+from schemas.sample_columns import columns_of
+from schemas.topics import DEAD_LETTERS, GPU_SAMPLES
 from sinks.consume_to_clickhouse import ClickHouseSink
 from sinks.write_clickhouse import ClickHouseWriter
-from tests.integration.helpers import CODEC, committed_everything, wait_until
+from tests.integration.helpers import CODEC, committed_everything, read_topic, wait_until
 from tests.unit.samples import BASE_MS, batch_samples, sample
 
 
@@ -32,13 +36,29 @@ def test_replayed_batch_is_not_inserted_twice(kafka, prefix, chdb_client, databa
     samples += batched
     assert pub.flush() == 0
     writer = ClickHouseWriter(chdb_client, database)
+    inserted_before_crash, sink = crash_then_resume(kafka, prefix, writer)
+    count = sample_count(chdb_client, database)
+    assert count() == len(samples)
+    # The restarted sink inserted only what the crashed one had not.
+    assert sum(sink.stats.rows.values()) == len(samples) - inserted_before_crash
+    # The rollups fed by materialized views on insert are exact too.
+    rolled, seconds = chdb_client.query(
+        f"SELECT sum(samples), sum(gpu_seconds) FROM {database}.gpu_hours_hourly").result_rows[0]
+    assert rolled == len(samples) and seconds == len(samples)  # 1 s per sample, share 1
+
+
+def sample_count(client, database):
+    return lambda: client.query(f"SELECT count() FROM {database}.gpu_samples").result_rows[0][0]
+
+
+def crash_then_resume(kafka, prefix, writer, batch_rows=1000):
+    """A sink that crashes after its first insert, before its commit; then one that reads on to
+    the end. Returns the samples stored before the crash and the second sink."""
+    topic = prefix + GPU_SAMPLES.name
     group = f"{prefix}sink"
-
-    def count():
-        return chdb_client.query(f"SELECT count() FROM {database}.gpu_samples").result_rows[0][0]
-
+    count = sample_count(writer.client, writer.database)
     crashing = CrashBeforeCommit(kafka.bootstrap, writer, group_id=group, topic_prefix=prefix,
-                                 tables=(writer_table(),), batch_rows=1000, batch_wait_s=2.0)
+                                 tables=(writer_table(),), batch_rows=batch_rows, batch_wait_s=2.0)
     writer.ensure_tables()
     crashing.consumer.subscribe([topic], on_assign=crashing._on_assign)
     try:
@@ -65,13 +85,38 @@ def test_replayed_batch_is_not_inserted_twice(kafka, prefix, chdb_client, databa
     finally:
         stop.set()
         thread.join(30)
-    assert count() == len(samples)
-    # The restarted sink inserted only what the crashed one had not.
-    assert sum(sink.stats.rows.values()) == len(samples) - inserted_before_crash
-    # The rollups fed by materialized views on insert are exact too.
-    rolled, seconds = chdb_client.query(
-        f"SELECT sum(samples), sum(gpu_seconds) FROM {database}.gpu_hours_hourly").result_rows[0]
-    assert rolled == len(samples) and seconds == len(samples)  # 1 s per sample, share 1
+    return inserted_before_crash, sink
+
+
+def test_agent_blocks_are_stored_once_through_a_crash_and_a_bad_one_is_a_dead_letter(
+        kafka, prefix, chdb_client, database):
+    """The agents' GpuSampleColumns messages, which ClickHouse decodes and checks itself
+    (``sinks.insert_sample_columns``): exactly once through a crash before the commit; a batch
+    holding a bad block falls back to the Python path, which dead-letters that block only."""
+    topic = prefix + GPU_SAMPLES.name
+    pub = Publisher(kafka.bootstrap, CODEC)
+    blocks = [b for t in range(100) for b in columns_of(
+        [sample(workflow_id=f"wf-{w}", gpu_index=g, gpu_uuid=f"GPU-{g}", event_time=BASE_MS + t * 1000)
+         for w in range(3) for g in range(4)])]
+    bad = columns_of([sample(workflow_id="wf-bad", utilization_pct=140.0, event_time=BASE_MS)])
+    pub.publish(GPU_SAMPLES, blocks[:150], topic=topic, schema="GpuSampleColumns")
+    pub.publish(GPU_SAMPLES, bad, topic=topic, schema="GpuSampleColumns")
+    assert pub.flush() == 0
+    clock = Producer(producer_config(kafka.bootstrap))  # a worker's clock: no key, no samples
+    clock.produce(topic, CODEC.encode("PartitionClock", {"event_time": BASE_MS, "worker": "w", "sent_at": BASE_MS}))
+    assert clock.flush(30) == 0
+    pub.publish(GPU_SAMPLES, blocks[150:], topic=topic, schema="GpuSampleColumns")
+    assert pub.flush() == 0
+    writer = ClickHouseWriter(chdb_client, database)
+    inserted_before_crash, sink = crash_then_resume(kafka, prefix, writer, batch_rows=100)
+    stored = chdb_client.query(f"SELECT workflow_id, count(), uniqExact(kafka_offset) FROM {database}.gpu_samples "
+                               "GROUP BY workflow_id ORDER BY workflow_id").result_rows
+    assert stored == [(f"wf-{w}", 400, 100) for w in range(3)]
+    assert sum(sink.stats.rows.values()) == 1200 - inserted_before_crash
+    assert sink.stats.samples_in_sql > 0  # the restarted sink's batches went through ClickHouse's parser
+    dead = [r for *_, n, r in read_topic(kafka.bootstrap, prefix + DEAD_LETTERS.name, DEAD_LETTERS.partitions)
+            if n == "DeadLetter"]
+    assert [d["reason"] for d in dead] == ["sample 0 of the block: utilization_pct 140.0 is outside 0..100"]
 
 
 def writer_table():
