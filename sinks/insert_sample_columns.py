@@ -31,6 +31,7 @@ import json
 import logging
 import re
 import secrets
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -145,8 +146,9 @@ class SampleColumnsInsert:
     own Avro parser, in a temporary table of the client's session; ``insert`` returns None
     (nothing stored) where the batch must take the Python path."""
 
-    def __init__(self, client: Client, database: str, codec: Codec) -> None:
+    def __init__(self, client: Client, database: str, codec: Codec, retries: int = 5, backoff_s: float = 0.2) -> None:
         self.client, self.database, self.codec = client, database, codec
+        self.retries, self.backoff_s = retries, backoff_s
         self.header = codec.wire_header(NAME)
         self.clock_header = codec.wire_header(CLOCK)
         self.schema = envelope_schema(codec)
@@ -177,7 +179,21 @@ class SampleColumnsInsert:
 
     def insert(self, messages: Sequence[Message], token: str) -> int | None:
         """Store the samples of ``messages`` (all of ``accepts``) in one insert; the number of
-        samples, or None where nothing was stored and the batch must take the Python path."""
+        samples, or None where nothing was stored and the batch must take the Python path.
+        A transient failure (a connection lost, the server busy) is retried ``retries`` times
+        with the same token, as the writer retries its inserts, then raised."""
+        for attempt in range(self.retries + 1):
+            try:
+                return self._insert_once(messages, token)
+            except DatabaseError as exc:
+                if attempt == self.retries or not is_transient(exc):
+                    raise
+                delay = self.backoff_s * 2**attempt
+                log.warning("ClickHouse's insert of samples failed (%s), retry %d in %.1fs", exc, attempt + 1, delay)
+                time.sleep(delay)
+        raise AssertionError("unreachable")
+
+    def _insert_once(self, messages: Sequence[Message], token: str) -> int | None:
         check, insert = self._prepare()
         self._ensure_staging()
         (topic, topic_id), = {(m.topic, m.topic_id) for m in messages}

@@ -5,6 +5,7 @@ same rows where it takes a batch, and never a batch that the Python path would r
 import math
 
 import pytest
+from clickhouse_connect.driver.exceptions import OperationalError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -100,6 +101,34 @@ def test_a_batch_inserted_again_is_stored_once(writers):
     token = deduplication_token(GPU_SAMPLES_TABLE, messages)
     assert inserter.insert(messages, token) == inserter.insert(messages, token) == 24
     assert len(stored(fast)) == 24
+
+
+class LosesTheFirstInsertsAnswer:
+    """A client whose first ``INSERT ... SELECT`` is stored but its answer lost (a connection
+    reset): the worst case of a transient failure."""
+
+    def __init__(self, client):
+        self.client, self.failed = client, False
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+    def command(self, cmd, *args, **kwargs):
+        result = self.client.command(cmd, *args, **kwargs)
+        if cmd.startswith("INSERT") and not self.failed:
+            self.failed = True
+            raise OperationalError("connection reset by peer")
+        return result
+
+
+def test_an_insert_whose_answer_was_lost_is_retried_and_stored_once(writers):
+    fast, _ = writers
+    messages = messages_of(fleet_blocks())
+    client = LosesTheFirstInsertsAnswer(fast.client)
+    inserter = SampleColumnsInsert(client, fast.database, CODEC, retries=2, backoff_s=0.01)
+    assert inserter.insert(messages, deduplication_token(GPU_SAMPLES_TABLE, messages)) == 24
+    assert client.failed
+    assert len(stored(fast)) == 24  # the retry carried the same token
 
 
 @pytest.mark.parametrize("damage", [
