@@ -326,16 +326,15 @@ class ClickHouseSink:
             return False
         samples = [m for m in messages if m.topic() == self.samples_topic]
         columns = [m for m in samples if self.columns.accepts(m.value())]
-        if not columns:
-            return False
-        if len(columns) + sum(map(self.columns.is_clock, (m.value() for m in samples))) < len(samples):
-            self.stats.samples_in_python += 1
-            SAMPLE_BATCHES.labels("python").inc()
-            return False
-        topic_id = self.topic_ids.get(self.samples_topic, "")
-        batch = [Message(m.partition(), m.offset(), m.value(), m.topic(), topic_id) for m in columns]
-        with INSERT_SECONDS.labels(GPU_SAMPLES_TABLE.name).time():
-            stored = self.columns.insert(batch, deduplication_token(GPU_SAMPLES_TABLE, batch))
+        clocks = sum(self.columns.is_clock(m.value()) for m in samples)
+        if len(samples) == clocks:
+            return False  # no samples in this batch
+        stored = None
+        if len(columns) + clocks == len(samples):
+            topic_id = self.topic_ids.get(self.samples_topic, "")
+            batch = [Message(m.partition(), m.offset(), m.value(), m.topic(), topic_id) for m in columns]
+            with INSERT_SECONDS.labels(GPU_SAMPLES_TABLE.name).time():
+                stored = self.columns.insert(batch, deduplication_token(GPU_SAMPLES_TABLE, batch))
         if stored is None:
             self.stats.samples_in_python += 1
             SAMPLE_BATCHES.labels("python").inc()

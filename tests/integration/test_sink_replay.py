@@ -41,6 +41,8 @@ def test_replayed_batch_is_not_inserted_twice(kafka, prefix, chdb_client, databa
     assert count() == len(samples)
     # The restarted sink inserted only what the crashed one had not.
     assert sum(sink.stats.rows.values()) == len(samples) - inserted_before_crash
+    # Older formats (a sample or a batch of records a message) are decoded in Python.
+    assert sink.stats.samples_in_python > 0 and sink.stats.samples_in_sql == 0
     # The rollups fed by materialized views on insert are exact too.
     rolled, seconds = chdb_client.query(
         f"SELECT sum(samples), sum(gpu_seconds) FROM {database}.gpu_hours_hourly").result_rows[0]
