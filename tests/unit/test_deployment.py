@@ -229,3 +229,12 @@ def test_the_shipped_enforcement_policy_loads_and_acts_on_nothing():
 
     ladders = load_ladders(DOCKER / "config/enforcement.toml")
     assert ladders and not any(ladder.act for ladder in ladders)
+
+
+def test_the_sink_can_be_told_to_decode_samples_in_python(monkeypatch):
+    """A switch back to the Python path for the agents' samples, where ClickHouse's own parser
+    is not wanted (its server path could not be run here)."""
+    assert build_parser().parse_args(["sink"]).samples_in_python is False
+    assert build_parser().parse_args(["sink", "--samples-in-python"]).samples_in_python is True
+    monkeypatch.setenv("GPUFLEET_SINK_SAMPLES_IN_PYTHON", "1")
+    assert build_parser().parse_args(["sink"]).samples_in_python is True
