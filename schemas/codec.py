@@ -21,6 +21,7 @@ import fastavro
 SCHEMA_DIR = Path(__file__).resolve().parent
 MAGIC = 0
 _HEADER = struct.Struct(">BI")  # unsigned: a reason names the byte as it was sent
+WIRE_HEADER_BYTES = _HEADER.size  # what every message starts with before its Avro record
 
 Record = dict[str, Any]
 
@@ -38,14 +39,15 @@ class SchemaVersion:
     parsed: Any
 
 
-def _strip_timestamp_logical_types(node: Any) -> Any:
+def strip_timestamp_logical_types(node: Any) -> Any:
+    """``node`` (a schema) with timestamps as plain longs: epoch milliseconds, as the records hold them."""
     if isinstance(node, dict):
-        out = {k: _strip_timestamp_logical_types(v) for k, v in node.items()}
+        out = {k: strip_timestamp_logical_types(v) for k, v in node.items()}
         if out.get("logicalType") in ("timestamp-millis", "timestamp-micros"):
             del out["logicalType"]
         return out
     if isinstance(node, list):
-        return [_strip_timestamp_logical_types(v) for v in node]
+        return [strip_timestamp_logical_types(v) for v in node]
     return node
 
 
@@ -57,7 +59,7 @@ def load_catalog(schema_dir: Path = SCHEMA_DIR) -> list[SchemaVersion]:
         raw = json.loads((schema_dir / entry["file"]).read_text())
         if raw.get("name") != entry["name"]:
             raise CodecError(f"{entry['file']} defines {raw.get('name')!r}, catalog says {entry['name']!r}")
-        parsed = fastavro.parse_schema(_strip_timestamp_logical_types(raw), named_schemas={})
+        parsed = fastavro.parse_schema(strip_timestamp_logical_types(raw), named_schemas={})
         versions.append(SchemaVersion(entry["id"], entry["name"], entry["version"], entry["file"], parsed))
     ids = [v.id for v in versions]
     if len(set(ids)) != len(ids):

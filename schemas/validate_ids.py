@@ -15,7 +15,9 @@ from functools import lru_cache
 
 MAX_ID_LENGTH = 256
 ALLOWED = "letters, digits, spaces inside and _ . : @ / + = ~ , # -"
-_ID = re.compile(r"[A-Za-z0-9_.:@/+=~,#-](?:[A-Za-z0-9_.:@/+=~,# -]*[A-Za-z0-9_.:@/+=~,#-])?")
+# (also the pattern ClickHouse checks ids with where it reads the agents' samples itself)
+ID_PATTERN = r"[A-Za-z0-9_.:@/+=~,#-](?:[A-Za-z0-9_.:@/+=~,# -]*[A-Za-z0-9_.:@/+=~,#-])?"
+_ID = re.compile(ID_PATTERN)
 _BAD_CHAR = re.compile(r"[^A-Za-z0-9_.:@/+=~,# -]")
 
 # The fields of each record that carry such ids; ``owner`` and ``team`` may be null.

@@ -265,9 +265,7 @@ class ClickHouseSink:
     def _write(self, messages: list) -> None:
         for topic, n in Counter(m.topic() for m in messages).items():
             METRICS.records_in(topic, n)
-        decode = messages
-        if self._insert_sample_columns(messages):
-            decode = [m for m in messages if m.topic() != self.samples_topic or not self.columns.accepts(m.value())]
+        decode = self._insert_sample_columns(messages)
         ok, errors = self.codec.decode_many([m.value() for m in decode])
         bad = [(decode[i], reason) for i, reason in errors]
         rows: dict[str, list[Row | Block]] = defaultdict(list)
@@ -317,18 +315,19 @@ class ClickHouseSink:
         self._commit(messages)
         self.stats.batches += 1
 
-    def _insert_sample_columns(self, messages: list) -> bool:
+    def _insert_sample_columns(self, messages: list) -> list:
         """The batch's samples through ClickHouse's own Avro parser (``sinks.insert_sample_columns``)
         where every message of the samples topic is the newest ``GpuSampleColumns`` or carries
-        no samples (a ``PartitionClock``, decoded as before): whether they were stored. If not,
-        they all take the Python path, so that a batch's samples land in one insert either way."""
+        no samples (a ``PartitionClock``, decoded as before); the messages left to decode in
+        Python. Where ClickHouse does not take them, the samples all go that way, so that a
+        batch's samples land in one insert either way."""
         if self.columns is None:
-            return False
+            return messages
         samples = [m for m in messages if m.topic() == self.samples_topic]
         columns = [m for m in samples if self.columns.accepts(m.value())]
         clocks = sum(self.columns.is_clock(m.value()) for m in samples)
         if len(samples) == clocks:
-            return False  # no samples in this batch
+            return messages  # no samples in this batch
         stored = None
         if len(columns) + clocks == len(samples):
             topic_id = self.topic_ids.get(self.samples_topic, "")
@@ -338,12 +337,13 @@ class ClickHouseSink:
         if stored is None:
             self.stats.samples_in_python += 1
             SAMPLE_BATCHES.labels("python").inc()
-            return False
+            return messages
         self.stats.samples_in_sql += 1
         SAMPLE_BATCHES.labels("clickhouse").inc()
         self.stats.rows[GPU_SAMPLES_TABLE.name] += stored
         ROWS.labels(GPU_SAMPLES_TABLE.name).inc(stored)
-        return True
+        taken = set(map(id, columns))
+        return [m for m in messages if id(m) not in taken]
 
     def _commit(self, messages: list) -> None:
         """Commit the positions after ``messages``; only ever called after their inserts

@@ -38,9 +38,9 @@ from dataclasses import dataclass
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import DatabaseError
 
-from schemas.codec import Codec
+from schemas.codec import WIRE_HEADER_BYTES, Codec, strip_timestamp_logical_types
 from schemas.sample_columns import CLOCK, NAME, NULLABLE, SHARED
-from schemas.validate_ids import MAX_ID_LENGTH
+from schemas.validate_ids import ID_PATTERN, MAX_ID_LENGTH
 from schemas.validate_sample import BOUNDS
 from sinks.ddl_samples import GPU_SAMPLES_TABLE
 from sinks.table import KAFKA_COLUMNS
@@ -48,10 +48,9 @@ from sinks.write_clickhouse import is_transient
 
 log = logging.getLogger(__name__)
 
-_ID_PATTERN = r"^[A-Za-z0-9_.:@/+=~,#-](?:[A-Za-z0-9_.:@/+=~,# -]*[A-Za-z0-9_.:@/+=~,#-])?$"
+_ID_PATTERN = f"^(?:{ID_PATTERN})$"  # the contract's id rule (schemas.validate_ids), whole string
 _UNSIGNED = {"UInt8": 255, "UInt16": 65_535, "UInt32": 4_294_967_295, "UInt64": None}
 _SYNC = b"gpufleet-columns"  # the container's 16-byte block marker
-WIRE_HEADER_BYTES = 5  # magic byte and schema id (schemas.codec)
 # The INSERT ... SELECT squashes its rows into one block (as the Python path's insert of a batch
 # is one), so that a batch lands whole or not at all under its deduplication token. ClickHouse
 # squashes up to ~1 M rows or 256 MB by default (a 206,790-sample batch: one part, measured);
@@ -85,20 +84,12 @@ def _bytes(b: bytes) -> bytes:
     return _long(len(b)) + b
 
 
-def _strip_logical(node):
-    if isinstance(node, dict):
-        return {k: _strip_logical(v) for k, v in node.items() if k != "logicalType"}
-    if isinstance(node, list):
-        return [_strip_logical(v) for v in node]
-    return node
-
-
 def envelope_schema(codec: Codec) -> dict:
     """The Avro schema ClickHouse reads the container with: the newest ``GpuSampleColumns``
     between the Kafka position and the trailing offset, each nullable column wrapped."""
     fields = []
     for f in codec.schema_json(NAME)["fields"]:
-        t = _strip_logical(f["type"])
+        t = strip_timestamp_logical_types(f["type"])
         if f["name"] in NULLABLE:  # ["null", {"type": "array", ...}]
             (array,) = [b for b in t if b != "null"]
             t = ["null", {"type": "record", "name": f"present_{f['name']}", "fields": [{"name": "v", "type": array}]}]
@@ -136,7 +127,7 @@ def _column_checks(column: str, array: str, clickhouse_type: str) -> list[str]:
         checks.append("isValidUTF8(x)")
     if not checks:
         return []
-    if column == "xids":
+    if clickhouse_type.startswith("Array("):  # a list per sample (XIDs): a message has a list of lists
         return [f"arrayAll(y -> arrayAll(x -> {' AND '.join(checks)}, y), {array})"]
     return [f"arrayAll(x -> {' AND '.join(checks)}, {array})"]
 
