@@ -22,6 +22,7 @@ import math
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from itertools import compress
 from pathlib import Path
 from typing import Any
 
@@ -183,17 +184,16 @@ def read_trace(path: str | Path, cpu_ops: bool = False) -> TraceRead:
         result.memory_total_bytes = next(
             (p.get("totalGlobalMem") for p in result.device_properties if p.get("id") == device), None)
 
-    devices = Counter(rows.device[i] for i in range(len(rows)) if rows.gpu[i] and rows.device[i] >= 0)
+    devices = Counter(d for d in compress(rows.device, rows.gpu) if d >= 0)
     result.gpu_name = _gpu_name(result.device_properties, devices.most_common(1)[0][0] if devices else None)
     result.rounded = any_float
     result.sync_events = rows.kind.count(SYNC_CODE)
-    if any_float:
-        rows.round_times()
+    rows.whole_times(rounded=any_float)
     keep = range(len(rows))
     if len(steps) >= 2:
         keep = _before_last_step(rows, steps, cpu_corr_ts, any_float)
         result.last_step_dropped = True
-    result.events = EventList.in_start_order(rows, keep, whole_dur=any_float or not rows.float_dur, nested=cpu_ops)
+    result.events = EventList.in_start_order(rows, keep, nested=cpu_ops)
     return result
 
 
@@ -203,9 +203,12 @@ def _before_last_step(rows: Columns, steps: dict[str, list[float]], cpu_corr_ts:
     before it, GPU-side events launched by a CPU-side event that does."""
     start_of = math.ceil if rounded else (lambda ts: ts)
     last_step_start = max(start_of(ts) for starts in steps.values() for ts in starts)
-    kept = {c for c, ts in cpu_corr_ts.items() if start_of(ts) < last_step_start}
-    ts_col, corr_col, gpu_col = rows.ts, rows.correlation, rows.gpu
-    return [i for i in range(len(rows)) if (corr_col[i] in kept if gpu_col[i] else ts_col[i] < last_step_start)]
+    # The launches of the last step, a few among all: fewer to collect than those kept. (A raw
+    # time is before the rounded start L, an integer, if its ceiling is: if it is <= L - 1.)
+    after = last_step_start - 1 if rounded else last_step_start
+    dropped = {c for c, ts in cpu_corr_ts.items() if (ts > after if rounded else ts >= after)}
+    return [i for i, (gpu, corr, ts) in enumerate(zip(rows.gpu, rows.correlation, rows.ts))
+            if ((corr not in dropped and corr in cpu_corr_ts) if gpu else ts < last_step_start)]
 
 
 class _MemoryPeaks:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
-from operator import itemgetter
+from operator import add, itemgetter, sub
 from typing import Any
 
 from producers.trace_json import Args, Event, to_int
@@ -19,9 +19,10 @@ SYNC_CODE = _KIND_CODE["sync"]
 
 
 class Columns:
-    """The kept events, a column each. Times are doubles, exact for every time the reader
-    accepts (|t| < 2**53 us; the parser's own floats); the rare fields (a copy's bytes and
-    bandwidth, an operator's FLOPs) are kept apart, per row."""
+    """The kept events, a column each. Times are read as doubles, exact for every time the
+    reader accepts (|t| < 2**53 us; the parser's own floats), and made whole once all are read
+    (``whole_times``); the rare fields (a copy's bytes and bandwidth, an operator's FLOPs) are
+    kept apart, per row."""
 
     def __init__(self) -> None:
         self.kind, self.gpu = array("B"), array("B")
@@ -35,13 +36,19 @@ class Columns:
     def __len__(self) -> int:
         return len(self.kind)
 
-    def round_times(self) -> None:
-        """HTA's rounding to whole microseconds: ``end = floor(ts + dur)``, ``ts = ceil(ts)``."""
-        ts_col, dur_col, ceil, floor = self.ts, self.dur, math.ceil, math.floor
-        for i in range(len(ts_col)):
-            start = ceil(ts_col[i])
-            dur_col[i] = floor(ts_col[i] + dur_col[i]) - start
-            ts_col[i] = start
+    def whole_times(self, rounded: bool) -> None:
+        """Times as whole microseconds, in 64-bit integer columns (events are made from them as
+        they are, with no conversion per event): ``rounded``, HTA's rounding (``end = floor(ts +
+        dur)``, ``ts = ceil(ts)``); else the times are whole already, and so are the durations
+        unless one was a float (those stay as they are). Each a C-level pass over a column."""
+        if rounded:
+            starts = array("q", map(math.ceil, self.ts))
+            self.dur = array("q", map(sub, map(math.floor, map(add, self.ts, self.dur)), starts))
+            self.ts = starts
+            return
+        self.ts = array("q", map(int, self.ts))
+        if not self.float_dur:
+            self.dur = array("q", map(int, self.dur))
 
     def add(self, e: Event, kind: str | None, name: str, args: Args, stream: int, correlation: int, gpu_side: bool,
             names: dict[str, str], tids: dict[Any, int]) -> None:
@@ -91,18 +98,17 @@ class EventList(Sequence):
 
     CHUNK = 4096
 
-    def __init__(self, rows: Columns, order: array, whole_ts: bool, whole_dur: bool) -> None:
+    def __init__(self, rows: Columns, order: array) -> None:
         self._rows, self._order = rows, order
-        self._whole_ts, self._whole_dur = whole_ts, whole_dur
 
     @classmethod
-    def in_start_order(cls, rows: Columns, keep: Iterable[int], whole_dur: bool, nested: bool = False) -> EventList:
+    def in_start_order(cls, rows: Columns, keep: Iterable[int], nested: bool = False) -> EventList:
         """``keep``'s rows in start order, CPU-side before GPU-side at the same start: CPU events
         first, then a stable sort on the start alone (a C-level key, several times faster than a
         tuple key). ``nested``: of CPU events that start together, the longer first (the one the
         others are nested in: a step and its first operator, an operator and its first call), for
         the analyses that follow the nesting (CPU events sorted by duration first: ~2 % more
-        time, so only for them). Times are whole microseconds (an integer trace, or one rounded)."""
+        time, so only for them). Times are whole microseconds (``Columns.whole_times``)."""
         stream_col = rows.stream
         keep = list(keep)
         cpu = [i for i in keep if stream_col[i] < 0]
@@ -110,7 +116,7 @@ class EventList(Sequence):
             cpu.sort(key=rows.dur.__getitem__, reverse=True)  # (stable: equal durations keep their order)
         order = cpu + [i for i in keep if stream_col[i] >= 0]
         order.sort(key=rows.ts.__getitem__)
-        return cls(rows, array("q", order), whole_ts=True, whole_dur=whole_dur)
+        return cls(rows, array("q", order))
 
     def __len__(self) -> int:
         return len(self._order)
@@ -121,7 +127,6 @@ class EventList(Sequence):
         r = self._rows
         columns = (r.kind, r.cat, r.name, r.ts, r.dur, r.stream, r.device, r.correlation, r.tid)
         extras, kinds = r.extras, _KINDS
-        whole_ts, whole_dur = self._whole_ts, self._whole_dur
         order = self._order
         for first in range(0, len(order), self.CHUNK):
             chunk = order[first:first + self.CHUNK]
@@ -131,10 +136,6 @@ class EventList(Sequence):
                 pick = itemgetter(*chunk)
                 values = [pick(column) for column in columns]
             kind, cat, name, ts, dur, stream, device, correlation, tid = values
-            if whole_ts:
-                ts = map(int, ts)
-            if whole_dur:
-                dur = map(int, dur)
             for i, k, c, n, t, d, s, dev, corr, th in zip(chunk, kind, cat, name, ts, dur, stream, device,
                                                           correlation, tid):
                 e = {"kind": kinds[k], "cat": c, "name": n, "ts": t, "dur": d, "end": t + d, "stream": s,
@@ -150,7 +151,7 @@ class EventList(Sequence):
             return [self[i] for i in range(*index.indices(len(self)))]
         if index < 0:
             index += len(self)
-        one = EventList(self._rows, self._order[index:index + 1], self._whole_ts, self._whole_dur)
+        one = EventList(self._rows, self._order[index:index + 1])
         return next(iter(one))
 
     def __eq__(self, other: object) -> bool:
