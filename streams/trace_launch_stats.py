@@ -33,19 +33,21 @@ class LaunchStats(msgspec.Struct):
         if call["name"] not in LAUNCH_CALLS:
             return
         cpu_dur, gpu_dur = call["dur"], gpu["dur"]
-        delay = max(0, gpu["ts"] - call["ts"] - cpu_dur)
         self.launches += 1
         self.cpu_us += cpu_dur
         self.gpu_us += gpu_dur
-        self.delay_us += delay
-        self.max_delay_us = max(self.max_delay_us, delay)
-        if cpu_dur <= self.runtime_cutoff_us and gpu_dur < cpu_dur:
-            self.short_kernels += 1
-            self.short_kernel_gpu_us += gpu_dur
+        delay = gpu["ts"] - call["ts"] - cpu_dur
+        if delay > 0:  # (per launch: comparisons cost less than calls of max())
+            self.delay_us += delay
+            if delay > self.max_delay_us:  # noqa: PLR1730
+                self.max_delay_us = delay
+            if delay > self.launch_delay_cutoff_us:
+                self.delay_outliers += 1
         if cpu_dur > self.runtime_cutoff_us:
             self.runtime_outliers += 1
-        if delay > self.launch_delay_cutoff_us:
-            self.delay_outliers += 1
+        elif gpu_dur < cpu_dur:
+            self.short_kernels += 1
+            self.short_kernel_gpu_us += gpu_dur
 
     def result(self) -> dict:
         n = self.launches
