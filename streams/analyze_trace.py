@@ -20,8 +20,9 @@ from streams.trace_antipatterns import AntipatternCollector
 from streams.trace_collectives import Collectives
 from streams.trace_critical_path import CriticalPath
 from streams.trace_idle_breakdown import IdleBreakdown, StreamIdle
-from streams.trace_kernel_breakdown import KernelBreakdown
+from streams.trace_kernel_breakdown import BIT, KernelBreakdown
 from streams.trace_kernel_sequences import KernelSequences
+from streams.trace_kernel_type import KernelType
 from streams.trace_launch_stats import LaunchStats
 from streams.trace_memory_copies import MemoryCopies
 from streams.trace_operators import OperatorRoofline
@@ -87,7 +88,7 @@ class TraceAnalyzer:
         call = self._calls.pop(corr, None) if corr >= 0 else None
         if call is None:
             self.unmatched_gpu_events += 1
-        self.temporal.add(event)
+        self.temporal.add(ts, event["end"])
         self.kernels.add(event)
         self.copies.add(event)
         self.collectives.add(event)
@@ -133,7 +134,7 @@ class TraceAnalyzer:
 
     def result(self, gpu_name: str | None = None) -> dict:
         """The figures of the events so far; ``gpu_name`` (the trace's GPU) gives the roofline its peaks."""
-        t = self.temporal.result()
+        t = self.temporal.result(self.kernels)
         return {
             "events": self.events,
             "gpu_events": self.gpu_events,
@@ -169,9 +170,8 @@ class TraceAnalyzer:
 
     # -- checkpoints (JSON-able) -------------------------------------------------------
     def to_state(self) -> dict:
-        cov = {name: c.to_state() for name, c in self._coverages().items()}
         return {
-            "coverage": cov,
+            "coverage": {"all": self.temporal.all.to_state()},
             "idle": {str(s): [v.host_wait, v.kernel_wait, v.other] for s, v in self.idle.streams.items()},
             "prev_end": {str(s): e for s, e in self.idle._prev_end.items()},
             "launch": {k: getattr(self.launch, k) for k in LAUNCH_COUNTERS},
@@ -192,9 +192,7 @@ class TraceAnalyzer:
     @classmethod
     def from_state(cls, state: dict) -> TraceAnalyzer:
         a = cls(state["horizon"])
-        t = a.temporal
-        t.all, t.compute, t.communication, t.either = (
-            Coverage.from_state(state["coverage"][name]) for name in ("all", "compute", "communication", "either"))
+        a.temporal.all = Coverage.from_state(state["coverage"]["all"])
         for s, (h, k, o) in state["idle"].items():
             a.idle.streams[int(s)] = StreamIdle(h, k, o)
         a.idle._prev_end = {int(s): e for s, e in state["prev_end"].items()}
@@ -211,15 +209,16 @@ class TraceAnalyzer:
             a.queues = QueueLength.from_state(state["queues"])
             a.per_step = Steps.from_state(state["per_step"])
             a.steps = set(state["steps"])
+        else:  # the temporal breakdown's unions by type, as it kept them then (now the kernel breakdown's)
+            comp, comm = BIT[KernelType.COMPUTATION], BIT[KernelType.COMMUNICATION]
+            for mask, name in ((comp, "compute"), (comm, "communication"), (comp | comm, "either")):
+                a.kernels.unions[mask] = Coverage.from_state(state["coverage"][name])
+            a.kernels._wire()
         for corr, name, ts, dur, *rest in sorted(state["calls"], key=lambda c: c[2]):
             op, step = (rest + [None, None])[:2]  # (calls checkpointed before the roofline and steps have neither)
             a._calls[corr] = {"name": name, "ts": ts, "dur": dur, "op": op, "step": step}
             a._call_order.append((ts, corr))
         return a
-
-    def _coverages(self) -> dict[str, Coverage]:
-        t = self.temporal
-        return {"all": t.all, "compute": t.compute, "communication": t.communication, "either": t.either}
 
 
 LAUNCH_COUNTERS = ("launches", "cpu_us", "gpu_us", "delay_us", "max_delay_us", "short_kernels",

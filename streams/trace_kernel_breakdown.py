@@ -72,6 +72,11 @@ class KernelBreakdown:
             add(ts, end)
 
     # -- results -----------------------------------------------------------------------------
+    def computation_and_communication(self) -> tuple[float, float, float]:
+        """The time covered by computation kernels, by communication kernels, and by either."""
+        comp, comm = BIT[KernelType.COMPUTATION], BIT[KernelType.COMMUNICATION]
+        return self.unions[comp].covered, self.unions[comm].covered, self.unions[comp | comm].covered
+
     def type_times(self) -> dict[int, float]:
         """Time with exactly the types of each mask running (inclusion-exclusion over the unions)."""
         covered = {mask: u.covered for mask, u in self.unions.items()}

@@ -1,16 +1,20 @@
 """Temporal breakdown and communication/computation overlap of one rank's GPU time.
 
 Consumes GPU events (``stream >= 0``) in start-time order and keeps O(1) state: the open
-merged interval and the covered time so far, for all GPU events, for computation kernels,
-for communication kernels, and for their union (overlap = comp + comm - union).
+merged interval and the covered time so far (a ``Coverage``) of all GPU events. The unions of
+computation kernels, of communication kernels and of both (overlap = comp + comm - union) are
+the kernel breakdown's, which keeps them for its own split by type: the result reads them there.
 Semantics of HTA 0.5.0: touching intervals merge; kernel time = last end - first start.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import msgspec
 
-from streams.trace_kernel_type import KernelType, kernel_type
+if TYPE_CHECKING:
+    from streams.trace_kernel_breakdown import KernelBreakdown
 
 
 class Coverage:
@@ -73,32 +77,21 @@ class TemporalResult(msgspec.Struct, frozen=True):
 class TemporalBreakdown:
     def __init__(self) -> None:
         self.all = Coverage()
-        self.compute = Coverage()
-        self.communication = Coverage()
-        self.either = Coverage()
 
-    def add(self, event: dict) -> None:
+    def add(self, ts: float, end: float) -> None:
         """One GPU event (``stream >= 0``), in start-time order."""
-        ts, end = event["ts"], event["end"]
         self.all.add(ts, end)
-        kind = kernel_type(event["name"])
-        if kind is KernelType.COMPUTATION:
-            self.compute.add(ts, end)
-            self.either.add(ts, end)
-        elif kind is KernelType.COMMUNICATION:
-            self.communication.add(ts, end)
-            self.either.add(ts, end)
 
-    def result(self) -> TemporalResult:
+    def result(self, kernels: KernelBreakdown) -> TemporalResult:
+        """The breakdown, with the unions by type of ``kernels``, fed the same GPU events."""
         kernel = self.all.span
         idle = kernel - self.all.covered
-        compute = self.compute.covered
-        comm = self.communication.covered
+        compute, comm, either = kernels.computation_and_communication()
         return TemporalResult(
             kernel_us=kernel,
             idle_us=idle,
             compute_us=compute,
             non_compute_us=kernel - compute - idle,
             communication_us=comm,
-            comp_comm_overlap_us=compute + comm - self.either.covered,
+            comp_comm_overlap_us=compute + comm - either,
         )

@@ -163,6 +163,37 @@ def test_checkpointed_state_resumes_to_the_same_result(tmp_path, trace):
         assert resumed.result("NVIDIA H100 80GB HBM3") == analyze_trace_result(events), cut
 
 
+def test_a_session_checkpointed_before_the_kernel_breakdown_keeps_its_temporal_breakdown(tmp_path):
+    """Checkpoints of that time hold the unions of computation and communication kernels with
+    the temporal breakdown's (now the kernel breakdown's): a session resumed from one still
+    reports the whole trace's temporal breakdown and overlap."""
+    import json
+
+    from streams.analyze_trace import TraceAnalyzer
+    from streams.trace_kernel_breakdown import BIT
+    from streams.trace_kernel_type import KernelType
+    from tests.unit.traces import synthetic_job_trace
+
+    events = list(read_trace(synthetic_job_trace(tmp_path / "t.json")).events)
+    cut = len(events) * 2 // 3
+    first = TraceAnalyzer()
+    for e in events[:cut]:
+        first.add(e)
+    state = json.loads(json.dumps(first.to_state()))
+    comp, comm = BIT[KernelType.COMPUTATION], BIT[KernelType.COMMUNICATION]
+    for mask, name in ((comp, "compute"), (comm, "communication"), (comp | comm, "either")):
+        state["coverage"][name] = state["kernels"]["unions"][str(mask)]
+    for later in ("kernels", "copies", "collectives", "roofline", "annotations", "queues", "per_step", "steps"):
+        del state[later]
+    resumed = TraceAnalyzer.from_state(state)
+    for e in events[cut:]:
+        resumed.add(e)
+    whole = analyze_trace_result(events)
+    assert whole["overlap"]["communication_time_us"] > 0 and whole["temporal"]["compute_time_us"] > 0
+    got = resumed.result("NVIDIA H100 80GB HBM3")
+    assert (got["temporal"], got["overlap"]) == (whole["temporal"], whole["overlap"])
+
+
 def analyze_trace_result(events: list[dict]) -> dict:
     from streams.analyze_trace import TraceAnalyzer
 
