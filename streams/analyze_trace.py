@@ -23,7 +23,7 @@ from streams.trace_idle_breakdown import IdleBreakdown, StreamIdle
 from streams.trace_kernel_breakdown import BIT, KernelBreakdown
 from streams.trace_kernel_sequences import KernelSequences
 from streams.trace_kernel_type import KernelType
-from streams.trace_launch_stats import LaunchStats
+from streams.trace_launch_stats import Call, LaunchStats
 from streams.trace_memory_copies import MemoryCopies
 from streams.trace_operators import OperatorRoofline
 from streams.trace_queue_length import QueueLength
@@ -33,6 +33,7 @@ from streams.trace_temporal_breakdown import Coverage, TemporalBreakdown
 
 # A GPU event starting this long after its runtime call is not joined to it.
 PENDING_HORIZON_US = 10_000_000
+COMPUTATION_BIT = BIT[KernelType.COMPUTATION]
 
 
 class TraceAnalyzer:
@@ -63,7 +64,7 @@ class TraceAnalyzer:
         self.out_of_order = 0
         self.steps: set[str] = set()  # names of the ProfilerStep annotations seen
         self._last_ts: float | None = None
-        self._calls: dict[int, dict] = {}
+        self._calls: dict[int, Call] = {}
         self._call_order: deque[tuple[float, int]] = deque()
 
     def add(self, event: dict) -> None:
@@ -89,17 +90,17 @@ class TraceAnalyzer:
         if call is None:
             self.unmatched_gpu_events += 1
         self.temporal.add(ts, event["end"])
-        self.kernels.add(event)
+        computation = self.kernels.add(event) == COMPUTATION_BIT
         self.copies.add(event)
         self.collectives.add(event)
         if call is not None:  # (every launch the queue waits for is a call the analyzer holds)
-            if call["op"] is not None:
-                self.roofline.add_gpu(event, call["op"])
-            if call.get("step") is not None:
-                self.per_step.add_gpu(event, call["step"])
+            if call.op is not None:
+                self.roofline.add_gpu(event, call.op)
+            if call.step is not None:
+                self.per_step.add_gpu(event, call.step, computation)
             self.queues.add_gpu(event)
             self.launch.add(call, event)
-        self.idle.add(event, None if call is None else call["ts"])
+        self.idle.add(event, None if call is None else call.ts)
         self.antipatterns.add_gpu(event, call)
 
     def _add_cpu(self, event: dict, ts: float, corr: int) -> None:
@@ -116,7 +117,7 @@ class TraceAnalyzer:
         if corr >= 0:
             step = self.per_step.current  # the step the call is made in
             step = step[0] if step is not None and ts < step[2] else None
-            self._calls[corr] = {"name": event["name"], "ts": ts, "dur": event["dur"], "op": op, "step": step}
+            self._calls[corr] = Call(event["name"], ts, event["dur"], op, step)
             self._call_order.append((ts, corr))
             self._evict(ts)
         if event["name"].startswith("ProfilerStep#"):  # an annotation (cpu_op in older traces)
@@ -129,7 +130,7 @@ class TraceAnalyzer:
         while order and order[0][0] < now - self.horizon:
             ts, corr = order.popleft()
             call = calls.get(corr)
-            if call is not None and call["ts"] == ts:
+            if call is not None and call.ts == ts:
                 del calls[corr]
 
     def result(self, gpu_name: str | None = None) -> dict:
@@ -176,7 +177,7 @@ class TraceAnalyzer:
             "prev_end": {str(s): e for s, e in self.idle._prev_end.items()},
             "launch": {k: getattr(self.launch, k) for k in LAUNCH_COUNTERS},
             "counters": [self.events, self.gpu_events, self.unmatched_gpu_events, self.out_of_order, self._last_ts],
-            "calls": [[corr, c["name"], c["ts"], c["dur"], c.get("op"), c.get("step")] for corr, c in self._calls.items()],
+            "calls": [[corr, c.name, c.ts, c.dur, c.op, c.step] for corr, c in self._calls.items()],
             "horizon": self.horizon,
             "antipatterns": self.antipatterns.to_state(),
             "kernels": self.kernels.to_state(),
@@ -216,7 +217,7 @@ class TraceAnalyzer:
             a.kernels._wire()
         for corr, name, ts, dur, *rest in sorted(state["calls"], key=lambda c: c[2]):
             op, step = (rest + [None, None])[:2]  # (calls checkpointed before the roofline and steps have neither)
-            a._calls[corr] = {"name": name, "ts": ts, "dur": dur, "op": op, "step": step}
+            a._calls[corr] = Call(name, ts, dur, op, step)
             a._call_order.append((ts, corr))
         return a
 

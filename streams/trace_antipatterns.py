@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import msgspec
+
+if TYPE_CHECKING:
+    from streams.trace_launch_stats import Call
 
 GAP_US = 500_000
 CHUNKS = 30
@@ -78,36 +82,43 @@ class AntipatternCollector(msgspec.Struct):
             _cov_add(self.dataloader, e["ts"], e["ts"] + e["dur"])
             _cov_add(self.dataloader_or_gpu, e["ts"], e["ts"] + e["dur"])
 
-    def add_gpu(self, e: dict, call: dict | None) -> None:
-        ts, end = e["ts"], e["ts"] + e["dur"]
+    def add_gpu(self, e: dict, call: Call | None) -> None:
+        ts, end = e["ts"], e["end"]
         self._busy(ts, end)
         _cov_add(self.dataloader_or_gpu, ts, end)
-        cat, name = e["cat"], e["name"]
-        call_name = call["name"] if call else None
-        if e["kind"] == "memcpy":
-            if call_name == "cudaMemcpy":
+        kind = e["kind"]
+        if kind == "kernel":
+            if e["cat"] in ("kernel", "Kernel"):
+                self._kernel(e, call)
+        elif kind == "memcpy":
+            if call is None:
+                return
+            name = e["name"]
+            if call.name == "cudaMemcpy":
                 nbytes = e.get("bytes") or 0
                 same_device = "DtoD" in name
                 small_upload = "HtoD" in name and nbytes <= SMALL_HTOD_BYTES
                 if not (same_device or small_upload):
                     self.sync_memcpy += 1
-                    self.sync_memcpy_us += call["dur"]
-            elif call_name == "cudaMemcpyAsync" and "Pageable" in name:
+                    self.sync_memcpy_us += call.dur
+            elif call.name == "cudaMemcpyAsync" and "Pageable" in name:
                 self.pageable_async += 1
                 self.pageable_async_us += e["dur"]
                 self.pageable_async_bytes += e.get("bytes") or 0
-        elif e["kind"] == "memset" and call_name == "cudaMemset":
+        elif kind == "memset" and call is not None and call.name == "cudaMemset":
             self.sync_memset += 1
-            self.sync_memset_us += call["dur"]
-        if e["kind"] == "kernel" and cat in ("kernel", "Kernel"):
-            self.compute_kernel_us += e["dur"]
-            matmul, tensor_core = _matmul_kind(name)
-            if matmul:
-                self.matmul_us += e["dur"]
-                if tensor_core:
-                    self.matmul_tensor_core_us += e["dur"]
-            short = call is not None and call["dur"] <= SHORT_CALL_US and e["dur"] < call["dur"]
-            self._train(e["stream"], ts, end, short)
+            self.sync_memset_us += call.dur
+
+    def _kernel(self, e: dict, call: Call | None) -> None:
+        dur = e["dur"]
+        self.compute_kernel_us += dur
+        matmul, tensor_core = _matmul_kind(e["name"])
+        if matmul:
+            self.matmul_us += dur
+            if tensor_core:
+                self.matmul_tensor_core_us += dur
+        short = call is not None and call.dur <= SHORT_CALL_US and dur < call.dur
+        self._train(e["stream"], e["ts"], e["end"], short)
 
     def _train(self, stream: int, ts: float, end: float, short: bool) -> None:
         run = self.runs.get(stream)

@@ -53,8 +53,9 @@ class KernelBreakdown:
         # type bit -> the ``add`` of each union that holds the type (per event: one lookup, no mask tests)
         self._adders = {0: (), **{bit: tuple(u.add for m, u in self.unions.items() if m & bit) for bit in BIT.values()}}
 
-    def add(self, event: dict) -> None:
-        """One GPU event (``stream >= 0``), in start-time order."""
+    def add(self, event: dict) -> int:
+        """One GPU event (``stream >= 0``), in start-time order; returns its type's bit (``BIT``;
+        0 for none of ``TYPES``), for the analyses that split by type too."""
         name, ts, end = event["name"], event["ts"], event["end"]
         dur = end - ts
         k = self.kernels.get(name)
@@ -68,8 +69,10 @@ class KernelBreakdown:
             if dur > k[4]:  # noqa: PLR1730
                 k[4] = dur
             k[5] += dur * dur
-        for add in self._adders[k[0]]:
+        bit = k[0]
+        for add in self._adders[bit]:
             add(ts, end)
+        return bit
 
     # -- results -----------------------------------------------------------------------------
     def computation_and_communication(self) -> tuple[float, float, float]:

@@ -15,6 +15,17 @@ RUNTIME_CUTOFF_US = 50
 LAUNCH_DELAY_CUTOFF_US = 100
 
 
+class Call(msgspec.Struct, gc=False):
+    """A CUDA runtime call that launched (or may have launched) work on the GPU, held until its
+    GPU event arrives: what the analysers read of it then."""
+
+    name: str
+    ts: float
+    dur: float
+    op: str | None = None  # the CPU operator it was made from, where that operator counts its FLOPs
+    step: str | None = None  # the profiler step it was made in
+
+
 class LaunchStats(msgspec.Struct):
     runtime_cutoff_us: float = RUNTIME_CUTOFF_US
     launch_delay_cutoff_us: float = LAUNCH_DELAY_CUTOFF_US
@@ -28,15 +39,15 @@ class LaunchStats(msgspec.Struct):
     runtime_outliers: int = 0
     delay_outliers: int = 0
 
-    def add(self, call: dict, gpu: dict) -> None:
+    def add(self, call: Call, gpu: dict) -> None:
         """A launch call and the GPU event it launched."""
-        if call["name"] not in LAUNCH_CALLS:
+        if call.name not in LAUNCH_CALLS:
             return
-        cpu_dur, gpu_dur = call["dur"], gpu["dur"]
+        cpu_dur, gpu_dur = call.dur, gpu["dur"]
         self.launches += 1
         self.cpu_us += cpu_dur
         self.gpu_us += gpu_dur
-        delay = gpu["ts"] - call["ts"] - cpu_dur
+        delay = gpu["ts"] - call.ts - cpu_dur
         if delay > 0:  # (per launch: comparisons cost less than calls of max())
             self.delay_us += delay
             if delay > self.max_delay_us:  # noqa: PLR1730

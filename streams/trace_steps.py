@@ -9,7 +9,6 @@ the same interval unions as the temporal breakdown. State: per step a few number
 
 from __future__ import annotations
 
-from streams.trace_kernel_type import KernelType, kernel_type
 from streams.trace_temporal_breakdown import Coverage
 
 MAX_STEPS = 10_000
@@ -34,13 +33,14 @@ class Steps:
             return step[0]
         return None
 
-    def add_gpu(self, event: dict, step: str) -> None:
+    def add_gpu(self, event: dict, step: str, computation: bool) -> None:
+        """A GPU event launched in ``step``; ``computation``: a computation kernel."""
         s = self.steps.get(step)
         if s is None:
             return
         s[2] += 1
         s[3].add(event["ts"], event["end"])
-        if kernel_type(event["name"]) is KernelType.COMPUTATION:
+        if computation:
             s[4].add(event["ts"], event["end"])
 
     def result(self) -> list[dict]:
