@@ -33,7 +33,8 @@ from streams.trace_temporal_breakdown import Coverage, TemporalBreakdown
 
 # A GPU event starting this long after its runtime call is not joined to it.
 PENDING_HORIZON_US = 10_000_000
-COMPUTATION_BIT = BIT[KernelType.COMPUTATION]
+COMPUTATION_BIT, COMMUNICATION_BIT, MEMORY_BIT = (BIT[t] for t in (KernelType.COMPUTATION, KernelType.COMMUNICATION,
+                                                                  KernelType.MEMORY))
 
 
 class TraceAnalyzer:
@@ -90,14 +91,16 @@ class TraceAnalyzer:
         if call is None:
             self.unmatched_gpu_events += 1
         self.temporal.add(ts, event["end"])
-        computation = self.kernels.add(event) == COMPUTATION_BIT
-        self.copies.add(event)
-        self.collectives.add(event)
+        bit = self.kernels.add(event)
+        if bit == MEMORY_BIT:
+            self.copies.add(event)
+        elif bit == COMMUNICATION_BIT:
+            self.collectives.add(event)
         if call is not None:  # (every launch the queue waits for is a call the analyzer holds)
             if call.op is not None:
                 self.roofline.add_gpu(event, call.op)
             if call.step is not None:
-                self.per_step.add_gpu(event, call.step, computation)
+                self.per_step.add_gpu(event, call.step, bit == COMPUTATION_BIT)
             self.queues.add_gpu(event)
             self.launch.add(call, event)
         self.idle.add(event, None if call is None else call.ts)

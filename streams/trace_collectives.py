@@ -18,8 +18,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from streams.trace_kernel_type import KernelType, kernel_type
-
 # Launches kept per collective name and rank: the state stays bounded on very long traces.
 MAX_LAUNCHES = 20_000
 
@@ -31,10 +29,8 @@ class Collectives:
         self.durations: dict[str, list[float]] = {}
 
     def add(self, event: dict) -> None:
-        """One GPU event (``stream >= 0``), in start-time order."""
+        """One collective (a GPU event of kernel type COMMUNICATION), in start-time order."""
         name = event["name"]
-        if not name.startswith("nccl") or kernel_type(name) is not KernelType.COMMUNICATION:
-            return
         launches = self.durations.setdefault(name, [])
         if len(launches) < MAX_LAUNCHES:  # (the later launches of a very long trace are not compared)
             launches.append(float(event["end"] - event["ts"]))

@@ -18,7 +18,6 @@ from __future__ import annotations
 import heapq
 import math
 
-from streams.trace_kernel_type import KernelType, kernel_type
 from streams.trace_stats import quantile
 
 
@@ -60,11 +59,8 @@ class MemoryCopies:
         self.kinds: dict[str, _Kind] = {}
 
     def add(self, event: dict) -> None:
-        """One GPU event (``stream >= 0``), in start-time order."""
-        name = event["name"]
-        if name[:1] not in ("M", "d") or kernel_type(name) is not KernelType.MEMORY:  # (Memcpy, Memset, dma)
-            return
-        key = memory_kind(name)
+        """One memory copy or set (a GPU event of kernel type MEMORY), in start-time order."""
+        key = memory_kind(event["name"])
         k = self.kinds.get(key)
         if k is None:
             k = self.kinds[key] = _Kind()
