@@ -7,7 +7,8 @@ bandwidth summary, GPU user annotations, launch queue length and time blocked on
 queue), and both sets of numbers side by side. HTA runs from its own virtualenv (``make bench-hta``
 creates benchmarks/.venv-hta): it is never a dependency of gpufleet.
 
-    python benchmarks/bench_trace_analysis.py [--scale 10] [--synthetic STEPS] [--repeat 3] [TRACE ...]
+    python benchmarks/bench_trace_analysis.py [--scale 10] [--synthetic STEPS] [--dense-steps STEPS]
+                                              [--repeat 3] [TRACE ...]
 
 Each side runs ``--repeat`` times per trace, alternately, and the medians are compared: on
 a shared machine one run of either can be a third slower than the next.
@@ -17,6 +18,9 @@ with fresh correlation ids and step numbers) and runs both on it. --synthetic ST
 traces of shapes the shared ones lack (tests/unit/traces.py), in the profiler's layout: a
 data-parallel job with NCCL overlapping computation on five streams, and the same with eight
 nested CPU operators (shapes, call stacks) around each launch, as with_stack traces have.
+--dense-steps STEPS adds the first of those shapes at another size (at 200 steps it is a quarter
+of the largest trace's size, the other shape about as large): HTA's time per event grows with a
+trace, gpufleet's does not, so the ratio is a trace size's as much as a shape's.
 
 --critical-path also times each side's critical path: gpufleet's of every profiler step
 (``gpufleet analyze --critical-path``: every analysis and the paths) against HTA's of its first
@@ -195,6 +199,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs of each side per trace (medians are printed)")
     parser.add_argument("--synthetic", type=int, default=0, metavar="STEPS",
                         help="also run on synthetic traces of this many steps (NCCL on five streams; CPU-operator heavy)")
+    parser.add_argument("--dense-steps", type=int, default=0, metavar="STEPS",
+                        help="also run on the kernels-and-launches synthetic trace of this many steps (800: about "
+                             "the size of --scale 10's trace)")
     parser.add_argument("--critical-path", action="store_true",
                         help="also time the critical path: gpufleet's of every step, HTA's of the first")
     parser.add_argument("--kernel-sequences", metavar="OPERATOR",
@@ -232,12 +239,13 @@ def main() -> None:
         subprocess.run([sys.executable, __file__, "--make-scaled", str(largest), str(args.scale), str(dest)],
                        check=True)
         traces = [*traces, dest]
-    if args.synthetic:
-        for label, cpu_ops in (("nccl", 0), ("cpu-heavy", 8)):
-            dest = tmp / f"synthetic-{label}-{args.synthetic}.json.gz"
-            subprocess.run([sys.executable, __file__, "--make-synthetic", str(args.synthetic), str(cpu_ops), str(dest)],
-                           check=True)
-            traces = [*traces, dest]
+    synthetic = [("nccl", 0, args.synthetic), ("cpu-heavy", 8, args.synthetic)] if args.synthetic else []
+    if args.dense_steps:
+        synthetic.append(("nccl", 0, args.dense_steps))
+    for label, cpu_ops, steps in synthetic:
+        dest = tmp / f"synthetic-{label}-{steps}.json.gz"
+        subprocess.run([sys.executable, __file__, "--make-synthetic", str(steps), str(cpu_ops), str(dest)], check=True)
+        traces = [*traces, dest]
     ours_start, hta_start = Runs(), Runs()
     for _ in range(args.repeat):
         ours_start.add(*measure(sys.executable, OURS_STARTUP, traces[0], ROOT))
