@@ -63,6 +63,7 @@ def test_float_timestamps_round_every_event(tmp_path):
     assert trace.rounded
     # [ceil 1.5, floor 3.7) = [2, 3); [4, 4); [10, 12)
     assert [(e["ts"], e["end"]) for e in trace.events] == [(2, 3), (4, 4), (10, 12)]
+    assert all(type(e["ts"]) is int and type(e["dur"]) is int for e in trace.events)
     assert r["temporal"]["kernel_time_us"] == 10
     assert r["temporal"]["idle_time_us"] == 7  # 10 - (1 + 0 + 2)
 
@@ -70,6 +71,15 @@ def test_float_timestamps_round_every_event(tmp_path):
 def test_integer_timestamps_are_left_alone(tmp_path):
     trace, _ = analyze(tmp_path, [kernel("gemm", 1, 2)])
     assert not trace.rounded and trace.events[0]["end"] == 3
+    assert type(trace.events[0]["ts"]) is int and type(trace.events[0]["dur"]) is int
+
+
+def test_a_fractional_duration_with_integer_timestamps_is_kept(tmp_path):
+    """HTA rounds only where a timestamp is fractional; a duration alone is kept as it is."""
+    trace, _ = analyze(tmp_path, [kernel("gemm", 1, 2.5), kernel("gemm", 10, 2)])
+    assert not trace.rounded
+    assert [(e["ts"], e["dur"], e["end"]) for e in trace.events] == [(1, 2.5, 3.5), (10, 2.0, 12.0)]
+    assert all(type(e["ts"]) is int for e in trace.events)
 
 
 LAST_STEP_EVENTS = [
