@@ -110,6 +110,8 @@ class AntipatternCollector(msgspec.Struct):
             self.sync_memset_us += call.dur
 
     def _kernel(self, e: dict, call: Call | None) -> None:
+        """A kernel: the compute time, its share in matrix multiplies (on tensor cores or not),
+        and the train of short launches on its stream it extends or ends."""
         dur = e["dur"]
         self.compute_kernel_us += dur
         matmul, tensor_core = _matmul_kind(e["name"])
