@@ -20,9 +20,13 @@ from streams.trace_antipatterns import AntipatternCollector
 from streams.trace_collectives import Collectives
 from streams.trace_critical_path import CriticalPath
 from streams.trace_idle_breakdown import IdleBreakdown, StreamIdle
-from streams.trace_kernel_breakdown import BIT, KernelBreakdown
+from streams.trace_kernel_breakdown import (
+    COMMUNICATION_BIT,
+    COMPUTATION_BIT,
+    MEMORY_BIT,
+    KernelBreakdown,
+)
 from streams.trace_kernel_sequences import KernelSequences
-from streams.trace_kernel_type import KernelType
 from streams.trace_launch_stats import Call, LaunchStats
 from streams.trace_memory_copies import MemoryCopies
 from streams.trace_operators import OperatorRoofline
@@ -33,8 +37,6 @@ from streams.trace_temporal_breakdown import Coverage, TemporalBreakdown
 
 # A GPU event starting this long after its runtime call is not joined to it.
 PENDING_HORIZON_US = 10_000_000
-COMPUTATION_BIT, COMMUNICATION_BIT, MEMORY_BIT = (BIT[t] for t in (KernelType.COMPUTATION, KernelType.COMMUNICATION,
-                                                                  KernelType.MEMORY))
 
 
 class TraceAnalyzer:
@@ -213,11 +215,8 @@ class TraceAnalyzer:
             a.queues = QueueLength.from_state(state["queues"])
             a.per_step = Steps.from_state(state["per_step"])
             a.steps = set(state["steps"])
-        else:  # the temporal breakdown's unions by type, as it kept them then (now the kernel breakdown's)
-            comp, comm = BIT[KernelType.COMPUTATION], BIT[KernelType.COMMUNICATION]
-            for mask, name in ((comp, "compute"), (comm, "communication"), (comp | comm, "either")):
-                a.kernels.unions[mask] = Coverage.from_state(state["coverage"][name])
-            a.kernels._wire()
+        else:
+            a.kernels = KernelBreakdown.from_temporal_coverage(state["coverage"])
         for corr, name, ts, dur, *rest in sorted(state["calls"], key=lambda c: c[2]):
             op, step = (rest + [None, None])[:2]  # (calls checkpointed before the roofline and steps have neither)
             a._calls[corr] = Call(name, ts, dur, op, step)

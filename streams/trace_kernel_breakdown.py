@@ -31,6 +31,7 @@ from streams.trace_temporal_breakdown import Coverage
 
 TYPES = (KernelType.COMPUTATION, KernelType.COMMUNICATION, KernelType.MEMORY)
 BIT = {t: 1 << i for i, t in enumerate(TYPES)}
+COMPUTATION_BIT, COMMUNICATION_BIT, MEMORY_BIT = (BIT[t] for t in TYPES)
 # Every non-empty set of types, as a bit mask: the unions kept.
 MASKS = tuple(range(1, 1 << len(TYPES)))
 TOP_KERNELS = 10
@@ -77,7 +78,7 @@ class KernelBreakdown:
     # -- results -----------------------------------------------------------------------------
     def computation_and_communication(self) -> tuple[float, float, float]:
         """The time covered by computation kernels, by communication kernels, and by either."""
-        comp, comm = BIT[KernelType.COMPUTATION], BIT[KernelType.COMMUNICATION]
+        comp, comm = COMPUTATION_BIT, COMMUNICATION_BIT
         return self.unions[comp].covered, self.unions[comm].covered, self.unions[comp | comm].covered
 
     def type_times(self) -> dict[int, float]:
@@ -125,6 +126,19 @@ class KernelBreakdown:
     def to_state(self) -> dict:
         return {"unions": {str(m): u.to_state() for m, u in self.unions.items()},
                 "kernels": self.kernels}
+
+    @classmethod
+    def from_temporal_coverage(cls, coverage: dict) -> KernelBreakdown:
+        """A breakdown that counts from here, of a trace session checkpointed before it existed:
+        with the unions of computation, communication and either that the temporal breakdown
+        kept then (``coverage``: its ``compute``, ``communication``, ``either``), which are now
+        this breakdown's."""
+        b = cls()
+        comp, comm = COMPUTATION_BIT, COMMUNICATION_BIT
+        for mask, name in ((comp, "compute"), (comm, "communication"), (comp | comm, "either")):
+            b.unions[mask] = Coverage.from_state(coverage[name])
+        b._wire()
+        return b
 
     @classmethod
     def from_state(cls, state: dict) -> KernelBreakdown:

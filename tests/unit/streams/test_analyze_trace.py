@@ -180,8 +180,7 @@ def test_a_session_checkpointed_before_the_kernel_breakdown_keeps_its_temporal_b
     import json
 
     from streams.analyze_trace import TraceAnalyzer
-    from streams.trace_kernel_breakdown import BIT
-    from streams.trace_kernel_type import KernelType
+    from streams.trace_kernel_breakdown import COMMUNICATION_BIT, COMPUTATION_BIT
     from tests.unit.traces import synthetic_job_trace
 
     events = list(read_trace(synthetic_job_trace(tmp_path / "t.json")).events)
@@ -190,7 +189,7 @@ def test_a_session_checkpointed_before_the_kernel_breakdown_keeps_its_temporal_b
     for e in events[:cut]:
         first.add(e)
     state = json.loads(json.dumps(first.to_state()))
-    comp, comm = BIT[KernelType.COMPUTATION], BIT[KernelType.COMMUNICATION]
+    comp, comm = COMPUTATION_BIT, COMMUNICATION_BIT
     for mask, name in ((comp, "compute"), (comm, "communication"), (comp | comm, "either")):
         state["coverage"][name] = state["kernels"]["unions"][str(mask)]
     for later in ("kernels", "copies", "collectives", "roofline", "annotations", "queues", "per_step", "steps"):
