@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_stream import AgentSends, Lag, fleet_10k, produce, rate_from_commits, stop, worker
 
 from gpufleet import local_kafka
+from gpufleet.kafka_node_config import SESSION_TIMEOUT_MS
 from kafka_client.admin import ensure_topics
 from kafka_client.config import consumer_config, producer_config
 from schemas.topics import GPU_SAMPLES
@@ -198,7 +199,7 @@ def killed_broker(data_dir: Path) -> None:
 
         print(f"3. the broker leading most partitions of 3 killed with SIGKILL: producers acknowledged again "
               f"{resumed(acked):.1f} s after, a consumer read again {resumed(read):.1f} s after "
-              f"(the controller declares a node dead after {local_kafka.SESSION_TIMEOUT_MS / 1000:g} s)")
+              f"(the controller declares a node dead after {SESSION_TIMEOUT_MS / 1000:g} s)")
     finally:
         local_kafka.stop(data_dir / "cluster")
 

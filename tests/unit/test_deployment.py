@@ -87,10 +87,10 @@ def as_properties(env: dict) -> dict:
 def test_the_compose_cluster_is_secured_as_the_tested_local_one(compose):
     """Kafka's security settings in compose.yaml are those of `gpufleet kafka start --secure`,
     which the integration tests run (there is no Docker engine where the tests run)."""
+    from gpufleet.kafka_node_config import Node, listeners
     from gpufleet.kafka_security import LocalCredentials
-    from gpufleet.local_kafka import Node, _listeners
 
-    local = dict(line.split("=", 1) for line in _listeners(
+    local = dict(line.split("=", 1) for line in listeners(
         Node(1, 0, 9092, 9093, Path("/n"), 9094), LocalCredentials(Path("/nonexistent"))))
     deployed = as_properties(compose["services"]["kafka-1"]["environment"])
     for key in ("controller.listener.names", "inter.broker.listener.name", "sasl.enabled.mechanisms",

@@ -1,6 +1,6 @@
 import base64
 
-from gpufleet.local_kafka import cluster_id
+from gpufleet.kafka_node_config import cluster_id
 
 
 def test_cluster_ids_are_16_bytes_and_never_look_like_an_option():
