@@ -17,11 +17,15 @@ MIN_EVENT_TIME_MS = 946_684_800_000
 MAX_EVENT_TIME_MS = 10_413_791_999_999
 MAX_INTERVAL_MS = 3_600_000
 
-# The workflow ids of GPU samples that belong to no workflow: GPUs no process holds (idle
-# capacity), and GPUs whose memory is held by a process that names no workflow.
+# The workflow ids of GPU samples that belong to no workflow: GPUs no scheduler allocated and
+# no process holds (the fleet's free capacity; ``unallocated`` where the agent reads the
+# scheduler's allocations, ``idle`` where it sees processes only), and GPUs whose memory is held
+# by a process that names no workflow.
 IDLE = "idle"
+UNALLOCATED = "unallocated"
 UNATTRIBUTED = "unattributed"
-NOT_WORKFLOWS = frozenset({IDLE, UNATTRIBUTED})
+NOT_WORKFLOWS = frozenset({IDLE, UNALLOCATED, UNATTRIBUTED})
+FREE_CAPACITY = frozenset({IDLE, UNALLOCATED})  # counted as capacity no job was given
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,6 +50,7 @@ from schemas.topics import (
     WORKFLOW_WINDOWS,
 )
 from schemas.validate_ids import ids_error
+from schemas.validate_sample import NOT_WORKFLOWS
 from streams import faust_fixes, workflow_state
 from streams.auto_profile import auto_profile_requests
 from streams.enforcement_ladder import climb
@@ -243,6 +244,8 @@ class WindowStage:
         """The alerts, profile requests and enforcement steps of newly closed windows; their job totals."""
         alerts, requests, steps = [], [], []
         for window in closed:
+            if window["workflow_id"] in NOT_WORKFLOWS:
+                continue  # GPUs no workflow holds: capacity, counted by their windows; nobody to alert
             state = self.table.data.get(window["workflow_id"])
             if state is not None:  # (a workflow forgotten in this batch has no more alerts)
                 raised = raise_alerts(state, window, self.settings.alerts, now)

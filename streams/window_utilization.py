@@ -274,14 +274,14 @@ class WindowAggregator:
     def ended(self, partition: int, silent_ms: int) -> list[str]:
         """Workflows of ``partition`` with no open window that either had no sample for
         ``silent_ms`` of event time or are marked ``ending`` (their hosts said so), and are not
-        yet marked ``ended``."""
+        yet marked ``ended``. The pseudo-workflows of GPUs no job holds never end."""
         self._load_partition(partition)
         horizon = self._max_event_time[partition] - silent_ms
         out = []
         for wf in self._idle[partition]:
             state = self.store[wf]
-            if state.max_event_time < 0 or state.ended:
-                continue  # no sample yet (its life cycle came first), or summarised already
+            if state.max_event_time < 0 or state.ended or wf in NOT_WORKFLOWS:
+                continue  # no sample yet (its life cycle came first), summarised already, or no job
             if state.max_event_time < horizon or state.ending:
                 out.append(wf)
         return sorted(out)
