@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 JARS   := docker/kafka/libs/.fetched
 
-.PHONY: setup demo test test-unit lint bench bench-hta chromium torch-env clean
+.PHONY: setup demo test test-unit lint bench bench-hta chromium torch-env proto clean
 
 setup: $(BIN)/.installed $(JARS)
 
@@ -62,6 +62,10 @@ bench-hta: benchmarks/.venv-hta/bin/python
 benchmarks/.venv-hta/bin/python:
 	$(PYTHON) -m venv benchmarks/.venv-hta
 	benchmarks/.venv-hta/bin/pip install -q holistictraceanalysis==0.5.0 "pandas<2.3" "numpy<2"
+
+# The kubelet's pod resources API (gRPC) as Python modules, made from the .proto beside them.
+proto: setup
+	$(BIN)/python -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. producers/podresources_v1/api.proto
 
 clean:
 	rm -rf $(VENV) .venv-torch docker/kafka/libs data .pytest_cache

@@ -8,10 +8,21 @@ import logging
 import sys
 from pathlib import Path
 
-from gpufleet.commands import agent, demo, enforce, kafka, queries, schemas, sink, traces, worker
+from gpufleet.commands import (
+    agent,
+    demo,
+    enforce,
+    kafka,
+    queries,
+    schemas,
+    sink,
+    slurm,
+    traces,
+    worker,
+)
 from gpufleet.commands.common import DEFAULT_DATA_DIR
 
-GROUPS = (kafka, worker, sink, agent, traces, queries, schemas, enforce, demo)
+GROUPS = (kafka, worker, sink, agent, slurm, traces, queries, schemas, enforce, demo)
 
 
 def build_parser() -> argparse.ArgumentParser:

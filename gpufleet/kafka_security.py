@@ -89,6 +89,7 @@ def rights(worker_app_id: str = DEFAULT_WORKER_APP_ID) -> dict[str, Rights]:
         "notifier": Rights(reads=(ALERTS, WORKFLOW_SUMMARIES, ENFORCEMENT), writes=(DEAD_LETTERS,),
                            groups=("gpufleet-notifier",)),
         "enforcer": Rights(reads=(ENFORCEMENT,), writes=(ENFORCEMENT, DEAD_LETTERS), groups=("gpufleet-enforcer",)),
+        "slurm": Rights(reads=(WORKFLOW_SUMMARIES,), writes=(DEAD_LETTERS,), groups=("gpufleet-slurm-comments",)),
         "operator": Rights(reads=(WORKFLOW_EVENTS, PROFILE_STATUSES, PROFILE_RESULTS, TRACE_ANALYSES, FINDINGS),
                            writes=(PROFILE_REQUESTS,), groups=("gpufleet-profile",)),
         "subscriber": Rights(reads=outputs, groups=("gpufleet-subscriber",), describes_all=False),

@@ -139,6 +139,11 @@ class Forwarder:
         self.messages += messages
         return n
 
+    def hurry(self) -> None:
+        """Send what the spool holds at the next step, not at the next send interval (a job's
+        end: its summary waits on it). Safe from another thread."""
+        self._next_send = 0.0
+
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
             self.step()

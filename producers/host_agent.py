@@ -4,6 +4,16 @@
 A GPU used by several workflows yields one sample per workflow, with its share (by the
 processes' SM utilisation, else by their memory, else equal parts). A GPU whose processes
 cannot be attributed reports as ``unattributed``; a GPU with no process as ``idle``.
+
+With an allocation source (``producers.allocations``: Slurm's prolog records, the kubelet's pod
+resources) the scheduler decides whose a GPU is: a GPU allocated to a job is that job's, with
+or without a process on it (a job that never opens it is still charged for it, at 0 %); a
+process of another workflow there is named on the job's samples (``foreign_workflow_id``); a
+GPU no job holds and no process uses is the fleet's ``unallocated`` capacity. A job's samples
+cover its allocation from the scheduler's start to its end: the first sample reaches back to
+the start, and when the epilog says it ended the last one runs to the end time; its ENDED
+event goes out at once, also on the samples topic after those samples, so that the worker can
+close the job's windows without waiting for the fleet's clock.
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from producers.allocations import KUBERNETES, Allocation, Allocations, AllocationSource, holders
 from producers.attribute_process import IDLE, UNATTRIBUTED, ProcessAttributor, ProcessInfo
 from producers.sample_host import HostSampler
 from producers.sample_nvml import GpuReading, NvmlSampler
@@ -22,6 +33,7 @@ from producers.spool import Spool
 from schemas.codec import Codec
 from schemas.sample_columns import columns_of
 from schemas.topics import GPU_SAMPLES, HOST_SAMPLES, WORKFLOW_EVENTS, TopicSpec, key_of
+from schemas.validate_sample import UNALLOCATED
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +60,23 @@ class AgentSettings:
 
 @dataclass
 class _Active:
-    info: ProcessInfo
+    info: ProcessInfo | None  # its processes' (the first seen), None while a job has none
     gpus: set[str] = field(default_factory=set)
     pids: set[int] = field(default_factory=set)
     missing: int = 0
     last_heartbeat_ms: int = 0
+    allocation: Allocation | None = None  # what the scheduler gave it here
+
+
+@dataclass
+class _Seen:
+    """A workflow's tick on this host: what its processes say of it, the scheduler's
+    allocation, its GPUs and processes."""
+
+    info: ProcessInfo | None = None
+    allocation: Allocation | None = None
+    gpus: set[str] = field(default_factory=set)
+    pids: set[int] = field(default_factory=set)
 
 
 class SimulatedGpus:
@@ -74,7 +98,7 @@ class HostAgent:
         self, settings: AgentSettings, spool: Spool, codec: Codec,
         nvml: NvmlSampler | None = None, simulated: SimulatedGpus | None = None,
         attributor: ProcessAttributor | None = None, host_sampler: HostSampler | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.time, allocations: AllocationSource | None = None,
     ) -> None:
         if (nvml is None) == (simulated is None):
             raise ValueError("give the agent exactly one GPU source: nvml or simulated")
@@ -83,7 +107,10 @@ class HostAgent:
         self.attributor = attributor or ProcessAttributor()
         self.host_sampler = host_sampler or HostSampler()
         self.clock = clock
+        self.allocations = allocations  # the scheduler's word on whose each GPU is; None: processes only
         self.active: dict[str, _Active] = {}
+        self._last_tick_ms: int | None = None
+        self._charging: set[str] = set()  # the jobs whose GPUs the last tick charged them for
         self.ticks = 0
         self.samples = 0
         # Called with each tick's GPU samples and host sample (the profile coordinator's context).
@@ -93,6 +120,7 @@ class HostAgent:
         # pid -> (allocator peak, reserved peak) bytes a job reports (``profile_hook.report_memory``)
         self.memory_peaks: Callable[[float], dict[int, tuple[int, int]]] = lambda now: {}
         self.metrics = None  # a producers.agent_metrics.AgentMetrics, told of each tick
+        self.hurry: Callable[[], None] = lambda: None  # spooled a job's end: send it now (the forwarder's)
 
     def _put(self, spec: TopicSpec, record: dict, schema: str | None = None) -> None:
         self.spool.append(self.settings.topic_prefix + spec.name, key_of(spec, record),
@@ -104,13 +132,18 @@ class HostAgent:
         started = time.perf_counter()
         now = int(self.clock() * 1000)
         interval = round((interval_s or self.settings.interval_s) * 1000)
+        allocated = self.allocations.read(now) if self.allocations is not None else None
+        ended: list[tuple[Allocation, list[dict]]] = []
         if self.simulated is not None:
             samples = self.simulated.samples(interval)
-            seen: dict[str, tuple[ProcessInfo, set[str], set[int]]] = {}
+            seen: dict[str, _Seen] = {}
         else:
-            samples, seen = self._from_readings(self.nvml.tick(), now, interval)
+            readings = self.nvml.tick()
+            samples, seen = self._from_readings(readings, now, interval, allocated)
+            if allocated is not None:
+                ended = self._final_samples(readings, allocated, now)
         host = self.host_sampler.sample(
-            now, interval, self.settings.host, {wf: pids for wf, (_, _, pids) in seen.items()},
+            now, interval, self.settings.host, {wf: x.pids for wf, x in seen.items()},
             spool_dropped_total=self.spool.dropped)
         cpu = {w["workflow_id"]: w["cpu_pct"] for w in host["workflows"]}
         rss = {w["workflow_id"]: w["rss_bytes"] for w in host["workflows"]}
@@ -123,52 +156,60 @@ class HostAgent:
             observe(samples, host)
         # One record per workflow and tick in the spool; the forwarder merges a send's worth of
         # them into one message per workflow (benchmarks/bench_stream.py: the worker's cost is per message).
-        for block in columns_of(samples):
+        for block in columns_of(samples + [s for _, last in ended for s in last]):
             self._put(GPU_SAMPLES, block, schema="GpuSampleColumns")
         self._put(HOST_SAMPLES, host)
         for event in self._lifecycle(seen, now):
             self._put(WORKFLOW_EVENTS, event)
+        for allocation, _ in ended:
+            event = self._ended(allocation)
+            self._put(WORKFLOW_EVENTS, event)
+            self._put(GPU_SAMPLES, event, schema=WORKFLOW_EVENTS.schema)  # after its last samples, in order
         self.spool.flush()
+        if ended:
+            self.allocations.forget(a for a, _ in ended)  # spooled: the epilog's record has done its work
+            self.hurry()
+        self._last_tick_ms = now
+        self._charging = {a.job_id for a in allocated.current} if allocated is not None else set()
         self.ticks += 1
         self.samples += len(samples)
         if self.metrics is not None:
             self.metrics.ticked(samples, time.perf_counter() - started)
         return len(samples)
 
-    def _from_readings(self, readings: list[GpuReading], now: int, interval: int):
+    def _from_readings(self, readings: list[GpuReading], now: int, interval: int,
+                       allocated: Allocations | None) -> tuple[list[dict], dict[str, _Seen]]:
         samples: list[dict] = []
-        seen: dict[str, tuple[ProcessInfo, set[str], set[int]]] = {}
+        seen: dict[str, _Seen] = {}
         live = set()
         reported = self.throughputs(now / 1000)
         allocators = self.memory_peaks(now / 1000)
         gpus_of = Counter(p.pid for r in readings for p in r.processes if p.pid in reported or p.pid in allocators)
+        held = holders(allocated.current, readings) if allocated is not None else {}
         for r in readings:
-            groups: dict[str, list] = {}
-            infos: dict[str, ProcessInfo] = {}
-            ranks: dict[str, int] = {}
-            for p in r.processes:
-                live.add(p.pid)
-                info = self.attributor.attribute(p.pid)
-                groups.setdefault(info.workflow_id, []).append(p)
-                infos.setdefault(info.workflow_id, info)
-                if info.rank is not None:
-                    ranks[info.workflow_id] = min(info.rank, ranks.get(info.workflow_id, info.rank))
-            if not groups:
-                groups = {UNATTRIBUTED if (r.memory_used_bytes or 0) > _DRIVER_RESERVED else IDLE: []}
+            live.update(p.pid for p in r.processes)
+            jobs = held.get(r.uuid)
+            g = self._groups(r, jobs) if jobs else self._process_groups(r)
+            groups, infos, ranks, foreign = g.processes, g.infos, g.ranks, g.foreign
             shares = _shares(groups)
+            allocation_of = {a.workflow_id: a for a in jobs or ()}
             for wf, procs in groups.items():
-                info = infos.get(wf)
-                base = {f: getattr(r, f) for f in _READING_FIELDS}
+                info, job = infos.get(wf), allocation_of.get(wf)
+                owner = job.owner if job is not None else info.owner if info else None
+                team = job.team if job is not None else info.team if info else None
                 samples.append({
-                    **base,
-                    "event_time": now, "interval_ms": interval, "host": self.settings.host,
+                    **{f: getattr(r, f) for f in _READING_FIELDS},
+                    "event_time": now, "host": self.settings.host,
+                    "interval_ms": interval if job is None or job.job_id in self._charging
+                    else _first_interval(job, self._last_tick_ms, now, interval),
                     "gpu_index": r.index, "gpu_uuid": r.uuid, "gpu_model": r.name, "workflow_id": wf,
-                    "owner": info.owner if info else None, "team": info.team if info else None,
+                    "owner": owner, "team": team,
                     "utilization_pct": r.utilization_pct if r.utilization_pct is not None else 0.0,
                     "share": shares[wf], "process_count": len(procs),
                     "process_memory_bytes": sum(p.used_memory_bytes or 0 for p in procs),
                     "process_sm_util_pct": _sum_or_none(p.sm_util_pct for p in procs),
                     "parent_gpu_uuid": r.parent_uuid, "xids": list(r.xids), "rank": ranks.get(wf),
+                    "foreign_workflow_id": foreign if job is not None else None,
                     # a process's reported model work, shared among the GPUs it uses
                     "model_tflops": _sum_or_none(reported[p.pid] / gpus_of[p.pid] for p in procs if p.pid in reported),
                     # the framework allocator's peaks, likewise (what the job needs, where NVML sees the reserve)
@@ -177,23 +218,80 @@ class HostAgent:
                     "allocator_reserved_bytes": _int_or_none(_sum_or_none(
                         allocators[p.pid][1] / gpus_of[p.pid] for p in procs if p.pid in allocators)),
                 })
-                if info is not None and wf not in (IDLE, UNATTRIBUTED):
-                    entry = seen.setdefault(wf, (info, set(), set()))
-                    entry[1].add(r.uuid)
-                    entry[2].update(p.pid for p in procs)
+                if job is not None or (info is not None and wf not in (IDLE, UNATTRIBUTED)):
+                    entry = seen.setdefault(wf, _Seen())
+                    entry.info = entry.info or info
+                    entry.allocation = entry.allocation or job
+                    entry.gpus.add(r.uuid)
+                    entry.pids.update(p.pid for p in procs)
         self.attributor.forget_except(live)
         return samples, seen
 
-    def _lifecycle(self, seen: dict[str, tuple[ProcessInfo, set[str], set[int]]], now: int) -> list[dict]:
+    def _process_groups(self, r: GpuReading) -> _Groups:
+        """A GPU no job was allocated: its processes by the workflow each names; none: the
+        fleet's free capacity, or ``unattributed`` where memory is held by no process we see."""
+        g = _Groups()
+        for p in r.processes:
+            info = self.attributor.attribute(p.pid)
+            g.add(info.workflow_id, p, info)
+        if not g.processes:
+            free = UNALLOCATED if self.allocations is not None else IDLE
+            g.processes[UNATTRIBUTED if (r.memory_used_bytes or 0) > _DRIVER_RESERVED else free] = []
+        return g
+
+    def _groups(self, r: GpuReading, jobs: list[Allocation]) -> _Groups:
+        """A GPU the scheduler allocated: one group per job holding it (processes or not), each
+        process in its job's group; a process of no job holding the GPU is foreign, and the
+        workflow of the first (by pid) is kept."""
+        g = _Groups({a.workflow_id: [] for a in jobs})
+        foreign = []
+        for p in r.processes:
+            info = self.attributor.attribute(p.pid)
+            job = _job_of(info, jobs)
+            if job is None:
+                foreign.append((p.pid, info.workflow_id))
+            else:
+                g.add(job.workflow_id, p, info)
+        g.foreign = min(foreign)[1] if foreign else None
+        return g
+
+    def _final_samples(self, readings: list[GpuReading], allocated: Allocations, now: int
+                       ) -> list[tuple[Allocation, list[dict]]]:
+        """For each job that ended since the last tick: its GPUs' samples from the last tick to
+        the scheduler's end time (none where the end came before that tick)."""
+        out = []
+        held = holders(allocated.ended, readings)
+        for a in allocated.ended:
+            last = []
+            since = self._last_tick_ms
+            end = a.ended_ms if a.ended_ms is not None else now
+            if since is not None and end > since and a.workflow_id in self.active:
+                for r in readings:
+                    if any(j is a for j in held.get(r.uuid, ())):
+                        last.append({
+                            **{f: getattr(r, f) for f in _READING_FIELDS},
+                            "event_time": end, "interval_ms": min(end - since, now - since), "host": self.settings.host,
+                            "gpu_index": r.index, "gpu_uuid": r.uuid, "gpu_model": r.name, "workflow_id": a.workflow_id,
+                            "owner": a.owner, "team": a.team, "share": 1.0 / len(held[r.uuid]), "process_count": None,
+                            "utilization_pct": r.utilization_pct if r.utilization_pct is not None else 0.0,
+                            "parent_gpu_uuid": r.parent_uuid, "xids": [],
+                        })
+            out.append((a, last))
+        return out
+
+    def _lifecycle(self, seen: dict[str, _Seen], now: int) -> list[dict]:
         events = []
-        for wf, (info, gpus, pids) in seen.items():
+        for wf, x in seen.items():
             entry = self.active.get(wf)
             if entry is None:
-                entry = self.active[wf] = _Active(info, gpus, pids, last_heartbeat_ms=now)
+                entry = self.active[wf] = _Active(x.info, x.gpus, x.pids, last_heartbeat_ms=now,
+                                                  allocation=x.allocation)
                 events.append(self._event(wf, "STARTED", entry, now))
             else:
-                entry.info, entry.gpus, entry.pids, entry.missing = info, gpus, pids, 0
-                if now - entry.last_heartbeat_ms >= self.settings.heartbeat_s * 1000:
+                news = x.allocation is not None and entry.allocation is None  # the scheduler's word, at once
+                entry.gpus, entry.pids, entry.missing = x.gpus, x.pids, 0
+                entry.info, entry.allocation = x.info or entry.info, x.allocation or entry.allocation
+                if news or now - entry.last_heartbeat_ms >= self.settings.heartbeat_s * 1000:
                     entry.last_heartbeat_ms = now
                     events.append(self._event(wf, "HEARTBEAT", entry, now))
         for wf in [wf for wf in self.active if wf not in seen]:
@@ -204,16 +302,79 @@ class HostAgent:
                 del self.active[wf]
         return events
 
+    def _ended(self, allocation: Allocation) -> dict:
+        """The scheduler's end of a job here: at its end time, with what the scheduler and the
+        job's processes said of it; the job is no longer active on this host."""
+        entry = self.active.pop(allocation.workflow_id, None) or _Active(None)
+        entry.allocation = allocation
+        now = allocation.ended_ms if allocation.ended_ms is not None else int(self.clock() * 1000)
+        return self._event(allocation.workflow_id, "ENDED", entry, now)
+
     def _event(self, wf: str, kind: str, entry: _Active, now: int) -> dict:
-        info = entry.info
-        return {
+        info, job = entry.info or ProcessInfo(0, wf), entry.allocation
+        event = {
             "workflow_id": wf, "event": kind, "event_time": now, "host": self.settings.host,
             "owner": info.owner, "team": info.team, "gpu_uuids": sorted(entry.gpus), "pids": sorted(entry.pids),
             "cmdline": info.cmdline, "framework": info.framework, "framework_version": info.framework_version,
             "scheduler_job_id": info.scheduler_job_id, "attribution": info.source,
             "model": info.model, "cluster": self.settings.cluster, "scheduler_qos": info.qos,
-            "scheduler_partition": info.partition,
+            "scheduler_partition": info.partition, "scheduler": None, "job_name": None, "time_limit_s": None,
+            "nodes": None, "allocated_at": None,
         }
+        if job is not None:  # the scheduler's word wins over what the processes' environment says
+            event.update(owner=job.owner or info.owner, team=job.team or info.team, scheduler_job_id=job.job_id,
+                         scheduler_qos=job.qos or info.qos, scheduler_partition=job.partition or info.partition,
+                         cluster=self.settings.cluster or job.cluster, scheduler=job.scheduler, job_name=job.name,
+                         time_limit_s=job.time_limit_s, nodes=job.nodes, allocated_at=job.started_ms,
+                         attribution=f"allocation:{job.scheduler}")
+        return event
+
+
+@dataclass
+class _Groups:
+    """A GPU's processes by the workflow they count for, with the first process's information,
+    the lowest rank, and a foreign workflow's id, per workflow."""
+
+    processes: dict[str, list] = field(default_factory=dict)
+    infos: dict[str, ProcessInfo] = field(default_factory=dict)
+    ranks: dict[str, int] = field(default_factory=dict)
+    foreign: str | None = None
+
+    def add(self, wf: str, process, info: ProcessInfo) -> None:
+        self.processes.setdefault(wf, []).append(process)
+        self.infos.setdefault(wf, info)
+        if info.rank is not None:
+            self.ranks[wf] = min(info.rank, self.ranks.get(wf, info.rank))
+
+
+def _job_of(info: ProcessInfo, jobs: list[Allocation]) -> Allocation | None:
+    """The job among those allocated a GPU that a process on it belongs to: the one its
+    environment or cgroup names (by workflow or scheduler job id); a process that names no
+    workflow belongs to the GPU's only job. On Kubernetes, where the pod's UID could not be
+    learnt, a process in a pod's cgroup is the pod's: the device plugin shows a GPU to the
+    containers it was given to alone. None: a foreign process."""
+    for a in jobs:
+        if info.workflow_id == a.workflow_id or (info.scheduler_job_id is not None and info.scheduler_job_id == a.job_id):
+            return a
+    if len(jobs) == 1 and (info.workflow_id == UNATTRIBUTED or (
+            jobs[0].scheduler == KUBERNETES and info.source == "k8s-cgroup" and "/" in jobs[0].job_id)):
+        return jobs[0]
+    return None
+
+
+def _first_interval(job: Allocation, last_tick: int | None, now: int, interval: int) -> int:
+    """The interval of a job's first sample here: back to the scheduler's start of the
+    allocation, which can lie before the last tick (the prolog runs after the start, and its
+    record is read at the next tick), up to ``BACKFILL_TICKS`` intervals back; just the tick's
+    interval where the agent has no last tick (it started after the job) or the scheduler
+    gave no start."""
+    if job.started_ms is None or last_tick is None:
+        return interval
+    since = now - job.started_ms
+    return since if 0 < since <= BACKFILL_TICKS * interval else interval
+
+
+BACKFILL_TICKS = 10
 
 
 # Memory the driver itself keeps on an idle GPU; above it, some process holds memory we cannot see.
@@ -259,6 +420,7 @@ def run_agent(agent: HostAgent, forwarder, stop, drain_timeout_s: float = 30.0,
     import threading
 
     sending = threading.Event()
+    agent.hurry = forwarder.hurry
     thread = threading.Thread(target=forwarder.run, args=(sending,), name="forwarder", daemon=True)
     thread.start()
     next_tick = clock()

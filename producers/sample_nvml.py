@@ -78,6 +78,7 @@ class GpuReading:
     dram_bw_pct: float | None = None
     xids: list[int] = field(default_factory=list)
     processes: list[GpuProcess] = field(default_factory=list)
+    minor_number: int | None = None  # of /dev/nvidia<N>: how schedulers (Slurm's GRES files) name the GPU
 
 
 @dataclass
@@ -89,6 +90,7 @@ class _Device:
     parent_uuid: str | None = None
     mig_gi_id: int | None = None
     mig_ci_id: int | None = None
+    minor_number: int | None = None
     gpm_samples: list[Any] | None = None  # [previous, current] when GPM is supported
     gpm_primed: bool = False
     last_process_ts: int = 0
@@ -125,7 +127,9 @@ class NvmlSampler:
             raise NvmlUnavailable(f"{NO_DRIVER} ({exc})") from exc
         for i in range(n.nvmlDeviceGetCount()):
             handle = n.nvmlDeviceGetHandleByIndex(i)
-            device = _Device(handle, i, _text(n.nvmlDeviceGetUUID(handle)), _text(n.nvmlDeviceGetName(handle)))
+            device = _Device(handle, i, _text(n.nvmlDeviceGetUUID(handle)), _text(n.nvmlDeviceGetName(handle)),
+                             minor_number=self._try(None, "minor", lambda h=handle: n.nvmlDeviceGetMinorNumber(h),
+                                                    quiet=True))
             migs = self._mig_devices(device)
             self.devices.extend(migs or [device])
         for d in self.devices:
@@ -166,7 +170,7 @@ class NvmlSampler:
                 continue
             out.append(_Device(
                 h, parent.index, _text(n.nvmlDeviceGetUUID(h)), _text(n.nvmlDeviceGetName(h)),
-                parent_uuid=parent.uuid,
+                parent_uuid=parent.uuid, minor_number=parent.minor_number,
                 mig_gi_id=self._try(parent, "mig", lambda h=h: n.nvmlDeviceGetGpuInstanceId(h)),
                 mig_ci_id=self._try(parent, "mig", lambda h=h: n.nvmlDeviceGetComputeInstanceId(h)),
             ))
@@ -202,7 +206,8 @@ class NvmlSampler:
 
     def _read(self, d: _Device, xids: list[int]) -> GpuReading:
         n, h = self.nvml, d.handle
-        r = GpuReading(d.index, d.uuid, d.name, d.parent_uuid, d.mig_gi_id, d.mig_ci_id, xids=xids)
+        r = GpuReading(d.index, d.uuid, d.name, d.parent_uuid, d.mig_gi_id, d.mig_ci_id, xids=xids,
+                       minor_number=d.minor_number)
         util = self._try(d, "utilization", lambda: n.nvmlDeviceGetUtilizationRates(h))
         if util is not None:
             r.utilization_pct, r.memory_utilization_pct = float(util.gpu), float(util.memory)

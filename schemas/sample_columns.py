@@ -21,6 +21,9 @@ from schemas.validate_sample import BOUNDS, samples_of, validate_sample
 
 NAME = "GpuSampleColumns"
 CLOCK = "PartitionClock"  # also on the samples topic: the fleet's event time, no samples
+# What else the samples topic carries that holds no sample: the fleet's event time, and a job's
+# end from its scheduler (a WorkflowEvent, after the job's last samples from its host).
+NO_SAMPLES = frozenset({CLOCK, "WorkflowEvent"})
 SHARED = ("host", "workflow_id", "owner", "team")
 
 
@@ -154,8 +157,8 @@ def _passes(block: dict) -> bool:
 def samples_checked(name: str, record: dict) -> list[tuple[dict | None, str | None]]:
     """Each sample of a ``GpuSample``, ``GpuSampleBatch`` or ``GpuSampleColumns`` message with
     the reason it is unusable (or None); a block whose shape is wrong is one ``(None, reason)``.
-    A ``PartitionClock`` carries no sample."""
-    if name == CLOCK:
+    A ``PartitionClock`` or a ``WorkflowEvent`` carries no sample."""
+    if name in NO_SAMPLES:
         return []
     if name != NAME:
         return samples_of(name, record)
@@ -172,7 +175,7 @@ def samples_checked(name: str, record: dict) -> list[tuple[dict | None, str | No
 def blocks_of(name: str, record: dict) -> tuple[list[dict], list[str]]:
     """The usable blocks of a ``GpuSample``, ``GpuSampleBatch`` or ``GpuSampleColumns``
     message, and the reason for each sample (or the whole message) that is not usable
-    (a ``PartitionClock``: none of either)."""
+    (a ``PartitionClock`` or ``WorkflowEvent``: none of either)."""
     if name == NAME and shape_error(record) is None and (not size(record) or _passes(record)):
         return ([record] if size(record) else []), []
     checked = samples_checked(name, record)

@@ -34,12 +34,14 @@ class TopicSpec(msgspec.Struct, frozen=True):
 
 GPU_SAMPLES = TopicSpec(
     "gpufleet.gpu-samples.v1", "GpuSample", "workflow_id", 8,
-    other_schemas=("GpuSampleColumns", "GpuSampleBatch", "PartitionClock"),
+    other_schemas=("GpuSampleColumns", "GpuSampleBatch", "PartitionClock", "WorkflowEvent"),
     doc="Host agents' GPU samples: a workflow's samples on a host column by column per message "
         "(GpuSampleColumns, what the agents send); GpuSample and GpuSampleBatch messages of older "
         "agents are read too. Keyed by workflow so a workflow's samples stay in order. The workers "
         "add a PartitionClock (no key) to every partition now and then: the fleet's event time, "
-        "which a partition whose samples stopped follows.",
+        "which a partition whose samples stopped follows. A job's end from its scheduler (a "
+        "WorkflowEvent ENDED, also on the workflow-events topic) follows the job's last samples "
+        "from the host, so that the worker closes its windows when they are all in.",
 )
 HOST_SAMPLES = TopicSpec(
     "gpufleet.host-samples.v1", "HostSample", "host", 8,

@@ -58,3 +58,14 @@ def ids_error(record: dict, fields: tuple[str, ...] = ID_FIELDS) -> str | None:
             if reason:
                 return reason
     return None
+
+
+# A Slurm job id, or an array task's (123_4): what a workflow ``slurm-<id>`` carries, and all a
+# prolog, an epilog or a command line for Slurm may be handed as one.
+SLURM_JOB_ID = re.compile(r"[0-9]{1,20}(?:_[0-9]{1,10})?")
+
+
+def slurm_job_of(workflow_id: str) -> str | None:
+    """The Slurm job id of a workflow the agents name ``slurm-<id>``, or None."""
+    job = workflow_id.removeprefix("slurm-")
+    return job if job != workflow_id and SLURM_JOB_ID.fullmatch(job) else None

@@ -318,14 +318,14 @@ class ClickHouseSink:
     def _insert_sample_columns(self, messages: list) -> list:
         """The batch's samples through ClickHouse's own Avro parser (``sinks.insert_sample_columns``)
         where every message of the samples topic is the newest ``GpuSampleColumns`` or carries
-        no samples (a ``PartitionClock``, decoded as before); the messages left to decode in
+        no samples (a ``PartitionClock`` or a job's end, decoded as before); the messages left to decode in
         Python. Where ClickHouse does not take them, the samples all go that way, so that a
         batch's samples land in one insert either way."""
         if self.columns is None:
             return messages
         samples = [m for m in messages if m.topic() == self.samples_topic]
         columns = [m for m in samples if self.columns.accepts(m.value())]
-        clocks = sum(self.columns.is_clock(m.value()) for m in samples)
+        clocks = sum(self.columns.carries_no_samples(m.value()) for m in samples)
         if len(samples) == clocks:
             return messages  # no samples in this batch
         stored = None

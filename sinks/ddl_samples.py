@@ -40,6 +40,7 @@ GPU_SAMPLE_ADDED_COLUMNS = (
     ("allocator_peak_bytes", "Nullable(Int64) CODEC(ZSTD)"),  # GpuSample v6
     ("allocator_reserved_bytes", "Nullable(Int64) CODEC(ZSTD)"),
     ("workflow_memory_bytes", "Nullable(Int64) CODEC(ZSTD)"),
+    ("foreign_workflow_id", "LowCardinality(Nullable(String))"),  # GpuSampleColumns v4
 )
 
 GPU_SAMPLES_TABLE = Table(

@@ -79,7 +79,7 @@ WORKFLOW_EVENTS_TABLE = Table(
     "workflow_events", WORKFLOW_EVENTS,
     ("workflow_id", "event", "event_time", "host", "owner", "team", "gpu_uuids", "pids", "cmdline",
      "framework", "framework_version", "scheduler_job_id", "attribution", "model", "cluster", "scheduler_qos",
-     "scheduler_partition"),
+     "scheduler_partition", "scheduler", "job_name", "time_limit_s", "nodes", "allocated_at"),
     """
     CREATE TABLE IF NOT EXISTS {db}.{name} (
         workflow_id String,
@@ -104,7 +104,11 @@ WORKFLOW_EVENTS_TABLE = Table(
     """,
     added_columns=(("model", "LowCardinality(Nullable(String))"), ("cluster", "LowCardinality(Nullable(String))"),
                    ("scheduler_qos", "LowCardinality(Nullable(String))"),
-                   ("scheduler_partition", "LowCardinality(Nullable(String))")),
+                   ("scheduler_partition", "LowCardinality(Nullable(String))"),
+                   # WorkflowEvent v4: what the scheduler allocated
+                   ("scheduler", "LowCardinality(Nullable(String))"), ("job_name", "Nullable(String)"),
+                   ("time_limit_s", "Nullable(Int64)"), ("nodes", "Nullable(String)"),
+                   ("allocated_at", "Nullable(DateTime64(3, 'UTC'))")),
 )
 
 

@@ -39,7 +39,7 @@ from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import DatabaseError
 
 from schemas.codec import WIRE_HEADER_BYTES, Codec, strip_timestamp_logical_types
-from schemas.sample_columns import CLOCK, NAME, NULLABLE, SHARED
+from schemas.sample_columns import NAME, NO_SAMPLES, NULLABLE, SHARED
 from schemas.validate_ids import ID_PATTERN, MAX_ID_LENGTH
 from schemas.validate_sample import BOUNDS
 from sinks.ddl_samples import GPU_SAMPLES_TABLE
@@ -141,7 +141,7 @@ class SampleColumnsInsert:
         self.client, self.database, self.codec = client, database, codec
         self.retries, self.backoff_s = retries, backoff_s
         self.header = codec.wire_header(NAME)
-        self.clock_header = codec.wire_header(CLOCK)
+        self.no_samples = {codec.wire_header(name) for name in NO_SAMPLES}
         self.schema = envelope_schema(codec)
         self.staging = f"gpufleet_sample_columns_{secrets.token_hex(4)}"
         self._created = False
@@ -151,9 +151,10 @@ class SampleColumnsInsert:
         """Whether a message is the newest ``GpuSampleColumns`` version (others: the Python path)."""
         return value is not None and value[:WIRE_HEADER_BYTES] == self.header
 
-    def is_clock(self, value: bytes | None) -> bool:
-        """Whether a message says it is a ``PartitionClock`` (no samples; decoded in Python)."""
-        return value is not None and value[:WIRE_HEADER_BYTES] == self.clock_header
+    def carries_no_samples(self, value: bytes | None) -> bool:
+        """Whether a message says it holds no sample (a ``PartitionClock``, a job's end;
+        decoded in Python)."""
+        return value is not None and value[:WIRE_HEADER_BYTES] in self.no_samples
 
     def _prepare(self) -> tuple[str, str]:
         if self._sql is None:

@@ -201,10 +201,8 @@ def right_size_of(summary: dict) -> list[dict]:
     return [r if isinstance(r, dict) else dict(zip(RIGHT_SIZE_FIELDS, r)) for r in summary.get("right_size") or []]
 
 
-def job_report(summary: dict, rates: Rates | None = None, cluster: str = "") -> tuple[str, str]:
-    """The report an owner gets when a workflow ends: plain text and HTML, from its
-    ``WorkflowSummary``. Like the jobstats report HPC users know: what the job used, where
-    the GPU-hours went, what went wrong and what to try."""
+def summary_waterfall(summary: dict, rates: Rates | None = None, cluster: str = "") -> Waterfall:
+    """A ``WorkflowSummary``'s buckets as a waterfall (cost and carbon from ``rates``)."""
     rates = rates or Rates()
     w = Waterfall(summary["workflow_id"])
     end = datetime.fromtimestamp(summary["last_window_end"] / 1000, UTC)
@@ -214,6 +212,29 @@ def job_report(summary: dict, rates: Rates | None = None, cluster: str = "") -> 
     unclassified = summary["gpu_seconds"] - sum(summary.get(f"{b}_gpu_seconds", 0.0) for b in BUCKETS)
     if unclassified > 1e-6:
         w.buckets["unclassified"].add(unclassified, 0.0, price, intensity)
+    return w
+
+
+def efficiency_line(summary: dict) -> str:
+    """The job's efficiency in one line, as schedulers' accounting keeps it (Slurm's
+    AdminComment, as the jobstats tools do): GPU-hours, goodput, the largest loss, mean
+    utilisation. Lower case and without quotes: Slurm's accounting stores it so."""
+    w = summary_waterfall(summary)
+    total = max(w.allocated.gpu_seconds, 1e-9)
+    losses = sorted(((v.gpu_seconds, b) for b, v in w.buckets.items() if b != "productive" and v.gpu_seconds > 0),
+                    reverse=True)
+    loss = f"largest loss {LABELS[losses[0][1]]} {100 * losses[0][0] / total:.1f}%" if losses else "no loss"
+    return (f"gpufleet: {w.allocated.gpu_seconds / 3600:.2f} gpu-hours, goodput {w.goodput_pct:.1f}%, {loss}, "
+            f"mean gpu utilisation {summary['utilization_mean_pct']:.1f}%").lower()
+
+
+def job_report(summary: dict, rates: Rates | None = None, cluster: str = "") -> tuple[str, str]:
+    """The report an owner gets when a workflow ends: plain text and HTML, from its
+    ``WorkflowSummary``. Like the jobstats report HPC users know: what the job used, where
+    the GPU-hours went, what went wrong and what to try."""
+    rates = rates or Rates()
+    w = summary_waterfall(summary, rates, cluster)
+    end = datetime.fromtimestamp(summary["last_window_end"] / 1000, UTC)
     start = datetime.fromtimestamp(summary["first_window_start"] / 1000, UTC)
     hours = (summary["last_window_end"] - summary["first_window_start"]) / 3_600_000
     lines = [

@@ -273,7 +273,7 @@ class WindowStage:
         for wf in self.aggregator.ended(partition, self.ended_after_ms):
             state = self.table.data[wf]
             state.ended = True
-            state.end_reason = ("its hosts reported it ended" if state.ending
+            state.end_reason = ((state.end_reason or "its hosts reported it ended") if state.ending
                                 else f"no samples for {self.settings.workflow_ended_s:g} s")
             result.changed.add(wf)
             ended.add(wf)
@@ -304,11 +304,19 @@ class WindowStage:
     async def _apply_samples(self, partition: int, messages: list, now: int) -> None:
         good: list[Incoming] = []
         clocks: list[int] = []
+        ends: list[dict] = []  # the scheduler's ends of jobs, after their samples
         ok, errors = self.codec.decode_many([m.value for m in messages])
         bad = [(messages[i], reason) for i, reason in errors]
         for i, name, record in ok:
             if name == CLOCK:
                 clocks.append(record["event_time"])
+                continue
+            if name == WORKFLOW_EVENTS.schema and record["event"] == "ENDED":
+                reason = ids_error(record)
+                if reason:
+                    bad.append((messages[i], reason))
+                else:
+                    ends.append(record)
                 continue
             if not GPU_SAMPLES.carries(name):
                 bad.append((messages[i], f"expected {GPU_SAMPLES.schema}, got {name}"))
@@ -326,6 +334,8 @@ class WindowStage:
             for message, reason in bad + refused:
                 await send_dead_letter(self.codec, self.dlq_topic, STAGE, message, reason, now)
             await self.finish(partition, result, now)
+            for event in ends:
+                await self._scheduler_end(partition, event, now)
             if clocks:
                 await self.finish(partition, self.aggregator.follow(partition, max(clocks), self.quiet_ms,
                                                                     closed_at=now), now)
@@ -335,6 +345,20 @@ class WindowStage:
         self.stats["refused"] += len(result.refused)
         self.stats["invalid"] += len(bad)
         self.stats["replayed"] += result.replayed
+
+    async def _scheduler_end(self, partition: int, event: dict, now: int) -> None:
+        """A job's end from its scheduler, read after the samples its agent sent before it (they
+        travel in one partition, in order): once every host it ran on has ended it, its windows
+        close now, without waiting for the fleet's clock, and its summary goes out."""
+        self._hear(partition, event)
+        state = self.table.data[event["workflow_id"]]
+        result = BatchResult()
+        result.changed.add(event["workflow_id"])
+        if state.ending:
+            state.end_reason = f"its scheduler ({event.get('scheduler') or 'unknown'}) ended it"
+            result = self.aggregator.close_workflow(partition, event["workflow_id"], closed_at=now)
+            result.changed.add(event["workflow_id"])
+        await self.finish(partition, result, now)
 
     async def life_cycle(self, stream: faust.StreamT) -> None:
         """The agents' STARTED/HEARTBEAT/ENDED: a workflow whose every host said ENDED is ending;
@@ -350,6 +374,8 @@ class WindowStage:
                     for i, name, event in ok:
                         if name != WORKFLOW_EVENTS.schema:
                             continue
+                        if event["event"] == "ENDED" and event.get("scheduler"):
+                            continue  # read in order with the job's samples, on the samples topic
                         reason = ids_error(event)
                         if reason:
                             await send_dead_letter(self.codec, self.dlq_topic, LIFE_CYCLE, messages[i], reason, now)

@@ -328,6 +328,7 @@ class WindowAggregator:
                     continue
                 if state.ended:  # it came back after it ended: a new life
                     state.ended = state.ending = False
+                    state.end_reason = None
                 key = str(start)
                 acc = state.windows.get(key)
                 if acc is None:
@@ -403,21 +404,40 @@ class WindowAggregator:
             result.removed.add(wf)
 
     def _close_windows(self, partition: int, watermark: int, closed_at: int, result: BatchResult) -> None:
-        size = self.config.size_ms
         index = self._open[partition]
-        idle = self._idle[partition]
-        kept = self._kept[partition]
         for end in sorted(e for e in index if e <= watermark):
             for wf in sorted(index.pop(end)):
-                state = self.store[wf]
-                start = end - size
-                acc = state.windows.pop(str(start))
-                result.closed.append(to_window(wf, state, start, acc, size, closed_at, goodput=self.config.goodput))
-                result.changed.add(wf)
-                if self.config.update_horizon_ms:
-                    key = history_key(wf, start)
-                    self.history[key] = {"partition": partition, "version": 1, "acc": acc}
-                    kept.setdefault(end, set()).add(key)
-                    result.history_changed.add(key)
-                if not state.windows:
-                    idle.add(wf)
+                self._close_window(partition, wf, end, closed_at, result)
+
+    def _close_window(self, partition: int, wf: str, end: int, closed_at: int, result: BatchResult) -> None:
+        """Close ``wf``'s window ending at ``end`` (taken out of the open index by the caller)."""
+        state = self.store[wf]
+        start = end - self.config.size_ms
+        acc = state.windows.pop(str(start))
+        result.closed.append(to_window(wf, state, start, acc, self.config.size_ms, closed_at, goodput=self.config.goodput))
+        result.changed.add(wf)
+        if self.config.update_horizon_ms:
+            key = history_key(wf, start)
+            self.history[key] = {"partition": partition, "version": 1, "acc": acc}
+            self._kept[partition].setdefault(end, set()).add(key)
+            result.history_changed.add(key)
+        if not state.windows:
+            self._idle[partition].add(wf)
+
+    def close_workflow(self, partition: int, wf: str, closed_at: int) -> BatchResult:
+        """Close every open window of ``wf`` now, whatever the watermark: its scheduler said it
+        ended and its agents sent all their samples of it (the end travels after them, in the
+        same partition). A sample of it that still comes completes its window as a new version,
+        as a late sample does."""
+        self._load_partition(partition)
+        result = self._result(partition)
+        state = self.store.get(wf)
+        if state is None:
+            return result
+        index = self._open[partition]
+        for end in sorted(int(start) + self.config.size_ms for start in state.windows):
+            index.get(end, set()).discard(wf)
+            if end in index and not index[end]:
+                del index[end]
+            self._close_window(partition, wf, end, closed_at, result)
+        return result

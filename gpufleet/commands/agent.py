@@ -38,6 +38,21 @@ def add(sub) -> None:
     p.add_argument("--model-keys", default="GPUFLEET_MODEL", help="environment variables naming the job's model")
     p.add_argument("--cluster", default=os.environ.get("GPUFLEET_CLUSTER"),
                    help="the cluster this host belongs to, on every workflow event (env GPUFLEET_CLUSTER)")
+    p.add_argument("--allocations", choices=["none", "slurm", "kubernetes"],
+                   default=os.environ.get("GPUFLEET_ALLOCATIONS", "none"),
+                   help="where the agent learns which job the scheduler gave each GPU (env GPUFLEET_ALLOCATIONS): "
+                        "slurm (the records of `gpufleet slurm prolog/epilog`), kubernetes (the kubelet's pod "
+                        "resources API); none: from the processes on the GPUs alone (a GPU a job holds but never "
+                        "opens then counts as free)")
+    p.add_argument("--allocations-dir", type=Path, default=Path("/run/gpufleet/slurm"),
+                   help="slurm: the directory the prolog and epilog write (default /run/gpufleet/slurm; also "
+                        "dcgm-exporter's --hpc-job-mapping-dir)")
+    p.add_argument("--kubelet-socket", default="/var/lib/kubelet/pod-resources/kubelet.sock",
+                   help="kubernetes: the kubelet's pod resources socket")
+    p.add_argument("--owner-labels", default="gpufleet.io/owner",
+                   help="kubernetes: pod labels or annotations naming the job's owner, first found wins")
+    p.add_argument("--team-labels", default="gpufleet.io/team",
+                   help="kubernetes: pod labels or annotations naming the team (else the pod's namespace)")
     p.add_argument("--spool-dir", type=Path, default=None, help="default: <data dir>/agent-spool")
     p.add_argument("--spool-max-mb", type=int, default=256)
     p.add_argument("--profile-dir", type=Path, default=None,
@@ -105,7 +120,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
         team=tuple(args.team_keys.split(",")), model=tuple(args.model_keys.split(",")),
     )
     spool = Spool(args.spool_dir or args.data_dir / "agent-spool", max_bytes=args.spool_max_mb << 20)
-    agent = HostAgent(settings, spool, Codec(), nvml=nvml, simulated=simulated, attributor=ProcessAttributor(keys))
+    agent = HostAgent(settings, spool, Codec(), nvml=nvml, simulated=simulated, attributor=ProcessAttributor(keys),
+                      allocations=allocation_source(args))
     agent.metrics = AgentMetrics(spool)
     serve_metrics(args, agent.metrics.registry)
     stop = threading.Event()
@@ -135,6 +151,27 @@ def cmd_agent(args: argparse.Namespace) -> int:
     print(f"agent stopped after {agent.ticks} ticks, {agent.samples} GPU samples; "
           f"{spool.dropped} dropped by a full spool")
     return 0
+
+
+def allocation_source(args: argparse.Namespace):
+    """The scheduler's allocations the agent reads (``--allocations``), or None."""
+    if args.allocations == "slurm":
+        from producers.slurm_allocations import SlurmAllocations
+
+        print(f"reading Slurm's allocations from {args.allocations_dir}")
+        return SlurmAllocations(args.allocations_dir)
+    if args.allocations == "kubernetes":
+        try:
+            from producers.kubelet_allocations import ApiServerPods, KubeletAllocations
+
+            source = KubeletAllocations(args.kubelet_socket, pods=ApiServerPods.in_cluster(),
+                                        owner_keys=tuple(args.owner_labels.split(",")),
+                                        team_keys=tuple(args.team_labels.split(",")), cluster=args.cluster)
+        except ImportError as exc:
+            sys.exit(f"--allocations kubernetes needs gpufleet's 'kubernetes' extra (grpcio, protobuf): {exc}")
+        print(f"reading the kubelet's pod resources from {args.kubelet_socket}")
+        return source
+    return None
 
 
 def cmd_nvml_check(args: argparse.Namespace) -> int:

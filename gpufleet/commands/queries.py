@@ -30,6 +30,12 @@ def add(sub) -> None:
     rates_args(p)
     p.set_defaults(func=cmd_workflow)
 
+    p = sub.add_parser("job", help="a Slurm job's report: the same as `gpufleet workflow slurm-<id>`")
+    p.add_argument("job_id", help="the Slurm job id")
+    clickhouse_args(p)
+    rates_args(p)
+    p.set_defaults(func=cmd_job)
+
     p = sub.add_parser("opportunities", help="rank where the fleet loses the most GPU-hours, and to what")
     clickhouse_args(p)
     p.add_argument("--by", default="cause",
@@ -104,6 +110,15 @@ def cmd_workflow(args: argparse.Namespace) -> int:
     print(job_report(summary, rates(args), cluster)[0])
     print(format_table(columns, rows))
     return 0
+
+
+def cmd_job(args: argparse.Namespace) -> int:
+    from schemas.validate_ids import SLURM_JOB_ID
+
+    if not SLURM_JOB_ID.fullmatch(args.job_id):
+        sys.exit(f"{args.job_id!r} is not a Slurm job id (digits, or an array task's 123_4)")
+    args.workflow_id = f"slurm-{args.job_id}"
+    return cmd_workflow(args)
 
 
 def cmd_goodput(args: argparse.Namespace) -> int:

@@ -43,6 +43,7 @@ class FakeGpu:
     pcie_rx_rate: int = 2_048_000
     unsupported_fields: set[int] = field(default_factory=set)  # field ids answered NOT_SUPPORTED
     field_reads: int = 0  # nvmlDeviceGetFieldValues calls so far: one simulated second apart
+    minor: int | None = None  # /dev/nvidia<minor>; None: NVML does not say
 
 
 class FakeNvml:
@@ -84,6 +85,11 @@ class FakeNvml:
 
     def nvmlDeviceGetName(self, h):
         return h.name
+
+    def nvmlDeviceGetMinorNumber(self, h):
+        if h.minor is None:
+            raise self.NVMLError_NotSupported()
+        return h.minor
 
     # -- MIG -------------------------------------------------------------------------------------
     def nvmlDeviceGetMigMode(self, h):

@@ -106,6 +106,10 @@ def test_agent_blocks_are_stored_once_through_a_crash_and_a_bad_one_is_a_dead_le
     assert pub.flush() == 0
     clock = Producer(producer_config(kafka.bootstrap))  # a worker's clock: no key, no samples
     clock.produce(topic, CODEC.encode("PartitionClock", {"event_time": BASE_MS, "worker": "w", "sent_at": BASE_MS}))
+    # A job's end from its scheduler, after its samples (an agent that reads allocations): no samples either.
+    clock.produce(topic, CODEC.encode("WorkflowEvent", {
+        "workflow_id": "wf-1", "event": "ENDED", "event_time": BASE_MS + 150_000, "host": "h", "gpu_uuids": [],
+        "pids": [], "attribution": "allocation:slurm", "scheduler": "slurm"}), key=b"wf-1")
     assert clock.flush(30) == 0
     pub.publish(GPU_SAMPLES, blocks[150:], topic=topic, schema="GpuSampleColumns")
     assert pub.flush() == 0

@@ -134,8 +134,9 @@ def test_the_image_copies_every_package_the_cli_needs():
     dockerfile = (DOCKER / "Dockerfile").read_text()
     pyproject = (DOCKER.parent / "pyproject.toml").read_text()
     packages = json.loads(re.search(r"packages = (\[.*\])", pyproject).group(1))
-    for package in packages:
-        assert f"COPY {package} {package}" in dockerfile
+    for package in packages:  # a sub-package comes with its package's folder
+        top = package.split(".")[0]
+        assert f"COPY {top} {top}" in dockerfile
 
 
 def dashboard_targets(datasource_type: str) -> list[dict]:

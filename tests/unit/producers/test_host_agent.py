@@ -148,6 +148,9 @@ class _Forwarder:
     def drain(self, timeout_s):
         return True
 
+    def hurry(self):
+        pass
+
 
 def test_the_agent_samples_faster_while_a_profile_is_captured(world):
     """Ticks stand for the time between them: 10 fast ones while profiling, then normal ones."""

@@ -65,3 +65,63 @@ def test_gpus_no_workflow_holds_are_counted_but_never_alerted_or_summarised(stag
     assert len(windows) >= 9 and all(w["idle_gpus"] == 1 for w in windows)
     assert of(stage, "alerts.v1") == []
     assert [s for s in of(stage, "workflow-summaries.v1") if s["workflow_id"] == pseudo] == []
+
+
+def ended(workflow_id: str, at_s: float, host: str = "gpu-host-000", scheduler: str | None = "slurm") -> tuple:
+    return ("WorkflowEvent", {
+        "workflow_id": workflow_id, "event": "ENDED", "event_time": BASE_MS + int(at_s * 1000), "host": host,
+        "owner": "ana", "team": "vision", "gpu_uuids": ["GPU-0"], "pids": [], "attribution": "allocation:slurm",
+        "scheduler_job_id": workflow_id.removeprefix("slurm-"), "scheduler": scheduler})
+
+
+def test_a_schedulers_end_closes_the_jobs_windows_and_summarises_it_at_once(stage):
+    """The end travels on the samples topic after the job's last samples: the job's last
+    window closes then, not when the fleet's clock passes it, and its summary goes out."""
+    apply(stage, [*blocks("slurm-1", 0, 96), ended("slurm-1", 96)])
+    windows = [w for w in of(stage, "workflow-windows.v1") if w["workflow_id"] == "slurm-1"]
+    assert [(w["window_start"] - BASE_MS, w["gpu_seconds"]) for w in windows] == [(0, 60.0), (60_000, 36.0)]
+    summary, = of(stage, "workflow-summaries.v1")
+    assert summary["workflow_id"] == "slurm-1" and summary["gpu_seconds"] == 96.0
+    assert summary["end_reason"] == "its scheduler (slurm) ended it"
+
+
+def test_a_job_on_two_hosts_ends_when_both_have_ended_it(stage):
+    for host in ("gpu-host-000", "gpu-host-001"):
+        stage._hear(0, {**ended("slurm-2", 0, host)[1], "event": "STARTED"})
+    apply(stage, [*blocks("slurm-2", 0, 90), ended("slurm-2", 90, "gpu-host-000")])
+    assert of(stage, "workflow-summaries.v1") == []
+    assert [w["window_start"] - BASE_MS for w in of(stage, "workflow-windows.v1")] == [0]
+    apply(stage, [*blocks("slurm-2", 90, 100), ended("slurm-2", 100, "gpu-host-001")], first_offset=100)
+    summary, = of(stage, "workflow-summaries.v1")
+    assert summary["gpu_seconds"] == 100.0
+
+
+def test_a_sample_after_the_early_close_completes_the_window_as_a_new_version(stage):
+    apply(stage, [*blocks("slurm-3", 0, 90), ended("slurm-3", 90)])
+    apply(stage, blocks("slurm-3", 90, 92), first_offset=100)  # a straggler of the same window
+    versions = [(w["window_start"] - BASE_MS, w["version"], w["gpu_seconds"]) for w in of(stage, "workflow-windows.v1")]
+    assert versions == [(0, 1, 60.0), (60_000, 1, 30.0), (60_000, 2, 32.0)]
+
+
+def test_the_life_cycle_topic_leaves_a_schedulers_end_to_the_samples_topic(stage):
+    """The same end on the life-cycle topic is not applied there: read before the job's last
+    samples, it would end the job early."""
+    apply(stage, blocks("slurm-4", 0, 30))
+    codec = Codec()
+    message = SimpleNamespace(value=codec.encode("WorkflowEvent", ended("slurm-4", 30)[1]), offset=0, partition=0,
+                              key=b"slurm-4", topic="gpufleet.workflow-events.v1")
+
+    async def one_batch():
+        async def events():
+            yield [SimpleNamespace(message=message)]
+
+        class Stream:
+            def take_events(self, n, within):
+                return events()
+
+        await stage.life_cycle(Stream())
+
+    asyncio.run(one_batch())
+    assert stage.table.data["slurm-4"].ending is False
+    apply(stage, [ended("slurm-4", 30)], first_offset=100)
+    assert stage.table.data["slurm-4"].ended and of(stage, "workflow-summaries.v1")
