@@ -1,5 +1,7 @@
 """``gpufleet goodput``: where the fleet's allocated GPU-hours went, per bucket and per team,
-owner, workflow, framework, GPU model or cluster, with energy, carbon and cost.
+owner, workflow, framework, GPU model or cluster, with energy, carbon and cost; and beside
+them the capacity no job held (the agents' ``unallocated`` GPUs, or ``idle`` where they see
+processes only), so that capacity = unallocated + every allocated bucket.
 
 The GPU-seconds and joules come from ClickHouse (the ``goodput_hourly`` view,
 ``sinks/ddl_workflows.py``), per GPU model, cluster and hour, so that each hour's price and
@@ -11,6 +13,7 @@ from __future__ import annotations
 from clickhouse_connect.driver.client import Client
 
 from gpufleet.opportunities import parse_since
+from schemas.validate_sample import FREE_CAPACITY
 from sinks.job_report import BUCKETS, Rates, Waterfall, energy_cells, energy_head
 
 DIMENSIONS = {"fleet": "''", "team": "team", "owner": "owner", "workflow": "workflow_id", "framework": "framework",
@@ -22,11 +25,12 @@ def goodput_sql(database: str, by: str, since_s: float | None) -> str:
         raise ValueError(f"--by {by!r}: one of {', '.join(DIMENSIONS)}")
     where = "" if since_s is None else f"WHERE period >= now64(3) - toIntervalMillisecond({int(since_s * 1000)})"
     sums = ", ".join(f"sum({b}_gpu_seconds), sum({b}_joules)" for b in BUCKETS)
+    free = ", ".join(f"'{name}'" for name in sorted(FREE_CAPACITY))
     return f"""
-    SELECT {DIMENSIONS[by]} AS key, gpu_model, cluster, period, sum(unclassified_gpu_seconds),
-           sum(energy_joules), {sums}
+    SELECT workflow_id IN ({free}) AS free, {DIMENSIONS[by]} AS key, gpu_model, cluster, period,
+           sum(gpu_seconds), sum(unclassified_gpu_seconds), sum(energy_joules), {sums}
     FROM {database}.goodput_hourly {where}
-    GROUP BY key, gpu_model, cluster, period
+    GROUP BY free, key, gpu_model, cluster, period
     """
 
 
@@ -34,8 +38,11 @@ def waterfalls(rows: list[tuple], rates: Rates) -> tuple[Waterfall, list[Waterfa
     """The fleet's waterfall and one per group, largest allocation first, from the rows of
     ``goodput_sql``. The energy of unclassified windows is what they measured in total."""
     fleet, groups = Waterfall("fleet"), {}
-    for key, model, cluster, period, unclassified_s, energy_j, *pairs in rows:
+    for free, key, model, cluster, period, seconds, unclassified_s, energy_j, *pairs in rows:
         price, intensity = rates.price(model), rates.intensity(cluster, period)
+        if free:  # capacity no job held: beside the waterfall, never in a group's
+            fleet.unallocated.add(seconds, energy_j, price, intensity)
+            continue
         group = groups.setdefault(key, Waterfall(key))
         classified_j = sum(pairs[1::2])
         for target in (fleet, group):

@@ -126,6 +126,7 @@ class Waterfall:
 
     key: str
     buckets: dict[str, Bucket] = field(default_factory=lambda: {b: Bucket() for b in (*BUCKETS, "unclassified")})
+    unallocated: Bucket = field(default_factory=Bucket)  # a fleet's: GPUs no job held (not in ``allocated``)
 
     @property
     def allocated(self) -> Bucket:
@@ -169,6 +170,17 @@ def render_waterfall(w: Waterfall, rates: Rates, title: str) -> str:
         share = 100.0 * b.gpu_seconds / total.gpu_seconds if total.gpu_seconds else 0.0
         lines.append("  ".join([f"{label:<32}", f"{b.gpu_seconds / 3600:>10,.2f}", f"{share:>6.1f}%",
                                 *energy_cells(b, rates)]))
+    free = w.unallocated
+    if free.gpu_seconds:
+        capacity = Bucket(total.gpu_seconds + free.gpu_seconds, total.joules + free.joules, total.cost + free.cost,
+                          total.grams + free.grams)
+        lines.append("  ".join("-" * len(h) for h in head))
+        for label, b in (("unallocated (no job held them)", free), ("capacity", capacity)):
+            share = 100.0 * b.gpu_seconds / capacity.gpu_seconds
+            lines.append("  ".join([f"{label:<32}", f"{b.gpu_seconds / 3600:>10,.2f}", f"{share:>6.1f}%",
+                                    *energy_cells(b, rates)]))
+        lines.append(f"allocated: {100.0 * total.gpu_seconds / capacity.gpu_seconds:.1f}% of the capacity was "
+                     "handed to jobs")
     lines.append(f"goodput: {w.goodput_pct:.1f}% of the allocated GPU-hours did productive work")
     return "\n".join(lines)
 

@@ -31,6 +31,7 @@ class DetectorConfig(msgspec.Struct, frozen=True):
     input_bound_cpu_per_gpu_pct: float = 90.0  # ... the job's processes keep a core per GPU busy, or
     input_bound_iowait_pct: float = 20.0  # ... its hosts wait on I/O this much
     input_bound_min_s: float = 600.0
+    foreign_min_s: float = 60.0  # another workflow's processes on GPUs the scheduler gave this one
 
 
 class Violation(msgspec.Struct, frozen=True):
@@ -73,15 +74,26 @@ def low_utilization(w: dict, c: DetectorConfig) -> Violation | None:
     )
 
 
+def _untouched(w: dict) -> str:
+    """What the message says of GPUs the scheduler allocated and no process opened."""
+    names = w.get("untouched_gpu_names") or []
+    return f" No process of the job ever opened {_named(names)}." if names else ""
+
+
 def idle_allocated(w: dict, c: DetectorConfig) -> Violation | None:
     if w["idle_gpus"] <= 0 or w["idle_gpus"] < w["gpu_count"]:
         return None
+    never = len(w.get("untouched_gpu_names") or ()) == w["gpu_count"]
     return Violation(
         "idle_allocated", "CRITICAL", float(w["idle_gpus"]), 0.0,
-        f"All {w['gpu_count']} GPU(s) hold memory at 0 % utilisation: the job holds GPUs it does not use"
-        + (f" ({_named(w['idle_gpu_names'])})." if w.get("idle_gpu_names") else "."),
-        "If the job is stuck or finished, stop it and release the GPUs; if it waits for something, "
-        "release the GPUs while it waits.",
+        (f"All {w['gpu_count']} GPU(s) the scheduler gave the job sat at 0 % and no process opened them"
+         f" ({_named(w['untouched_gpu_names'])}): the job holds GPUs it does not use." if never else
+         f"All {w['gpu_count']} GPU(s) sat at 0 % utilisation: the job holds GPUs it does not use"
+         + (f" ({_named(w['idle_gpu_names'])})." if w.get("idle_gpu_names") else ".") + _untouched(w)),
+        ("If the job runs on the CPU only, submit it without GPUs (no --gres=gpu, no nvidia.com/gpu)."
+         if never else "")
+        + ("" if never else "If the job is stuck or finished, stop it and release the GPUs; if it waits for "
+                            "something, release the GPUs while it waits."),
         c.idle_min_s,
     )
 
@@ -92,10 +104,24 @@ def partial_use(w: dict, c: DetectorConfig) -> Violation | None:
     return Violation(
         "partial_use", "WARNING", float(w["idle_gpus"]), 0.0,
         f"{w['idle_gpus']} of the job's {w['gpu_count']} GPUs sat at 0 % while the others worked"
-        + (f": {_named(w['idle_gpu_names'])}." if w.get("idle_gpu_names") else "."),
+        + (f": {_named(w['idle_gpu_names'])}." if w.get("idle_gpu_names") else ".") + _untouched(w),
         "Check that every rank gets work (device placement, world size, data sharding); release GPUs "
-        "the job does not use.",
+        "the job does not use" + (" and ask for only the GPUs it opens." if _untouched(w) else "."),
         c.partial_min_s,
+    )
+
+
+def foreign_process(w: dict, c: DetectorConfig) -> Violation | None:
+    others = w.get("foreign_workflows") or []
+    if not others:
+        return None
+    return Violation(
+        "foreign_process", "WARNING", float(len(others)), 0.0,
+        f"Processes of another workflow ({_named(others)}) run on GPUs the scheduler gave {w['workflow_id']}.",
+        "One of the jobs uses GPUs it was not given: check how both bind their GPUs (CUDA_VISIBLE_DEVICES, "
+        "the rank-to-device mapping) and have the scheduler confine jobs to their devices (Slurm's "
+        "ConstrainDevices=yes).",
+        c.foreign_min_s,
     )
 
 
@@ -191,7 +217,7 @@ def input_bound(w: dict, c: DetectorConfig) -> Violation | None:
 # tests/unit/streams/test_detect_waste.py (streams/trace_rules.py's rules work alike).
 DETECTORS: tuple[Callable[[dict, DetectorConfig], Violation | None], ...] = (
     low_utilization, idle_allocated, partial_use, imbalance, memory_underuse, throttling, hardware_fault,
-    input_bound,
+    input_bound, foreign_process,
 )
 
 

@@ -90,6 +90,26 @@ def add_efficiency(e: dict, c: dict, w: list[float], total: float) -> None:
     ecc = c["ecc_uncorrected_volatile"]
     if ecc is not None and (e["ecc"] is None or max(ecc) > e["ecc"]):
         e["ecc"] = max(ecc)
+    _add_processes(e, c)
+
+
+def _add_processes(e: dict, c: dict) -> None:
+    """Whether a process ever opened each GPU (where the agent counts processes: a GPU the
+    scheduler allocated can have none), and the other workflows whose processes ran on GPUs
+    allocated to this one."""
+    counts = c["process_count"]
+    if counts is not None:
+        touched = e.setdefault("touched", {})
+        if min(counts) > 0:  # the common case: every sample has a process
+            touched.update(dict.fromkeys(c["gpu_uuid"], True))
+        else:
+            for uuid, n in zip(c["gpu_uuid"], counts):
+                touched[uuid] = touched.get(uuid, False) or n > 0
+    foreign = c.get("foreign_workflow_id")
+    if foreign is not None:
+        seen = e.setdefault("foreign", {})
+        for wf in foreign:
+            seen[wf] = seen.get(wf, 0) + 1
 
 
 def _add_memory(e: dict, c: dict, w: list[float]) -> None:
@@ -166,6 +186,11 @@ def efficiency_fields(e: dict) -> dict:
         # Not in the WorkflowWindow schema: for the detectors' evidence only. Where each GPU at
         # 0 % is (host/gpuN, and its rank where the agent knows it), in the order they came.
         "idle_gpu_names": [(e["per_gpu"][uuid][2:] or [uuid])[0] for uuid, u in means.items() if u == 0],
+        # Likewise: the GPUs no process opened in the whole window (allocated by the scheduler,
+        # never touched), and other workflows whose processes ran on this one's GPUs.
+        "untouched_gpu_names": [(e["per_gpu"][uuid][2:] or [uuid])[0] for uuid, t in e.get("touched", {}).items()
+                                if not t and uuid in e["per_gpu"]],
+        "foreign_workflows": sorted(e.get("foreign", {})),
         "hosts": sorted({str((g[2:] or ["?"])[0]).split("/")[0] for g in e["per_gpu"].values()}),
         "slowest_gpu": None if slowest is None else (e["per_gpu"][slowest][2:] or [slowest])[0],
         "slowest_gpu_pct": None if slowest is None else means[slowest],

@@ -135,7 +135,7 @@ def cmd_goodput(args: argparse.Namespace) -> int:
         sys.exit(str(exc))
     except ClickHouseError as exc:
         sys.exit(f"query failed: {refusal(exc)}")
-    if not fleet.allocated.gpu_seconds:
+    if not fleet.allocated.gpu_seconds and not fleet.unallocated.gpu_seconds:
         print(f"no GPU-hours recorded (--since {args.since})")
         return 0
     print(render_waterfall(fleet, prices, f"Fleet goodput, --since {args.since}"))

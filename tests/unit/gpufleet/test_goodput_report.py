@@ -134,3 +134,26 @@ def test_a_grid_series_takes_the_latest_intensity_before_the_hour(tmp_path):
     assert rates.intensity("eu", datetime(2026, 4, 1, tzinfo=UTC)) == 300.0
     assert rates.intensity("eu", datetime(2026, 7, 1)) == 180.0  # a naive time is UTC
     assert rates.intensity("us", datetime(2026, 7, 1, tzinfo=UTC)) == 400.0
+
+
+def test_capacity_no_job_held_is_a_line_of_its_own_beside_the_allocated(chdb_client, database):
+    """GPUs no job was allocated (the agents' ``unallocated``, or ``idle`` where they read no
+    allocations) are not in any bucket: capacity = unallocated + allocated."""
+    from tests.unit.samples import window
+
+    writer = ClickHouseWriter(chdb_client, database)
+    writer.ensure_tables()
+    job = window(workflow_id="slurm-1", gpu_seconds=120.0, productive_gpu_seconds=120.0,
+                 **{f"{b}_gpu_seconds": 0.0 for b in BUCKETS if b != "productive"})
+    free = [window(workflow_id=name, window_start=BASE_MS + i * 60_000, window_end=BASE_MS + (i + 1) * 60_000,
+                   gpu_seconds=60.0, idle_gpu_seconds=60.0, energy_joules=3000.0,
+                   **{f"{b}_gpu_seconds": 0.0 for b in BUCKETS if b != "idle"}, owner=None, team=None)
+            for i, name in enumerate(("unallocated", "idle"))]
+    assert writer.insert(WORKFLOW_WINDOWS_TABLE, [Row(0, i, w) for i, w in enumerate([job, *free])]) == []
+    total, by_workflow = fleet_goodput(chdb_client, database, "workflow", "all")
+    assert total.allocated.gpu_seconds == 120.0 and total.buckets["idle"].gpu_seconds == 0.0
+    assert total.unallocated.gpu_seconds == 120.0 and total.unallocated.joules == 6000.0
+    assert [g.key for g in by_workflow] == ["slurm-1"]
+    text = render_waterfall(total, load_rates(None), "Fleet goodput")
+    assert "unallocated (no job held them)" in text and "capacity" in text
+    assert "allocated: 50.0% of the capacity was handed to jobs" in text

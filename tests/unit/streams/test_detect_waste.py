@@ -26,6 +26,8 @@ CASES = [
     ({"utilization_mean_pct": 30.0, "workflow_cpu_mean_pct": 100.0, "gpu_count": 2}, set()),
     ({"utilization_mean_pct": 30.0, "host_iowait_mean_pct": 35.0}, {"input_bound"}),
     ({"utilization_mean_pct": 80.0, "workflow_cpu_mean_pct": 800.0, "gpu_count": 2}, set()),
+    ({"foreign_workflows": ["wf-b"]}, {"foreign_process"}),
+    ({"foreign_workflows": []}, set()),
 ]
 
 
@@ -97,3 +99,20 @@ def test_memory_underuse_is_judged_over_the_job_so_far():
     for minute in range(36, 120):  # past any cooldown: small windows again, but not the whole job
         close(minute, 0.1)
     assert fired == [(29, "FIRING"), (35, "RESOLVED")]
+
+
+def test_gpus_the_scheduler_gave_and_no_process_opened_are_named():
+    """A CPU-only job that asked for GPUs; a job that opens one of its two."""
+    never = window(utilization_mean_pct=0.0, idle_gpus=2, gpu_count=2, utilization_max_pct=0.0,
+                   idle_gpu_names=["node-7/gpu0", "node-7/gpu1"], untouched_gpu_names=["node-7/gpu0", "node-7/gpu1"])
+    v = detect(never, CFG)["idle_allocated"]
+    assert "no process opened them (node-7/gpu0, node-7/gpu1)" in v.message and "CPU only" in v.advice
+    half = window(idle_gpus=1, gpu_count=2, idle_gpu_names=["node-7/gpu1"], untouched_gpu_names=["node-7/gpu1"])
+    v = detect(half, CFG)["partial_use"]
+    assert "node-7/gpu1" in v.message and "No process of the job ever opened node-7/gpu1." in v.message
+    assert "ask for only the GPUs it opens" in v.advice
+
+
+def test_another_workflow_on_the_jobs_gpus_names_both():
+    v = detect(window(workflow_id="slurm-88", foreign_workflows=["wf-a"]), CFG)["foreign_process"]
+    assert "wf-a" in v.message and "slurm-88" in v.message and v.severity == "WARNING"

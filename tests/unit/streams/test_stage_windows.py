@@ -125,3 +125,21 @@ def test_the_life_cycle_topic_leaves_a_schedulers_end_to_the_samples_topic(stage
     assert stage.table.data["slurm-4"].ending is False
     apply(stage, [ended("slurm-4", 30)], first_offset=100)
     assert stage.table.data["slurm-4"].ended and of(stage, "workflow-summaries.v1")
+
+
+def test_a_gpu_the_job_never_opens_and_a_foreign_process_are_alerted_with_names(stage):
+    samples = []
+    for t in range(200):
+        at = BASE_MS + t * 1000
+        samples += [sample(workflow_id="slurm-5", event_time=at, gpu_uuid="GPU-0", gpu_index=0, process_count=1,
+                           utilization_pct=80.0),
+                    sample(workflow_id="slurm-5", event_time=at, gpu_uuid="GPU-1", gpu_index=1, process_count=0,
+                           utilization_pct=0.0, memory_used_bytes=0),
+                    sample(workflow_id="slurm-5", event_time=at, gpu_uuid="GPU-2", gpu_index=2, process_count=1,
+                           utilization_pct=30.0, foreign_workflow_id="wf-intruder")]
+    apply(stage, [("GpuSampleColumns", b) for b in columns_of(samples)])
+    alerts = {a["detector"]: a for a in of(stage, "alerts.v1") if a["status"] == "FIRING"}
+    assert {"partial_use", "foreign_process"} <= set(alerts)
+    assert "gpu-host-000/gpu1" in alerts["partial_use"]["message"]
+    assert "No process of the job ever opened gpu-host-000/gpu1." in alerts["partial_use"]["message"]
+    assert "wf-intruder" in alerts["foreign_process"]["message"] and "slurm-5" in alerts["foreign_process"]["message"]
