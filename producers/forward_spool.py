@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from kafka_client.config import Connection, producer_config
 from producers.spool import Position, Spool
@@ -109,6 +109,14 @@ class Forwarder:
             self.failed += 1
             log.error("the broker refused a spooled record for good (%s); skipping it", err)
 
+    def _produce(self, topic: str, value: bytes | None = None, key: bytes | None = None) -> None:
+        """Produce, and treat a record the client refuses at once (a topic the broker says does
+        not exist) as one the broker refused for good: logged, counted, skipped."""
+        try:
+            self.producer.produce(topic, value=value, key=key)
+        except KafkaException as exc:
+            self._on_error(exc.args[0], None)
+
     def step(self, wait_s: float = 0.1, now: bool = False) -> int:
         """Confirm the batch in flight if the producer is done with it, else send the next one
         (when it is time, or ``now``); returns records sent."""
@@ -124,11 +132,11 @@ class Forwarder:
             self.producer.poll(min(wait_s, self._next_send - started))
             return 0
         if self.coalescer is None:
-            end, n = self.spool.send(self.spool.cursor(), self.max_in_flight, self.producer.produce)
+            end, n = self.spool.send(self.spool.cursor(), self.max_in_flight, self._produce)
             messages = n
         else:
             end, n = self.spool.send(self.spool.cursor(), self.max_in_flight, self.coalescer.add)
-            messages = self.coalescer.flush(self.producer.produce)
+            messages = self.coalescer.flush(self._produce)
         if not n:
             self.producer.poll(wait_s)
             return 0

@@ -98,3 +98,26 @@ def test_the_forwarder_sends_every_few_seconds_and_drains_at_once(tmp_path):
     assert f.sent == 5 and f.messages == 2
     spool.append(TOPIC, b"wf-a", batch_of(5))
     assert f.drain(5) and len(f.producer.produced.messages) == 3 and spool.pending() == 0
+
+
+def test_a_record_the_client_refuses_at_once_is_skipped_and_the_rest_goes_on(tmp_path):
+    """librdkafka refuses some records in produce() itself (a topic the broker says does not
+    exist): logged, counted and skipped like a record the broker refuses for good, instead of
+    ending the forwarder's thread with everything after it left in the spool."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    class Refusing(FakeProducer):
+        def produce(self, topic, value=None, key=None):
+            if topic == "missing-topic":
+                raise KafkaException(KafkaError(KafkaError._UNKNOWN_TOPIC, "Unable to produce message"))
+            super().produce(topic, value, key)
+
+    spool = Spool(tmp_path)
+    f = Forwarder(spool, "127.0.0.1:1", send_every_s=5.0)
+    f.producer = Refusing()
+    spool.append(TOPIC, b"wf-a", batch_of(0))
+    spool.append("missing-topic", b"h1", b"host sample")
+    spool.append("x.gpufleet.host-samples.v1", b"h1", b"host sample")
+    assert f.drain(5) and spool.pending() == 0
+    assert [t for t, _, _ in f.producer.produced.messages] == [TOPIC, "x.gpufleet.host-samples.v1"]
+    assert f.failed == 1
