@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 JARS   := docker/kafka/libs/.fetched
 
-.PHONY: setup demo test test-unit lint bench bench-hta chromium torch-env proto clean
+.PHONY: setup demo test test-unit lint bench bench-hta chromium slurm torch-env proto clean
 
 setup: $(BIN)/.installed $(JARS)
 
@@ -26,7 +26,7 @@ $(JARS): docker/kafka/pom.xml
 demo: setup
 	$(BIN)/gpufleet demo
 
-test: setup chromium torch-env
+test: setup chromium slurm torch-env
 	$(BIN)/pytest
 
 # PyTorch for the training process of the profiling tests only (never a gpufleet dependency:
@@ -41,6 +41,17 @@ chromium:
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
 		&& DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1; } \
 		|| echo "note: chromium not installed; the report rendering test will be skipped"
+
+# A one-node Slurm with its accounting (slurmctld, slurmd, slurmdbd on MariaDB, munge) for the
+# scheduler tests; installed from Debian's packages where this machine allows it (root and apt;
+# no service is started by the install), else those tests are skipped (and say why).
+SLURM_PACKAGES := slurm-wlm slurmdbd munge mariadb-server
+slurm:
+	@{ command -v slurmctld && command -v slurmdbd && command -v munged && command -v mariadbd; } >/dev/null \
+		|| { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && export DEBIAN_FRONTEND=noninteractive \
+			&& { apt-get install -y -q $(SLURM_PACKAGES) || { apt-get update -q && apt-get install -y -q $(SLURM_PACKAGES); }; } \
+			>/dev/null 2>&1; } \
+		|| echo "note: Slurm could not be installed; the Slurm tests will be skipped"
 
 test-unit: setup
 	$(BIN)/pytest tests/unit

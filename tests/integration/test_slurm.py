@@ -19,6 +19,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from gpufleet.enforcer import Enforcer
+from gpufleet.workflows import workflow_summary
 from kafka_client.config import consumer_config
 from producers.attribute_process import ProcessAttributor
 from producers.forward_spool import Forwarder
@@ -86,7 +87,7 @@ class JobGpus:
             for index in opened["gpus"]:
                 g = self.by_minor[int(index)]
                 g.processes.append(FakeProcess(pid, sm_util=int(opened["util"])))
-                g.util, g.mem_used = int(opened["util"]), g.mem_used + (4 << 30)
+                g.util, g.mem_used = int(opened["util"]), g.mem_used + (48 << 30)  # 60 % of an 80 GB GPU
 
 
 class Sampler(NvmlSampler):
@@ -220,7 +221,10 @@ def test_what_slurm_allocated_is_what_gpufleet_measures_alerts_and_acts_on(slurm
     assert not [s for wf, s in steps if wf == f"slurm-{d}" and s in ("ACTION_DUE", "ACTED")]
     assert info["c"]["JobState"] == "CANCELLED" and d_when_c_ended == "RUNNING" and info["d"]["JobState"] == "COMPLETED"
     # Where HPC admins look: the efficiency line in Slurm's accounting; the whole report from gpufleet.
-    line = slurm.sacct(c, "AdminComment")
-    assert line.startswith("gpufleet:") and "gpu-hours" in line and "idle" in line
-    text, _ = job_report(dict(stored[f"slurm-{c}"]))
-    assert f"slurm-{c}" in text and "owner root" in text
+    line = slurm.sacct(c, "AdminComment")  # never busy, in its first 15 minutes: start-up, as the waterfall says
+    assert line.startswith("gpufleet:") and "gpu-hours" in line and "largest loss start-up" in line
+    assert "mean gpu utilisation 0.0%" in line
+    summary, cluster = workflow_summary(chdb_client, database, f"slurm-{c}")  # what `gpufleet job <id>` prints
+    text, _ = job_report(summary, cluster=cluster)
+    assert text.startswith(f"gpufleet job report: slurm-{c}") and "owner root, team vision" in text
+    assert "ended: its scheduler (slurm) ended it" in text
