@@ -239,3 +239,85 @@ def test_the_sink_can_be_told_to_decode_samples_in_python(monkeypatch):
     assert build_parser().parse_args(["sink", "--samples-in-python"]).samples_in_python is True
     monkeypatch.setenv("GPUFLEET_SINK_SAMPLES_IN_PYTHON", "1")
     assert build_parser().parse_args(["sink"]).samples_in_python is True
+
+
+# -- the agent on a scheduler's nodes: Kubernetes, systemd, Slurm ---------------------------
+
+def test_the_kubernetes_daemonset_is_valid_and_reads_the_kubelets_pod_resources():
+    """Every object checked against the Kubernetes API's own schema (kubernetes-validate,
+    strict: an unknown field fails), and the agent's arguments against our CLI."""
+    import kubernetes_validate
+
+    docs = list(yaml.safe_load_all((DOCKER / "kubernetes" / "agent.yaml").read_text()))
+    for doc in docs:
+        kubernetes_validate.validate(doc, "1.30", strict=True)  # raises ValidationError naming the field
+    kinds = {d["kind"]: d for d in docs}
+    assert set(kinds) == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet"}
+    pod = kinds["DaemonSet"]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == kinds["ServiceAccount"]["metadata"]["name"]
+    assert kinds["ClusterRoleBinding"]["subjects"][0]["name"] == pod["serviceAccountName"]
+    assert {"pods"} == set(kinds["ClusterRole"]["rules"][0]["resources"]) and kinds["ClusterRole"]["rules"][0][
+        "verbs"] == ["get"]
+    assert pod["hostPID"] is True  # it reads the GPU processes' /proc entries
+    container, = pod["containers"]
+    args = build_parser().parse_args(["--data-dir", "/var/lib/gpufleet", *container["args"]])
+    assert args.func.__name__ == "cmd_agent" and args.allocations == "kubernetes"
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert Path(args.kubelet_socket).parent == Path(mounts["pod-resources"])
+    host_paths = {v["name"]: v.get("hostPath", {}).get("path") for v in pod["volumes"]}
+    assert host_paths["pod-resources"] == "/var/lib/kubelet/pod-resources"
+    assert container["securityContext"]["runAsUser"] == 0 and container["securityContext"]["readOnlyRootFilesystem"]
+
+
+def test_the_systemd_unit_runs_an_agent_that_reads_the_slurm_prologs_records():
+    import configparser
+    import shlex
+
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.optionxform = str
+    unit.read_string((DOCKER / "systemd" / "gpufleet-agent.service").read_text())
+    service = unit["Service"]
+    argv = shlex.split(service["ExecStart"].split("#")[0])
+    assert argv[0] == "/opt/gpufleet/bin/gpufleet"
+    args = build_parser().parse_args(argv[1:])
+    assert args.func.__name__ == "cmd_agent" and args.source == "nvml"
+    env = dict(line.split("=", 1) for line in service["Environment"].split())
+    assert env["GPUFLEET_ALLOCATIONS"] == "slurm"
+    slurm_env = dict(line.split("=", 1) for line in (DOCKER / "slurm" / "gpufleet-slurm.env").read_text().splitlines()
+                     if line and not line.startswith("#"))
+    assert str(args.allocations_dir) == slurm_env["GPUFLEET_SLURM_DIR"]  # where the prolog writes
+    assert Path(slurm_env["GPUFLEET"]) == Path(argv[0])
+    assert int(service["TimeoutStopSec"]) > 30 and service["Restart"] == "always"  # 30 s: the agent's drain
+    assert unit["Install"]["WantedBy"] == "multi-user.target"
+
+
+def test_the_slurm_scripts_are_valid_shell_and_record_a_job(tmp_path):
+    """The shipped prolog and epilog, as slurmd runs them: no arguments, the job in the
+    environment, the env file beside them; and the slurm.conf lines run *.sh only."""
+    import os
+    import subprocess
+    import sys
+
+    conf = (DOCKER / "slurm" / "slurm.conf.gpufleet").read_text()
+    assert "Prolog=/etc/slurm/prolog.d/*.sh" in conf and "Epilog=/etc/slurm/epilog.d/*.sh" in conf
+    assert "PrologFlags=Alloc" in conf
+    gpufleet = Path(sys.executable).with_name("gpufleet")
+    for kind in ("prolog", "epilog"):
+        script = DOCKER / "slurm" / f"gpufleet-{kind}.sh"
+        assert os.access(script, os.X_OK)
+        assert subprocess.run(["sh", "-n", str(script)], check=False).returncode == 0
+        (tmp_path / kind).mkdir()
+        (tmp_path / kind / "gpufleet.sh").write_bytes(script.read_bytes())
+        (tmp_path / kind / "gpufleet.sh").chmod(0o755)
+        (tmp_path / kind / "gpufleet-slurm.env").write_text(f"GPUFLEET={gpufleet}\nGPUFLEET_SLURM_DIR={tmp_path}/alloc\n")
+    job = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "31", "SLURM_JOB_USER": "ana", "SLURM_JOB_ACCOUNT": "vision",
+           "SLURM_JOB_GPUS": "0,1", "SLURM_CONF": str(tmp_path / "no-slurm.conf")}  # squeue fails: env alone
+    for kind, written in (("prolog", ".jobs"), ("epilog", ".ended")):
+        done = subprocess.run([str(tmp_path / kind / "gpufleet.sh")], env=job, capture_output=True, text=True,
+                              timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        record = json.loads((tmp_path / "alloc" / written / "31.json").read_text())
+        assert (record["workflow_id"], record["owner"], record["gpus"]) == ("slurm-31", "ana", ["0", "1"])
+    bad = subprocess.run([str(tmp_path / "prolog" / "gpufleet.sh")], env={**job, "SLURM_JOB_ID": "x; y"},
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert bad.returncode == 0 and "not a Slurm job id" in bad.stderr  # never fails the job: says why
