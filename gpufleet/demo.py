@@ -32,9 +32,10 @@ from kafka_client.admin import ensure_topics
 from kafka_client.config import consumer_config
 from producers.publish_kafka import Publisher
 from producers.run_simulation import SimulationPlan, SimulationProgress, run_simulation
-from producers.simulate_fleet import IDLE, build_fleet
+from producers.simulate_fleet import IDLE, UNTOUCHED, build_fleet
 from schemas.codec import Codec
 from schemas.topics import ALERTS, DEAD_LETTERS, ENFORCEMENT, GPU_SAMPLES, WORKFLOW_WINDOWS
+from schemas.validate_sample import NOT_WORKFLOWS
 from sinks.clickhouse_ddl import TABLES
 from sinks.consume_to_clickhouse import ClickHouseSink
 from sinks.job_report import BUCKETS, LABELS, Rates, render_waterfall
@@ -127,6 +128,7 @@ SELECT w.workflow_id AS workflow, any(w.owner) AS owner, any(w.team) AS team,
 FROM {DATABASE}.workflow_windows AS w FINAL
 LEFT JOIN (SELECT workflow_id, count() AS alerts FROM {DATABASE}.alerts FINAL GROUP BY workflow_id) AS a
        ON a.workflow_id = w.workflow_id
+WHERE w.workflow_id NOT IN ({", ".join(f"'{name}'" for name in sorted(NOT_WORKFLOWS))})
 GROUP BY w.workflow_id
 ORDER BY wasted_gpu_hours DESC, workflow
 """
@@ -164,6 +166,28 @@ def goodput_against_planted(client, fleet, start_ms: int) -> str:
         worst = max(worst, diff)
         lines.append(f"{LABELS[b]:<32}  {got / 3600:>14.3f}  {planted[b] / 3600:>13.3f}  {diff:>9.2f}%")
     lines.append(f"largest difference: {worst:.2f}% of the allocated GPU-hours (goal: within 0.5%)")
+    free = fleet.unallocated(ticks, 1000)
+    lines.append(f"{'unallocated (no job held them)':<32}  {measured.unallocated.gpu_seconds / 3600:>14.3f}  "
+                 f"{free / 3600:>13.3f}  {abs(measured.unallocated.gpu_seconds - free) / allocated * 100:>9.2f}%")
+    return "\n".join(lines)
+
+
+def untouched_against_planted(client, fleet, ticks: int) -> str:
+    """The GPU-hours jobs held on GPUs no process of theirs opened, as the agents' samples say
+    (stored in ClickHouse), beside what the simulator planted; and the alerts of those jobs."""
+    pseudo = ", ".join(f"'{name}'" for name in sorted(NOT_WORKFLOWS))
+    (measured,), = client.query(f"SELECT sum(interval_ms / 1000 * ifNull(share, 1)) FROM {DATABASE}.gpu_samples "
+                                f"WHERE process_count = 0 AND workflow_id NOT IN ({pseudo})").result_rows
+    planted = fleet.untouched(ticks, 1000)
+    holders = [w.workflow_id for w in fleet.workflows if w.profile is UNTOUCHED or w.untouched_gpus]
+    lines = [(f"GPU-hours held on GPUs no process opened: measured {(measured or 0.0) / 3600:.3f}, "
+              f"planted {planted / 3600:.3f} (in the {ticks / 60:g} simulated minutes published)")]
+    alerts = client.query(f"""
+        SELECT workflow_id, detector, argMin(message, window_end) FROM {DATABASE}.alerts FINAL
+        WHERE status = 'FIRING' AND has({{holders:Array(String)}}, workflow_id)
+          AND detector IN ('idle_allocated', 'partial_use')
+        GROUP BY workflow_id, detector ORDER BY workflow_id, detector""", parameters={"holders": holders}).result_rows
+    lines += [f"{wf} ({detector}): {message}" for wf, detector, message in alerts]
     return "\n".join(lines)
 
 
@@ -183,7 +207,7 @@ def enforcement_against_planted(client, fleet, start_ms: int, ladder: Ladder) ->
         """).result_rows
     action_ms = round(ladder.action_min * 60_000)
     planted = sum(len(w.gpus) * max(0, closed_to - (start_ms + action_ms)) / 1000
-                  for w in fleet.workflows if w.profile is IDLE)
+                  for w in fleet.workflows if w.profile in (IDLE, UNTOUCHED))
     freed = sum(seconds or 0.0 for *_, seconds in acted)
     lines = [(f"ladder {ladder.name!r}: warnings after {ladder.first_warning_min:g} and {ladder.second_warning_min:g} "
              f"simulated minutes of {ladder.detector.replace('_', ' ')}, the action at {ladder.action_min:g}"),
@@ -235,7 +259,8 @@ def run_demo(opts: DemoOptions) -> int:
         print(f"  sink writing to {dsn} (while it runs, `gpufleet sql` queries go through it)")
 
         # With what goodput accounting must find planted, so that the summary can compare.
-        fleet = build_fleet(opts.seed, opts.hosts, opts.gpus_per_host, opts.workflows, planted=True)
+        # As agents that read the scheduler's allocations report it: free GPUs, GPUs held and never opened.
+        fleet = build_fleet(opts.seed, opts.hosts, opts.gpus_per_host, opts.workflows, planted=True, scheduler=True)
         ticks = int(opts.sim_minutes * 60)
         start_ms = (int(time.time()) // 60 * 60 - ticks) * 1000
         plan = SimulationPlan(start_ms, ticks, 1000, opts.speed)
@@ -308,6 +333,8 @@ def run_demo(opts: DemoOptions) -> int:
     print(format_table(*opportunities(writer.client, DATABASE, "cause", "all", limit=10)))
     print("\nWhere the allocated GPU-hours went (gpufleet goodput):\n")
     print(goodput_against_planted(writer.client, fleet, start_ms))
+    print("\nGPUs the scheduler gave and no process opened (an agent with --allocations sees them):\n")
+    print(untouched_against_planted(writer.client, fleet, progress.ticks_done))
     print("\nThe enforcement ladder (gpufleet enforce, a dry run):\n")
     print(enforcement_against_planted(writer.client, fleet, start_ms, ladders[0]))
     print(f"\nData: ClickHouse {dsn} (database {DATABASE}); Kafka log dirs {data_dir / 'kafka'}"

@@ -7,6 +7,13 @@ of a tick do not depend on how fast or in which order ticks are generated).
 ``build_fleet(planted=True)`` also plants what goodput accounting must find (start-up
 phases, jobs starved by I/O, GPUs under a thermal limit, an XID), and ``Fleet.planted``
 says where each GPU-second went by construction: the truth the waterfall is checked against.
+
+``build_fleet(scheduler=True)`` lays the fleet out as a scheduler would and the agents report
+it when they read its allocations: some GPUs are given to no job (the ``unallocated``
+capacity), one job asked for GPUs and runs on the CPU only (it never opens them), and one opens
+only half of the GPUs it was given; every sample says how many processes the GPU has
+(``process_count``: 0 on a GPU no process opened). ``Fleet.untouched`` is the planted truth of
+the GPU-seconds held and never touched.
 """
 
 from __future__ import annotations
@@ -14,6 +21,8 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+from schemas.validate_sample import UNALLOCATED
 
 GIB = 1024**3
 
@@ -39,6 +48,7 @@ HEALTHY = Profile("healthy", 85.0, 10.0, 0.70)
 MODERATE = Profile("moderate", 55.0, 15.0, 0.45)
 UNDERUTILIZED = Profile("underutilized", 12.0, 8.0, 0.30)
 IDLE = Profile("idle", 0.0, 0.0, 0.25)  # holds memory, runs nothing: a zombie allocation
+UNTOUCHED = Profile("untouched", 0.0, 0.0, 0.0)  # asked for GPUs, runs on the CPU: never opens them
 INPUT_BOUND = Profile("input-bound", 26.0, 8.0, 0.40)  # waits on its hosts' I/O
 
 # Where a planted GPU-second goes (streams.goodput's buckets), by profile once started.
@@ -69,16 +79,23 @@ class Workflow:
     startup_ticks: int = 0  # at 0 % before its first busy tick
     throttled: tuple[int, int] | None = None  # ticks [from, to) under a thermal limit
     xid_tick: int | None = None  # its first GPU reports an XID at this tick
+    untouched_gpus: int = 0  # its last GPUs that no process of it ever opens (the scheduler gave them)
+
+    def opens(self, rank: int) -> bool:
+        """Whether the job's processes open its GPU of this rank."""
+        return self.profile is not UNTOUCHED and rank < len(self.gpus) - self.untouched_gpus
 
 
 @dataclass(frozen=True)
 class Fleet:
     seed: int
     workflows: tuple[Workflow, ...]
+    free: tuple[Gpu, ...] = ()  # GPUs the scheduler gave no job (scheduler=True)
+    scheduler: bool = False  # samples say how many processes each GPU has, free GPUs report too
 
     @property
     def gpu_count(self) -> int:
-        return sum(len(w.gpus) for w in self.workflows)
+        return sum(len(w.gpus) for w in self.workflows) + len(self.free)
 
     def workflow(self, workflow_id: str) -> Workflow:
         for w in self.workflows:
@@ -118,15 +135,27 @@ class Fleet:
                     "sm_clock_mhz": gpu.max_sm_clock if busy > 0 else 210,
                     "rank": rank,  # one rank per GPU, in the order the job holds them
                 }
+                opened = w.opens(rank)
+                if not opened:  # the scheduler gave it, no process opened it: nothing on it at all
+                    sample.update(utilization_pct=0.0, memory_utilization_pct=0.0, memory_used_bytes=0,
+                                  power_watts=round(gpu.max_power * 0.15, 1), sm_clock_mhz=210)
+                if self.scheduler:
+                    sample["process_count"] = 1 if opened else 0
                 if w.planted:
                     sample["host_iowait_pct"] = 45.0 if p is INPUT_BOUND else 2.0
                     sample["workflow_cpu_pct"] = 50.0
-                    sample["clock_event_reasons"] = THROTTLED if self._throttled(w, tick) else 0
-                    sample["xids"] = [79] if tick == w.xid_tick and rank == 0 else []
+                    sample["clock_event_reasons"] = THROTTLED if opened and self._throttled(w, tick) else 0
+                    sample["xids"] = [79] if tick == w.xid_tick and rank == 0 and opened else []
                     if gpu.model.startswith("NVIDIA H100"):  # Hopper: GPM reports SM and tensor activity
-                        sample["sm_active_pct"] = round(util * 0.9, 2)
-                        sample["tensor_active_pct"] = round(util * 0.45, 2)
+                        sample["sm_active_pct"] = round(sample["utilization_pct"] * 0.9, 2)
+                        sample["tensor_active_pct"] = round(sample["utilization_pct"] * 0.45, 2)
                 yield sample
+        for gpu in self.free:  # capacity no job holds, as an agent that reads the allocations reports it
+            yield {"event_time": event_time, "interval_ms": interval_ms, "host": gpu.host, "gpu_index": gpu.index,
+                   "gpu_uuid": gpu.uuid, "gpu_model": gpu.model, "workflow_id": UNALLOCATED, "owner": None,
+                   "team": None, "utilization_pct": 0.0, "memory_utilization_pct": 0.0, "memory_used_bytes": 0,
+                   "memory_total_bytes": gpu.memory_total, "power_watts": round(gpu.max_power * 0.15, 1),
+                   "temperature_c": round(30.0 + rng.uniform(-1, 1), 1), "sm_clock_mhz": 210, "process_count": 0}
 
     @staticmethod
     def _throttled(w: Workflow, tick: int) -> bool:
@@ -138,26 +167,41 @@ class Fleet:
         ``startup_max_s``: how long a workflow that never gets busy counts as starting."""
         out = {w.workflow_id: {} for w in self.workflows}
         by_id = {w.workflow_id: w for w in self.workflows}
+        never_busy = (IDLE, UNTOUCHED)
         for tick in range(ticks):
             for s in self.samples_at(tick, start_ms, interval_ms):
-                w = by_id[s["workflow_id"]]
-                if self._throttled(w, tick) or s.get("xids"):
+                w = by_id.get(s["workflow_id"])
+                if w is None:
+                    continue  # capacity no job holds: no bucket (``unallocated``)
+                opened = w.opens(s["rank"])
+                if s.get("clock_event_reasons") or s.get("xids"):
                     bucket = "unhealthy"
-                elif tick < w.startup_ticks or (w.profile is IDLE and tick * interval_ms < startup_max_s * 1000):
+                elif tick < w.startup_ticks or (w.profile in never_busy and tick * interval_ms < startup_max_s * 1000):
                     bucket = "startup"
+                elif not opened or w.profile in never_busy:
+                    bucket = "idle"  # held at 0 %: a zombie, a GPU its job never opens
                 else:
-                    bucket = "idle" if w.profile is IDLE else _PLANTED_BUCKET[w.profile]
+                    bucket = _PLANTED_BUCKET[w.profile]
                 entry = out[w.workflow_id].setdefault(bucket, [0.0, 0.0])
                 entry[0] += interval_ms / 1000
                 entry[1] += s["power_watts"] * interval_ms / 1000
         return out
 
 
+    def untouched(self, ticks: int, interval_ms: int) -> float:
+        """GPU-seconds of ticks ``0 .. ticks-1`` on GPUs a job held and never opened."""
+        return ticks * interval_ms / 1000 * sum(not w.opens(r) for w in self.workflows for r in range(len(w.gpus)))
+
+    def unallocated(self, ticks: int, interval_ms: int) -> float:
+        """GPU-seconds of ticks ``0 .. ticks-1`` on GPUs no job held."""
+        return ticks * interval_ms / 1000 * len(self.free)
+
+
 TEAMS = ("vision", "ranking", "speech", "llm")
 
 
 def build_fleet(seed: int = 7, hosts: int = 4, gpus_per_host: int = 8, workflows: int = 8,
-                planted: bool = False) -> Fleet:
+                planted: bool = False, scheduler: bool = False) -> Fleet:
     """Lay ``workflows`` out over ``hosts`` x ``gpus_per_host`` GPUs.
 
     Workflow 0 holds its GPUs at 0 % (idle); about a quarter of the rest are underutilised;
@@ -167,6 +211,10 @@ def build_fleet(seed: int = 7, hosts: int = 4, gpus_per_host: int = 8, workflows
     six of the others waits on I/O (input-bound); one in five runs under a thermal limit
     from minute 6 to 8; one reports an XID at minute 3. The layout and the profiles of the
     others are as without it.
+
+    ``scheduler``: an eighth of the GPUs (as many as the workflows leave) are given to no job;
+    the last workflow (of four or more) runs on the CPU only and never opens its GPUs; the
+    first busy workflow with two GPUs or more opens only the first half of them.
     """
     if workflows < 1 or hosts < 1 or gpus_per_host < 1:
         raise ValueError("hosts, gpus_per_host and workflows must be >= 1")
@@ -181,9 +229,11 @@ def build_fleet(seed: int = 7, hosts: int = 4, gpus_per_host: int = 8, workflows
         for i in range(gpus_per_host):
             uuid = f"GPU-{seed:04x}{h:04x}-{i:04x}-{rng.getrandbits(32):08x}"
             gpus.append(Gpu(host, i, uuid, model, mem, power, clock))
-    # Split the GPUs into contiguous runs, one per workflow, at least one GPU each.
-    cuts = sorted(rng.sample(range(1, total), workflows - 1))
-    bounds = [0, *cuts, total]
+    free = min(total // 8, total - workflows) if scheduler else 0
+    allocated = total - free
+    # Split the allocated GPUs into contiguous runs, one per workflow, at least one GPU each.
+    cuts = sorted(rng.sample(range(1, allocated), workflows - 1))
+    bounds = [0, *cuts, allocated]
     under = max(1, workflows // 4) if workflows > 1 else 0
     plant = random.Random(seed + 1)  # its own stream: the layout is the same either way
     fleet = []
@@ -200,12 +250,19 @@ def build_fleet(seed: int = 7, hosts: int = 4, gpus_per_host: int = 8, workflows
                 profile = INPUT_BOUND
             extra = {"planted": True, "startup_ticks": 0 if n == 0 else plant.randrange(30, 240),
                      "throttled": (360, 480) if n % 5 == 2 else None, "xid_tick": 180 if n == 1 else None}
+        held = tuple(gpus[bounds[n]:bounds[n + 1]])
+        if scheduler and workflows >= 4 and n == workflows - 1:
+            profile = UNTOUCHED
+            extra.update(startup_ticks=0)
+        elif scheduler and profile in (HEALTHY, MODERATE) and len(held) >= 2 and not any(
+                w.untouched_gpus for w in fleet):
+            extra["untouched_gpus"] = len(held) // 2
         fleet.append(Workflow(
             workflow_id=f"wf-{seed}-{n:04d}",
             owner=f"user{rng.randrange(100):02d}@example.com",
             team=TEAMS[n % len(TEAMS)],
             profile=profile,
-            gpus=tuple(gpus[bounds[n]:bounds[n + 1]]),
+            gpus=held,
             **extra,
         ))
-    return Fleet(seed, tuple(fleet))
+    return Fleet(seed, tuple(fleet), free=tuple(gpus[allocated:]), scheduler=scheduler)

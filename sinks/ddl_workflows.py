@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from schemas.goodput_buckets import BUCKETS
 from schemas.topics import WORKFLOW_EVENTS, WORKFLOW_SUMMARIES, WORKFLOW_WINDOWS
+from schemas.validate_sample import FREE_CAPACITY
 from sinks.table import Table
 
 # The goodput waterfall (WorkflowWindow v5, WorkflowSummary v2): GPU-seconds, then joules, per bucket.
@@ -196,6 +197,9 @@ WORKFLOWS = (
     WORKFLOWS_MV,
 )
 
+# The capacity no job held (the agents' pseudo-workflows for it): no job's waste.
+_FREE = "(" + ", ".join(f"'{name}'" for name in sorted(FREE_CAPACITY)) + ")"
+
 # Made last: it reads workflow_windows, findings and workflows.
 WASTE_VIEW = (
     # Where GPU-seconds are lost, one row per (workflow, window or finding, cause): what
@@ -206,11 +210,11 @@ WASTE_VIEW = (
     CREATE OR REPLACE VIEW {db}.waste AS
     SELECT workflow_id, ifNull(team, '') AS team, ifNull(owner, '') AS owner, window_end AS at,
            'idle_allocated' AS cause, zero_util_gpu_seconds AS gpu_seconds
-    FROM {db}.workflow_windows FINAL
+    FROM {db}.workflow_windows FINAL WHERE workflow_id NOT IN """ + _FREE + """
     UNION ALL
     SELECT workflow_id, ifNull(team, ''), ifNull(owner, ''), window_end, 'low_utilization',
            greatest(wasted_gpu_seconds - zero_util_gpu_seconds, 0)
-    FROM {db}.workflow_windows FINAL
+    FROM {db}.workflow_windows FINAL WHERE workflow_id NOT IN """ + _FREE + """
     UNION ALL
     SELECT f.workflow_id, ifNull(w.team, ''), ifNull(w.owner, ''), f.detected_at, concat('antipattern:', f.rule),
            f.gpu_seconds_at_stake

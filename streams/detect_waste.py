@@ -101,10 +101,13 @@ def idle_allocated(w: dict, c: DetectorConfig) -> Violation | None:
 def partial_use(w: dict, c: DetectorConfig) -> Violation | None:
     if not 0 < w["idle_gpus"] < w["gpu_count"]:
         return None
+    idle, untouched = w.get("idle_gpu_names") or [], w.get("untouched_gpu_names") or []
+    never = bool(idle) and set(idle) == set(untouched)
     return Violation(
         "partial_use", "WARNING", float(w["idle_gpus"]), 0.0,
         f"{w['idle_gpus']} of the job's {w['gpu_count']} GPUs sat at 0 % while the others worked"
-        + (f": {_named(w['idle_gpu_names'])}." if w.get("idle_gpu_names") else ".") + _untouched(w),
+        + (", and no process of the job ever opened them" if never else "")
+        + (f": {_named(idle)}." if idle else ".") + ("" if never else _untouched(w)),
         "Check that every rank gets work (device placement, world size, data sharding); release GPUs "
         "the job does not use" + (" and ask for only the GPUs it opens." if _untouched(w) else "."),
         c.partial_min_s,

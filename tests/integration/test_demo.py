@@ -19,18 +19,28 @@ def test_demo_then_sql(tmp_path):
     out = demo.stdout
     assert demo.returncode == 0, out + demo.stderr
     assert "Per-workflow summary" in out and "(4 rows)" in out
-    # 8 GPUs x 1200 ticks, every one stored; 19 closed windows per workflow (the 20th is still open).
-    assert "rows stored: gpu_samples 9600, workflow_windows 76," in out
+    # 8 GPUs x 1200 ticks, every one stored (one GPU no job holds among them); 19 closed windows
+    # per workflow and for the unallocated capacity (the 20th is still open).
+    assert "rows stored: gpu_samples 9600, workflow_windows 95," in out
     assert f'gpufleet --data-dir {data} sql "' in out
     assert "wall-time limit" not in out
     # The goodput waterfall, measured through Kafka, the worker and ClickHouse, against what
     # the simulator planted: every bucket within 0.5 % of the allocated GPU-hours.
     worst = float(out.split("largest difference: ")[1].split("%")[0])
     assert "goodput: " in out and worst <= 0.5, out
+    # The scheduler's view: the capacity no job held, and the GPUs held that no process opened,
+    # each equal to what was planted; and the job that never opened its GPUs was told so.
+    measured, planted = map(float, re.search(r"unallocated \(no job held them\) +([\d.]+) +([\d.]+)", out.split(
+        "Against what the simulator planted")[1]).groups())
+    assert measured == planted > 0, out
+    measured, planted = map(float, re.search(r"held on GPUs no process opened: measured ([\d.]+), planted ([\d.]+)",
+                                             out).groups())
+    assert measured == planted > 0, out
+    assert "the scheduler gave the job sat at 0 % and no process opened them" in out
     # The enforcement ladder (warn at 5 and 10 simulated minutes, act at 15, a dry run): the
     # GPU-hours it would have freed equal the idle time planted after the action point.
     ladder = out.split("The enforcement ladder")[1]
-    assert "steps: ACTION_DUE 1, FIRST_WARNING 1, SECOND_WARNING 1, WOULD_ACT 1" in ladder
+    assert "steps: ACTION_DUE 2, FIRST_WARNING 2, SECOND_WARNING 2, WOULD_ACT 2" in ladder  # zombie, CPU-only
     freed, planted = map(float, re.search(r"would have freed: ([\d.]+) .*; planted idle after the action "
                                           r"point: ([\d.]+)", ladder).groups())
     assert freed == planted > 0, ladder
@@ -38,7 +48,7 @@ def test_demo_then_sql(tmp_path):
     sql = gpufleet("--data-dir", data, "sql", "--format", "csv",
                    "SELECT count() AS n FROM gpufleet.workflow_windows FINAL", timeout=60)
     assert sql.returncode == 0, sql.stderr
-    assert sql.stdout.split() == ["n", "76"]
+    assert sql.stdout.split() == ["n", "95"]
 
     refused = gpufleet("--data-dir", data, "sql", "DROP TABLE gpufleet.gpu_samples", timeout=60)
     assert refused.returncode != 0 and "readonly" in refused.stderr

@@ -210,7 +210,7 @@ def test_what_slurm_allocated_is_what_gpufleet_measures_alerts_and_acts_on(slurm
     unused = (tmp_path / f"slurm-{b}.out").read_text().split()[0].split(",")[1]  # its CUDA_VISIBLE_DEVICES
     nvml_index = next(i for i, g in enumerate(jobs.gpus) if g.minor == int(unused))
     partial = [m for wf, detector, m, *_ in alerts if (wf, detector) == (f"slurm-{b}", "partial_use")]
-    assert partial and f"No process of the job ever opened {slurm.node}/gpu{nvml_index}." in partial[0], alerts
+    assert partial and f"no process of the job ever opened them: {slurm.node}/gpu{nvml_index}." in partial[0], alerts
     idle_c = min(end for wf, detector, _, end, _ in alerts if (wf, detector) == (f"slurm-{c}", "idle_allocated"))
     after_start_s = (idle_c.timestamp() * 1000 - slurm_time_ms(info["c"]["StartTime"])) / 1000
     print(f"idle-allocation alert of (c): window ending {after_start_s:.1f} s after its allocation began")

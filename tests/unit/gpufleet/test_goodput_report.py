@@ -35,9 +35,11 @@ eu-west = 250.0
 """
 
 
-@pytest.fixture(scope="module")
-def fleet():
-    return build_fleet(seed=11, hosts=4, gpus_per_host=8, workflows=9, planted=True)
+@pytest.fixture(scope="module", params=[False, True], ids=["processes", "scheduler"])
+def fleet(request):
+    """The planted fleet as agents see it from the processes alone, and as agents that read the
+    scheduler's allocations see it (free GPUs, a CPU-only job holding GPUs, a job opening half)."""
+    return build_fleet(seed=11, hosts=4, gpus_per_host=8, workflows=9, planted=True, scheduler=request.param)
 
 
 @pytest.fixture
@@ -82,6 +84,8 @@ def test_the_fleet_waterfall_is_the_planted_truth_with_its_cost_and_carbon(fleet
         assert got.grams == pytest.approx(grams[b], rel=1e-9), b
     assert total.buckets["unclassified"].gpu_seconds == pytest.approx(0.0, abs=1e-6)
     assert total.goodput_pct == pytest.approx(100 * seconds["productive"] / sum(seconds.values()))
+    assert total.unallocated.gpu_seconds == pytest.approx(fleet.unallocated(TICKS, 1000), abs=1e-6)
+    assert (total.unallocated.gpu_seconds > 0) == fleet.scheduler
     assert {g.key for g in by_team} == {w.team for w in fleet.workflows}
     assert sum(g.allocated.gpu_seconds for g in by_team) == pytest.approx(total.allocated.gpu_seconds)
     text = render_waterfall(total, rates, "Fleet goodput")

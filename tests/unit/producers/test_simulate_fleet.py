@@ -55,3 +55,30 @@ def test_samples_are_valid_and_encodable():
 def test_impossible_layouts_are_refused():
     with pytest.raises(ValueError, match="at least as many GPUs"):
         build_fleet(hosts=1, gpus_per_host=2, workflows=3)
+
+
+def test_a_scheduler_gives_some_gpus_to_no_job_and_some_jobs_never_open_theirs():
+    from producers.simulate_fleet import UNTOUCHED
+    from schemas.validate_sample import UNALLOCATED
+
+    fleet = build_fleet(seed=7, hosts=4, gpus_per_host=8, workflows=8, planted=True, scheduler=True)
+    assert len(fleet.free) == 4 and fleet.gpu_count == 32
+    untouched = [w for w in fleet.workflows if w.profile is UNTOUCHED]
+    partial = [w for w in fleet.workflows if w.untouched_gpus]
+    assert [w.workflow_id for w in untouched] == [fleet.workflows[-1].workflow_id] and len(partial) == 1
+    samples = list(fleet.samples_at(400, START, 1000))
+    assert len(samples) == 32 and all(validate_sample(s) is None for s in samples)
+    by_gpu = {s["gpu_uuid"]: s for s in samples}
+    for g in fleet.free:
+        assert (by_gpu[g.uuid]["workflow_id"], by_gpu[g.uuid]["process_count"]) == (UNALLOCATED, 0)
+    for g in untouched[0].gpus:
+        s = by_gpu[g.uuid]
+        assert (s["process_count"], s["utilization_pct"], s["memory_used_bytes"]) == (0, 0.0, 0)
+    p = partial[0]
+    opened = [by_gpu[g.uuid]["process_count"] for g in p.gpus]
+    assert opened == [1] * (len(p.gpus) - p.untouched_gpus) + [0] * p.untouched_gpus
+    held = len(untouched[0].gpus) + p.untouched_gpus
+    assert fleet.untouched(60, 1000) == 60 * held and fleet.unallocated(60, 1000) == 60 * 4
+    # Without a scheduler the layout and the samples are as they were.
+    plain = build_fleet(seed=7, hosts=4, gpus_per_host=8, workflows=8, planted=True)
+    assert not plain.free and all("process_count" not in s for s in plain.samples_at(400, START, 1000))

@@ -109,7 +109,10 @@ def test_gpus_the_scheduler_gave_and_no_process_opened_are_named():
     assert "no process opened them (node-7/gpu0, node-7/gpu1)" in v.message and "CPU only" in v.advice
     half = window(idle_gpus=1, gpu_count=2, idle_gpu_names=["node-7/gpu1"], untouched_gpu_names=["node-7/gpu1"])
     v = detect(half, CFG)["partial_use"]
-    assert "node-7/gpu1" in v.message and "No process of the job ever opened node-7/gpu1." in v.message
+    assert "while the others worked, and no process of the job ever opened them: node-7/gpu1." in v.message
+    v = detect(window(idle_gpus=2, gpu_count=4, idle_gpu_names=["node-7/gpu1", "node-7/gpu2"],
+                      untouched_gpu_names=["node-7/gpu2"]), CFG)["partial_use"]
+    assert "worked: node-7/gpu1, node-7/gpu2. No process of the job ever opened node-7/gpu2." in v.message
     assert "ask for only the GPUs it opens" in v.advice
 
 

@@ -141,5 +141,5 @@ def test_a_gpu_the_job_never_opens_and_a_foreign_process_are_alerted_with_names(
     alerts = {a["detector"]: a for a in of(stage, "alerts.v1") if a["status"] == "FIRING"}
     assert {"partial_use", "foreign_process"} <= set(alerts)
     assert "gpu-host-000/gpu1" in alerts["partial_use"]["message"]
-    assert "No process of the job ever opened gpu-host-000/gpu1." in alerts["partial_use"]["message"]
+    assert "no process of the job ever opened them: gpu-host-000/gpu1." in alerts["partial_use"]["message"]
     assert "wf-intruder" in alerts["foreign_process"]["message"] and "slurm-5" in alerts["foreign_process"]["message"]
