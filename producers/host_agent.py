@@ -111,6 +111,7 @@ class HostAgent:
         self.active: dict[str, _Active] = {}
         self._last_tick_ms: int | None = None
         self._charging: set[str] = set()  # the jobs whose GPUs the last tick charged them for
+        self._held: tuple | None = None  # (jobs and GPUs, which jobs hold which GPU) of the last tick
         self.ticks = 0
         self.samples = 0
         # Called with each tick's GPU samples and host sample (the profile coordinator's context).
@@ -185,7 +186,7 @@ class HostAgent:
         reported = self.throughputs(now / 1000)
         allocators = self.memory_peaks(now / 1000)
         gpus_of = Counter(p.pid for r in readings for p in r.processes if p.pid in reported or p.pid in allocators)
-        held = holders(allocated.current, readings) if allocated is not None else {}
+        held = self._holders(allocated.current, readings) if allocated is not None else {}
         for r in readings:
             live.update(p.pid for p in r.processes)
             jobs = held.get(r.uuid)
@@ -226,6 +227,13 @@ class HostAgent:
                     entry.pids.update(p.pid for p in procs)
         self.attributor.forget_except(live)
         return samples, seen
+
+    def _holders(self, current: tuple[Allocation, ...], readings: list[GpuReading]) -> dict[str, list[Allocation]]:
+        """GPU UUID -> the jobs holding it; worked out again only when the jobs or the GPUs change."""
+        key = (current, tuple((r.uuid, r.index, r.minor_number, r.parent_uuid) for r in readings))
+        if self._held is None or self._held[0] != key:
+            self._held = (key, holders(current, readings))
+        return self._held[1]
 
     def _process_groups(self, r: GpuReading) -> _Groups:
         """A GPU no job was allocated: its processes by the workflow each names; none: the

@@ -192,46 +192,40 @@ class SlurmDirectory:
         return [a for a in out if a is not None and f"{a.job_id}.json" in names]
 
 
+RACY_NS = 2_000_000_000
+
+
 class SlurmAllocations:
-    """The agent's view of the directory: the jobs on this node now, and those that ended."""
+    """The agent's view of the directory: the jobs on this node now, and those that ended.
+    Records are written whole and renamed into place, so a folder whose modification time did
+    not change holds the same records: most ticks read two folders' times and nothing else.
+    A time within the last ``RACY_NS`` may not have moved for a change made since (file times
+    are coarser than a prolog is quick), so such a folder is read again (as git does for its
+    index)."""
 
     scheduler = SLURM
 
     def __init__(self, path: str | Path) -> None:
         self.directory = SlurmDirectory(path)
-        self._cache: dict[str, tuple[tuple[int, int], Allocation]] = {}
+        self._paths = {folder: str(self.directory.path / folder) for folder in (JOBS, ENDED)}
+        self._seen: dict[str, tuple[int, list[Allocation]]] = {}  # folder -> (its mtime, its records)
 
     def read(self, now_ms: int) -> Allocations:
-        return Allocations(tuple(self._current()), tuple(self.directory.records(ENDED)))
+        return Allocations(tuple(self._records(JOBS)), tuple(self._records(ENDED)))
 
-    def _current(self) -> list[Allocation]:
-        """The prolog's records, parsed again only where a file changed (most ticks change none)."""
-        folder = self.directory.path / JOBS
+    def _records(self, folder: str) -> list[Allocation]:
         try:
-            entries = [e for e in os.scandir(folder) if e.name.endswith(".json") and not e.name.startswith(".")]
+            stamp = os.stat(self._paths[folder]).st_mtime_ns
         except FileNotFoundError:
-            self._cache.clear()
+            self._seen.pop(folder, None)
             return []
-        out, seen = [], set()
-        for e in entries:
-            try:
-                st = e.stat()
-            except FileNotFoundError:  # the epilog took it
-                continue
-            stamp = (st.st_mtime_ns, st.st_size)
-            cached = self._cache.get(e.name)
-            if cached is None or cached[0] != stamp:
-                allocation = self.directory._read(folder / e.name)
-                if allocation is None:
-                    continue
-                cached = self._cache[e.name] = (stamp, allocation)
-            seen.add(e.name)
-            out.append(cached[1])
-        for name in set(self._cache) - seen:
-            del self._cache[name]
-        return sorted(out, key=lambda a: a.job_id)
+        seen = self._seen.get(folder)
+        if seen is None or seen[0] != stamp or time.time_ns() - stamp < RACY_NS:
+            seen = self._seen[folder] = (stamp, self.directory.records(folder))
+        return seen[1]
 
     def forget(self, ended: Iterable[Allocation]) -> None:
         for a in ended:
             (self.directory.path / ENDED / f"{a.job_id}.json").unlink(missing_ok=True)
+        self._seen.pop(ENDED, None)  # (a folder's time can stay the same within its clock's resolution)
 

@@ -133,3 +133,33 @@ def test_uuids_name_gpus_and_mig_instances():
     assert gpus_of(pod, gpus) == ["MIG-y", "GPU-1"]
     whole = Allocation(scheduler="kubernetes", job_id="u", workflow_id="k8s-pod-u", gpus=("GPU-0",))
     assert gpus_of(whole, gpus) == ["MIG-x", "MIG-y"]  # a whole GPU's UUID: each of its instances
+
+
+def test_the_agent_reads_a_folder_again_only_when_it_changed_or_its_time_is_too_fresh_to_trust(tmp_path):
+    import os
+    import time
+
+    d, source = SlurmDirectory(tmp_path), SlurmAllocations(tmp_path)
+    jobs = tmp_path / ".jobs"
+
+    def job(i):
+        return Allocation(scheduler="slurm", job_id=str(i), workflow_id=f"slurm-{i}", gpus=("0",))
+
+    d.started(job(1), 1_000)
+    assert [a.job_id for a in source.read(0).current] == ["1"]
+    # A record renamed in within the same tick of a coarse file clock: the folder's time has not
+    # moved, but it is recent, so the folder is read again.
+    stamp = jobs.stat().st_mtime_ns
+    d.started(job(2), 1_000)
+    os.utime(jobs, ns=(stamp, stamp))
+    assert [a.job_id for a in source.read(0).current] == ["1", "2"]
+    # An old time that did not move: the folder is not read (every change renames a file in,
+    # which moves it).
+    old = time.time_ns() - 10_000_000_000
+    os.utime(jobs, ns=(old, old))
+    assert [a.job_id for a in source.read(0).current] == ["1", "2"]
+    (jobs / "2.json").rename(tmp_path / "moved-away")
+    os.utime(jobs, ns=(old, old))
+    assert [a.job_id for a in source.read(0).current] == ["1", "2"]  # what it read, as its time says
+    os.utime(jobs, None)
+    assert [a.job_id for a in source.read(0).current] == ["1"]
