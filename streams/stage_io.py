@@ -1,12 +1,11 @@
 """What every stage of the worker does the same way with Kafka: send a record, dead-letter a
-message, decode a batch, group it by partition, drop what another worker now owns, and act
-just before the consumer commits."""
+message, group a batch by partition, and act just before the consumer commits. A stage sends
+through its ``streams.stage_state.StageState``, which keeps the rule on its state and records."""
 
 from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import MutableMapping
 
 import faust
 
@@ -14,7 +13,6 @@ from kafka_client.metrics import ComponentMetrics
 from schemas.codec import Codec
 from schemas.dead_letter import dead_letter
 from schemas.topics import DEAD_LETTERS, key_of
-from streams import faust_fixes
 
 log = logging.getLogger(__name__)
 
@@ -43,21 +41,6 @@ async def send_dead_letter(codec: Codec, topic: faust.TopicT, stage: str, messag
     await send(codec, topic, DEAD_LETTERS, record)
 
 
-async def decoded(codec: Codec, dlq_topic: faust.TopicT, stage: str, spec, messages, now: int) -> list[dict]:
-    """The records of ``messages`` that decode as ``spec``'s schema; the others go to the
-    dead-letter topic with the reason."""
-    ok, errors = codec.decode_many([m.value for m in messages])
-    for i, reason in errors:
-        await send_dead_letter(codec, dlq_topic, stage, messages[i], reason, now)
-    records = []
-    for i, name, record in ok:
-        if name == spec.schema:
-            records.append(record)
-        else:
-            await send_dead_letter(codec, dlq_topic, stage, messages[i], f"expected {spec.schema}, got {name}", now)
-    return records
-
-
 def by_partition(events) -> dict[int, list]:
     """The messages of a batch of stream events, per partition, in offset order."""
     out: dict[int, list] = defaultdict(list)
@@ -67,27 +50,6 @@ def by_partition(events) -> dict[int, list]:
         messages.sort(key=lambda m: m.offset)
         METRICS.records_in(messages[0].topic, len(messages))
     return out
-
-
-def drop_unowned(data: MutableMapping, owned: set[int], unsaved: dict[str, int]) -> int:
-    """Remove the entries of ``data`` (each naming its ``partition``: a dict's key, or a typed
-    state's field) whose partition is not in ``owned``, and their unsaved changes; returns how many."""
-    gone = [k for k, v in data.items() if v is not None and _partition(v) not in owned]
-    for key in gone:
-        del data[key]
-    for key in [k for k, p in unsaved.items() if p not in owned]:
-        del unsaved[key]
-    return len(gone)
-
-
-def _partition(entry) -> int | None:
-    return entry.get("partition") if isinstance(entry, dict) else getattr(entry, "partition", None)
-
-
-def write_state(table, partition: int, key, value, **kwargs) -> None:
-    """``key``'s entry of ``table`` (``value``; None: deleted) to its changelog partition; the
-    next offset commit waits until the broker has it (``faust_fixes``, fix 6)."""
-    faust_fixes.state_writes(table.app).append(table.send_changelog(partition, key, value, **kwargs))
 
 
 class BeforeCommit(faust.Sensor):

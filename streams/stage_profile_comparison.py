@@ -25,7 +25,8 @@ import msgspec
 
 from schemas.codec import Codec
 from schemas.topics import DEAD_LETTERS, FINDINGS, TRACE_ANALYSES, request_of_trace
-from streams.stage_io import by_partition, decoded, drop_unowned, send, topic_of, write_state
+from streams.stage_io import by_partition, topic_of
+from streams.stage_state import StageState
 from streams.trace_collectives import stragglers
 from streams.trace_diff import (
     RegressionConfig,
@@ -141,6 +142,8 @@ class ProfileComparisonStage:
         self.findings_topic, self.dlq_topic = topic_of(app, settings, FINDINGS), topic_of(app, settings, DEAD_LETTERS)
         self.table = app.Table("profile-comparison", default=None, partitions=settings.analysis_partitions,
                                key_type=str)
+        self.state = StageState(app, STAGE, codec)
+        self.state.table(self.table)
 
     def register(self) -> None:
         self.app.on_partitions_assigned.connect(self.on_assigned)
@@ -149,29 +152,29 @@ class ProfileComparisonStage:
 
     async def on_assigned(self, sender, assigned: set, **kwargs) -> None:
         name = self.analyses_topic.get_topic_name()
-        drop_unowned(self.table.data, {tp.partition for tp in assigned if tp.topic == name}, {})
+        self.state.drop({tp.partition for tp in assigned if tp.topic == name})
 
     async def analyses(self, stream: faust.StreamT) -> None:
         async for events in stream.take_events(100, within=self.settings.batch_within_s):
             now = int(time.time() * 1000)
             for partition, messages in by_partition(events).items():
-                records = await decoded(self.codec, self.dlq_topic, STAGE, TRACE_ANALYSES, messages, now)
-                findings, changed = compare(self.table.data, partition, records, self.settings.comparison, now)
-                for finding in findings:
-                    log.info("%s of %s rank %s: %s", finding["rule"], finding["workflow_id"], finding["rank"],
-                             finding["title"])
-                    await send(self.codec, self.findings_topic, FINDINGS, finding)
-                if findings:
-                    await self.app.producer.flush()
-                for key in changed:
-                    write_state(self.table, partition, key, self.table.data[key])
+                async with self.state.batch():
+                    records = await self.state.decoded(self.dlq_topic, TRACE_ANALYSES, messages, now)
+                    findings, changed = compare(self.table.data, partition, records, self.settings.comparison, now)
+                    for finding in findings:
+                        log.info("%s of %s rank %s: %s", finding["rule"], finding["workflow_id"], finding["rank"],
+                                 finding["title"])
+                        await self.state.send(self.findings_topic, FINDINGS, finding)
+                    for key in changed:
+                        self.state.changed(self.table, key, partition)
 
     async def expire(self) -> None:
         if self.app.rebalancing:  # the table is being restored
             return
-        for key, partition in expired(self.table.data, int(time.time() * 1000), self.settings.comparison).items():
-            del self.table.data[key]
-            write_state(self.table, partition, key, None)
+        async with self.state.batch():
+            for key, partition in expired(self.table.data, int(time.time() * 1000), self.settings.comparison).items():
+                del self.table.data[key]
+                self.state.changed(self.table, key, partition)
 
 
 def register(app: faust.App, settings, codec: Codec) -> None:  # settings: streams.app.StreamSettings

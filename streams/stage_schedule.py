@@ -13,7 +13,8 @@ import faust
 from schemas.codec import Codec
 from schemas.topics import DEAD_LETTERS, PROFILE_REQUESTS, PROFILE_SCHEDULE
 from streams.schedule_profiles import FleetSchedule
-from streams.stage_io import by_partition, decoded, send, write_state
+from streams.stage_io import by_partition
+from streams.stage_state import StageState
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,8 @@ def register(app: faust.App, settings, codec: Codec) -> None:  # settings: strea
     dlq_topic = app.topic(settings.topic(DEAD_LETTERS.name))
     # "report:<partition>" -> what runs there; "wf:<workflow>" -> its schedule.
     table = app.Table("profile-schedule", default=None, partitions=PROFILE_SCHEDULE.partitions, key_type=str)
+    state = StageState(app, STAGE, codec)
+    state.table(table)
     schedule = FleetSchedule(settings.schedule, _KeyPrefixed(table.data, "report:"), _KeyPrefixed(table.data, "wf:"))
 
     @app.agent(reports_topic, name=STAGE)
@@ -56,17 +59,14 @@ def register(app: faust.App, settings, codec: Codec) -> None:  # settings: strea
         async for events in stream.take_events(100, within=settings.batch_within_s):
             now = int(time.time() * 1000)
             for partition, messages in by_partition(events).items():
-                requests = []
-                for report in await decoded(codec, dlq_topic, STAGE, PROFILE_SCHEDULE, messages, now):
-                    if settings.schedule.enabled:
-                        requests += schedule.apply(report, now)
-                reports, changed, removed = schedule.take_changes()
-                for key in reports:
-                    write_state(table, partition, "report:" + key, table.data["report:" + key])
-                for wf in changed:
-                    write_state(table, partition, "wf:" + wf, table.data["wf:" + wf])
-                for wf in removed:
-                    write_state(table, partition, "wf:" + wf, None)
-                for request in requests:
-                    log.info("periodic profile of %s (%s)", request["workflow_id"], request["request_id"])
-                    await send(codec, requests_topic, PROFILE_REQUESTS, request)
+                async with state.batch():
+                    requests = []
+                    for report in await state.decoded(dlq_topic, PROFILE_SCHEDULE, messages, now):
+                        if settings.schedule.enabled:
+                            requests += schedule.apply(report, now)
+                    for request in requests:
+                        log.info("periodic profile of %s (%s)", request["workflow_id"], request["request_id"])
+                        await state.send(requests_topic, PROFILE_REQUESTS, request)
+                    reports, changed, removed = schedule.take_changes()
+                    for key in {*(f"report:{k}" for k in reports), *(f"wf:{wf}" for wf in changed | removed)}:
+                        state.changed(table, key, partition)

@@ -23,14 +23,8 @@ from schemas.topics import (
 )
 from schemas.validate_ids import ids_error
 from streams.root_cause import profile_result
-from streams.stage_io import (
-    by_partition,
-    drop_unowned,
-    send,
-    send_dead_letter,
-    topic_of,
-    write_state,
-)
+from streams.stage_io import by_partition, topic_of
+from streams.stage_state import StageState
 from streams.trace_sessions import TraceSessions
 
 log = logging.getLogger(__name__)
@@ -52,7 +46,8 @@ class TraceStage:
         # One entry per trace; the changelog partition is the trace's source partition.
         self.table = app.Table("trace-state", default=None, partitions=settings.trace_partitions, key_type=str)
         self.sessions = TraceSessions(settings.trace_sessions, self.table.data)
-        self.outputs_pending = False  # dead letters sent that the producer may not have delivered yet
+        self.state = StageState(app, STAGE, codec)
+        self.state.table(self.table)
 
     def register(self) -> None:
         app = self.app
@@ -64,7 +59,7 @@ class TraceStage:
     async def on_assigned(self, sender, assigned: set, **kwargs) -> None:
         """Traces of partitions now owned elsewhere are dropped: their new owner goes on with them."""
         name = self.events_topic.get_topic_name()
-        drop_unowned(self.table.data, {tp.partition for tp in assigned if tp.topic == name}, {})
+        self.state.drop({tp.partition for tp in assigned if tp.topic == name})
 
     async def on_rebalance_complete(self, sender, **kwargs) -> None:
         self.sessions.forget()  # its indexes are built again from the restored table
@@ -73,14 +68,16 @@ class TraceStage:
         async for events in stream.take_events(self.settings.batch_size, within=self.settings.batch_within_s):
             now = int(time.time() * 1000)
             for partition, messages in by_partition(events).items():
-                records = await self._usable(messages, now)
-                await self._persist_and_emit(self.sessions.apply(partition, records, now))
+                async with self.state.batch():
+                    records = await self._usable(messages, now)
+                    await self._persist_and_emit(self.sessions.apply(partition, records, now))
 
     async def expire(self) -> None:
         """Sessions without events for the configured time end (analysed as partial)."""
         if self.app.rebalancing:  # the table is being restored
             return
-        await self._persist_and_emit(self.sessions.expire(int(time.time() * 1000)))
+        async with self.state.batch():
+            await self._persist_and_emit(self.sessions.expire(int(time.time() * 1000)))
 
     async def _usable(self, messages: list, now: int) -> list[tuple[str, dict]]:
         """The kernel events and trace ends of ``messages``; the rest are dead letters."""
@@ -94,32 +91,25 @@ class TraceStage:
             else:
                 records.append((name, record))
         for i, reason in errors:
-            await send_dead_letter(self.codec, self.dlq_topic, STAGE, messages[i], reason, now)
-        self.outputs_pending = self.outputs_pending or bool(errors)
+            await self.state.dead_letter(self.dlq_topic, messages[i], reason, now)
         return records
 
     async def _persist_and_emit(self, result) -> None:
-        """The analyses, findings and results first, durable, then the sessions' states: a
-        state that says a trace is done makes a new owner skip its events, so an analysis
-        still on its way when the worker dies would be lost (as the window stage, which the
-        fleet fault test caught)."""
-        table, codec = self.table, self.codec
+        """The analyses, findings and results, then the sessions' states marked changed: a
+        state that says a trace is done makes a new owner skip its events, so the commit writes
+        it only once the analysis is durable (``streams.stage_state``)."""
         for analysis in result.analyses:
             log.info("trace %s analysed (%d events%s)", analysis["trace_id"], analysis["events"],
                      ", partial" if analysis["partial"] else "")
-            await send(codec, self.analyses_topic, TRACE_ANALYSES, analysis)
+            await self.state.send(self.analyses_topic, TRACE_ANALYSES, analysis)
         for finding in result.findings:
-            await send(codec, self.findings_topic, FINDINGS, finding)
+            await self.state.send(self.findings_topic, FINDINGS, finding)
         for analysis in result.analyses:  # a requested profile: its result, and the requester told
             await self._report_to_requester(analysis, result.findings)
-        if result.analyses or self.outputs_pending:
-            await self.app.producer.flush()
-            self.outputs_pending = False
         for tid in result.changed:
-            state = table.data[tid]
-            write_state(table, state["partition"], tid, state)
+            self.state.changed(self.table, tid, self.table.data[tid]["partition"])
         for tid, partition in result.removed.items():
-            write_state(table, partition, tid, None)
+            self.state.changed(self.table, tid, partition)
 
     async def _report_to_requester(self, analysis: dict, findings: list[dict]) -> None:
         origin = request_of_trace(analysis["trace_id"])
@@ -128,9 +118,9 @@ class TraceStage:
         request_id, host, rank = origin
         now = int(time.time() * 1000)
         mine = [f for f in findings if f["trace_id"] == analysis["trace_id"]]
-        await send(self.codec, self.results_topic, PROFILE_RESULTS,
-                   profile_result(analysis, mine, request_id, host, rank, now))
-        await send(self.codec, self.statuses_topic, PROFILE_STATUSES, {
+        await self.state.send(self.results_topic, PROFILE_RESULTS,
+                              profile_result(analysis, mine, request_id, host, rank, now))
+        await self.state.send(self.statuses_topic, PROFILE_STATUSES, {
             "request_id": request_id, "workflow_id": analysis["workflow_id"], "host": host, "rank": rank,
             "pid": None, "state": "ANALYSED", "reason": analysis.get("error"),
             "trace_id": analysis["trace_id"], "at": now})

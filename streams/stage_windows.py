@@ -11,19 +11,14 @@ the GPU samples (so a workflow's samples, life cycle and profile results meet in
   worker's partitions, to every partition of the samples topic (``PartitionClock``), which
   quiet partitions follow.
 
-The state is written to its changelog once per offset commit, just before the offsets are
-taken (``save_state``); partitions that move away are dropped with their unsaved changes.
-A state records what it has applied (the offsets), and a new owner that restores it skips
-those messages: so the records a batch leads to (windows, alerts, summaries, dead letters)
-must be durable before the state that applied the batch is written. A batch changes the
-states and sends its records while it holds ``self.lock``; the offset commit takes the lock
-too, flushes the producer (the records of every batch so far), and only then writes the
-states and commits (``faust_fixes``, fix 5: the app's ``gpufleet_commit_locks``).
+The states change, and the records they lead to are sent, only inside the stage's batches
+(``streams.stage_state``: the rule every stage keeps, in one place): a state records what it
+has applied, and the commit writes it only after the records of every batch so far are
+durable. Partitions that move away are dropped with their unsaved changes.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import socket
@@ -58,17 +53,8 @@ from streams.in_order import InOrder
 from streams.raise_alerts import raise_alerts
 from streams.root_cause import apply_profile_result
 from streams.schedule_profiles import is_periodic
-from streams.stage_io import (
-    METRICS,
-    BeforeCommit,
-    by_partition,
-    decoded,
-    drop_unowned,
-    send,
-    send_dead_letter,
-    topic_of,
-    write_state,
-)
+from streams.stage_io import METRICS, by_partition, topic_of
+from streams.stage_state import StageState
 from streams.summarize_workflow import accumulate, correct, summary
 from streams.window_utilization import BatchResult, Incoming, WindowAggregator
 from streams.workflow_state import WorkflowState
@@ -139,12 +125,10 @@ class WindowStage:
         self.samples_name = settings.topic(GPU_SAMPLES.name)
         faust_fixes.CONTIGUOUS.add(self.samples_name)
         self.in_order = InOrder()
-        self.unsaved: dict[str, int] = {}  # workflow -> its partition: state changed since the last commit
-        self.unsaved_history: dict[str, int] = {}  # the same for kept windows
-        # Held from a batch's first change of a state until its records are sent; the commit that
-        # flushes them and writes the states waits for it (faust_fixes).
-        self.lock = asyncio.Lock()
-        app.gpufleet_commit_locks = [*getattr(app, "gpufleet_commit_locks", []), self.lock]
+        self.state = StageState(app, STAGE, codec)
+        self.state.table(self.table, lambda value: codecs.dumps(STATE_CODEC, value))
+        self.state.table(self.history, lambda value: codecs.dumps(self.history.value_serializer, value))
+        self.lock = self.state.lock
         self.stats: dict[str, int] = defaultdict(int)
         self.ended_after_ms = int(settings.workflow_ended_s * 1000)
         self.quiet_ms = int(settings.idle_partition_s * 1000)
@@ -153,7 +137,6 @@ class WindowStage:
 
     def register(self) -> None:
         app, settings = self.app, self.settings
-        app.sensors.add(BeforeCommit(self.save_state))
         app.on_partitions_assigned.connect(self.on_assigned)
         app.on_rebalance_complete.connect(self.on_rebalance_complete)
         app.agent(self.samples_topic, name=STAGE)(self.samples)
@@ -164,21 +147,6 @@ class WindowStage:
         app.timer(interval=10.0)(self.log_stats)
 
     # -- the state and its partitions -------------------------------------------------------
-
-    def save_state(self) -> None:
-        """The state of each workflow changed since the last commit, to the changelog, once
-        however many batches changed it. Runs as the consumer starts a commit, between batches,
-        once their records are durable, and before it takes the offsets to commit; the commit
-        waits for the producer, so the offsets it commits never run ahead of the state
-        written. Encoded here: the batches go on while the producer sends it."""
-        for wf, partition in self.unsaved.items():  # (None: it was forgotten)
-            value = codecs.dumps(STATE_CODEC, self.table.data.get(wf))
-            write_state(self.table, partition, wf, value, value_serializer="raw")
-        self.unsaved.clear()
-        for key, partition in self.unsaved_history.items():
-            value = codecs.dumps(self.history.value_serializer, self.history.data.get(key))
-            write_state(self.history, partition, key, value, value_serializer="raw")
-        self.unsaved_history.clear()
 
     def assigned(self) -> list[int]:
         """The partitions of the sample topics this worker owns now."""
@@ -191,8 +159,7 @@ class WindowStage:
         committed offsets, and nothing more is emitted for it here."""
         name = self.samples_topic.get_topic_name()
         mine = {tp.partition for tp in assigned if tp.topic == name}
-        dropped = (drop_unowned(self.table.data, mine, self.unsaved)
-                   + drop_unowned(self.history.data, mine, self.unsaved_history))
+        dropped = self.state.drop(mine)
         if dropped:
             log.info("dropped the state of %d workflows and kept windows of partitions now owned elsewhere", dropped)
 
@@ -217,21 +184,21 @@ class WindowStage:
                      if (record := summary(wf, self.table.data[wf], self.table.data[wf].end_reason or "ended",
                                            now)) is not None]
         for window in [*result.closed, *(window for window, _ in result.updated)]:
-            await send(self.codec, self.windows_topic, WORKFLOW_WINDOWS, window)
+            await self.state.send(self.windows_topic, WORKFLOW_WINDOWS, window)
         for alert in alerts:
-            await send(self.codec, self.alerts_topic, ALERTS, alert)
+            await self.state.send(self.alerts_topic, ALERTS, alert)
         for request in requests:  # the root cause of the waste, while the owner reads the alert
-            await send(self.codec, self.requests_topic, PROFILE_REQUESTS, request)
+            await self.state.send(self.requests_topic, PROFILE_REQUESTS, request)
         for step in steps:  # the enforcement ladder: warnings, the action falling due (gpufleet enforce)
             log.info("enforcement %s of %s (ladder %s): %s", step["step"], step["workflow_id"], step["policy"],
                      step["reason"])
-            await send(self.codec, self.enforcement_topic, ENFORCEMENT, step)
+            await self.state.send(self.enforcement_topic, ENFORCEMENT, step)
         for record in summaries:
-            await send(self.codec, self.summaries_topic, WORKFLOW_SUMMARIES, record)
+            await self.state.send(self.summaries_topic, WORKFLOW_SUMMARIES, record)
         for wf in result.changed | result.removed:
-            self.unsaved[wf] = partition
+            self.state.changed(self.table, wf, partition)
         for key in result.history_changed | result.history_removed:
-            self.unsaved_history[key] = partition
+            self.state.changed(self.history, key, partition)
         WINDOWS_CLOSED.inc(len(result.closed))
         for alert in alerts:
             ALERTS_RAISED.labels(alert["detector"], alert["status"]).inc()
@@ -325,14 +292,14 @@ class WindowStage:
             offset = messages[i].offset
             good += [Incoming(offset, block, j) for j, block in enumerate(blocks)]
             bad += [(messages[i], reason) for reason in reasons]
-        async with self.lock:
+        async with self.state.batch():
             result = self.aggregator.process(partition, good, closed_at=now)
             refused = []
             if result.refused:  # rare: index the batch only then
                 by_offset = {m.offset: m for m in messages}
                 refused = [(by_offset[inc.offset], reason) for inc, reason in result.refused]
             for message, reason in bad + refused:
-                await send_dead_letter(self.codec, self.dlq_topic, STAGE, message, reason, now)
+                await self.state.dead_letter(self.dlq_topic, message, reason, now)
             await self.finish(partition, result, now)
             for event in ends:
                 await self._scheduler_end(partition, event, now)
@@ -367,9 +334,9 @@ class WindowStage:
             now = int(time.time() * 1000)
             for partition, messages in by_partition(events).items():
                 ok, errors = self.codec.decode_many([m.value for m in messages])
-                async with self.lock:
+                async with self.state.batch():
                     for i, reason in errors:
-                        await send_dead_letter(self.codec, self.dlq_topic, LIFE_CYCLE, messages[i], reason, now)
+                        await self.state.dead_letter(self.dlq_topic, messages[i], reason, now, LIFE_CYCLE)
                     result = BatchResult()
                     for i, name, event in ok:
                         if name != WORKFLOW_EVENTS.schema:
@@ -378,7 +345,7 @@ class WindowStage:
                             continue  # read in order with the job's samples, on the samples topic
                         reason = ids_error(event)
                         if reason:
-                            await send_dead_letter(self.codec, self.dlq_topic, LIFE_CYCLE, messages[i], reason, now)
+                            await self.state.dead_letter(self.dlq_topic, messages[i], reason, now, LIFE_CYCLE)
                             continue
                         self._hear(partition, event)
                         result.changed.add(event["workflow_id"])
@@ -411,9 +378,8 @@ class WindowStage:
             now = int(time.time() * 1000)
             for partition, messages in by_partition(events).items():
                 result, updates, finished = BatchResult(), [], []
-                records = await decoded(self.codec, self.dlq_topic, ROOT_CAUSE, PROFILE_RESULTS, messages, now)
-                async with self.lock:
-                    for record in records:
+                async with self.state.batch():
+                    for record in await self.state.decoded(self.dlq_topic, PROFILE_RESULTS, messages, now, ROOT_CAUSE):
                         if is_periodic(record["request_id"]):
                             finished.append(record["workflow_id"])
                         state = self.table.data.get(record["workflow_id"])
@@ -421,14 +387,14 @@ class WindowStage:
                         if update is not None:
                             updates.append(update)
                             result.changed.add(record["workflow_id"])
-                    for alert in updates:  # sent before the state that has them is written
+                    for alert in updates:
                         log.info("alert %s: root cause from profile %s", alert["alert_id"], alert["profile_request_id"])
-                        await send(self.codec, self.alerts_topic, ALERTS, alert)
+                        await self.state.send(self.alerts_topic, ALERTS, alert)
                     await self.finish(partition, result, now)
+                    if finished:  # the scheduler's slots are free again
+                        await self.state.send(self.schedule_topic, PROFILE_SCHEDULE, {
+                            "source_partition": None, "at": now, "running": [], "finished": sorted(set(finished))})
                 self.stats["root_causes"] += len(updates)
-                if finished:  # the scheduler's slots are free again
-                    await send(self.codec, self.schedule_topic, PROFILE_SCHEDULE, {
-                        "source_partition": None, "at": now, "running": [], "finished": sorted(set(finished))})
 
     # -- the timers -----------------------------------------------------------------------
 
@@ -437,9 +403,10 @@ class WindowStage:
         if not self.settings.schedule.enabled or self.app.rebalancing:
             return
         now = int(time.time() * 1000)
-        for p, running in self.aggregator.running(self.assigned()).items():
-            await send(self.codec, self.schedule_topic, PROFILE_SCHEDULE, {
-                "source_partition": p, "at": now, "running": running, "finished": []})
+        async with self.state.batch():
+            for p, running in self.aggregator.running(self.assigned()).items():
+                await self.state.send(self.schedule_topic, PROFILE_SCHEDULE, {
+                    "source_partition": p, "at": now, "running": running, "finished": []})
 
     async def partition_clocks(self) -> None:
         """The newest event time of this worker's partitions, to every partition of the sample
@@ -452,8 +419,9 @@ class WindowStage:
         mine = self.assigned()
         newest = max((self.aggregator.newest(p) for p in mine), default=-1)
         now = int(time.time() * 1000)
-        for p in mine:
-            await self.finish(p, BatchResult(), now)
+        async with self.state.batch():  # a timer changes states and sends like a batch
+            for p in mine:
+                await self.finish(p, BatchResult(), now)
         # Sent when it moved, and now and then (a partition that changed owner hears it again).
         sent = self.clock_sent
         if newest < 0 or (newest == sent["time"] and now - sent["at"] < CLOCK_REPEAT_MS):

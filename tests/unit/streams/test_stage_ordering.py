@@ -14,8 +14,9 @@ import pytest
 
 from schemas.codec import Codec
 from schemas.sample_columns import columns_of
-from streams import stage_windows
+from streams import stage_state
 from streams.app import StreamSettings
+from streams.stage_io import BeforeCommit
 from streams.stage_windows import WindowStage
 from streams.workflow_state import decode
 from tests.unit.samples import BASE_MS, sample
@@ -33,7 +34,7 @@ def stage(monkeypatch):
     async def flush():
         events.append(("flush",))
 
-    monkeypatch.setattr(stage_windows, "send", send)
+    monkeypatch.setattr(stage_state, "send", send)
     monkeypatch.setattr(app.producer, "flush", flush)
     monkeypatch.setattr(stage.table, "send_changelog",
                         lambda partition, key, value, value_serializer=None: events.append(("state", key, value)))
@@ -54,8 +55,8 @@ def test_a_batch_sends_its_records_and_leaves_its_states_to_the_commit(stage):
     batch = messages(0, 80, offset=0)  # 80 s: the first window closes
     asyncio.run(stage._apply_samples(0, batch, now=BASE_MS + 90_000))
     assert [e[0] for e in stage.events] == ["send"] and stage.events[0][1].endswith("workflow-windows.v1")
-    assert stage.unsaved == {"wf-a": 0} and not stage.lock.locked()
-    stage.save_state()
+    assert stage.state.dirty(stage.table) == {"wf-a": 0} and not stage.lock.locked()
+    stage.state.save()
     stage.table.data["wf-a"].last_offset = 10_000  # a later batch: not in what was written
     (_, key, value), = [e for e in stage.events if e[0] == "state"]
     assert key == "wf-a" and decode(value).last_offset == len(batch) - 1
@@ -87,7 +88,7 @@ def test_the_commit_takes_the_states_between_batches_after_a_flush(stage, monkey
 
         _transition = None
 
-    stage.app.sensors.add(stage_windows.BeforeCommit(lambda: stage.events.append(("states taken",))))
+    stage.app.sensors.add(BeforeCommit(lambda: stage.events.append(("states taken",))))
     class WatchedLock(asyncio.Lock):
         """The stage's lock, telling when someone waits for it."""
 
@@ -123,11 +124,11 @@ def test_the_commit_takes_the_states_between_batches_after_a_flush(stage, monkey
 def test_a_batch_without_records_writes_its_state_without_a_flush(stage):
     asyncio.run(stage._apply_samples(0, messages(0, 30, offset=0), now=BASE_MS + 40_000))
     assert [e[0] for e in stage.events] == []  # nothing closed: nothing sent, nothing to wait for
-    assert stage.unsaved == {"wf-a": 0}
+    assert stage.state.dirty(stage.table) == {"wf-a": 0}
 
 
 def test_the_trace_stage_sends_its_analysis_before_the_state_that_says_the_trace_is_done(monkeypatch):
-    from streams import stage_traces
+    from streams import faust_fixes
     from streams.stage_traces import TraceStage
     from tests.unit.streams.test_trace_sessions import end, kernel_events
 
@@ -141,11 +142,25 @@ def test_the_trace_stage_sends_its_analysis_before_the_state_that_says_the_trace
     async def flush():
         events.append(("flush",))
 
-    monkeypatch.setattr(stage_traces, "send", send)
+    monkeypatch.setattr(stage_state, "send", send)
     monkeypatch.setattr(app.producer, "flush", flush)
-    monkeypatch.setattr(stage.table, "send_changelog",
-                        lambda partition, key, value: events.append(("state", key, dict(value or {}))))
-    asyncio.run(stage._persist_and_emit(stage.sessions.apply(0, kernel_events() + [end()], now_ms=10)))
+    writes = []
+
+    def send_changelog(partition, key, value, **kwargs):
+        events.append(("state", key, dict(value or {})))
+        writes.append(asyncio.get_running_loop().create_future())
+        writes[-1].set_result(None)
+        return writes[-1]
+
+    monkeypatch.setattr(stage.table, "send_changelog", send_changelog)
+
+    async def a_batch_then_a_commit():
+        async with stage.state.batch():
+            await stage._persist_and_emit(stage.sessions.apply(0, kernel_events() + [end()], now_ms=10))
+        assert "state" not in [e[0] for e in events]  # the commit writes it
+        assert await faust_fixes._force_commit_between_batches(CommittingConsumer(app, events)) is True
+
+    asyncio.run(a_batch_then_a_commit())
     kinds = [e[0] for e in events]
     assert kinds.index("flush") < kinds.index("state") and "send" not in kinds[kinds.index("flush"):]
     assert [e for e in events if e[0] == "state"][-1][2]["done"] is True
@@ -220,7 +235,7 @@ async def a_batch_then_a_commit(stage, writes: Writes) -> asyncio.Task:
     written the states: the task of the commit, waiting on their acknowledgements."""
     from streams import faust_fixes
 
-    stage.app.sensors.add(stage_windows.BeforeCommit(stage.save_state))
+    # (the stage's state writes its changes when the commit starts: streams.stage_state)
     await stage._apply_samples(0, messages(0, 80, offset=0), now=BASE_MS + 90_000)
     commit = asyncio.create_task(faust_fixes._force_commit_between_batches(CommittingConsumer(stage.app,
                                                                                                stage.events)))
@@ -264,3 +279,40 @@ def test_a_state_write_that_failed_stops_the_commit_and_the_worker(stage, monkey
     asyncio.run(scenario())
     kinds = [e[0] for e in stage.events]
     assert "committed" not in kinds and kinds[-1] == "crashed", stage.events
+
+
+def test_the_scheduler_sends_its_requests_before_the_state_that_made_them_is_written(monkeypatch):
+    """The profile scheduler's state says which workflows it asked to profile: written before
+    the request is durable, a new owner restoring it would never ask again. Like every stage,
+    its changes are written by the commit, after the producer's flush."""
+    from streams import stage_schedule
+
+    app = faust.App("test-schedule-ordering", broker="kafka://127.0.0.1:1", store="memory://", autodiscover=False)
+    stage_schedule.register(app, StreamSettings(bootstrap="127.0.0.1:1"), Codec())
+    events: list[tuple] = []
+
+    async def send(codec, topic, spec, record):
+        events.append(("send", spec.name, record.get("workflow_id")))
+
+    monkeypatch.setattr(stage_state, "send", send)
+    table = app.tables["profile-schedule"]
+    monkeypatch.setattr(table, "send_changelog", lambda partition, key, value, **kw: events.append(("state", key)))
+    codec = Codec()
+    import time
+
+    report = {"source_partition": 0, "at": int(time.time() * 1000), "running": ["wf-a"], "finished": []}
+    message = SimpleNamespace(value=codec.encode("ScheduleReport", report), offset=0, partition=0, key=None,
+                              topic="gpufleet.profile-schedule.v1")
+
+    async def one_batch():
+        async def batches():
+            yield [SimpleNamespace(message=message)]
+
+        agent = app.agents["profile-scheduler"]
+        await agent.fun(SimpleNamespace(take_events=lambda n, within: batches()))
+
+    asyncio.run(one_batch())
+    assert events == [("send", "gpufleet.profile-requests.v1", "wf-a")]  # the state waits for the commit
+    app.sensors.on_commit_initiated(None)
+    assert events[1:] and {e[0] for e in events[1:]} == {"state"}
+    assert ("state", "wf:wf-a") in events

@@ -12,7 +12,7 @@ import pytest
 from schemas.codec import Codec
 from schemas.sample_columns import columns_of
 from schemas.validate_sample import IDLE, UNALLOCATED
-from streams import stage_windows
+from streams import stage_state
 from streams.app import StreamSettings
 from streams.detect_waste import DetectorConfig
 from streams.raise_alerts import AlertConfig
@@ -31,7 +31,7 @@ def stage(monkeypatch):
     async def send(codec, topic, spec, record):
         sent.append((spec.name, record))
 
-    monkeypatch.setattr(stage_windows, "send", send)
+    monkeypatch.setattr(stage_state, "send", send)
     stage.sent = sent
     return stage
 
@@ -143,3 +143,28 @@ def test_a_gpu_the_job_never_opens_and_a_foreign_process_are_alerted_with_names(
     assert "gpu-host-000/gpu1" in alerts["partial_use"]["message"]
     assert "no process of the job ever opened them: gpu-host-000/gpu1." in alerts["partial_use"]["message"]
     assert "wf-intruder" in alerts["foreign_process"]["message"] and "slurm-5" in alerts["foreign_process"]["message"]
+
+
+def test_summaries_decided_by_the_timer_are_sent_under_the_stages_lock(stage, monkeypatch):
+    """The timer that follows the fleet's clock also sends the summaries of workflows whose
+    end the life cycle decided: like a batch, it must hold the stage's lock while it changes
+    states and sends, or a commit can write the state of an ended workflow whose summary is
+    not yet on its way (a new owner would then never send it)."""
+    held = []
+
+    async def send(codec, topic, spec, record):
+        held.append((spec.name, stage.lock.locked()))
+
+    async def clock(**kwargs):
+        held.append(("clock", stage.lock.locked()))
+
+    monkeypatch.setattr(stage_state, "send", send)
+    monkeypatch.setattr(stage.samples_topic, "send", clock)
+    monkeypatch.setattr(stage, "assigned", lambda: [0])
+    apply(stage, blocks("wf-over", 0, 30))
+    apply(stage, blocks("wf-on", 30, 120), first_offset=100)  # wf-over's windows close
+    stage._hear(0, {**ended("wf-over", 30, scheduler=None)[1]})  # its hosts said it ended
+    held.clear()
+    asyncio.run(stage.partition_clocks())
+    summaries = [locked for name, locked in held if name.endswith("workflow-summaries.v1")]
+    assert summaries == [True]
