@@ -260,6 +260,90 @@ async def _force_commit_between_batches(self, topics=None, start_new_transaction
     return did_commit
 
 
+# -- held to what was proven ------------------------------------------------------------------
+#
+# The fixes replace and lean on private parts of faust-streaming and mode that change without
+# notice. They were reviewed, and proven by the tests, the fleet fault test and the chaos soak
+# (benchmarks/soak.py), on these releases (pinned in pyproject.toml) and on this source of
+# each part: a release or a part that differs stops the worker before it starts, with one line
+# that says what changed (docs/upgrading-faust.md says how to look at it again).
+PROVEN_ON = {"faust-streaming": "0.15.3", "mode-streaming": "0.7.1", "aiokafka": "0.14.0"}
+
+# Where each part lives, what the fixes do with it, and the first 16 hex digits of the sha256
+# of its source (``inspect.getsource``) as reviewed.
+REVIEWED = {
+    "faust.transport.consumer:Consumer._new_offset": ("wrapped by fixes 1 and 2", "1d2c7ea89a7ad4f1"),
+    "mode:Service.wait_first": ("run in place where the delivery need not wait (speed)", "feade6a31f8a6789"),
+    "faust.transport.consumer:Consumer._drain_messages": ("its race of a delivery against a flow stop",
+                                                          "44a2500309e83c63"),
+    "faust.transport.consumer:Consumer.perform_seek": ("replaced by fixes 3 and 7", "0e8c130ff4b0afd8"),
+    "faust.transport.consumer:Consumer._add_gap": ("wrapped by fix 4", "4df2573ded7c1c2c"),
+    "faust.transport.consumer:Consumer.force_commit": ("replaced by fixes 5 and 6", "cc094614d22c70fb"),
+    "faust.transport.consumer:Consumer._commit_tps": ("copied into fix 5's commit", "a20e230b05ae8b15"),
+    "faust.transport.consumer:Consumer._filter_committable_offsets": ("called by fix 5", "dc5e9baf5d994485"),
+    "faust.transport.consumer:Consumer._filter_tps_with_pending_acks": ("called by fix 5", "f6f9239774234e7e"),
+    "faust.transport.consumer:Consumer._commit_offsets": ("called by fix 5", "1a69799041188441"),
+    "faust.transport.consumer:Consumer.seek": ("called by fix 2 and the in-order stream", "b86a9fe05f956b30"),
+    "faust.transport.consumer:ThreadDelegateConsumer.seek_to_committed": ("called by fix 3", "f1d483b861b0328b"),
+    "faust.transport.consumer:ThreadDelegateConsumer.earliest_offsets": ("called by fix 7", "2833b09d2888825b"),
+    "faust.transport.consumer:ThreadDelegateConsumer._seek": ("called by fix 7", "4f95c631420410a5"),
+    "faust.tables.recovery:Recovery": ("resumes the flow after each seek (fix 3)", "a652ef029484ee3a"),
+}
+UPGRADING = "docs/upgrading-faust.md"
+
+
+class NotAsReviewed(RuntimeError):
+    """Faust or a part of it is not what the fixes were reviewed and proven on."""
+
+
+def _installed(distribution: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _source_digest(where: str) -> str:
+    """The digest of the upstream source at ``where`` (for a patched method: faust's own, as it
+    was before ``apply``)."""
+    import hashlib
+    import importlib
+    import inspect
+
+    module, _, path = where.partition(":")
+    owner, _, name = path.rpartition(".")
+    if owner == "Consumer" and name in _PATCHES:
+        obj = _DEFINED[name] or _original_wait_first
+    else:
+        obj = importlib.import_module(module)
+        for part in path.split("."):
+            obj = getattr(obj, part)
+    return hashlib.sha256(inspect.getsource(obj).encode()).hexdigest()[:16]
+
+
+def check() -> list[str]:
+    """What differs from what the fixes were proven on, in words (empty: all as reviewed)."""
+    problems = [f"{dist} {_installed(dist) or 'missing'} is installed; the fixes were proven on {version}"
+                for dist, version in PROVEN_ON.items() if _installed(dist) != version]
+    for where, (role, digest) in REVIEWED.items():
+        try:
+            now = _source_digest(where)
+        except (ImportError, AttributeError, OSError, TypeError) as exc:
+            problems.append(f"{where} ({role}) cannot be read: {exc}")
+            continue
+        if now != digest:
+            problems.append(f"{where} ({role}) changed since it was reviewed (source sha256 {now}, reviewed {digest})")
+    from faust.transport.drivers.aiokafka import Consumer as Driver
+
+    for name in _PATCHES:  # the consumer the worker runs must inherit each patched method from where it is patched
+        owner = next(c for c in Driver.__mro__ if name in c.__dict__)
+        if owner is not Consumer and not (name == "wait_first" and owner is Service):
+            problems.append(f"{owner.__module__}.{owner.__name__} defines {name} itself: the fix would not apply")
+    return problems
+
+
 _PATCHES = {
     "_new_offset": _new_offset_fixed,
     "wait_first": _wait_first_fast,
@@ -273,9 +357,20 @@ _DEFINED = {name: Consumer.__dict__.get(name) for name in _PATCHES}
 
 def apply() -> None:
     """Idempotent: patch faust's consumer class (for the whole process: the worker calls it
-    once, in ``streams.app.create_app``)."""
+    once, in ``streams.app.create_app``), after checking that faust is what the fixes were
+    proven on. NotAsReviewed, naming the first difference, where it is not."""
+    global _verified
+    problems = [] if _verified else check()
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise NotAsReviewed(f"{problems[0]}{more}: the worker's fixes to faust (streams/faust_fixes.py) must be "
+                            f"reviewed again before it runs on this; see {UPGRADING}")
+    _verified = True  # (what is installed does not change while the process runs)
     for name, fixed in _PATCHES.items():
         setattr(Consumer, name, fixed)
+
+
+_verified = False
 
 
 def revert() -> None:

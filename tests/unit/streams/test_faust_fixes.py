@@ -283,3 +283,101 @@ def test_a_jump_in_a_contiguous_topic_is_not_recorded_as_a_gap_the_commit_may_pa
     # And the drain loop still records a jump as a gap through _add_gap only.
     drain = inspect.getsource(Consumer._drain_messages)
     assert len(re.findall(r"await self\._add_gap\(tp, r_offset \+ 1, offset\)", drain)) == 1
+
+
+# -- held to the faust the fixes were proven on -----------------------------------------------
+
+def test_the_installed_faust_is_the_one_the_fixes_were_proven_on():
+    assert faust_fixes.check() == []
+
+
+def test_another_release_is_refused_with_one_line_naming_it(monkeypatch):
+    monkeypatch.setattr(faust_fixes, "_verified", False)
+    real = faust_fixes._installed
+    monkeypatch.setattr(faust_fixes, "_installed", lambda d: "0.15.4" if d == "faust-streaming" else real(d))
+    with pytest.raises(faust_fixes.NotAsReviewed) as refused:
+        faust_fixes.apply()
+    line = str(refused.value)
+    assert "\n" not in line and line.startswith("faust-streaming 0.15.4 is installed; the fixes were proven on 0.15.3")
+    assert "docs/upgrading-faust.md" in line
+
+
+def test_a_changed_upstream_part_is_refused_naming_it(monkeypatch):
+    """A part the fixes replace or call, with other source (a release that kept its version,
+    or a patched install), is named with its role."""
+
+    async def _commit_tps(self, tps, start_new_transaction):  # not faust's
+        return False
+
+    monkeypatch.setattr(faust_fixes, "_verified", False)
+    monkeypatch.setattr(Consumer, "_commit_tps", _commit_tps)
+    problems = faust_fixes.check()
+    assert len(problems) == 1 and problems[0].startswith(
+        "faust.transport.consumer:Consumer._commit_tps (copied into fix 5's commit) changed since it was reviewed")
+    with pytest.raises(faust_fixes.NotAsReviewed, match="Consumer._commit_tps"):
+        faust_fixes.apply()
+
+
+def test_the_worker_refuses_to_start_with_that_line(monkeypatch, capsys):
+    from gpufleet.cli import main
+
+    monkeypatch.setattr(faust_fixes, "_verified", False)
+    monkeypatch.setattr(faust_fixes, "check", lambda: ["aiokafka 0.15.0 is installed; the fixes were proven on 0.14.0"])
+    with pytest.raises(SystemExit) as stopped:
+        main(["worker", "--bootstrap", "127.0.0.1:1"])
+    assert str(stopped.value).startswith("gpufleet worker: aiokafka 0.15.0 is installed")
+
+
+# Canaries: each patched method of faust as it is still needs its fix. A release that fixes one
+# upstream makes its canary fail: the fix can then go (docs/upgrading-faust.md).
+
+def test_canary_new_offset_upstream_still_advances_two_at_a_time_over_duplicated_acks():
+    acked = [744, 745, 745, 746, 746, 747, 747]
+    assert faust_fixes._original_new_offset(Offsets(744, acked), TOPIC_PARTITION) == 746  # not 748
+
+
+def test_canary_perform_seek_upstream_still_seeks_with_the_flow_running_and_skips_never_committed():
+    upstream = faust_fixes._DEFINED["perform_seek"]
+    seeking = Seeking()
+    seeking.seek_to_committed = lambda: _committed({TOPIC_PARTITION: 360, TP("gpu-samples.v1", 1): None})
+    asyncio.run(upstream(seeking))
+    assert seeking.flow_active and "stop_flow" not in seeking.calls  # fix 3: the flow is not stopped
+    assert not hasattr(seeking, "seeks")  # fix 7: a partition never committed is not sought anywhere
+
+
+async def _committed(offsets):
+    return offsets
+
+
+def test_canary_add_gap_upstream_still_records_any_jump_as_a_gap():
+    from intervaltree import IntervalTree
+
+    class Gaps:
+        def __init__(self):
+            self._gap = defaultdict(IntervalTree)
+            self._committed_offset = {TOPIC_PARTITION: 100}
+
+    gaps = Gaps()
+    asyncio.run(faust_fixes._original_add_gap(gaps, TOPIC_PARTITION, 101, 150))
+    assert len(gaps._gap[TOPIC_PARTITION]) == 1  # a jump taken for a gap the commit may pass (fix 4)
+
+
+def test_canary_force_commit_upstream_still_takes_the_states_before_any_flush_or_lock():
+    """faust's commit starts the state sensors first, with no lock taken and no flush: a state
+    written then can run ahead of the records of a batch in progress (fixes 5 and 6)."""
+    upstream = inspect.getsource(faust_fixes._DEFINED["force_commit"])
+    body = upstream.split('"""Force offset commit."""', 1)[1]
+    first = body.strip().splitlines()[0]
+    assert first.startswith("sensor_state = self.app.sensors.on_commit_initiated(self)")
+    assert "flush" not in body and "lock" not in body and "state_writes" not in body
+
+
+def test_every_patched_method_has_a_canary():
+    canaries = {
+        "_new_offset": test_canary_new_offset_upstream_still_advances_two_at_a_time_over_duplicated_acks,
+        "perform_seek": test_canary_perform_seek_upstream_still_seeks_with_the_flow_running_and_skips_never_committed,
+        "_add_gap": test_canary_add_gap_upstream_still_records_any_jump_as_a_gap,
+        "force_commit": test_canary_force_commit_upstream_still_takes_the_states_before_any_flush_or_lock,
+        "wait_first": test_faust_still_hands_messages_over_as_the_fix_expects,
+    }
+    assert set(canaries) == set(faust_fixes._PATCHES)
