@@ -32,17 +32,22 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from kafka_client.config import Connection, consumer_config, producer_config
+from kafka_client.config import Connection
+from kafka_client.consume_loop import ConsumeLoop
+from kafka_client.metrics import ComponentMetrics
 from schemas.codec import Codec, CodecError
-from schemas.dead_letter import dead_letter
-from schemas.topics import DEAD_LETTERS, ENFORCEMENT, key_of
+from schemas.topics import ENFORCEMENT, key_of
 from streams.enforcement_ladder import ACTION_DUE, CANCELLED, Ladder, render
 
 log = logging.getLogger(__name__)
 
 STAGE = "enforcer"
+# The enforcer's metrics: the same as every component's (``kafka_client.metrics``), and its outcomes.
+METRICS = ComponentMetrics("enforcer")
+OUTCOMES = METRICS.counter("gpufleet_enforcement_outcomes", "What the enforcer recorded of the actions it took up, "
+                           "by step (ACTING, ACTED, WOULD_ACT, ACTION_FAILED)", ["step"])
 SETTLED = frozenset({"ACTING", "ACTED", "WOULD_ACT", "ACTION_FAILED"})  # an action someone took up
 
 
@@ -75,9 +80,8 @@ class Enforcer:
         self.runner = runner
         self.codec = Codec()
         self.topic = topic_prefix + ENFORCEMENT.name
-        self.dead_letter_topic = topic_prefix + DEAD_LETTERS.name
-        self.consumer = Consumer(consumer_config(kafka, group_id))
-        self.producer = Producer(producer_config(kafka))
+        self.loop = ConsumeLoop(kafka, group_id, [self.topic], METRICS, STAGE, topic_prefix, codec=self.codec)
+        self.consumer, self.producer = self.loop.consumer, self.loop.producer
         self.due: dict[str, Due] = {}  # alert id -> its action, not yet settled
         self.settled: set[str] = set()  # alert ids whose action was taken up (by anyone)
         self.stats = EnforcerStats()
@@ -85,18 +89,17 @@ class Enforcer:
     # -- the loop -------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> EnforcerStats:
-        self.consumer.subscribe([self.topic], on_assign=self._on_assign)
-        try:
-            while not stop.is_set():
-                batch = [m for m in self.consumer.consume(num_messages=500, timeout=0.5) if not m.error()]
-                for m in batch:
-                    self._read(m)
-                self._run_caught_up()
-                self._commit(batch)
-        finally:
-            self.consumer.close()
-            self.producer.flush(30)
+        self.loop.run(stop, self._step, on_assign=self._on_assign)
         return self.stats
+
+    def _step(self, batch: list) -> None:
+        """Read what came, run the due actions of partitions read to their end, and commit up
+        to the first action not yet settled (``kafka_client.consume_loop``: once what this
+        process recorded is durable)."""
+        for m in batch:
+            self._read(m)
+        self._run_caught_up()
+        self._commit(batch)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # What was read of partitions held before is read again from the committed offsets:
@@ -107,11 +110,10 @@ class Enforcer:
         try:
             name, record = self.codec.decode(m.value())
         except CodecError as exc:
-            self._dead_letter(m.value(), m.partition(), m.offset(), m.key(), str(exc))
+            self.loop.dead_letter(str(exc), m)
             return
         if name != ENFORCEMENT.schema:
-            self._dead_letter(m.value(), m.partition(), m.offset(), m.key(), f"expected {ENFORCEMENT.schema}, "
-                                                                             f"got {name}")
+            self.loop.dead_letter(f"expected {ENFORCEMENT.schema}, got {name}", m)
             return
         alert, step = record["alert_id"], record["step"]
         if step == ACTION_DUE and alert not in self.settled:
@@ -150,11 +152,7 @@ class Enforcer:
         for due in self.due.values():
             if due.partition in after:
                 after[due.partition] = min(after[due.partition], due.offset)
-        try:
-            self.consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in after.items()],
-                                 asynchronous=False)
-        except KafkaException as exc:  # moved to another member, or the coordinator moved: read again
-            log.warning("offsets not committed now (%s); the next commit carries them", exc)
+        self.loop.commit(positions={(self.topic, p): o for p, o in after.items()})
 
     # -- an action -------------------------------------------------------------------------
 
@@ -176,8 +174,7 @@ class Enforcer:
             self.stats.would_act += 1
             return
         self._record(due, "ACTING", command, None, 0, f"running {' '.join(command)}")
-        if self.producer.flush(30):  # the claim must be durable before anything runs
-            raise RuntimeError("the ACTING claim could not be delivered; nothing was run")
+        self.loop.durable()  # the claim must be durable before anything runs (NotDurable: nothing runs)
         code, error = None, ""
         for attempt in range(1, self.retries + 2):
             code, error = self._run(command)
@@ -203,8 +200,8 @@ class Enforcer:
 
     def _failed(self, due: dict, command: list[str], code: int | None, reason: str) -> None:
         record = self._record(due, "ACTION_FAILED", command, code, self.retries + 1, reason)
-        self._dead_letter(self.codec.encode(ENFORCEMENT.schema, record), None, None,
-                          key_of(ENFORCEMENT, record), reason)
+        self.loop.dead_letter(reason, topic=self.topic, key=key_of(ENFORCEMENT, record),
+                              value=self.codec.encode(ENFORCEMENT.schema, record))
         self.stats.failed += 1
 
     def _record(self, due: dict, step: str, command: list[str], code: int | None, attempt: int,
@@ -212,15 +209,8 @@ class Enforcer:
         record = {**due, "event_id": f"{due['alert_id']}:{step}", "step": step, "command": command,
                   "exit_code": code, "attempt": attempt, "reason": reason, "at": int(time.time() * 1000)}
         log.info("enforcement %s of %s (ladder %s): %s", step, due["workflow_id"], due["policy"], reason)
-        self.producer.produce(self.topic, key=key_of(ENFORCEMENT, record),
-                              value=self.codec.encode(ENFORCEMENT.schema, record))
-        self.producer.flush(30)
+        self.loop.produce(self.topic, self.codec.encode(ENFORCEMENT.schema, record), key_of(ENFORCEMENT, record))
         self.stats.outcomes.append(record)
+        OUTCOMES.labels(step).inc()
         return record
 
-    def _dead_letter(self, value: bytes | None, partition: int | None, offset: int | None, key, reason: str) -> None:
-        log.warning("dead-letter %s: %s", self.topic, reason)
-        record = dead_letter(STAGE, reason, self.topic, partition if partition is not None else -1,
-                             offset if offset is not None else -1, key, value)
-        self.producer.produce(self.dead_letter_topic, value=self.codec.encode(DEAD_LETTERS.schema, record))
-        self.producer.flush(30)

@@ -66,6 +66,8 @@ class ComponentMetrics:
         self._lag = Gauge("gpufleet_consumer_lag", "Messages between the consumer's position and the end "
                           "of each partition it owns", ["component", "topic", "partition"], registry=r)
         self._lagging: set[tuple[str, int]] = set()
+        self._consume_errors = Counter("gpufleet_consume_errors", "Errors the Kafka consumer reported, by code",
+                                       ["component", "code"], registry=r)
 
     # -- the common metrics -------------------------------------------------------------
 
@@ -77,6 +79,9 @@ class ComponentMetrics:
 
     def dead_letter(self, stage: str, reason: str) -> None:
         self._dead.labels(self.component, stage, reason_kind(reason)).inc()
+
+    def consume_error(self, code: str) -> None:
+        self._consume_errors.labels(self.component, code).inc()
 
     def set_lag(self, lags: Mapping[tuple[str, int], int]) -> None:
         """The lag of every partition owned now; the series of those no longer owned go."""

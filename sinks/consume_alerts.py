@@ -14,20 +14,16 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from confluent_kafka import Consumer, Producer
-
-from kafka_client.config import Connection, consumer_config, producer_config
-from kafka_client.metrics import ComponentMetrics, consumer_lag
+from kafka_client.config import Connection
+from kafka_client.consume_loop import ConsumeLoop
+from kafka_client.metrics import ComponentMetrics
 from schemas.codec import Codec, CodecError
-from schemas.dead_letter import dead_letter
-from schemas.topics import ALERTS, DEAD_LETTERS, ENFORCEMENT, WORKFLOW_SUMMARIES
-from sinks.commit_offsets import Committer
+from schemas.topics import ALERTS, ENFORCEMENT, WORKFLOW_SUMMARIES
 from sinks.job_report import Rates, job_report
 from sinks.notify_owner import (
     NotifyError,
@@ -83,7 +79,6 @@ class SentLog:
 METRICS = ComponentMetrics("notifier")
 NOTIFICATIONS = METRICS.counter("gpufleet_notifications", "Messages to owners and teams, by channel and outcome "
                                 "(sent, or failed: refused for good, dead-lettered)", ["channel", "outcome"])
-LAG_EVERY_S = 5.0
 
 
 class AlertNotifier:
@@ -96,42 +91,33 @@ class AlertNotifier:
         self.topic = topic_prefix + ALERTS.name
         self.summaries_topic = topic_prefix + WORKFLOW_SUMMARIES.name
         self.enforcement_topic = topic_prefix + ENFORCEMENT.name
-        self.dead_letter_topic = topic_prefix + DEAD_LETTERS.name
-        self.consumer = Consumer(consumer_config(kafka, group_id))
-        self.committer = Committer(self.consumer)
-        self.producer = Producer(producer_config(kafka))
+        self.loop = ConsumeLoop(kafka, group_id, [self.topic, self.summaries_topic, self.enforcement_topic], METRICS,
+                                STAGE, topic_prefix)
         self.webhook_backoff_s = webhook_backoff_s
         self.handled = 0  # messages read and dealt with (sent, skipped or dead-lettered)
         self.messages = 0  # messages sent
         self.failures = 0
 
     def run(self, stop: threading.Event) -> None:
-        self.consumer.subscribe([self.topic, self.summaries_topic, self.enforcement_topic])
-        lag_at = 0.0
         try:
-            while not stop.is_set():
-                batch = [m for m in self.consumer.consume(num_messages=500, timeout=0.5) if not m.error()]
-                if time.monotonic() - lag_at >= LAG_EVERY_S:
-                    METRICS.set_lag(consumer_lag(self.consumer))
-                    lag_at = time.monotonic()
-                for m in batch:
-                    METRICS.records_in(m.topic())
-                for m in batch:
-                    try:
-                        self._handle(m)
-                        self.handled += 1
-                    except Exception as exc:  # one message must never stop the notifier (nor its restart)
-                        log.exception("%s[%d]@%d could not be handled", m.topic(), m.partition(), m.offset())
-                        self.failures += 1
-                        what = "job report" if m.topic() == self.summaries_topic else "alert"
-                        self._dead_letter(m, f"the notifier could not handle this {what}: {type(exc).__name__}")
-                if batch:
-                    self.producer.flush(30)
-                    self.committer.commit(batch)
+            self.loop.run(stop, self._step)
         finally:
-            self.consumer.close()
-            self.producer.flush(30)
             self.sent.close()
+
+    def _step(self, batch: list) -> None:
+        """Each message sent (or skipped, or dead-lettered); then the offsets, once the dead
+        letters are durable (``kafka_client.consume_loop``)."""
+        for m in batch:
+            try:
+                self._handle(m)
+                self.handled += 1
+            except Exception as exc:  # one message must never stop the notifier (nor its restart)
+                log.exception("%s[%d]@%d could not be handled", m.topic(), m.partition(), m.offset())
+                self.failures += 1
+                what = "job report" if m.topic() == self.summaries_topic else "alert"
+                self._dead_letter(m, f"the notifier could not handle this {what}: {type(exc).__name__}")
+        if batch:
+            self.loop.commit(batch)
 
     def _handle(self, m) -> None:
         try:
@@ -225,11 +211,8 @@ class AlertNotifier:
         self.sent.add(key)
 
     def _dead_letter(self, m, reason: str) -> None:
-        log.warning("dead-letter %s[%d]@%d: %s", m.topic(), m.partition(), m.offset(), reason)
-        record = dead_letter(STAGE, reason, m.topic(), m.partition(), m.offset(), m.key(), m.value())
-        self.producer.produce(self.dead_letter_topic, value=self.codec.encode(DEAD_LETTERS.schema, record))
-        METRICS.dead_letter(STAGE, reason)
-        METRICS.records_out(self.dead_letter_topic)
+        self.loop.dead_letter(reason, m)
+
 
 
 def enforcement_message(step: dict) -> tuple[str, str] | None:

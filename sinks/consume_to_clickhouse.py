@@ -20,26 +20,24 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 from confluent_kafka import (
     OFFSET_INVALID,
     Consumer,
     KafkaException,
-    Producer,
     TopicCollection,
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient
 
-from kafka_client.config import Connection, client_config, consumer_config, producer_config
-from kafka_client.metrics import ComponentMetrics, consumer_lag
+from kafka_client.config import Connection, client_config
+from kafka_client.consume_loop import ConsumeLoop
+from kafka_client.metrics import ComponentMetrics
 from schemas.codec import Codec
-from schemas.dead_letter import dead_letter
 from schemas.sample_columns import blocks_of
 from schemas.topics import (
-    DEAD_LETTERS,
     GPU_SAMPLES,
     HOST_SAMPLES,
     PROFILE_STATUSES,
@@ -47,7 +45,6 @@ from schemas.topics import (
 )
 from schemas.validate_ids import ids_error
 from sinks.clickhouse_ddl import TABLES, Table
-from sinks.commit_offsets import Committer
 from sinks.ddl_samples import GPU_SAMPLES_TABLE
 from sinks.insert_sample_columns import Message, SampleColumnsInsert
 from sinks.write_clickhouse import (
@@ -147,7 +144,6 @@ INSERT_SECONDS = METRICS.histogram("gpufleet_sink_insert_seconds", "Time of one 
 SAMPLE_BATCHES = METRICS.counter(
     "gpufleet_sink_sample_batches", "Batches of GPU samples, by who decoded and checked them: clickhouse "
     "(its own Avro parser) or python (older formats, or a batch with a message that fails a check)", ["path"])
-LAG_EVERY_S = 5.0
 
 
 @dataclass
@@ -181,12 +177,11 @@ class ClickHouseSink:
         self.batch_wait_s = batch_wait_s
         self.codec = Codec()
         self.stats = SinkStats()
-        self.consumer = Consumer(consumer_config(kafka, group_id, **(consumer_overrides or {})))
-        self.committer = Committer(self.consumer)
-        self.producer = Producer(producer_config(kafka))
+        self.loop = ConsumeLoop(kafka, group_id, [topic_prefix + t.topic.name for t in tables], METRICS, STAGE,
+                                topic_prefix, consumer_overrides, codec=self.codec)
+        self.consumer = self.loop.consumer
         self.admin = AdminClient(client_config(kafka))
         self.topic_ids: dict[str, str] = {}  # topic -> Kafka's id of it, refreshed on each assignment
-        self.dead_letter_topic = topic_prefix + DEAD_LETTERS.name
         self.samples_topic = topic_prefix + GPU_SAMPLES.name
         self.columns = (SampleColumnsInsert(writer.client, writer.database, self.codec, writer.retries, writer.backoff_s)
                         if any(t.topic is GPU_SAMPLES for t in tables) and sample_columns_in_sql else None)
@@ -231,40 +226,20 @@ class ClickHouseSink:
     def run(self, stop: threading.Event) -> SinkStats:
         """Consume until ``stop`` is set; everything consumed by then is inserted and committed."""
         self.writer.ensure_tables()
-        self.consumer.subscribe([self.prefix + t.topic.name for t in self.tables], on_assign=self._on_assign)
-        lag_at = 0.0
-        try:
-            while not stop.is_set():
-                self.run_batch(stop)
-                if time.monotonic() - lag_at >= LAG_EVERY_S:
-                    METRICS.set_lag(consumer_lag(self.consumer))
-                    lag_at = time.monotonic()
-        finally:
-            self.consumer.close()
-            self.producer.flush(30)
+        self.loop.run(stop, self._step, self.batch_rows, self.batch_wait_s, on_assign=self._on_assign)
         return self.stats
+
+    def _step(self, messages: list) -> None:
+        if messages:
+            self._write(messages)
 
     def run_batch(self, stop: threading.Event) -> int:
         """Collect up to ``batch_rows`` messages or ``batch_wait_s``, insert, commit. Returns messages."""
-        messages = []
-        deadline = time.monotonic() + self.batch_wait_s
-        while len(messages) < self.batch_rows and not stop.is_set():
-            timeout = deadline - time.monotonic()
-            if timeout <= 0:
-                break
-            got = self.consumer.consume(num_messages=self.batch_rows - len(messages), timeout=timeout)
-            for m in got:
-                if m.error():
-                    log.error("consume error: %s", m.error())
-                else:
-                    messages.append(m)
-        if messages:
-            self._write(messages)
+        messages = self.loop.batch(stop, self.batch_rows, self.batch_wait_s)
+        self._step(messages)
         return len(messages)
 
     def _write(self, messages: list) -> None:
-        for topic, n in Counter(m.topic() for m in messages).items():
-            METRICS.records_in(topic, n)
         decode = self._insert_sample_columns(messages)
         ok, errors = self.codec.decode_many([m.value() for m in decode])
         bad = [(decode[i], reason) for i, reason in errors]
@@ -302,17 +277,9 @@ class ClickHouseSink:
             self.stats.rows[name] += stored
             ROWS.labels(name).inc(stored)
         for m, reason in bad:
-            log.warning("dead-letter %s[%d]@%d: %s", m.topic(), m.partition(), m.offset(), reason)
-            record = dead_letter(STAGE, reason, m.topic(), m.partition(), m.offset(), m.key(), m.value())
-            self.producer.produce(self.dead_letter_topic, value=self.codec.encode(DEAD_LETTERS.schema, record))
-            METRICS.dead_letter(STAGE, reason)
-            METRICS.records_out(self.dead_letter_topic)
-        if bad:
-            # The dead letters must be durable before the offsets of their sources are committed.
-            if self.producer.flush(30):
-                raise RuntimeError("dead letters could not be delivered; not committing offsets")
-            self.stats.dead_letters += len(bad)
-        self._commit(messages)
+            self.loop.dead_letter(reason, m)
+        self.stats.dead_letters += len(bad)
+        self._commit(messages)  # once the dead letters are durable (kafka_client.consume_loop)
         self.stats.batches += 1
 
     def _insert_sample_columns(self, messages: list) -> list:
@@ -349,4 +316,4 @@ class ClickHouseSink:
         """Commit the positions after ``messages``; only ever called after their inserts
         succeeded (``sinks.commit_offsets``: a rebalance or a coordinator that moved is not
         an error)."""
-        self.committer.commit(messages)
+        self.loop.commit(messages)

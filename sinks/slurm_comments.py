@@ -22,15 +22,12 @@ import subprocess
 import threading
 from collections.abc import Callable
 
-from confluent_kafka import Consumer, Producer
-
-from kafka_client.config import Connection, consumer_config, producer_config
+from kafka_client.config import Connection
+from kafka_client.consume_loop import ConsumeLoop
 from kafka_client.metrics import ComponentMetrics
 from schemas.codec import Codec, CodecError
-from schemas.dead_letter import dead_letter
-from schemas.topics import DEAD_LETTERS, WORKFLOW_SUMMARIES
+from schemas.topics import WORKFLOW_SUMMARIES
 from schemas.validate_ids import slurm_job_of
-from sinks.commit_offsets import Committer
 from sinks.job_report import efficiency_line
 
 log = logging.getLogger(__name__)
@@ -48,34 +45,24 @@ class SlurmComments:
         self.cluster, self.sacctmgr, self.runner = cluster, sacctmgr, runner
         self.retries, self.backoff_s, self.timeout_s = retries, backoff_s, timeout_s
         self.codec = Codec()
-        self.topic = topic_prefix + WORKFLOW_SUMMARIES.name
-        self.dead_letter_topic = topic_prefix + DEAD_LETTERS.name
-        self.consumer = Consumer(consumer_config(kafka, group_id))
-        self.committer = Committer(self.consumer)
-        self.producer = Producer(producer_config(kafka))
+        self.loop = ConsumeLoop(kafka, group_id, [topic_prefix + WORKFLOW_SUMMARIES.name], METRICS, STAGE,
+                                topic_prefix, codec=self.codec)
         self.written: dict[str, str] = {}  # job id -> the line written (this process)
 
     def run(self, stop: threading.Event) -> None:
-        self.consumer.subscribe([self.topic])
-        try:
-            while not stop.is_set():
-                batch = [m for m in self.consumer.consume(num_messages=100, timeout=0.5) if not m.error()]
-                for m in batch:
-                    METRICS.records_in(m.topic())
-                    self._handle(m, stop)
-                if batch:
-                    if self.producer.flush(30):
-                        raise RuntimeError("dead letters could not be delivered; not committing offsets")
-                    self.committer.commit(batch)
-        finally:
-            self.consumer.close()
-            self.producer.flush(30)
+        def step(batch: list) -> None:
+            for m in batch:
+                self._handle(m, stop)
+            if batch:
+                self.loop.commit(batch)
+
+        self.loop.run(stop, step, batch_size=100)
 
     def _handle(self, m, stop: threading.Event) -> None:
         try:
             name, summary = self.codec.decode(m.value())
         except CodecError as exc:
-            self._dead_letter(m, str(exc))
+            self.loop.dead_letter(str(exc), m)
             return
         job = slurm_job_of(summary.get("workflow_id", "")) if name == WORKFLOW_SUMMARIES.schema else None
         if job is None:
@@ -102,10 +89,4 @@ class SlurmComments:
             if stop.wait(self.backoff_s * 2 ** attempt):
                 raise RuntimeError("stopped while writing a Slurm job's comment; its summary is read again")
         WRITTEN.labels("failed").inc()
-        self._dead_letter(m, f"sacctmgr could not write job {job}'s AdminComment: {answer[:500]}")
-
-    def _dead_letter(self, m, reason: str) -> None:
-        record = dead_letter(STAGE, reason, m.topic(), m.partition(), m.offset(), m.key(), m.value())
-        self.producer.produce(self.dead_letter_topic, value=self.codec.encode(DEAD_LETTERS.schema, record))
-        METRICS.dead_letter(STAGE, reason)
-
+        self.loop.dead_letter(f"sacctmgr could not write job {job}'s AdminComment: {answer[:500]}", m)

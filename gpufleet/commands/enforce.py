@@ -8,7 +8,7 @@ import sys
 import threading
 from pathlib import Path
 
-from gpufleet.commands.common import kafka_args, kafka_connection
+from gpufleet.commands.common import kafka_args, kafka_connection, metrics_args, serve_metrics
 
 
 def add(sub) -> None:
@@ -22,11 +22,12 @@ def add(sub) -> None:
     p.add_argument("--group-id", default="gpufleet-enforcer")
     p.add_argument("--retries", type=int, default=2, help="a command that fails is tried this many more times")
     p.add_argument("--timeout-s", type=float, default=60.0, help="a command that runs longer has failed")
+    metrics_args(p)
     p.set_defaults(func=cmd_enforce)
 
 
 def cmd_enforce(args: argparse.Namespace) -> int:
-    from gpufleet.enforcer import Enforcer
+    from gpufleet.enforcer import METRICS, Enforcer
     from kafka_client.admin import ensure_topics
     from streams.enforcement_ladder import PolicyError, load_ladders
 
@@ -38,6 +39,7 @@ def cmd_enforce(args: argparse.Namespace) -> int:
     ensure_topics(kafka, prefix=args.topic_prefix, partitions=args.partitions)
     enforcer = Enforcer(kafka, ladders, act=args.act, group_id=args.group_id, topic_prefix=args.topic_prefix,
                         retries=args.retries, timeout_s=args.timeout_s)
+    serve_metrics(args, METRICS.registry)
     acting = [ladder.name for ladder in ladders if ladder.act] if args.act else []
     print(f"enforcer: {len(ladders)} ladder(s); acting for {', '.join(acting) or 'none (dry run)'}", flush=True)
     stop = threading.Event()

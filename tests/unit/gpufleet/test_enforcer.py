@@ -47,7 +47,7 @@ def enforcer(runner, act=True, ladder=LADDER) -> tuple[Enforcer, Producer, list]
         return runner(command, **kwargs)
 
     e = Enforcer("127.0.0.1:1", (ladder,), act=act, retries=2, retry_backoff_s=0, runner=run)
-    producer = e.producer = Producer()
+    producer = e.producer = e.loop.producer = Producer()
     return e, producer, calls
 
 

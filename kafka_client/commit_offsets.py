@@ -1,6 +1,6 @@
 """Commits a consumer's offsets after its work is done, through rebalances and broker failures.
 
-The sink and the notifier commit after each batch is stored or sent. A commit can fail
+The consume loop (``kafka_client.consume_loop``) commits after each batch is done. A commit can fail
 without anything being wrong with the work: the partitions moved to another member (a
 rebalance), or the group's coordinator moved with a broker that failed. Neither may stop
 the consumer: the work is done, and at worst it is read again (the sink then resumes after
@@ -33,11 +33,14 @@ class Committer:
         self.backoff_s = backoff_s
         self.pending: dict[tuple[str, int], int] = {}  # offsets not committed yet
 
-    def commit(self, messages: list) -> bool:
-        """Commit the positions after ``messages`` (and any left from before); True if done."""
+    def commit(self, messages: list, positions: dict[tuple[str, int], int] | None = None) -> bool:
+        """Commit the positions after ``messages``, or the ``positions`` given (topic and
+        partition -> the next offset to read), and any left from before; True if done."""
         for m in messages:
             key = (m.topic(), m.partition())
             self.pending[key] = max(self.pending.get(key, 0), m.offset() + 1)
+        for key, offset in (positions or {}).items():
+            self.pending[key] = offset
         if not self.pending:
             return True
         offsets = [TopicPartition(t, p, o) for (t, p), o in self.pending.items()]

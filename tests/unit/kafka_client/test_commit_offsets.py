@@ -3,7 +3,7 @@
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from sinks.commit_offsets import Committer
+from kafka_client.commit_offsets import Committer
 
 
 class Message:
