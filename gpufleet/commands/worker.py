@@ -112,6 +112,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
                                 budget_fraction=args.profile_budget, report_s=args.schedule_report_s,
                                 seed=args.schedule_seed),
     )
+    try:  # Faust makes only the last folder of its data directory
+        Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        sys.exit(f"gpufleet worker: cannot make the data directory {settings.data_dir}: {exc.strerror}")
     create_topics(kafka, changelog_topics(settings))
     app = create_app(settings)
     serve_metrics(args, METRICS.registry)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from producers.publish_kafka import Publisher
@@ -115,3 +118,20 @@ def test_samples_become_windows_and_alerts_in_clickhouse(kafka, prefix, sink, tm
     assert sorted(wf for wf, *_ in requests) == sorted(low)
     assert all(reason == "AUTO" and requester.startswith("low_utilization:") and request_id == request_id_for(requester)
                for _, reason, requester, request_id in requests)
+
+
+def test_the_worker_makes_its_data_directory_and_its_parents(kafka, prefix, tmp_path):
+    """A --data-dir that does not exist yet (a fresh host) is made, as the other commands do;
+    Faust made only the last folder and the worker ended in a traceback."""
+    data = tmp_path / "not" / "yet"
+    proc = subprocess.Popen([sys.executable, "-m", "gpufleet", "--data-dir", str(data), "--log-level", "info", "worker",
+                             "--bootstrap", kafka.bootstrap, "--topic-prefix", prefix, "--app-id", f"{prefix}w2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until(lambda: (data / "worker").is_dir() and any((data / "worker").iterdir()) or proc.poll() is not None,
+                   120, "the worker to make its data directory and start")
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=60)
+    assert "Traceback" not in out, out[-3000:]
