@@ -52,7 +52,7 @@ from kafka_client.config import consumer_config
 from producers.publish_kafka import Publisher
 from producers.simulate_fleet import HEALTHY, IDLE, build_fleet
 from schemas.codec import Codec
-from schemas.topics import DEAD_LETTERS, ENFORCEMENT, GPU_SAMPLES
+from schemas.topics import ALERTS, DEAD_LETTERS, ENFORCEMENT, GPU_SAMPLES
 from sinks.consume_to_clickhouse import ClickHouseSink
 from sinks.write_clickhouse import ClickHouseWriter, connect
 
@@ -217,6 +217,11 @@ def read_all(bootstrap: str, topic: str) -> list[tuple[str, dict]]:
     return out
 
 
+def sent_kinds(sent: Counter) -> str:
+    kinds = Counter(status for _, status in sent.elements())
+    return ", ".join(f"{n} {status}" for status, n in sorted(kinds.items())) or "nothing"
+
+
 def wait_until(predicate, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -371,18 +376,18 @@ def main() -> int:
         print(f"2. samples: {rows:,} rows, {unique:,} distinct, {len(published):,} published: "
               f"{'OK' if ok else 'VIOLATION'}")
 
-        alerts = client.query(f"SELECT alert_id, status, notify FROM {database}.alerts FINAL").result_rows
-        wait_until(lambda: committed_everything(bootstrap, f"{PREFIX}notifier", PREFIX + "gpufleet.alerts.v1"), 300,
+        wait_until(lambda: committed_everything(bootstrap, f"{PREFIX}notifier", PREFIX + ALERTS.name), 300,
                    "the notifier to read every alert")
+        alerts = [r for name, r in read_all(bootstrap, PREFIX + ALERTS.name) if name == ALERTS.schema]
+        firing = {a["alert_id"] for a in alerts if a["status"] == "FIRING" and a["notify"]}
+        resolved = {a["alert_id"] for a in alerts if a["status"] == "RESOLVED"} & firing
         sent = Counter((a["alert_id"], a["status"]) for a in Webhook.received)
-        firing = {a for a, status, notify in alerts if status == "FIRING" and notify}
         twice = {k: n for k, n in sent.items() if n > 1}
-        missing = {a for a in firing if (a, "FIRING") not in sent}
+        missing = {a for a in firing if (a, "FIRING") not in sent} | {a for a in resolved if (a, "RESOLVED") not in sent}
         ok = not twice and not missing and bool(firing)
         violations += not ok
-        print(f"3. alerts: {len(firing)} episodes firing, {sum(1 for _, s in sent if s == 'FIRING')} notified, "
-              f"{sum(1 for _, s in sent if s == 'RESOLVED')} resolutions; twice: {twice or 'none'}; never: "
-              f"{sorted(missing) or 'none'}: {'OK' if ok else 'VIOLATION'}")
+        print(f"3. alerts: {len(firing)} episodes fired, {len(resolved)} resolved; notified {sent_kinds(sent)}; "
+              f"twice: {twice or 'none'}; never: {sorted(missing) or 'none'}: {'OK' if ok else 'VIOLATION'}")
 
         wait_until(lambda: committed_everything(bootstrap, f"{PREFIX}enforcer", PREFIX + ENFORCEMENT.name), 300,
                    "the enforcer to read every step")
