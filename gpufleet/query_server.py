@@ -1,13 +1,20 @@
 """Read-only SQL for other processes while the embedded ClickHouse is in use.
 
 The embedded engine (``chdb://``) lets one process open a data directory. The process that
-owns it -- the sink, or ``gpufleet demo`` -- serves read-only queries on loopback through a
-second, read-only session on the same directory, and leaves the port and a secret in
+owns it -- the sink, or ``gpufleet demo`` -- serves read-only queries on loopback through
+read-only sessions on the same directory, and leaves the port and a secret in
 ``<data path>/query-server.json`` (mode 0600). ``gpufleet sql``, ``opportunities``,
 ``report`` and ``workflows`` find that file and send their queries there, so analysts can
-query while the pipeline runs. Queries run one at a time in a read-only session (``READ_ONLY_SETTINGS``): ClickHouse
-refuses writes, SET and the table functions that reach files or the network. The token is
-compared in constant time.
+query while the pipeline runs.
+
+Each query runs in a session of its own from a small pool (``sessions``), so one analyst's
+slow query never holds up another's; every session is read-only and bounded
+(``sinks.write_clickhouse.read_settings``: ClickHouse refuses writes, SET and the table
+functions that reach files or the network, and stops a query at its time, row, result and
+memory limits), and each query is checked first (``gpufleet.sql.check_query``: one statement,
+no KILL, no system table that shows the server). ``stop`` waits for the queries in flight,
+which their time limit bounds, before the engine may be closed. The token is compared in
+constant time.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import hmac
 import json
 import logging
 import os
+import queue
 import secrets
 import threading
 import urllib.error
@@ -61,14 +69,36 @@ def _decode(value: Any) -> Any:
 class QueryServer:
     """Serves read-only queries on the embedded engine at ``path`` to other local processes."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, sessions: int = 4, port: int = 0) -> None:
         from sinks.write_clickhouse import connect
 
-        self.path = Path(path)
-        self.client = connect(f"chdb://{self.path}", read_only=True)
+        self.path, self.port = Path(path), port
+        self._idle: queue.Queue = queue.Queue()
+        for _ in range(sessions):  # opened now: a bad setting is said at start, not at the first query
+            self._idle.put(connect(f"chdb://{self.path}", read_only=True))
         self.token = secrets.token_urlsafe(24)
-        self._lock = threading.Lock()
+        self._busy = 0
+        self._done = threading.Condition()
         self._http: ThreadingHTTPServer | None = None
+
+    def query(self, sql: str, parameters: dict | None = None, wait_s: float = 30.0):
+        """One query in a session of the pool (waiting up to ``wait_s`` for one to be free)."""
+        from gpufleet.sql import check_query
+
+        check_query(sql)
+        try:
+            client = self._idle.get(timeout=wait_s)
+        except queue.Empty:
+            raise DatabaseError(f"every query session has been busy for {wait_s:g} s; try again") from None
+        with self._done:
+            self._busy += 1
+        try:
+            return client.query(sql, parameters=parameters)
+        finally:
+            self._idle.put(client)
+            with self._done:
+                self._busy -= 1
+                self._done.notify_all()
 
     def start(self) -> QueryServer:
         server = self
@@ -80,9 +110,11 @@ class QueryServer:
                     self._reply(403, {"error": "wrong or missing token"})
                     return
                 try:
-                    request = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-                    with server._lock:
-                        result = server.client.query(request["sql"], parameters=request.get("parameters"))
+                    length = int(self.headers.get("Content-Length", "0"))
+                    if not 0 <= length <= MAX_REQUEST_BYTES:
+                        raise ValueError(f"a request of {length} bytes (at most {MAX_REQUEST_BYTES})")
+                    request = json.loads(self.rfile.read(length))
+                    result = server.query(request["sql"], request.get("parameters"))
                     self._reply(200, {"columns": list(result.column_names),
                                       "rows": [_encode(list(r)) for r in result.result_rows]})
                 except (ClickHouseError, ValueError, KeyError, TypeError) as exc:  # ClickHouse's own message
@@ -99,7 +131,8 @@ class QueryServer:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._http = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self._http.daemon_threads = True
         threading.Thread(target=self._http.serve_forever, name="query-server", daemon=True).start()
         info = self.path / INFO_FILE
         fd = os.open(info, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -108,12 +141,23 @@ class QueryServer:
         log.info("read-only queries on 127.0.0.1:%d for %s", self._http.server_address[1], self.path)
         return self
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float | None = None) -> None:
+        """No new query; then wait for those in flight (bounded by their time limit): the engine
+        must not close under a running query."""
+        (self.path / INFO_FILE).unlink(missing_ok=True)
         if self._http is not None:
             self._http.shutdown()
             self._http.server_close()
             self._http = None
-        (self.path / INFO_FILE).unlink(missing_ok=True)
+        from sinks.write_clickhouse import query_limits
+
+        limit = timeout_s if timeout_s is not None else query_limits()["max_execution_time"] + 5
+        with self._done:
+            if not self._done.wait_for(lambda: self._busy == 0, timeout=limit):
+                log.warning("%d queries still running after %g s; stopping anyway", self._busy, limit)
+
+
+MAX_REQUEST_BYTES = 1 << 20
 
 
 @dataclass

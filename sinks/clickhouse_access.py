@@ -4,7 +4,9 @@
   views and migrations there; nothing elsewhere.
 - **reader** (``gpufleet sql``, ``workflows``, ``opportunities``, ``report``, dashboards):
   SELECT on gpufleet's database only, under a settings profile that pins ``readonly = 1``
-  (no writes, no SET) so that no query can lift it. Without the grants that table functions
+  (no writes, no SET) so that no query can lift it, and the read path's limits
+  (``sinks.write_clickhouse.query_limits``: time, result rows and bytes, memory) as maxima a
+  query may lower, never raise. Without the grants that table functions
   need (``CREATE TEMPORARY TABLE`` and the sources: FILE, URL, REMOTE, S3 …) none of them runs
   even where readonly would allow it.
 
@@ -40,9 +42,13 @@ def access_statements(database: str, reader_sha256: str, writer_sha256: str,
     for digest in (reader_sha256, writer_sha256):
         if not re.fullmatch(r"[0-9a-f]{64}", digest):
             raise ValueError("a password is given as its SHA-256 hash: 64 hexadecimal digits")
+    from sinks.write_clickhouse import query_limits
+
+    limits = ", ".join(f"{k} = {v} MAX {v}" if isinstance(v, int) else f"{k} = '{v}' CONST"
+                       for k, v in query_limits().items())
     return [
         (f"CREATE SETTINGS PROFILE OR REPLACE {reader}_profile SETTINGS readonly = 1 CONST, "
-         f"allow_ddl = 0 CONST, allow_introspection_functions = 0 CONST, max_execution_time = 300"),
+         f"allow_ddl = 0 CONST, allow_introspection_functions = 0 CONST, {limits}"),
         (f"CREATE USER OR REPLACE {reader} IDENTIFIED WITH sha256_hash BY '{reader_sha256}' "
          f"SETTINGS PROFILE '{reader}_profile'"),
         f"GRANT SELECT ON {db}.* TO {reader}",

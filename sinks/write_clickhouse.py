@@ -43,6 +43,30 @@ def default_dsn(data_dir: Path) -> str:
 # files or the network (file, url, remote, s3, mysql, executable, ...): ClickHouse refuses
 # them all under readonly=1 (readonly=2 allows SET and, with it, every table function).
 READ_ONLY_SETTINGS = {"readonly": 1}
+# Every query of the read path is bounded (environment variables of whoever opens the read-only
+# session: the command, or the sink's query server): time, rows and bytes of the result, memory.
+QUERY_LIMITS = (("max_execution_time", "GPUFLEET_QUERY_MAX_SECONDS", 60, "seconds"),
+                ("max_result_rows", "GPUFLEET_QUERY_MAX_ROWS", 1_000_000, "rows"),
+                ("max_result_bytes", "GPUFLEET_QUERY_MAX_RESULT_BYTES", 512 << 20, "bytes"),
+                ("max_memory_usage", "GPUFLEET_QUERY_MAX_MEMORY_BYTES", 4 << 30, "bytes"))
+
+
+def query_limits(env: dict | None = None) -> dict[str, int | str]:
+    """The read path's limits as ClickHouse settings, from the environment or the defaults
+    (60 s, 1 M rows, 512 MiB of result, 4 GiB of memory); ValueError for a value that is not a
+    whole number above 0."""
+    env = os.environ if env is None else env
+    out: dict[str, int | str] = {"result_overflow_mode": "throw", "timeout_overflow_mode": "throw"}
+    for setting, name, default, unit in QUERY_LIMITS:
+        raw = env.get(name)
+        try:
+            value = default if raw in (None, "") else int(raw)
+        except ValueError:
+            value = -1
+        if value <= 0:
+            raise ValueError(f"{name}={raw!r}: expected a whole number of {unit} above 0 (default {default})")
+        out[setting] = value
+    return out
 READONLY_CODE = 164
 
 PASSWORD_ENV = "GPUFLEET_CLICKHOUSE_PASSWORD"
@@ -77,21 +101,31 @@ def scrub(text: str, dsn: str) -> str:
 def connect(dsn: str, read_only: bool = False) -> Client:
     """A clickhouse-connect client for ``chdb:///path`` (embedded) or ``http(s)://…`` (server).
 
-    ``read_only``: a session of ``READ_ONLY_SETTINGS``, for the whole session because the
-    embedded engine cannot leave read-only mode per query. On a server, connect the query
+    ``read_only``: a session of ``READ_ONLY_SETTINGS`` and the read path's limits
+    (``query_limits``), for the whole session because the embedded engine cannot leave
+    read-only mode per query. On a server, connect the query
     path as the reader user (``sinks.clickhouse_access``), whose profile enforces the same.
     A server's password comes from the DSN or from ``dsn_password``.
     """
+    scheme = urllib.parse.urlsplit(dsn).scheme
+    if scheme not in ("chdb", "http", "https"):
+        raise ValueError(f"ClickHouse DSN {redact_dsn(dsn)!r}: expected chdb:///path (the embedded engine) or "
+                         "http(s)://user@host:port (a server)")
     if dsn.startswith("chdb://"):
         path = dsn[len("chdb://"):]
         if path.startswith("/"):
             Path(path).mkdir(parents=True, exist_ok=True)
-        return clickhouse_connect.get_client(dsn=dsn, settings=READ_ONLY_SETTINGS if read_only else None)
+        return clickhouse_connect.get_client(dsn=dsn, settings=read_settings() if read_only else None)
     options: dict[str, Any] = {}
     password = dsn_password()
     if password is not None and urllib.parse.urlsplit(dsn).password is None:
         options["password"] = password
-    return clickhouse_connect.get_client(dsn=dsn, settings=READ_ONLY_SETTINGS if read_only else None, **options)
+    return clickhouse_connect.get_client(dsn=dsn, settings=read_settings() if read_only else None, **options)
+
+
+def read_settings() -> dict:
+    """A read-only session's settings: the limits first (read-only mode then freezes them)."""
+    return {**query_limits(), **READ_ONLY_SETTINGS}
 
 
 def refusal(exc: BaseException) -> str:
@@ -173,13 +207,17 @@ class Rejected:
 class ClickHouseWriter:
     def __init__(self, client: Client, database: str = "gpufleet",
                  retries: int = 5, backoff_s: float = 0.2, cluster: str | None = None) -> None:
-        if not database.replace("_", "").isalnum():
-            raise ValueError(f"database name {database!r} must be letters, digits and _")
+        self.check_database(database)
         self.client = client
         self.database = database
         self.cluster = cluster  # a ClickHouse cluster's name: the tables are created on it
         self.retries = retries
         self.backoff_s = backoff_s
+
+    @staticmethod
+    def check_database(database: str) -> None:
+        if not database or not database.replace("_", "").isalnum() or not database.isascii():
+            raise ValueError(f"database name {database!r} must be ASCII letters, digits and _")
 
     def ensure_tables(self) -> None:
         """Create the database and tables if they do not exist, then apply the migrations this

@@ -54,3 +54,110 @@ def test_the_secret_is_private_and_a_stopped_server_is_not_used(served, tmp_path
     assert find_server(client.path) is None
     (tmp_path / INFO_FILE).write_text(json.dumps({"port": 1, "pid": 2**22 + 12345, "token": "x"}))
     assert find_server(tmp_path) is None  # its process is gone
+
+
+SLOW = "SELECT sum(sipHash64(number)) FROM system.numbers"  # runs until its time limit stops it
+
+
+@pytest.fixture
+def limited(monkeypatch):
+    monkeypatch.setenv("GPUFLEET_QUERY_MAX_SECONDS", "3")
+
+
+def test_one_analysts_slow_query_holds_up_no_other(limited, served):
+    """Each query has a session of its own: a SELECT 1 is answered while another analyst's
+    query runs to its time limit, which then stops it."""
+    import threading
+
+    client, _, _ = served
+    slow_server = QueryServer(client.path).start()  # (the fixture's was opened before the limit was set)
+    remote = find_server(client.path)
+    outcome = {}
+
+    def slow():
+        try:
+            remote.query(SLOW)
+        except DatabaseError as exc:
+            outcome["slow"] = str(exc)
+
+    worker = threading.Thread(target=slow)
+    worker.start()
+    try:
+        assert remote.query("SELECT 1").result_rows == [(1,)]
+        assert worker.is_alive()  # answered while the slow one still runs
+    finally:
+        worker.join(30)
+        slow_server.stop()
+    assert "TIMEOUT_EXCEEDED" in outcome["slow"] or "Timeout exceeded" in outcome["slow"]
+
+
+@pytest.mark.parametrize("sql, says", [
+    ("KILL QUERY WHERE 1", "KILL is refused"),
+    ("SELECT 'a'; SELECT 'b'", "one statement at a time"),
+    ("SELECT * FROM system.tables", "system.tables is refused"),
+    ("SELECT * FROM `system`.`query_log`", "system.query_log is refused"),
+    ("", "an empty query"),
+])
+def test_what_the_read_path_refuses_is_refused_with_the_reason(served, sql, says):
+    client, _, _ = served
+    with pytest.raises(DatabaseError, match=says):
+        find_server(client.path).query(sql)
+
+
+def test_results_are_capped(served, monkeypatch):
+    client, _, _ = served
+    monkeypatch.setenv("GPUFLEET_QUERY_MAX_ROWS", "1000")
+    capped = QueryServer(client.path)
+    with pytest.raises(DatabaseError, match="TOO_MANY_ROWS|Limit for result exceeded"):
+        capped.query("SELECT number FROM numbers(5000)")
+
+
+def test_stop_waits_for_the_query_in_flight(limited, served):
+    """The owner must not close the engine under a running query (the sink crashed on SIGTERM)."""
+    import threading
+
+    client, _, _ = served
+    server = QueryServer(client.path)
+    started, outcome = threading.Event(), {}
+
+    def slow():
+        started.set()
+        try:
+            server.query(SLOW)
+        except DatabaseError as exc:
+            outcome["slow"] = str(exc)
+
+    worker = threading.Thread(target=slow)
+    worker.start()
+    started.wait(10)
+    while server._busy == 0 and worker.is_alive():
+        worker.join(0.01)
+    server.stop()
+    assert not worker.is_alive() and "slow" in outcome  # stop returned once the query had ended
+
+
+def test_a_request_that_is_not_one_gets_an_answer(served):
+    import urllib.error
+    import urllib.request
+
+    client, _, server = served
+    port = json.loads((Path(client.path) / INFO_FILE).read_text())["port"]
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/query", data=b"{}", method="POST",
+                                     headers={"Authorization": f"Bearer {server.token}", "Content-Length": "abc"})
+    with pytest.raises(urllib.error.HTTPError) as answer:
+        urllib.request.urlopen(request, timeout=10)
+    assert answer.value.code == 400
+
+
+def test_the_port_can_be_chosen_and_a_taken_one_is_refused(chdb_client):
+    from gpufleet.local_kafka import free_port
+
+    port = free_port()
+    server = QueryServer(chdb_client.path, port=port).start()
+    try:
+        assert json.loads((Path(chdb_client.path) / INFO_FILE).read_text())["port"] == port
+        assert find_server(chdb_client.path).query("SELECT 7").result_rows == [(7,)]
+        with pytest.raises(OSError, match="in use"):
+            QueryServer(chdb_client.path, port=port).start()
+    finally:
+        server.stop()

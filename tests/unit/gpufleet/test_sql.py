@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError
@@ -56,3 +57,40 @@ def test_read_only_sessions_refuse_writes_settings_and_table_functions_that_reac
     assert refusal(raised.value).startswith("refused: gpufleet's query path is read-only")
     assert run_query(reader, f"SELECT count() AS n FROM {database}.t") == (["n"], [(0,)])  # reads still work
 
+
+
+# What the read path refuses before ClickHouse sees it: what readonly=1 lets through but shows
+# another analyst's queries, the server's settings or paths, or stops others' work.
+BEFORE_CLICKHOUSE = [
+    ("KILL QUERY WHERE 1", "KILL is refused"),
+    ("SELECT 'a'; SELECT 'b'", "one statement at a time"),
+    ("SELECT * FROM system.settings", "system.settings is refused"),
+    ('SELECT * FROM "system"."disks"', "system.disks is refused"),
+    ("SHOW PROCESSLIST", "SHOW PROCESSLIST is refused"),
+    ("show settings like '%path%'", "SHOW SETTINGS is refused"),
+    ("SHOW GRANTS", "SHOW GRANTS is refused"),
+    ("SHOW TABLES FROM system", "the system database"),
+    ("SELECT name FROM merge('system', '^settings$')", "merge() is refused"),
+    ("SELECT * FROM clusterAllReplicas('default', system.one)", "clusterAllReplicas() is refused"),
+    ("   ", "an empty query"),
+]
+
+
+@pytest.mark.parametrize("sql, says", BEFORE_CLICKHOUSE)
+def test_the_read_path_refuses_what_readonly_lets_through(sql, says):
+    from gpufleet.sql import check_query
+
+    with pytest.raises(ValueError, match=re.escape(says)):
+        check_query(sql)
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT count() FROM gpufleet.gpu_samples WHERE host = 'system.settings; KILL'",  # words in a string
+    "SHOW TABLES FROM gpufleet", "SHOW CREATE TABLE gpufleet.gpu_samples", "DESCRIBE gpufleet.alerts",
+    "SELECT number FROM system.numbers LIMIT 3", "SELECT * FROM numbers(3) -- ; KILL QUERY",
+    "SELECT merged FROM gpufleet.t",
+])
+def test_what_an_analyst_writes_passes(sql):
+    from gpufleet.sql import check_query
+
+    assert check_query(sql) == sql
