@@ -307,10 +307,23 @@ def format_job(job: dict) -> str:
 
 def run(paths: list[str], as_json: bool, workflow_id: str = "", critical_path: bool = False,
         kernel_sequences: list[str] | None = None) -> tuple[str, int]:
+    """``analyze_paths``'s text and the exit status: 2 if a file could not be read (it is no
+    trace: the user's to fix), 1 if one was damaged (its figures then cover only what was
+    read), else 0."""
+    text, records = analyze_paths(paths, as_json, workflow_id, critical_path, kernel_sequences)
+    return text, status_of(records)
+
+
+def status_of(records: list[dict]) -> int:
+    return 2 if any(r.get("unreadable") for r in records) else 1 if any(r["partial"] for r in records) else 0
+
+
+def analyze_paths(paths: list[str], as_json: bool, workflow_id: str = "", critical_path: bool = False,
+                  kernel_sequences: list[str] | None = None) -> tuple[str, list[dict]]:
     """The analyses of ``paths`` as text (or JSON), the job's ranks side by side when they are
-    several, and the exit status: 1 if a file could not be read or was damaged (its figures
-    then cover only what was read), else 0. ``critical_path``: each step's critical path too;
-    ``kernel_sequences``: operator names whose frequent kernel sequences to find."""
+    several, and each file's record (``unreadable``: it could not be read; ``partial``: it was
+    damaged, its figures cover what was read). ``critical_path``: each step's critical path
+    too; ``kernel_sequences``: operator names whose frequent kernel sequences to find."""
     results = [analyze_file_with_findings(p, workflow_id, critical_path=critical_path,
                                           kernel_sequences=kernel_sequences) for p in paths]
     job = job_analysis([a for a, _ in results])
@@ -327,4 +340,4 @@ def run(paths: list[str], as_json: bool, workflow_id: str = "", critical_path: b
         )
         if job is not None:
             text += "\n\n" + format_job(job)
-    return text, 1 if any(a.get("unreadable") or a["partial"] for a, _ in results) else 0
+    return text, [a for a, _ in results]

@@ -21,6 +21,7 @@ from gpufleet.commands import (
     worker,
 )
 from gpufleet.commands.common import DEFAULT_DATA_DIR
+from gpufleet.errors import explain
 
 GROUPS = (kafka, worker, sink, agent, slurm, traces, queries, schemas, enforce, demo)
 
@@ -30,7 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR,
                         help="where the local broker, worker state and embedded ClickHouse live "
                              "(env GPUFLEET_DATA_DIR; default ./data)")
-    parser.add_argument("--log-level", default="warning")
+    parser.add_argument("--log-level", default="warning", type=str.lower,
+                        choices=["debug", "info", "warning", "error", "critical"])
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error, not one line")
     sub = parser.add_subparsers(dest="command", required=True)
     for group in GROUPS:
         group.add(sub)
@@ -38,9 +41,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one command. Its usage mistakes end it with one line and status 2, what goes wrong
+    while it runs with one line and status 1 (``gpufleet.errors``); ``--debug`` shows tracebacks."""
+    args = build_parser().parse_args(argv)  # (argparse: the usage and one line, status 2)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except SystemExit as exc:  # a command that ends itself with a message: the same one line
+        if not isinstance(exc.code, str):
+            raise
+        message = exc.code.removeprefix(f"gpufleet {args.command}: ")
+        print(f"gpufleet {args.command}: {' '.join(message.split())}", file=sys.stderr)
+        return 1
+    except Exception as exc:
+        if args.debug:
+            raise
+        status, line = explain(exc)
+        print(f"gpufleet {args.command}: {line}", file=sys.stderr)
+        return status
 
 
 if __name__ == "__main__":

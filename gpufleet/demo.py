@@ -75,6 +75,8 @@ class DemoOptions:
     max_wall_s: float = 180.0
     keep_kafka: bool = False
     secure: bool = False  # a SASL_SSL cluster with ACLs, each component as its own user
+    kafka_port: int | None = None  # the broker's client port (None: a free one)
+    query_port: int = 0  # the query server's (0: a free one)
 
 
 class OffsetWatch:
@@ -140,10 +142,8 @@ EXAMPLE_SQL = ("SELECT workflow_id, owner, detector, severity, status, round(was
 def _self_command(data_dir: Path) -> str:
     """How the user can call gpufleet again: the way they called it, with the same data dir."""
     exe = sys.argv[0]
-    cmd = os.path.relpath(exe) if exe.endswith("gpufleet") else "python -m gpufleet"
-    if data_dir != Path("data").resolve():
-        cmd += f" --data-dir {shlex.quote(str(data_dir))}"
-    return cmd
+    cmd = shlex.quote(os.path.abspath(exe)) if exe.endswith("gpufleet") else f"{shlex.quote(sys.executable)} -m gpufleet"
+    return cmd + f" --data-dir {shlex.quote(str(data_dir.resolve()))}"  # from any directory
 
 
 def goodput_against_planted(client, fleet, start_ms: int) -> str:
@@ -227,7 +227,7 @@ def run_demo(opts: DemoOptions) -> int:
     t0 = time.monotonic()
     print(f"gpufleet demo: data under {data_dir} (cleared at the start of each demo)")
     print("starting Kafka ...", flush=True)
-    broker = local_kafka.start(data_dir / "kafka", secure=opts.secure)
+    broker = local_kafka.start(data_dir / "kafka", port=opts.kafka_port, secure=opts.secure)
     print(f"  broker on {broker.bootstrap} (log {broker.log_file})"
           + (": SASL_SSL with mutual TLS and ACLs, each component as its own user" if broker.secure else ""))
     worker = None
@@ -255,7 +255,7 @@ def run_demo(opts: DemoOptions) -> int:
         enforcer = Enforcer(broker.connection("enforcer"), ladders, act=False, group_id=ENFORCER_GROUP)
         enforcer_thread = threading.Thread(target=enforcer.run, args=(stop,), name="enforcer", daemon=True)
         enforcer_thread.start()
-        queries = QueryServer(Path(dsn[len("chdb://"):])).start()
+        queries = QueryServer(Path(dsn[len("chdb://"):]), port=opts.query_port).start()
         print(f"  sink writing to {dsn} (while it runs, `gpufleet sql` queries go through it)")
 
         # With what goodput accounting must find planted, so that the summary can compare.

@@ -86,6 +86,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def client_ports(first: int, brokers: int) -> list[int]:
+    """The client ports of a new cluster asked for with ``--port first``: one per node, in a row
+    (node 1 on ``first``), each free now, else KafkaRunnerError naming the one taken."""
+    ports = list(range(first, first + brokers))
+    if ports[-1] > 65535:
+        raise KafkaRunnerError(f"--port {first}: {brokers} nodes need ports {first} to {ports[-1]}, past 65535")
+    for p in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", p))
+            except OSError:
+                raise KafkaRunnerError(f"port {p} is in use: choose another --port (node i listens on "
+                                       f"--port + i - 1)") from None
+    return ports
+
+
 def tail(path: Path, lines: int = 30) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -198,13 +214,19 @@ def start(
     if raw is None:
         if brokers < 1:
             raise KafkaRunnerError(f"a cluster needs at least one broker, not {brokers}")
+        if port:
+            client_ports(port, brokers)
         raw = {"cluster_id": cluster_id(), "secure": secure, "nodes": [
-            {"node_id": i, "port": (port if i == 1 and port else free_port()), "controller_port": free_port(),
+            {"node_id": i, "port": (port + i - 1 if port else free_port()), "controller_port": free_port(),
              "pid": 0, **({"internal_port": free_port()} if secure else {})}
             for i in range(1, brokers + 1)]}
         if secure:
             LocalCredentials(data_dir / "secure").create({i: ("127.0.0.1", "localhost") for i in range(1, brokers + 1)})
         _write_raw(data_dir, raw)
+    elif port and [n["port"] for n in raw["nodes"]] != list(range(port, port + len(raw["nodes"]))):
+        raise KafkaRunnerError(f"{data_dir} holds a cluster on port(s) "
+                               f"{', '.join(str(n['port']) for n in raw['nodes'])}: a cluster keeps its ports; "
+                               "start it without --port, or stop it and use another data directory")
     elif len(raw["nodes"]) != brokers:
         raise KafkaRunnerError(f"{data_dir} holds a cluster of {len(raw['nodes'])} node(s), not {brokers}; "
                                "stop it and use another data directory to change its size")

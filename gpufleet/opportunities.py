@@ -31,6 +31,7 @@ DIMENSIONS = {
     "right-size": "''",  # what workflows should ask for next time (streams.right_size), by kind
 }
 REGRESSION_CAUSE = "antipattern:profile_regression"
+COLUMNS = ("key", "cause", "gpu_hours", "workflows", "top_workflows")  # what every opportunities_sql selects
 
 _SINCE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -113,7 +114,7 @@ def opportunities(client: Client, database: str, by: str = "cause", since: str =
     """Column names and rows, the largest loss first."""
     sql = opportunities_sql(database, by, parse_since(since)) + f" LIMIT {int(limit)}"
     result = client.query(sql)
-    columns = list(result.column_names)
+    columns = list(COLUMNS)  # chdb names no columns when no row comes back
     rows = [tuple(r) for r in result.result_rows]
     if by in ("cause", "antipattern", "right-size"):  # the key is empty: show the cause alone
         columns = columns[1:]

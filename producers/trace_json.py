@@ -121,7 +121,8 @@ def __metadata_streamed(path: Path) -> dict[str, Any]:
                         meta[key] = builder.value
                         key, builder = None, None
         except (ijson.JSONError, UnicodeDecodeError, EOFError, OSError) as exc:
-            raise TraceError(f"{path} is not a readable JSON trace: {exc}") from exc
+            said = (str(exc).strip().splitlines() or [type(exc).__name__])[0]  # ijson's own pointer art dropped
+            raise TraceError(f"{path} is not a readable JSON trace: {said}") from exc
     return meta
 
 

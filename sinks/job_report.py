@@ -78,8 +78,23 @@ def load_rates(path: Path | None) -> Rates:
         return Rates()
     try:
         raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise RatesError(f"rates file {path}: no such file") from None
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise RatesError(f"rates file {path}: {exc}") from exc
+    known = {"currency", "default_price_per_gpu_hour", "price_per_gpu_hour", "default_grid_g_per_kwh",
+             "grid_g_per_kwh", "grid_series"}
+    if set(raw) - known:
+        raise RatesError(f"rates file {path}: unknown keys {', '.join(sorted(set(raw) - known))}; "
+                         f"known: {', '.join(sorted(known))}")
+    for table in ("price_per_gpu_hour", "grid_g_per_kwh"):
+        if not isinstance(raw.get(table, {}), dict):
+            raise RatesError(f"rates file {path}: {table} must be a table ([{table}] with a number per "
+                             f"{'GPU model' if table.startswith('price') else 'cluster'}), not {raw[table]!r}")
+    if not isinstance(raw.get("grid_series", []), list) or not all(isinstance(p, dict) for p in raw.get("grid_series", [])):
+        raise RatesError(f"rates file {path}: grid_series must be [[grid_series]] tables")
+    if not isinstance(raw.get("currency", ""), str):
+        raise RatesError(f"rates file {path}: currency must be text, such as \"USD\"")
 
     def number(value, where: str) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:

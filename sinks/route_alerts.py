@@ -28,8 +28,11 @@ from __future__ import annotations
 
 import os
 import tomllib
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import msgspec
 
 
 @dataclass(frozen=True)
@@ -73,31 +76,84 @@ class Routing:
         return None
 
 
+class RoutingError(ValueError):
+    """A routing file that cannot be used; the text says where and why."""
+
+
+class _Default(msgspec.Struct, forbid_unknown_fields=True):
+    webhook: str | None = None
+    email_owners: bool = False
+    job_reports: bool = False
+
+
+class _Team(msgspec.Struct, forbid_unknown_fields=True):
+    webhook: str | None = None
+    job_reports: bool | None = None
+
+
+class _Owner(msgspec.Struct, forbid_unknown_fields=True):
+    email: str | None = None
+
+
+class _Smtp(msgspec.Struct, forbid_unknown_fields=True):
+    host: str = "localhost"
+    port: int = 25
+    starttls: bool = False
+    ssl: bool = False
+    username: str | None = None
+    password: str | None = None
+    password_env: str | None = None
+    password_file: str | None = None
+    sender: str = "gpufleet@localhost"
+    ca_file: str | None = None
+
+
+class _RoutingFile(msgspec.Struct, forbid_unknown_fields=True):
+    default: _Default = msgspec.field(default_factory=_Default)
+    teams: dict[str, _Team] = {}
+    owners: dict[str, _Owner] = {}
+    smtp: _Smtp | None = None
+
+
+def _webhook(path: Path, where: str, url: str | None) -> str | None:
+    if url is not None and urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+        raise RoutingError(f"{path}: {where} webhook {url!r} is not a URL (http:// or https://)")
+    if url is not None and not urllib.parse.urlsplit(url).hostname:
+        raise RoutingError(f"{path}: {where} webhook {url!r} names no host")
+    return url
+
+
 def load_routing(path: Path) -> Routing:
-    """Read a routing file; a missing key means "no such channel", never an error."""
-    raw = tomllib.loads(Path(path).read_text())
-    default = raw.get("default", {})
-    smtp_raw = raw.get("smtp")
+    """Read a routing file, checked: its tables and keys as above, of the right kinds, webhooks
+    that are URLs; a key left out means "no such channel". RoutingError says where and why."""
+    try:
+        raw = msgspec.convert(tomllib.loads(Path(path).read_text()), _RoutingFile)
+    except tomllib.TOMLDecodeError as exc:
+        raise RoutingError(f"{path}: not valid TOML: {exc}") from None
+    except msgspec.ValidationError as exc:
+        raise RoutingError(f"{path}: {exc}") from None
     smtp = None
-    if smtp_raw is not None:
-        password = smtp_raw.get("password")
-        if smtp_raw.get("password_env"):
-            password = os.environ.get(smtp_raw["password_env"])
-        if smtp_raw.get("password_file"):
-            password = Path(smtp_raw["password_file"]).read_text().strip()
-        smtp = SmtpSettings(
-            host=smtp_raw.get("host", "localhost"), port=int(smtp_raw.get("port", 25)),
-            starttls=bool(smtp_raw.get("starttls", False)), ssl=bool(smtp_raw.get("ssl", False)),
-            username=smtp_raw.get("username"), password=password,
-            sender=smtp_raw.get("sender", "gpufleet@localhost"), ca_file=smtp_raw.get("ca_file"),
-        )
+    if raw.smtp is not None:
+        s = raw.smtp
+        if not 0 < s.port < 65536:
+            raise RoutingError(f"{path}: [smtp] port {s.port} is not a port")
+        password = s.password
+        if s.password_env:
+            password = os.environ.get(s.password_env)
+        if s.password_file:
+            password = Path(s.password_file).read_text().strip()
+        smtp = SmtpSettings(host=s.host, port=s.port, starttls=s.starttls, ssl=s.ssl, username=s.username,
+                            password=password, sender=s.sender, ca_file=s.ca_file)
+    for owner, o in raw.owners.items():
+        if o.email is not None and "@" not in o.email:
+            raise RoutingError(f"{path}: [owners.{owner!r}] email {o.email!r} is not an address")
     return Routing(
-        default_webhook=default.get("webhook"),
-        email_owners=bool(default.get("email_owners", False)),
-        team_webhooks={team: t["webhook"] for team, t in raw.get("teams", {}).items() if "webhook" in t},
-        owner_emails={owner: o["email"] for owner, o in raw.get("owners", {}).items() if "email" in o},
+        default_webhook=_webhook(path, "[default]", raw.default.webhook),
+        email_owners=raw.default.email_owners,
+        team_webhooks={team: _webhook(path, f"[teams.{team}]", t.webhook) for team, t in raw.teams.items()
+                       if t.webhook is not None},
+        owner_emails={owner: o.email for owner, o in raw.owners.items() if o.email is not None},
         smtp=smtp,
-        job_reports=bool(default.get("job_reports", False)),
-        team_job_reports={team: bool(t["job_reports"]) for team, t in raw.get("teams", {}).items()
-                          if "job_reports" in t},
+        job_reports=raw.default.job_reports,
+        team_job_reports={team: t.job_reports for team, t in raw.teams.items() if t.job_reports is not None},
     )

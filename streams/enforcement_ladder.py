@@ -72,20 +72,36 @@ def load_ladders(path: str | Path) -> tuple[Ladder, ...]:
     a ladder that acts, placeholders that exist."""
     try:
         raw = tomllib.loads(Path(path).read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise PolicyError(f"{path}: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(f"{path}: not valid TOML: {exc}") from None
+    from streams.detect_waste import DETECTORS
+
+    detectors = sorted(fn.__name__ for fn in DETECTORS)
+    if not isinstance(raw.get("ladder", []), list) or not raw.get("ladder"):
+        raise PolicyError(f"{path}: no ladder: a policy is [[ladder]] tables (docker/config/enforcement.toml)")
     ladders = []
-    for i, table in enumerate(raw.get("ladder", [])):
+    for i, table in enumerate(raw["ladder"]):
         try:
             ladder = msgspec.convert(table, Ladder)
         except msgspec.ValidationError as exc:
             raise PolicyError(f"{path}: ladder {i + 1}: {exc}") from None
+        if ladder.detector not in detectors:
+            raise PolicyError(f"{path}: ladder {ladder.name!r}: no detector {ladder.detector!r}; "
+                              f"the detectors are {', '.join(detectors)}")
+        for field in ("first_warning_min", "second_warning_min", "action_min", "grace_after_start_min"):
+            if getattr(ladder, field) < 0:
+                raise PolicyError(f"{path}: ladder {ladder.name!r}: {field} must be 0 or more")
         if not ladder.first_warning_min <= ladder.second_warning_min <= ladder.action_min:
             raise PolicyError(f"{path}: ladder {ladder.name!r}: the first warning, the second and the action "
                               "must come in that order")
         if ladder.act and not ladder.command:
             raise PolicyError(f"{path}: ladder {ladder.name!r} acts but has no command")
-        unknown = {name for arg in ladder.command for _, name, _, _ in Formatter().parse(arg) if name} - PLACEHOLDERS
+        try:
+            named = {name for arg in ladder.command for _, name, _, _ in Formatter().parse(arg) if name}
+        except ValueError as exc:
+            raise PolicyError(f"{path}: ladder {ladder.name!r}: the command {list(ladder.command)} is not a template "
+                              f"({exc}; a literal brace is written {{{{ or }}}})") from None
+        unknown = named - PLACEHOLDERS
         if unknown:
             raise PolicyError(f"{path}: ladder {ladder.name!r}: the command names {', '.join(sorted(unknown))}; "
                               f"it may name {', '.join(sorted(PLACEHOLDERS))}")

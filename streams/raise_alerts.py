@@ -29,20 +29,40 @@ class AlertConfig:
         return self.team_detectors.get(team or "", self.detectors)
 
 
+class ThresholdsError(ValueError):
+    """A thresholds file that cannot be used: which file, which setting, what it should be."""
+
+
 def load_detector_config(path) -> tuple[DetectorConfig, dict[str, DetectorConfig]]:
     """Thresholds from a TOML file: ``[default]`` and ``[teams.<name>]`` tables whose keys are
     ``DetectorConfig`` fields; a team's table overrides the default's."""
     import tomllib
     from pathlib import Path
 
-    raw = tomllib.loads(Path(path).read_text())
+    import msgspec
+
+    try:
+        raw = tomllib.loads(Path(path).read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ThresholdsError(f"{path}: not valid TOML: {exc}") from None
+    teams_raw = raw.get("teams", {})
+    if not isinstance(raw.get("default", {}), dict) or not isinstance(teams_raw, dict):
+        raise ThresholdsError(f"{path}: expected a [default] table and [teams.<name>] tables of thresholds")
+    for team, values in teams_raw.items():
+        if not isinstance(values, dict):
+            raise ThresholdsError(f"{path}: teams.{team} = {values!r}: expected a table, [teams.{team}], of thresholds")
     known = set(DetectorConfig.__struct_fields__)
-    for section, values in [("default", raw.get("default", {}))] + list(raw.get("teams", {}).items()):
+    sections = [("default", raw.get("default", {}))] + [(f"teams.{t}", v) for t, v in teams_raw.items()]
+    for section, values in sections:
         unknown = set(values) - known
         if unknown:
-            raise ValueError(f"{path}: unknown thresholds in [{section}]: {', '.join(sorted(unknown))}")
-    default = DetectorConfig(**raw.get("default", {}))
-    teams = {team: replace(default, **values) for team, values in raw.get("teams", {}).items()}
+            raise ThresholdsError(f"{path}: unknown thresholds in [{section}]: {', '.join(sorted(unknown))}; "
+                             f"known: {', '.join(sorted(known))}")
+        for name, value in values.items():
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ThresholdsError(f"{path}: [{section}] {name} must be a number of 0 or more, not {value!r}")
+    default = msgspec.convert(raw.get("default", {}), DetectorConfig)
+    teams = {team: replace(default, **values) for team, values in teams_raw.items()}
     return default, teams
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -15,22 +14,26 @@ from gpufleet.commands.common import (
     kafka_args,
     kafka_connection,
     metrics_args,
+    non_negative,
+    positive,
+    positive_int,
     serve_metrics,
 )
+from gpufleet.errors import Failed, UsageError
 
 
 def add(sub) -> None:
     p = sub.add_parser("agent", help="the host agent: sample GPUs (NVML or simulated) and publish to Kafka")
     kafka_args(p)
     p.add_argument("--source", choices=["nvml", "sim"], default="nvml")
-    p.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
-    p.add_argument("--send-every", type=float, default=5.0,
+    p.add_argument("--interval", type=positive, default=1.0, help="seconds between samples")
+    p.add_argument("--send-every", type=non_negative, default=5.0,
                    help="seconds between sends to Kafka, each workflow's samples since the last send in one "
                         "message (default 5; 0 sends each tick at once). Keep it under the worker's --lateness-s")
-    p.add_argument("--profile-interval", type=float, default=0.1,
+    p.add_argument("--profile-interval", type=positive, default=0.1,
                    help="seconds between samples while a profile is captured on this host (default 10 Hz)")
     p.add_argument("--host", default=None, help="host name to report (default: this machine's)")
-    p.add_argument("--heartbeat-s", type=float, default=60.0, help="seconds between workflow heartbeats")
+    p.add_argument("--heartbeat-s", type=positive, default=60.0, help="seconds between workflow heartbeats")
     p.add_argument("--workflow-keys", default="GPUFLEET_WORKFLOW_ID,SLURM_JOB_ID,TORCHELASTIC_RUN_ID",
                    help="environment variables naming a process's workflow, first found wins")
     p.add_argument("--owner-keys", default="GPUFLEET_OWNER,SLURM_JOB_USER,USER")
@@ -54,7 +57,7 @@ def add(sub) -> None:
     p.add_argument("--team-labels", default="gpufleet.io/team",
                    help="kubernetes: pod labels or annotations naming the team (else the pod's namespace)")
     p.add_argument("--spool-dir", type=Path, default=None, help="default: <data dir>/agent-spool")
-    p.add_argument("--spool-max-mb", type=int, default=256)
+    p.add_argument("--spool-max-mb", type=positive_int, default=256)
     p.add_argument("--profile-dir", type=Path, default=None,
                    help="where training processes with gpufleet's profiling hook meet the agent "
                         "(env GPUFLEET_PROFILE_DIR; default /tmp/gpufleet-profile)")
@@ -63,16 +66,16 @@ def add(sub) -> None:
     p.set_defaults(func=cmd_agent)
 
     p = sub.add_parser("nvml-check", help="check the real NVML path on a machine with NVIDIA GPUs")
-    p.add_argument("--seconds", type=float, default=60.0)
+    p.add_argument("--seconds", type=positive, default=60.0)
     p.add_argument("--no-load", action="store_true", help="do not start the PyTorch load")
     p.set_defaults(func=cmd_nvml_check)
 
     p = sub.add_parser("simulate", help="publish samples from a simulated fleet")
     kafka_args(p)
     fleet_args(p)
-    p.add_argument("--duration-s", type=float, default=600.0, help="simulated seconds")
-    p.add_argument("--interval-s", type=float, default=1.0, help="simulated sampling interval")
-    p.add_argument("--speed", type=float, default=60.0, help="simulated seconds per wall second (0: no pacing)")
+    p.add_argument("--duration-s", type=positive, default=600.0, help="simulated seconds")
+    p.add_argument("--interval-s", type=positive, default=1.0, help="simulated sampling interval")
+    p.add_argument("--speed", type=non_negative, default=60.0, help="simulated seconds per wall second (0: no pacing)")
     p.add_argument("--start-ms", type=int, default=None, help="event time of the first tick (default: now - duration)")
     p.set_defaults(func=cmd_simulate)
 
@@ -93,7 +96,6 @@ def cmd_agent(args: argparse.Namespace) -> int:
     from producers.spool import Spool
     from schemas.codec import Codec
 
-    kafka = kafka_connection(args, "agent", check=False)
     # A simulated host is one of the simulated fleet's, the first by default.
     host = args.host or (socket.gethostname() if args.source == "nvml" else "gpu-host-000")
     settings = AgentSettings(host=host, interval_s=args.interval, heartbeat_s=args.heartbeat_s,
@@ -105,12 +107,14 @@ def cmd_agent(args: argparse.Namespace) -> int:
         try:
             devices = nvml.open()
         except NvmlUnavailable as exc:
-            sys.exit(str(exc))
+            raise Failed(str(exc)) from None
         print(f"sampling {len(devices)} GPU device(s) through NVML every {args.interval:g}s as host {host}")
     else:
         fleet = build_fleet(args.seed, args.hosts, args.gpus_per_host, args.workflows)
         simulated = SimulatedGpus(fleet, host, int(time.time() * 1000))
         print(f"simulating host {host} of a {args.hosts}-host fleet every {args.interval:g}s")
+    allocations = allocation_source(args)
+    kafka = kafka_connection(args, "agent", check=False)
     try:
         ensure_topics(kafka, prefix=args.topic_prefix, partitions=args.partitions)
     except Exception as exc:  # noqa: BLE001 - the agent must start (and spool) while the broker is away
@@ -121,7 +125,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     )
     spool = Spool(args.spool_dir or args.data_dir / "agent-spool", max_bytes=args.spool_max_mb << 20)
     agent = HostAgent(settings, spool, Codec(), nvml=nvml, simulated=simulated, attributor=ProcessAttributor(keys),
-                      allocations=allocation_source(args))
+                      allocations=allocations)
     agent.metrics = AgentMetrics(spool)
     serve_metrics(args, agent.metrics.registry)
     stop = threading.Event()
@@ -130,7 +134,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         coordinator = ProfileCoordinator(host, Publisher(kafka, Codec()), args.profile_dir or default_dir(),
                                          topic_prefix=args.topic_prefix)
     except HandoffError as exc:
-        sys.exit(str(exc))
+        raise UsageError(str(exc)) from None
     for sig in (signal.SIGINT, signal.SIGTERM):  # stop now, not after the wait for the next tick
         signal.signal(sig, lambda *_: (stop.set(), coordinator.started.set()))
     agent.observers.append(coordinator.observe)  # the host's view while a profile is captured
@@ -168,7 +172,8 @@ def allocation_source(args: argparse.Namespace):
                                         owner_keys=tuple(args.owner_labels.split(",")),
                                         team_keys=tuple(args.team_labels.split(",")), cluster=args.cluster)
         except ImportError as exc:
-            sys.exit(f"--allocations kubernetes needs gpufleet's 'kubernetes' extra (grpcio, protobuf): {exc}")
+            raise Failed(f"--allocations kubernetes needs gpufleet's 'kubernetes' extra (grpcio, protobuf): {exc}") \
+                from None
         print(f"reading the kubelet's pod resources from {args.kubelet_socket}")
         return source
     return None
@@ -190,9 +195,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from schemas.codec import Codec
     from schemas.topics import GPU_SAMPLES
 
+    fleet = build_fleet(args.seed, args.hosts, args.gpus_per_host, args.workflows)
     kafka = kafka_connection(args, "agent")
     ensure_topics(kafka, prefix=args.topic_prefix, partitions=args.partitions)
-    fleet = build_fleet(args.seed, args.hosts, args.gpus_per_host, args.workflows)
     start_ms = args.start_ms if args.start_ms is not None else (int(time.time()) // 60 * 60 - int(args.duration_s)) * 1000
     plan = SimulationPlan(start_ms, int(args.duration_s / args.interval_s), int(args.interval_s * 1000), args.speed)
     progress = run_simulation(fleet, plan, Publisher(kafka, Codec()), topic=args.topic_prefix + GPU_SAMPLES.name)

@@ -4,11 +4,40 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
-import sys
 from pathlib import Path
 
+from gpufleet.errors import Failed, UsageError
+
 DEFAULT_DATA_DIR = Path(os.environ.get("GPUFLEET_DATA_DIR", "data"))
+
+
+# -- argument types: a value no command can use is refused while the arguments are read ----------
+
+def _number(kind, low: float | None, low_open: bool, high: float | None, says: str):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'a whole number' if kind is int else 'a number'}") \
+                from None
+        if math.isnan(value) or (low is not None and (value <= low if low_open else value < low)) or (
+                high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{text} is not {says}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+port = _number(int, 0, False, 65535, "a port (0 to 65535; 0: any free one)")
+positive_int = _number(int, 0, True, None, "a whole number of at least 1")
+non_negative_int = _number(int, 0, False, None, "a whole number of 0 or more")
+positive = _number(float, 0, True, float("inf"), "a number greater than 0")
+non_negative = _number(float, 0, False, float("inf"), "a number of 0 or more")
+fraction = _number(float, 0, True, 1, "a fraction greater than 0 and at most 1")
+percent = _number(float, 0, False, 100, "a percentage from 0 to 100")
 
 
 def kafka_args(p: argparse.ArgumentParser) -> None:
@@ -20,18 +49,19 @@ def kafka_args(p: argparse.ArgumentParser) -> None:
                         "_CA, _CERT, _KEY")
     p.add_argument("--topic-prefix", default=os.environ.get("GPUFLEET_TOPIC_PREFIX", ""),
                    help="prefix for every topic name (env GPUFLEET_TOPIC_PREFIX)")
-    p.add_argument("--partitions", type=int, default=int(os.environ.get("GPUFLEET_PARTITIONS", "32")),
+    p.add_argument("--partitions", type=positive_int, default=int(os.environ.get("GPUFLEET_PARTITIONS", "32")),
                    help="partitions of each topic that scales with the fleet, where this command creates it "
                         "(env GPUFLEET_PARTITIONS; default 32: at most that many workers share the load). "
                         "Topics that exist keep theirs")
 
 
 def metrics_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--metrics-port", type=int, default=int(os.environ.get("GPUFLEET_METRICS_PORT", "0")),
+    p.add_argument("--metrics-port", type=port, default=int(os.environ.get("GPUFLEET_METRICS_PORT", "0")),
                    help="serve Prometheus metrics on this port at /metrics (env GPUFLEET_METRICS_PORT; "
                         "default 0: off, since two components on one host would take the same port)")
-    p.add_argument("--metrics-host", default=os.environ.get("GPUFLEET_METRICS_HOST", "0.0.0.0"),
-                   help="address the metrics listen on (env GPUFLEET_METRICS_HOST; default all)")
+    p.add_argument("--metrics-host", default=os.environ.get("GPUFLEET_METRICS_HOST", "127.0.0.1"),
+                   help="address the metrics listen on (env GPUFLEET_METRICS_HOST; default 127.0.0.1, this "
+                        "host only: give 0.0.0.0 for a Prometheus elsewhere)")
 
 
 def serve_metrics(args: argparse.Namespace, registry) -> None:
@@ -56,6 +86,29 @@ def clickhouse_args(p: argparse.ArgumentParser) -> None:
                         "(env GPUFLEET_CLICKHOUSE_CLUSTER)")
 
 
+def check_id(what: str, value: str) -> str:
+    """``value`` as the ``what`` id (a workflow's, a host's) the contract allows, else UsageError."""
+    from schemas.validate_ids import id_error
+
+    reason = id_error("workflow_id" if what == "workflow" else what, value)
+    if reason:
+        raise UsageError(f"{what} id {value!r}: {reason}")
+    return value
+
+
+def parse_duration(text: str) -> float:
+    """'10s', '1m', '2h', '7d' in seconds, else UsageError."""
+    from gpufleet.opportunities import parse_since
+
+    try:
+        seconds = parse_since(text) if text != "all" else None
+    except ValueError:
+        seconds = None
+    if seconds is None or seconds <= 0:
+        raise UsageError(f"duration {text!r}: expected a number with s, m, h or d, such as 10s")
+    return seconds
+
+
 def kafka_connection(args: argparse.Namespace, principal: str, check: bool = True):
     """How this command reaches Kafka: ``--bootstrap`` (or GPUFLEET_BOOTSTRAP) with the security
     settings of the environment (``kafka_client.config``), checked before anything runs; or
@@ -66,7 +119,7 @@ def kafka_connection(args: argparse.Namespace, principal: str, check: bool = Tru
     try:
         security = Security.from_environment()
     except (KafkaConfigError, OSError) as exc:
-        sys.exit(f"Kafka client settings: {exc}")
+        raise UsageError(f"Kafka client settings: {exc}") from None
     if args.bootstrap:
         kafka = Connection(args.bootstrap, security)
     else:
@@ -74,14 +127,14 @@ def kafka_connection(args: argparse.Namespace, principal: str, check: bool = Tru
 
         info = local_kafka.status(args.data_dir / "kafka")
         if info is None:
-            sys.exit("no --bootstrap given and no local broker running: start one with `gpufleet kafka start`")
+            raise Failed("no --bootstrap given and no local broker running: start one with `gpufleet kafka start`")
         use_local = info.secure and security.protocol == "PLAINTEXT"
         kafka = info.connection(principal) if use_local else Connection(info.bootstrap, security)
     try:
         if check:
             check_access(kafka)
     except KafkaConfigError as exc:
-        sys.exit(str(exc))
+        raise Failed(str(exc)) from None
     logging.getLogger("gpufleet").info("Kafka at %s", kafka)
     return kafka
 
@@ -105,12 +158,15 @@ def query_client(args: argparse.Namespace, read_only: bool = True):
             return remote
     try:
         return connect(dsn, read_only=read_only)
-    except Exception as exc:  # noqa: BLE001 - any failure to connect ends the command with its reason
+    except Exception as exc:
+        if isinstance(exc, ValueError | OSError):
+            raise  # a DSN or a password file the user gave: said as such
         if not dsn.startswith("chdb://"):
-            sys.exit(f"cannot reach ClickHouse at {redact_dsn(dsn)}: {scrub(str(exc).splitlines()[0], dsn)}")
-        sys.exit(f"cannot open the embedded ClickHouse at {redact_dsn(dsn)}: {exc}\n"
-                 "The embedded engine allows one process per data directory: if a gpufleet demo or "
-                 "sink is running on it, wait for it to finish, or point --clickhouse-dsn at a server.")
+            raise Failed(f"cannot reach ClickHouse at {redact_dsn(dsn)}: {scrub(str(exc).splitlines()[0], dsn)}") \
+                from None
+        raise Failed(f"cannot open the embedded ClickHouse at {redact_dsn(dsn)}: {exc}. The embedded engine allows "
+                     "one process per data directory: if a gpufleet demo or sink is running on it, wait for it to "
+                     "finish, or point --clickhouse-dsn at a server.") from None
 
 
 def rates_args(p: argparse.ArgumentParser, what: str = "the reports") -> None:
@@ -121,17 +177,14 @@ def rates_args(p: argparse.ArgumentParser, what: str = "the reports") -> None:
 
 def rates(args: argparse.Namespace):
     """The rates file of ``--rates`` (none: GPU-hours and energy only); a bad one ends the command."""
-    from sinks.job_report import RatesError, load_rates
+    from sinks.job_report import load_rates
 
-    try:
-        return load_rates(args.rates)
-    except RatesError as exc:
-        sys.exit(str(exc))
+    return load_rates(args.rates)  # (a RatesError is a usage mistake: gpufleet.errors)
 
 
 def fleet_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--hosts", type=int, default=16)
-    p.add_argument("--gpus-per-host", type=int, default=8)
-    p.add_argument("--workflows", type=int, default=24)
+    p.add_argument("--hosts", type=positive_int, default=16)
+    p.add_argument("--gpus-per-host", type=positive_int, default=8)
+    p.add_argument("--workflows", type=positive_int, default=24)
 

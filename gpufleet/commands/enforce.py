@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import argparse
 import signal
-import sys
 import threading
 from pathlib import Path
 
-from gpufleet.commands.common import kafka_args, kafka_connection, metrics_args, serve_metrics
+from gpufleet.commands.common import (
+    kafka_args,
+    kafka_connection,
+    metrics_args,
+    non_negative_int,
+    positive,
+    serve_metrics,
+)
 
 
 def add(sub) -> None:
@@ -20,8 +26,8 @@ def add(sub) -> None:
     p.add_argument("--act", action="store_true",
                    help="run the commands of ladders with act = true; without it every action is a dry run")
     p.add_argument("--group-id", default="gpufleet-enforcer")
-    p.add_argument("--retries", type=int, default=2, help="a command that fails is tried this many more times")
-    p.add_argument("--timeout-s", type=float, default=60.0, help="a command that runs longer has failed")
+    p.add_argument("--retries", type=non_negative_int, default=2, help="a command that fails is tried this many more times")
+    p.add_argument("--timeout-s", type=positive, default=60.0, help="a command that runs longer has failed")
     metrics_args(p)
     p.set_defaults(func=cmd_enforce)
 
@@ -29,17 +35,14 @@ def add(sub) -> None:
 def cmd_enforce(args: argparse.Namespace) -> int:
     from gpufleet.enforcer import METRICS, Enforcer
     from kafka_client.admin import ensure_topics
-    from streams.enforcement_ladder import PolicyError, load_ladders
+    from streams.enforcement_ladder import load_ladders
 
-    try:
-        ladders = load_ladders(args.policy)
-    except PolicyError as exc:
-        sys.exit(f"enforcement policy: {exc}")
+    ladders = load_ladders(args.policy)  # (a PolicyError names the file and the ladder)
+    serve_metrics(args, METRICS.registry)
     kafka = kafka_connection(args, "enforcer")
     ensure_topics(kafka, prefix=args.topic_prefix, partitions=args.partitions)
     enforcer = Enforcer(kafka, ladders, act=args.act, group_id=args.group_id, topic_prefix=args.topic_prefix,
                         retries=args.retries, timeout_s=args.timeout_s)
-    serve_metrics(args, METRICS.registry)
     acting = [ladder.name for ladder in ladders if ladder.act] if args.act else []
     print(f"enforcer: {len(ladders)} ladder(s); acting for {', '.join(acting) or 'none (dry run)'}", flush=True)
     stop = threading.Event()

@@ -3,23 +3,24 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from gpufleet.commands.common import kafka_args, kafka_connection
+from gpufleet.commands.common import kafka_args, kafka_connection, port, positive_int
+from gpufleet.errors import Failed, UsageError
 
 
 def add(sub) -> None:
     p = sub.add_parser("kafka", help="start, stop or check the local Kafka broker or cluster")
     p.add_argument("action", choices=["start", "stop", "status"])
-    p.add_argument("--brokers", type=int, default=1,
+    p.add_argument("--brokers", type=positive_int, default=1,
                    help="nodes of the local cluster (KRaft, each broker and controller); 3 replicates "
                         "every topic three times, a write acknowledged by two")
     p.add_argument("--secure", action="store_true",
                    help="a cluster that speaks only SASL_SSL (SCRAM-SHA-512 and a client certificate), "
                         "with a user and ACLs per component; its CA, certificates and passwords are made "
                         "under the data dir the first time")
-    p.add_argument("--port", type=int, default=None, help="first node's listener port (default: a free one)")
+    p.add_argument("--port", type=port, default=None, help="client port of node 1; node i listens on PORT + i - 1 (default: free ones); "
+                        "a cluster keeps its ports once made")
     p.set_defaults(func=cmd_kafka)
 
     p = sub.add_parser("kafka-access", help="a deployment's Kafka security: make its CA, certificates, passwords "
@@ -44,11 +45,14 @@ def cmd_kafka(args: argparse.Namespace) -> int:
     from gpufleet import local_kafka
 
     kafka_dir = args.data_dir / "kafka"
+    if args.action == "start" and args.port and args.port + args.brokers - 1 > 65535:
+        raise UsageError(f"--port {args.port}: {args.brokers} nodes need ports up to {args.port + args.brokers - 1}, "
+                         "past 65535")
     if args.action == "start":
         try:
             info = local_kafka.start(kafka_dir, brokers=args.brokers, port=args.port, secure=args.secure)
         except local_kafka.KafkaRunnerError as exc:
-            sys.exit(str(exc))
+            raise Failed(str(exc)) from exc
         print(f"Kafka is running: bootstrap {info.bootstrap}" + (" (SASL_SSL, mutual TLS, ACLs)" if info.secure else ""))
         for node in info.nodes:
             print(f"  node {node.node_id}: {node.address}, pid {node.pid}, log {node.log_file}")
@@ -76,6 +80,8 @@ def cmd_kafka_access(args: argparse.Namespace) -> int:
     """A deployment's Kafka secrets (made once) and its users and ACLs (granted as admin)."""
     from gpufleet.kafka_security import LocalCredentials, create_users, grant
 
+    if args.dir.exists() and not args.dir.is_dir():
+        raise UsageError(f"--dir {args.dir} is a file: name a folder for the secrets (made if missing)")
     credentials = LocalCredentials(args.dir)
     if args.action == "credentials":
         if credentials.exists():
@@ -83,13 +89,13 @@ def cmd_kafka_access(args: argparse.Namespace) -> int:
             return 0
         nodes = [n for n in args.nodes.split(",") if n]
         if not nodes:
-            sys.exit("name the nodes with --nodes (the host names clients reach them by)")
+            raise UsageError("name the nodes with --nodes (the host names clients reach them by)")
         extra = tuple(h for h in (args.external_host, "localhost") if h)
         credentials.create({i: (name, *extra) for i, name in enumerate(nodes, 1)}, mount=args.mount)
         print(f"made a CA, {len(nodes)} node certificate(s) and a folder per principal under {args.dir / 'clients'}")
         return 0
     if not credentials.exists():
-        sys.exit(f"no credentials in {args.dir}: make them with `gpufleet kafka-access credentials`")
+        raise UsageError(f"no credentials in {args.dir}: make them with `gpufleet kafka-access credentials`")
     admin = kafka_connection(args, "admin")
     create_users(admin, credentials.passwords())
     n = grant(admin, args.topic_prefix, worker_app_id=args.app_id)

@@ -4,23 +4,37 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
-from gpufleet.commands.common import clickhouse_args, query_client, rates, rates_args
+from gpufleet.commands.common import (
+    check_id,
+    clickhouse_args,
+    positive,
+    positive_int,
+    query_client,
+    rates,
+    rates_args,
+)
+from gpufleet.errors import UsageError
 
 
 def add(sub) -> None:
-    p = sub.add_parser("sql", help="run a SQL query on gpufleet's ClickHouse (read-only by default)")
+    p = sub.add_parser("sql", help="run one SQL query on gpufleet's ClickHouse: read-only and bounded (time, "
+                                   "rows, memory: GPUFLEET_QUERY_MAX_SECONDS, _ROWS, _RESULT_BYTES, _MEMORY_BYTES)")
     p.add_argument("query")
     clickhouse_args(p)
     p.add_argument("--format", choices=["table", "csv", "json"], default="table")
-    p.add_argument("--write", action="store_true", help="allow statements that change data")
+    p.add_argument("--write", action="store_true",
+                   help="an administrator's escape hatch: the query runs with no restriction at all; it can change "
+                        "and drop tables, read and write this machine's files (file(), INSERT INTO FUNCTION file) "
+                        "and reach the network (url(), remote()). Needs --allow-files-and-network")
+    p.add_argument("--allow-files-and-network", action="store_true",
+                   help="confirm --write, knowing what it can reach")
     p.set_defaults(func=cmd_sql)
 
     p = sub.add_parser("workflows", help="workflows with their utilisation, waste and firing alerts")
     clickhouse_args(p)
-    p.add_argument("--since-minutes", type=float, default=1440, help="how far back from the newest window")
+    p.add_argument("--since-minutes", type=positive, default=1440, help="how far back from the newest window")
     p.set_defaults(func=cmd_workflows)
 
     p = sub.add_parser("workflow", help="one workflow's job report (goodput, energy, what to try) and its "
@@ -44,7 +58,7 @@ def add(sub) -> None:
                    help="group by; 'regression': the workflows whose profiles got slower than their previous one; "
                         "'right-size': the GPU-hours ended workflows would have freed asking for what fits them")
     p.add_argument("--since", default="7d", help="how far back: 7d, 12h, 30m, or all")
-    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--limit", type=positive_int, default=20)
     p.add_argument("--format", choices=["table", "csv", "json"], default="table")
     p.set_defaults(func=cmd_opportunities)
 
@@ -55,7 +69,7 @@ def add(sub) -> None:
                                                      "cluster"])
     p.add_argument("--since", default="7d", help="how far back: 7d, 12h, 30m, or all")
     rates_args(p)
-    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--limit", type=positive_int, default=20)
     p.set_defaults(func=cmd_goodput)
 
     p = sub.add_parser("report", help="write the fleet report: one self-contained HTML file with charts")
@@ -73,17 +87,14 @@ def add(sub) -> None:
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
-    from clickhouse_connect.driver.exceptions import ClickHouseError
+    from gpufleet.sql import FORMATS, check_query, run_query
 
-    from gpufleet.sql import FORMATS, run_query
-    from sinks.write_clickhouse import refusal
-
-    client = query_client(args, read_only=not args.write)
-
-    try:
-        columns, rows = run_query(client, args.query)
-    except ClickHouseError as exc:
-        sys.exit(f"query failed: {refusal(exc)}")
+    if args.write and not args.allow_files_and_network:
+        raise UsageError("--write runs the query with no restriction: it can change and drop tables, read and "
+                         "write this machine's files and reach the network; add --allow-files-and-network to confirm")
+    if not args.write:
+        check_query(args.query)
+    columns, rows = run_query(query_client(args, read_only=not args.write), args.query)
     print(FORMATS[args.format](columns, rows))
     return 0
 
@@ -101,13 +112,15 @@ def cmd_workflow(args: argparse.Namespace) -> int:
     from gpufleet.workflows import workflow_summary, workflow_timeline
     from sinks.job_report import job_report
 
+    check_id("workflow", args.workflow_id)
+    prices = rates(args)
     client = query_client(args)
     columns, rows = workflow_timeline(client, args.database, args.workflow_id)
     if not rows:
         print(f"no windows for workflow {args.workflow_id!r}")
         return 1
     summary, cluster = workflow_summary(client, args.database, args.workflow_id)
-    print(job_report(summary, rates(args), cluster)[0])
+    print(job_report(summary, prices, cluster)[0])
     print(format_table(columns, rows))
     return 0
 
@@ -116,25 +129,19 @@ def cmd_job(args: argparse.Namespace) -> int:
     from schemas.validate_ids import SLURM_JOB_ID
 
     if not SLURM_JOB_ID.fullmatch(args.job_id):
-        sys.exit(f"{args.job_id!r} is not a Slurm job id (digits, or an array task's 123_4)")
+        raise UsageError(f"{args.job_id!r} is not a Slurm job id (digits, or an array task's 123_4)")
     args.workflow_id = f"slurm-{args.job_id}"
     return cmd_workflow(args)
 
 
 def cmd_goodput(args: argparse.Namespace) -> int:
-    from clickhouse_connect.driver.exceptions import ClickHouseError
-
     from gpufleet.goodput_report import fleet_goodput, render_groups
+    from gpufleet.opportunities import parse_since
     from sinks.job_report import render_waterfall
-    from sinks.write_clickhouse import refusal
 
     prices = rates(args)
-    try:
-        fleet, groups = fleet_goodput(query_client(args), args.database, args.by, args.since, prices)
-    except ValueError as exc:
-        sys.exit(str(exc))
-    except ClickHouseError as exc:
-        sys.exit(f"query failed: {refusal(exc)}")
+    parse_since(args.since)  # checked before anything is asked
+    fleet, groups = fleet_goodput(query_client(args), args.database, args.by, args.since, prices)
     if not fleet.allocated.gpu_seconds and not fleet.unallocated.gpu_seconds:
         print(f"no GPU-hours recorded (--since {args.since})")
         return 0
@@ -146,18 +153,11 @@ def cmd_goodput(args: argparse.Namespace) -> int:
 
 
 def cmd_opportunities(args: argparse.Namespace) -> int:
-    from clickhouse_connect.driver.exceptions import ClickHouseError
-
-    from gpufleet.opportunities import opportunities
+    from gpufleet.opportunities import opportunities, parse_since
     from gpufleet.sql import FORMATS
-    from sinks.write_clickhouse import refusal
 
-    try:
-        columns, rows = opportunities(query_client(args), args.database, args.by, args.since, args.limit)
-    except ValueError as exc:
-        sys.exit(str(exc))
-    except ClickHouseError as exc:
-        sys.exit(f"query failed: {refusal(exc)}")
+    parse_since(args.since)  # checked before anything is asked
+    columns, rows = opportunities(query_client(args), args.database, args.by, args.since, args.limit)
     if not rows and args.format == "table":
         print(f"no wasted GPU-hours recorded (--since {args.since})")
         return 0
@@ -166,12 +166,16 @@ def cmd_opportunities(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from gpufleet.opportunities import parse_since
     from gpufleet.report import gather, render
 
-    try:
-        numbers = gather(query_client(args), args.database, args.since)
-    except ValueError as exc:
-        sys.exit(str(exc))
+    parse_since(args.since)
+    if args.html.is_dir():
+        raise UsageError(f"--html {args.html} is a directory: name the report's file in it, such as "
+                         f"{args.html / 'fleet-report.html'}")
+    if not args.html.parent.is_dir():
+        raise UsageError(f"--html {args.html}: no directory {args.html.parent} to write it in")
+    numbers = gather(query_client(args), args.database, args.since)
     args.html.write_text(render(numbers))
     print(f"wrote {args.html} ({numbers['gpu_hours']:,.1f} GPU-hours, {numbers['workflows']} workflows)")
     return 0
@@ -179,18 +183,17 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_clickhouse_users(args: argparse.Namespace) -> int:
     from sinks.clickhouse_access import access_statements, password_sha256
+    from sinks.write_clickhouse import ClickHouseWriter
 
+    ClickHouseWriter.check_database(args.database)
     hashes = []
     for role in ("READER", "WRITER"):
         name = f"GPUFLEET_CLICKHOUSE_{role}_PASSWORD"
         password = Path(os.environ[name + "_FILE"]).read_text().strip() if os.environ.get(name + "_FILE") \
             else os.environ.get(name)
         if not password:
-            sys.exit(f"set {name} (or {name}_FILE) to the {role.lower()}'s password")
+            raise UsageError(f"set {name} (or {name}_FILE) to the {role.lower()}'s password")
         hashes.append(password_sha256(password))
-    try:
-        print(";\n".join(access_statements(args.database, *hashes)) + ";")
-    except ValueError as exc:
-        sys.exit(str(exc))
+    print(";\n".join(access_statements(args.database, *hashes)) + ";")
     return 0
 

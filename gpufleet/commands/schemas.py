@@ -7,6 +7,8 @@ import os
 import signal
 import threading
 
+from gpufleet.commands.common import port
+
 
 def add(sub) -> None:
     p = sub.add_parser("schemas", help="gpufleet's Avro schemas for other services")
@@ -15,7 +17,7 @@ def add(sub) -> None:
                                          "subscribers with a standard Avro deserializer")
     s.add_argument("--host", default=os.environ.get("GPUFLEET_SCHEMAS_HOST", "127.0.0.1"),
                    help="address to listen on (env GPUFLEET_SCHEMAS_HOST; default loopback)")
-    s.add_argument("--port", type=int, default=int(os.environ.get("GPUFLEET_SCHEMAS_PORT", "8081")),
+    s.add_argument("--port", type=port, default=int(os.environ.get("GPUFLEET_SCHEMAS_PORT", "8081")),
                    help="port (env GPUFLEET_SCHEMAS_PORT; default 8081, the registry's usual port)")
     s.add_argument("--topic-prefix", default=os.environ.get("GPUFLEET_TOPIC_PREFIX", ""),
                    help="the deployment's topic prefix, which the subjects <topic>-value carry "

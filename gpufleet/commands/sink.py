@@ -14,6 +14,7 @@ from gpufleet.commands.common import (
     kafka_args,
     kafka_connection,
     metrics_args,
+    port,
     rates,
     rates_args,
     serve_metrics,
@@ -29,6 +30,9 @@ def add(sub) -> None:
                    default=os.environ.get("GPUFLEET_SINK_SAMPLES_IN_PYTHON", "") not in ("", "0"),
                    help="decode and check the agents' samples in Python instead of handing them to ClickHouse's "
                         "own Avro parser (about 2.5x slower; env GPUFLEET_SINK_SAMPLES_IN_PYTHON=1)")
+    p.add_argument("--query-port", type=port, default=int(os.environ.get("GPUFLEET_QUERY_PORT", "0")),
+                   help="with the embedded engine: the loopback port `gpufleet sql` & co. reach it on while "
+                        "this sink holds it (env GPUFLEET_QUERY_PORT; default: a free one, written to the data dir)")
     metrics_args(p)
     p.set_defaults(func=cmd_sink)
 
@@ -46,13 +50,16 @@ def cmd_sink(args: argparse.Namespace) -> int:
     from sinks.consume_to_clickhouse import METRICS, ClickHouseSink
     from sinks.write_clickhouse import ClickHouseWriter, connect
 
+    # What the user gave and what this machine has, before the broker: the DSN and its password,
+    # the database's name, ClickHouse itself, the metrics port.
+    dsn = clickhouse_dsn(args)
+    ClickHouseWriter.check_database(args.database)
+    writer = ClickHouseWriter(connect(dsn), args.database, cluster=args.clickhouse_cluster)
+    serve_metrics(args, METRICS.registry)
     kafka = kafka_connection(args, "sink")
     ensure_topics(kafka, prefix=args.topic_prefix, partitions=args.partitions)
-    dsn = clickhouse_dsn(args)
-    writer = ClickHouseWriter(connect(dsn), args.database, cluster=args.clickhouse_cluster)
     sink = ClickHouseSink(kafka, writer, group_id=args.group_id, topic_prefix=args.topic_prefix,
                           sample_columns_in_sql=not args.samples_in_python)
-    serve_metrics(args, METRICS.registry)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -60,7 +67,7 @@ def cmd_sink(args: argparse.Namespace) -> int:
     if dsn.startswith("chdb://"):  # let gpufleet sql & co. read while this process owns the engine
         from gpufleet.query_server import QueryServer
 
-        queries = QueryServer(Path(dsn[len("chdb://"):])).start()
+        queries = QueryServer(Path(dsn[len("chdb://"):]), port=args.query_port).start()
     try:
         stats = sink.run(stop)
     finally:
@@ -75,12 +82,12 @@ def cmd_notify(args: argparse.Namespace) -> int:
     from sinks.consume_alerts import METRICS, AlertNotifier
     from sinks.route_alerts import load_routing
 
-    prices = rates(args)
+    prices, routing = rates(args), load_routing(args.routing)  # checked before anything is reached
+    serve_metrics(args, METRICS.registry)
     kafka = kafka_connection(args, "notifier")
     ensure_topics(kafka, prefix=args.topic_prefix, partitions=args.partitions)
-    notifier = AlertNotifier(kafka, load_routing(args.routing), args.data_dir / "notifier-sent.log",
+    notifier = AlertNotifier(kafka, routing, args.data_dir / "notifier-sent.log",
                              group_id=args.group_id, topic_prefix=args.topic_prefix, rates=prices)
-    serve_metrics(args, METRICS.registry)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

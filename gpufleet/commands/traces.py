@@ -6,7 +6,15 @@ import argparse
 import os
 import sys
 
-from gpufleet.commands.common import kafka_args, kafka_connection
+from gpufleet.commands.common import (
+    check_id,
+    kafka_args,
+    kafka_connection,
+    parse_duration,
+    positive,
+    positive_int,
+)
+from gpufleet.errors import Failed, UsageError
 
 
 def add(sub) -> None:
@@ -15,11 +23,11 @@ def add(sub) -> None:
     kafka_args(p)
     p.add_argument("workflow_id")
     group = p.add_mutually_exclusive_group()
-    group.add_argument("--steps", type=int, default=20, help="optimizer steps to capture (default 20)")
+    group.add_argument("--steps", type=positive_int, default=20, help="optimizer steps to capture (default 20)")
     group.add_argument("--duration", default=None, help="or a duration: 10s, 1m")
     p.add_argument("--host", action="append", default=[], help="ask this host (repeatable; default: every host "
                                                                  "the agents report the workflow on)")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for every host's result")
+    p.add_argument("--timeout", type=positive, default=300.0, help="seconds to wait for every host's result")
     p.set_defaults(func=cmd_profile)
 
     p = sub.add_parser("analyze", help="analyse PyTorch profiler (Kineto) trace files")
@@ -40,7 +48,7 @@ def add(sub) -> None:
                                    "'vs' (gpufleet diff base0.json base1.json vs cand0.json cand1.json).")
     p.add_argument("traces", nargs="+", help="BASELINE... vs CANDIDATE..., or BASELINE CANDIDATE")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
-    p.add_argument("--top", type=int, default=15, help="kernels to list (default 15)")
+    p.add_argument("--top", type=positive_int, default=15, help="kernels to list (default 15)")
     p.set_defaults(func=cmd_diff)
 
     p = sub.add_parser("ingest-trace", help="publish trace files to Kafka for the worker to analyse")
@@ -51,17 +59,17 @@ def add(sub) -> None:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from gpufleet.opportunities import parse_since
     from gpufleet.profile import hosts_of, profile
     from kafka_client.admin import ensure_topics
 
+    check_id("workflow", args.workflow_id)
+    duration_ms = None if args.duration is None else int(parse_duration(args.duration) * 1000)
     kafka = kafka_connection(args, "operator")
     ensure_topics(kafka, prefix=args.topic_prefix, partitions=args.partitions)
     hosts = args.host or hosts_of(kafka, args.workflow_id, args.topic_prefix)
     if not hosts:
-        sys.exit(f"workflow {args.workflow_id} is not running on any host (no agent reported it without "
-                 "ending it); name hosts with --host to ask anyway")
-    duration_ms = None if args.duration is None else int(parse_since(args.duration) * 1000)
+        raise Failed(f"workflow {args.workflow_id} is not running on any host (no agent reported it without "
+                     "ending it); name hosts with --host to ask anyway")
     steps = None if duration_ms is not None else args.steps
     what = f"{duration_ms / 1000:g} s" if duration_ms is not None else f"{steps} steps"
     print(f"profiling {args.workflow_id} for {what} on {', '.join(hosts)} (timeout {args.timeout:g} s)", flush=True)
@@ -113,11 +121,19 @@ def _system_line(system: dict) -> str:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    from gpufleet.analyze import run
+    """The analyses; then one line on standard error for each file that could not be read (status
+    2: a file the user gave) or was damaged (status 1: its figures cover what was read)."""
+    from gpufleet.analyze import analyze_paths, status_of
 
-    text, rc = run(args.traces, args.json, args.workflow, args.critical_path, args.kernel_sequences)
+    text, records = analyze_paths(args.traces, args.json, args.workflow, args.critical_path, args.kernel_sequences)
     print(text)
-    return rc
+    for r in records:
+        if r.get("unreadable"):
+            print(f"gpufleet analyze: {r['error']}", file=sys.stderr)
+        elif r["partial"]:
+            print(f"gpufleet analyze: {r['source']}: damaged; its figures cover what was read ({r.get('error')})",
+                  file=sys.stderr)
+    return status_of(records)
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
@@ -127,19 +143,16 @@ def cmd_diff(args: argparse.Namespace) -> int:
     from producers.read_trace import TraceError
     from streams.trace_diff import diff_profiles, profile_figures, render_diff
 
-    try:
-        base_paths, cand_paths = split_profiles(args.traces)
-    except ValueError as exc:
-        sys.exit(f"gpufleet diff: {exc}")
+    base_paths, cand_paths = split_profiles(args.traces)  # (a ValueError says how to give them)
     sides = []
     for paths in (base_paths, cand_paths):
         files = [f for p in paths for f in trace_files(p)]
         if not files:
-            sys.exit(f"gpufleet diff: no trace files in {' '.join(paths)}")
+            raise UsageError(f"no trace files in {' '.join(paths)}")
         try:
             records, kernels = analyze_profile(files)
         except TraceError as exc:
-            sys.exit(f"gpufleet diff: {exc}")
+            raise UsageError(str(exc)) from None
         sides.append(profile_figures(records, kernels))
     diff = diff_profiles(*sides)
     if args.json:
@@ -169,6 +182,10 @@ def cmd_ingest_trace(args: argparse.Namespace) -> int:
     from producers.publish_trace import publish_trace
     from schemas.codec import Codec
 
+    check_id("workflow", args.workflow)
+    for path in args.traces:
+        if not os.path.isfile(path):
+            raise UsageError(f"no trace file at {path}")
     kafka = kafka_connection(args, "agent")
     ensure_topics(kafka, prefix=args.topic_prefix, partitions=args.partitions)
     publisher = Publisher(kafka, Codec())
@@ -179,6 +196,6 @@ def cmd_ingest_trace(args: argparse.Namespace) -> int:
         print(f"{path}: published {end['events']} events as trace {end['trace_id']} (rank {end['rank']}), {state}")
         rc = rc or (1 if end["partial"] else 0)
     if publisher.flush():
-        sys.exit("some trace events could not be delivered to Kafka")
+        raise Failed("some trace events could not be delivered to Kafka")
     return rc
 

@@ -3,52 +3,61 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from gpufleet.commands.common import kafka_args, kafka_connection, metrics_args, serve_metrics
+from gpufleet.commands.common import (
+    fraction,
+    kafka_args,
+    kafka_connection,
+    metrics_args,
+    non_negative,
+    percent,
+    positive,
+    serve_metrics,
+)
+from gpufleet.errors import Failed
 
 
 def add(sub) -> None:
     p = sub.add_parser("worker", help="run the stream worker (event-time windows and detectors)")
     kafka_args(p)
     p.add_argument("--app-id", default="gpufleet-worker", help="Faust app id = consumer group")
-    p.add_argument("--window-s", type=float, default=60.0)
-    p.add_argument("--lateness-s", type=float, default=10.0, help="allowed lateness of samples")
-    p.add_argument("--startup-max-s", type=float, default=900.0,
+    p.add_argument("--window-s", type=positive, default=60.0)
+    p.add_argument("--lateness-s", type=non_negative, default=10.0, help="allowed lateness of samples")
+    p.add_argument("--startup-max-s", type=non_negative, default=900.0,
                    help="goodput: how long a workflow whose GPUs never did any work counts as starting up "
                         "before its GPU-seconds count as idle")
-    p.add_argument("--update-horizon-s", type=float, default=3600.0,
+    p.add_argument("--update-horizon-s", type=non_negative, default=3600.0,
                    help="a sample later than the watermark by up to this much completes its closed window, "
                         "which is emitted again with a higher version; later ones are dead-lettered")
-    p.add_argument("--max-future-skew-s", type=float, default=300.0,
+    p.add_argument("--max-future-skew-s", type=non_negative, default=300.0,
                    help="a sample this far ahead of the worker's clock is dead-lettered (a wrong host clock)")
-    p.add_argument("--low-utilization-pct", type=float, default=25.0,
+    p.add_argument("--low-utilization-pct", type=percent, default=25.0,
                    help="mean utilisation under this, sustained, raises a warning")
-    p.add_argument("--critical-utilization-pct", type=float, default=15.0,
+    p.add_argument("--critical-utilization-pct", type=percent, default=15.0,
                    help="mean utilisation under this, sustained, raises a critical alert")
-    p.add_argument("--workflow-ended-s", type=float, default=600.0,
+    p.add_argument("--workflow-ended-s", type=positive, default=600.0,
                    help="a workflow with no sample for this long (event time) has ended: summarise it")
-    p.add_argument("--idle-partition-s", type=float, default=60.0,
+    p.add_argument("--idle-partition-s", type=positive, default=60.0,
                    help="a partition with no sample for this long (wall time) follows the busiest one's clock")
     p.add_argument("--thresholds", type=Path, default=None,
                    help="TOML file of detector thresholds: [default] and [teams.<name>] (DetectorConfig fields)")
-    p.add_argument("--detector-min-s", type=float, default=None,
+    p.add_argument("--detector-min-s", type=non_negative, default=None,
                    help="how long every violation must last before its alert fires (default: each detector's own, "
                         "e.g. 10 minutes for low utilisation)")
     p.add_argument("--no-periodic-profiles", dest="periodic_profiles", action="store_false",
                    help="do not profile running workflows periodically")
-    p.add_argument("--profile-every-s", type=float, default=6 * 3600.0,
+    p.add_argument("--profile-every-s", type=positive, default=6 * 3600.0,
                    help="profile each running workflow at most once per this many seconds (default 6 h)")
-    p.add_argument("--profile-budget", type=float, default=0.02,
+    p.add_argument("--profile-budget", type=fraction, default=0.02,
                    help="at most this fraction of the running workflows profiled at once (default 2 %%, at least 1)")
-    p.add_argument("--schedule-report-s", type=float, default=30.0,
+    p.add_argument("--schedule-report-s", type=positive, default=30.0,
                    help="how often the window stage tells the scheduler what runs")
     p.add_argument("--schedule-seed", type=int, default=0, help="ties in the schedule are broken by this seed")
-    p.add_argument("--regression-pct", type=float, default=10.0,
+    p.add_argument("--regression-pct", type=non_negative, default=10.0,
                    help="a profile whose step takes this much longer on the GPU than the rank's previous profile "
                         "is a regression finding (default 10 %%)")
-    p.add_argument("--regression-min-ms", type=float, default=0.1,
+    p.add_argument("--regression-min-ms", type=non_negative, default=0.1,
                    help="... and at least this much longer per step (default 0.1 ms)")
     p.add_argument("--enforcement", type=Path, default=None,
                    help="the enforcement ladders (TOML, [[ladder]] tables: see docker/config/enforcement.toml): "
@@ -63,13 +72,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
     try:
         faust_fixes.apply()  # first: a faust that is not what the fixes were proven on never runs
     except faust_fixes.NotAsReviewed as exc:
-        sys.exit(f"gpufleet worker: {exc}")
+        raise Failed(str(exc)) from None
 
     import faust
 
     from kafka_client.admin import brokers_in, create_topics, ensure_topics, replication_for
     from streams.app import StreamSettings, changelog_topics, create_app, tune_gc
     from streams.detect_waste import DetectorConfig
+    from streams.enforcement_ladder import load_ladders
     from streams.goodput import GoodputConfig
     from streams.raise_alerts import AlertConfig, load_detector_config
     from streams.schedule_profiles import ScheduleConfig
@@ -78,21 +88,26 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from streams.trace_diff import RegressionConfig
     from streams.window_utilization import WindowConfig
 
-    kafka = kafka_connection(args, "worker")
-    ensure_topics(kafka, prefix=args.topic_prefix, partitions=args.partitions)
-    partitions, trace_partitions, analysis_partitions = _stream_partitions(kafka, args.topic_prefix)
+    # What the user gave, checked before anything is reached or made.
     if args.thresholds:
         detectors, team_detectors = load_detector_config(args.thresholds)
     else:
         detectors = DetectorConfig(low_util_warn_pct=args.low_utilization_pct,
                                    low_util_critical_pct=min(args.low_utilization_pct, args.critical_utilization_pct))
         team_detectors = {}
+    ladders = load_ladders(args.enforcement) if args.enforcement else ()
+    data_dir = args.data_dir / "worker"
+    data_dir.mkdir(parents=True, exist_ok=True)  # Faust makes only the last folder of its data directory
+    serve_metrics(args, METRICS.registry)  # the port, before the broker: one in use says so now
+    kafka = kafka_connection(args, "worker")
+    ensure_topics(kafka, prefix=args.topic_prefix, partitions=args.partitions)
+    partitions, trace_partitions, analysis_partitions = _stream_partitions(kafka, args.topic_prefix)
     settings = StreamSettings(
         bootstrap=kafka.bootstrap,
         security=kafka.security,
         app_id=args.app_id,
         topic_prefix=args.topic_prefix,
-        data_dir=str(args.data_dir / "worker"),
+        data_dir=str(data_dir),
         window=WindowConfig(size_ms=int(args.window_s * 1000), allowed_lateness_ms=int(args.lateness_s * 1000),
                             max_future_skew_ms=int(args.max_future_skew_s * 1000),
                             update_horizon_ms=int(args.update_horizon_s * 1000),
@@ -107,18 +122,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
                                                                  min_us=args.regression_min_ms * 1000)),
         replication=replication_for(brokers_in(kafka))[0],
         alerts=AlertConfig(detectors=detectors, team_detectors=team_detectors, min_duration_s=args.detector_min_s),
-        enforcement=_ladders(args.enforcement),
+        enforcement=ladders,
         schedule=ScheduleConfig(enabled=args.periodic_profiles, interval_s=args.profile_every_s,
                                 budget_fraction=args.profile_budget, report_s=args.schedule_report_s,
                                 seed=args.schedule_seed),
     )
-    try:  # Faust makes only the last folder of its data directory
-        Path(settings.data_dir).mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        sys.exit(f"gpufleet worker: cannot make the data directory {settings.data_dir}: {exc.strerror}")
     create_topics(kafka, changelog_topics(settings))
     app = create_app(settings)
-    serve_metrics(args, METRICS.registry)
     tune_gc()
     worker = faust.Worker(app, loglevel=args.log_level, quiet=True)
     # Faust's terminal spinner sets the root logger to DEBUG so that every record spins it:
@@ -127,17 +137,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
     worker.spinner = None
     worker.execute_from_commandline()
     return 0
-
-
-def _ladders(path: Path | None) -> tuple:
-    from streams.enforcement_ladder import PolicyError, load_ladders
-
-    if path is None:
-        return ()
-    try:
-        return load_ladders(path)
-    except PolicyError as exc:
-        sys.exit(f"enforcement policy: {exc}")
 
 
 def _stream_partitions(kafka, prefix: str) -> tuple[int, int, int]:
@@ -151,7 +150,7 @@ def _stream_partitions(kafka, prefix: str) -> tuple[int, int, int]:
     counts = partitions_of(kafka, names)
     co = {prefix + t.name: counts.get(prefix + t.name) for t in CO_PARTITIONED}
     if len(set(co.values())) != 1 or None in co.values():
-        sys.exit("the worker needs " + ", ".join(co) + " to have the same number of partitions; they have "
-                 + ", ".join(f"{n}: {c}" for n, c in co.items()) + ". Recreate them with one --partitions")
+        raise Failed("the worker needs " + ", ".join(co) + " to have the same number of partitions; they have "
+                     + ", ".join(f"{n}: {c}" for n, c in co.items()) + ". Recreate them with one --partitions")
     return next(iter(co.values())), counts[prefix + KERNEL_EVENTS.name], counts[prefix + TRACE_ANALYSES.name]
 

@@ -43,7 +43,7 @@ def test_a_file_that_is_not_a_trace_exits_non_zero_with_the_reason(tmp_path):
     path = tmp_path / "list.json"
     path.write_text("[1, 2, 3]")
     text, rc = run([str(path)], as_json=False)
-    assert rc == 1 and "ERROR" in text and "the top level is an array" in text
+    assert rc == 2 and "ERROR" in text and "the top level is an array" in text  # the user's file: a usage error
 
 
 def test_a_healthy_trace_exits_zero(tmp_path):

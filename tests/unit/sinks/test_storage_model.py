@@ -103,3 +103,13 @@ def test_since_limits_the_period_and_is_parsed_strictly(writer):
     assert parse_since("7d") == 7 * 86400 and parse_since("all") is None
     with pytest.raises(ValueError, match="--since"):
         parse_since("a week")
+
+
+@pytest.mark.parametrize("by", ["cause", "team", "workflow", "regression", "right-size", "gpu-model"])
+def test_every_grouping_answers_on_tables_with_nothing_in_them(chdb_client, database, by):
+    """A new deployment has its tables and no loss yet: each grouping answers with no rows and
+    the columns it names when there are rows (chdb names none for an empty result)."""
+    ClickHouseWriter(chdb_client, database).ensure_tables()
+    columns, rows = opportunities(chdb_client, database, by=by, since="all")
+    assert rows == [] and columns[-3:] == ["gpu_hours", "workflows", "top_workflows"]
+    assert columns[0] == {"regression": "workflow", "cause": "cause", "right-size": "cause"}.get(by, by)

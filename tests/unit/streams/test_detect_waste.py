@@ -70,7 +70,7 @@ def test_team_thresholds_from_a_file(tmp_path):
                               now_ms=0)
         assert any(a["detector"] == "low_utilization" for a in alerts) == fires
     path.write_text("[teams.x]\nlow_util_pct = 1\n")
-    with _pytest.raises(ValueError, match="unknown thresholds in \\[x\\]: low_util_pct"):
+    with _pytest.raises(ValueError, match="unknown thresholds in \\[teams.x\\]: low_util_pct"):
         load_detector_config(path)
 
 
