@@ -47,3 +47,33 @@ def test_only_the_worker_owns_topics_and_only_under_its_app_id():
 
 def test_every_component_has_a_principal_and_admin_needs_no_acl():
     assert set(granted()) == set(PRINCIPALS) - {"admin"}
+
+
+def test_the_readmes_rights_table_is_what_the_brokers_are_given():
+    """The README's table of users (the operator's reference) says what ``rights`` grants:
+    every user, every topic read and written, every group prefix; and its subscriber example
+    uses a group id the secure cluster accepts."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[3] / "README.md").read_text()
+    table = readme[readme.index("| user | reads | writes |"):]
+    table = table[:table.index("\n\n")].splitlines()[2:]
+
+    def names(cell: str) -> set[str]:
+        cell = cell.split(";")[0].strip()
+        return set() if cell == "nothing" else {n.strip() for n in cell.split(",") if n.strip()}
+
+    def short(specs) -> set[str]:
+        return {s.name.removeprefix("gpufleet.").removesuffix(".v1") for s in specs}
+
+    seen = {}
+    for line in table:
+        user, reads, writes, groups = (c.strip() for c in line.strip("|").split("|"))
+        seen[user.split()[0]] = (names(reads), names(writes), set(re.findall(r"`([^`]+)`", groups)))
+    granted = rights()
+    assert seen.keys() == granted.keys()
+    for user, r in granted.items():
+        assert seen[user] == (short(r.reads), short(r.writes), set(r.groups)), user
+    group = re.search(r'"group\.id": "([^"]+)"', readme).group(1)
+    assert group.startswith(granted["subscriber"].groups[0])
