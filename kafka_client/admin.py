@@ -30,18 +30,19 @@ def replication_for(brokers: int) -> tuple[int, int]:
     return replicas, (2 if replicas >= 3 else 1)
 
 
-def create_topics(kafka: str | Connection, topics: Iterable[tuple[str, int, bool]], timeout: float = 30.0,
+def create_topics(kafka: str | Connection, topics: Iterable[tuple], timeout: float = 30.0,
                   replication: int | None = None) -> list[str]:
-    """Create each ``(name, partitions, compacted)`` that does not exist yet, replicated as the
-    cluster allows (or ``replication`` times); return the names created."""
+    """Create each ``(name, partitions, compacted[, configs])`` that does not exist yet,
+    replicated as the cluster allows (or ``replication`` times); return the names created."""
     admin = AdminClient(client_config(kafka))
     metadata = admin.list_topics(timeout=timeout)
     existing = set(metadata.topics)
     replicas, min_isr = replication_for(replication or len(metadata.brokers))
     wanted = [
         NewTopic(name, num_partitions=partitions, replication_factor=replicas,
-                 config={"min.insync.replicas": str(min_isr), **({"cleanup.policy": "compact"} if compacted else {})})
-        for name, partitions, compacted in topics if name not in existing
+                 config={"min.insync.replicas": str(min_isr), **({"cleanup.policy": "compact"} if compacted else {}),
+                         **dict(configs[0] if configs else ())})
+        for name, partitions, compacted, *configs in topics if name not in existing
     ]
     if not wanted:
         return []
@@ -102,8 +103,34 @@ def ensure_topics(
     """Create the declared topics (under ``prefix``) that do not exist yet, those that scale
     with the fleet with ``partitions`` each (default: as declared); return the names created.
     Topics that exist keep what they have: ``partitions_of`` tells a consumer what that is."""
-    return create_topics(kafka, [(prefix + s.name, s.partitions_in(partitions), s.compacted) for s in specs],
-                         timeout, replication)
+    return create_topics(kafka, [(prefix + s.name, s.partitions_in(partitions), s.compacted, s.configs)
+                                 for s in specs], timeout, replication)
+
+
+def align_configs(kafka: str | Connection, specs: Iterable[TopicSpec] = ALL_TOPICS, prefix: str = "",
+                  timeout: float = 30.0) -> list[str]:
+    """Give the existing topics the settings their declarations carry (a deployment made before
+    a setting was declared: the samples topic's LogAppendTime); return 'topic: key=value' for
+    each one changed. Needs the right to alter the topics' configs (the administrator)."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+    admin = AdminClient(client_config(kafka))
+    existing = set(admin.list_topics(timeout=timeout).topics)
+    declared = {prefix + s.name: dict(s.configs) for s in specs if s.configs and prefix + s.name in existing}
+    if not declared:
+        return []
+    resources = [ConfigResource("topic", name) for name in declared]
+    changed = []
+    for resource, future in admin.describe_configs(resources).items():
+        have = future.result(timeout)
+        differ = {k: v for k, v in declared[resource.name].items() if k not in have or have[k].value != v}
+        if differ:
+            entries = [ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in differ.items()]
+            (done,) = admin.incremental_alter_configs([ConfigResource("topic", resource.name,
+                                                                      incremental_configs=entries)]).values()
+            done.result(timeout)
+            changed += [f"{resource.name}: {k}={v}" for k, v in differ.items()]
+    return changed
 
 
 def brokers_in(kafka: str | Connection, timeout: float = 30.0) -> int:

@@ -33,7 +33,7 @@ REASON_KINDS: tuple[tuple[str, re.Pattern], ...] = tuple((kind, re.compile(patte
                     r"\d+ trailing bytes|cannot decode)")),
     ("wrong_record_type", r"^expected \S+ on .*, got |^expected \S+, got "),
     ("late", r" behind the watermark "),
-    ("future", r" ahead of the worker's clock"),
+    ("future", r" ahead of (the worker's clock|the time Kafka received them)"),
     ("refused_by_clickhouse", r"^ClickHouse refused the row"),
     ("bad_id", (r"^(workflow_id|owner|team|host|trace_id|request_id|gpu_uuid)\b.*"
                r"(not a string|is empty|characters|space|control character)")),

@@ -17,7 +17,13 @@ from operator import gt
 
 from schemas.codec import SCHEMA_DIR
 from schemas.validate_ids import ids_error
-from schemas.validate_sample import BOUNDS, samples_of, validate_sample
+from schemas.validate_sample import (
+    BOUNDS,
+    MAX_AHEAD_OF_KAFKA_MS,
+    ahead_reason,
+    samples_of,
+    validate_sample,
+)
 
 NAME = "GpuSampleColumns"
 CLOCK = "PartitionClock"  # also on the samples topic: the fleet's event time, no samples
@@ -172,12 +178,32 @@ def samples_checked(name: str, record: dict) -> list[tuple[dict | None, str | No
     return out
 
 
-def blocks_of(name: str, record: dict) -> tuple[list[dict], list[str]]:
+def blocks_of(name: str, record: dict, received_ms: int | None = None) -> tuple[list[dict], list[str]]:
     """The usable blocks of a ``GpuSample``, ``GpuSampleBatch`` or ``GpuSampleColumns``
     message, and the reason for each sample (or the whole message) that is not usable
-    (a ``PartitionClock`` or ``WorkflowEvent``: none of either)."""
+    (a ``PartitionClock`` or ``WorkflowEvent``: none of either). ``received_ms``: when Kafka
+    received the message (its record's timestamp); samples more than ``MAX_AHEAD_OF_KAFKA_MS``
+    ahead of it are refused, with one reason for them all. The one judgement of a sample: the
+    worker and the sink both call this."""
     if name == NAME and shape_error(record) is None and (not size(record) or _passes(record)):
-        return ([record] if size(record) else []), []
-    checked = samples_checked(name, record)
-    good = [s for s, reason in checked if reason is None]
-    return columns_of(good, per_tick=False, max_samples=max(1, len(good))), [r for _, r in checked if r]
+        blocks, reasons = ([record] if size(record) else []), []
+    else:
+        checked = samples_checked(name, record)
+        good = [s for s, reason in checked if reason is None]
+        blocks, reasons = columns_of(good, per_tick=False, max_samples=max(1, len(good))), [r for _, r in checked if r]
+    if received_ms is None or received_ms <= 0 or not blocks:
+        return blocks, reasons
+    limit = received_ms + MAX_AHEAD_OF_KAFKA_MS
+    if all(max(b["event_time"]) <= limit for b in blocks):
+        return blocks, reasons
+    kept, refused, newest = [], 0, 0
+    for b in blocks:
+        times = b["event_time"]
+        keep = [i for i, t in enumerate(times) if t <= limit]
+        refused += len(times) - len(keep)
+        newest = max(newest, max(times))
+        if len(keep) == len(times):
+            kept.append(b)
+        elif keep:
+            kept.append(take(b, keep))
+    return kept, [*reasons, ahead_reason(refused, blocks[0], newest, received_ms)]

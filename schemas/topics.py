@@ -23,6 +23,7 @@ class TopicSpec(msgspec.Struct, frozen=True):
     compacted: bool = False
     doc: str = ""
     other_schemas: tuple[str, ...] = ()  # further record types the topic carries
+    configs: tuple[tuple[str, str], ...] = ()  # topic settings it is made with (and `gpufleet topics` keeps)
 
     def carries(self, schema: str) -> bool:
         return schema == self.schema or schema in self.other_schemas
@@ -35,6 +36,9 @@ class TopicSpec(msgspec.Struct, frozen=True):
 GPU_SAMPLES = TopicSpec(
     "gpufleet.gpu-samples.v1", "GpuSample", "workflow_id", 8,
     other_schemas=("GpuSampleColumns", "GpuSampleBatch", "PartitionClock", "WorkflowEvent"),
+    # the broker's time on each record, not the host's: what a sample's event time is judged
+    # against (schemas.validate_sample.MAX_AHEAD_OF_KAFKA_MS)
+    configs=(("message.timestamp.type", "LogAppendTime"),),
     doc="Host agents' GPU samples: a workflow's samples on a host column by column per message "
         "(GpuSampleColumns, what the agents send); GpuSample and GpuSampleBatch messages of older "
         "agents are read too. Keyed by workflow so a workflow's samples stay in order. The workers "

@@ -16,6 +16,13 @@ MIN_EVENT_TIME_MS = 946_684_800_000
 # is stored, but no client can read it back as a time (a clock or unit error: microseconds).
 MAX_EVENT_TIME_MS = 10_413_791_999_999
 MAX_INTERVAL_MS = 3_600_000
+# A sample more than this ahead of the time Kafka received its message comes from a host whose
+# clock is wrong (or a unit error). The samples topic keeps the broker's time on every record
+# (message.timestamp.type = LogAppendTime, schemas.topics), not the time the host's client
+# stamped, so the judgement depends on nothing a host says of itself, and it is the same
+# whenever and wherever a record is read again: the worker and the sink refuse exactly the
+# same samples (schemas.sample_columns.blocks_of; the sink's SQL path by the same number).
+MAX_AHEAD_OF_KAFKA_MS = 300_000
 
 # The workflow ids of GPU samples that belong to no workflow: GPUs no scheduler allocated and
 # no process holds (the fleet's free capacity; ``unallocated`` where the agent reads the
@@ -61,6 +68,23 @@ BOUNDS = (
     Bounds("allocator_reserved_bytes", 0, 1 << 50, "is outside 0..1 PiB (the memory of one GPU)"),
     Bounds("workflow_memory_bytes", 0, 1 << 60, "is outside 0..1 EiB"),
 )
+
+
+def ahead_reason(count: int, block: dict, newest_ms: int, received_ms: int) -> str:
+    """Why ``count`` samples of ``block`` (a host's samples of one workflow) are refused: the
+    newest of them is ``newest_ms``, Kafka received their message at ``received_ms``."""
+    from datetime import UTC, datetime
+
+    def iso(ms: int) -> str:
+        try:
+            return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        except (OverflowError, OSError, ValueError):
+            return f"{ms} ms"
+
+    ahead_s = (newest_ms - received_ms) / 1000
+    return (f"{count} sample(s) of workflow {block['workflow_id']} from host {block['host']} are ahead of the time "
+            f"Kafka received them ({iso(received_ms)}) by up to {ahead_s:,.0f} s (at most "
+            f"{MAX_AHEAD_OF_KAFKA_MS // 1000} s allowed; newest {iso(newest_ms)}): the host's clock is wrong")
 
 
 def validate_sample(r: dict) -> str | None:

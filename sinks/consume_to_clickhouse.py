@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import (
     OFFSET_INVALID,
+    TIMESTAMP_NOT_AVAILABLE,
     Consumer,
     KafkaException,
     TopicCollection,
@@ -63,6 +64,12 @@ STAGE = "clickhouse-sink"
 # whole, ids included, by blocks_of): their ids are checked here.
 FROM_HOSTS = (HOST_SAMPLES, WORKFLOW_EVENTS, PROFILE_STATUSES)
 
+
+
+def received_ms(message) -> int | None:
+    """When Kafka received a confluent-kafka message (its record's timestamp), or None."""
+    kind, ms = message.timestamp()
+    return ms if kind != TIMESTAMP_NOT_AVAILABLE and ms > 0 else None
 
 def topic_ids(admin: AdminClient, topics: list[str], timeout: float = 30.0) -> dict[str, str]:
     """Kafka's id of each topic: a topic deleted and created again under the same name gets a
@@ -257,7 +264,7 @@ class ClickHouseSink:
             by_name[table.name] = table
             topic_id = self.topic_ids.get(m.topic(), "")
             if table.topic is GPU_SAMPLES:  # blocks of samples, stored column by column
-                blocks, reasons = blocks_of(name, record)
+                blocks, reasons = blocks_of(name, record, received_ms(m))
                 bad += [(m, reason) for reason in reasons]
                 rows[table.name] += [Block(m.partition(), m.offset(), b, m.topic(), topic_id) for b in blocks]
                 continue
@@ -298,7 +305,8 @@ class ClickHouseSink:
         stored = None
         if len(columns) + clocks == len(samples):
             topic_id = self.topic_ids.get(self.samples_topic, "")
-            batch = [Message(m.partition(), m.offset(), m.value(), m.topic(), topic_id) for m in columns]
+            batch = [Message(m.partition(), m.offset(), m.value(), m.topic(), topic_id, received_ms(m) or 0)
+                     for m in columns]
             with INSERT_SECONDS.labels(GPU_SAMPLES_TABLE.name).time():
                 stored = self.columns.insert(batch, deduplication_token(GPU_SAMPLES_TABLE, batch))
         if stored is None:

@@ -41,7 +41,7 @@ from clickhouse_connect.driver.exceptions import DatabaseError
 from schemas.codec import WIRE_HEADER_BYTES, Codec, strip_timestamp_logical_types
 from schemas.sample_columns import NAME, NO_SAMPLES, NULLABLE, SHARED
 from schemas.validate_ids import ID_PATTERN, MAX_ID_LENGTH
-from schemas.validate_sample import BOUNDS
+from schemas.validate_sample import BOUNDS, MAX_AHEAD_OF_KAFKA_MS
 from sinks.ddl_samples import GPU_SAMPLES_TABLE
 from sinks.table import KAFKA_COLUMNS
 from sinks.write_clickhouse import is_transient
@@ -67,6 +67,7 @@ class Message:
     value: bytes
     topic: str
     topic_id: str
+    received_ms: int = 0  # when Kafka received it (its record's timestamp); 0: unknown
 
 
 def _long(n: int) -> bytes:
@@ -96,7 +97,7 @@ def envelope_schema(codec: Codec) -> dict:
         fields.append({"name": f["name"], "type": t})
     return {"type": "record", "name": "GpuSampleColumnsAt", "fields": [
         {"name": "kafka_partition", "type": "int"}, {"name": "kafka_offset", "type": "long"},
-        *fields, {"name": "trailer", "type": "long"}]}
+        {"name": "kafka_received_ms", "type": "long"}, *fields, {"name": "trailer", "type": "long"}]}
 
 
 def container(schema: dict, messages: Sequence[Message]) -> bytes:
@@ -105,8 +106,8 @@ def container(schema: dict, messages: Sequence[Message]) -> bytes:
     meta = {b"avro.schema": json.dumps(schema).encode(), b"avro.codec": b"null"}
     header = b"Obj\x01" + _long(len(meta)) + b"".join(_bytes(k) + _bytes(v) for k, v in meta.items()) + b"\0" + _SYNC
     skip = WIRE_HEADER_BYTES
-    body = b"".join(b"".join((_long(m.partition), _long(m.offset), memoryview(m.value)[skip:], _long(m.offset)))
-                    for m in messages)
+    body = b"".join(b"".join((_long(m.partition), _long(m.offset), _long(m.received_ms), memoryview(m.value)[skip:],
+                              _long(m.offset))) for m in messages)
     return header + _long(len(messages)) + _long(len(body)) + body + _SYNC
 
 
@@ -227,7 +228,7 @@ def statements(schema: dict, staging: str, database: str, types: dict[str, str])
                *((f"NOT (isNull({f}) OR ({_id_ok(f'assumeNotNull({f})')}))", f) for f in ("owner", "team"))]
     values: dict[str, str] = {}
     for f in (f["name"] for f in schema["fields"]):
-        if f in ("kafka_partition", "kafka_offset", "trailer") or f in SHARED:
+        if f in ("kafka_partition", "kafka_offset", "kafka_received_ms", "trailer") or f in SHARED:
             continue
         present, values[f] = ("1", f) if f not in NULLABLE else (f"NOT isNull({f})", f"tupleElement(assumeNotNull({f}), 'v')")
         reasons.append((f"{present} AND length({values[f]}) != {n}", f"the shape of {f}"))
@@ -236,6 +237,9 @@ def statements(schema: dict, staging: str, database: str, types: dict[str, str])
     used_within_total = (f"isNull(memory_used_bytes) OR isNull(memory_total_bytes) OR arrayAll((u, t) -> u <= t, "
                          f"{values['memory_used_bytes']}, {values['memory_total_bytes']})")
     reasons.append((f"NOT ({used_within_total})", "memory_used_bytes > memory_total_bytes"))
+    # blocks_of's judgement of event time against the time Kafka received the message
+    ahead = f"kafka_received_ms > 0 AND arrayExists(t -> t > kafka_received_ms + {MAX_AHEAD_OF_KAFKA_MS}, event_time)"
+    reasons.append((ahead, "samples ahead of the time Kafka received them"))
     reason = "multiIf(" + ", ".join(f"{cond}, {_quote(why)}" for cond, why in reasons) + ", '')"
     check = (f"SELECT count(), sum({n}), countIf(reason != ''), anyIf((kafka_partition, kafka_offset, reason), "
              f"reason != '') FROM (SELECT *, {reason} AS reason FROM {staging})")

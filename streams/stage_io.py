@@ -41,6 +41,13 @@ async def send_dead_letter(codec: Codec, topic: faust.TopicT, stage: str, messag
     await send(codec, topic, DEAD_LETTERS, record)
 
 
+def received_ms(message) -> int | None:
+    """When Kafka received a Faust message (its record's timestamp, in ms), or None if unknown:
+    what ``schemas.sample_columns.blocks_of`` judges its samples' event times against."""
+    seconds = getattr(message, "timestamp", None)
+    return round(seconds * 1000) if seconds and seconds > 0 else None
+
+
 def by_partition(events) -> dict[int, list]:
     """The messages of a batch of stream events, per partition, in offset order."""
     out: dict[int, list] = defaultdict(list)

@@ -53,7 +53,7 @@ from streams.in_order import InOrder
 from streams.raise_alerts import raise_alerts
 from streams.root_cause import apply_profile_result
 from streams.schedule_profiles import is_periodic
-from streams.stage_io import METRICS, by_partition, topic_of
+from streams.stage_io import METRICS, by_partition, received_ms, topic_of
 from streams.stage_state import StageState
 from streams.summarize_workflow import accumulate, correct, summary
 from streams.window_utilization import BatchResult, Incoming, WindowAggregator
@@ -288,7 +288,7 @@ class WindowStage:
             if not GPU_SAMPLES.carries(name):
                 bad.append((messages[i], f"expected {GPU_SAMPLES.schema}, got {name}"))
                 continue
-            blocks, reasons = blocks_of(name, record)
+            blocks, reasons = blocks_of(name, record, received_ms(messages[i]))
             offset = messages[i].offset
             good += [Incoming(offset, block, j) for j, block in enumerate(blocks)]
             bad += [(messages[i], reason) for reason in reasons]

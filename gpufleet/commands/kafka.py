@@ -104,9 +104,13 @@ def cmd_kafka_access(args: argparse.Namespace) -> int:
 
 
 def cmd_topics(args: argparse.Namespace) -> int:
-    from kafka_client.admin import ensure_topics
+    from kafka_client.admin import align_configs, ensure_topics
 
-    created = ensure_topics(kafka_connection(args, "admin"), prefix=args.topic_prefix, partitions=args.partitions)
+    admin = kafka_connection(args, "admin")
+    created = ensure_topics(admin, prefix=args.topic_prefix, partitions=args.partitions)
     print("created: " + (", ".join(created) if created else "nothing (all exist)"))
+    changed = align_configs(admin, prefix=args.topic_prefix)
+    if changed:
+        print("settings changed: " + ", ".join(changed))
     return 0
 

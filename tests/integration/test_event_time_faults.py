@@ -13,7 +13,14 @@ import pytest
 from producers.publish_kafka import Publisher
 from producers.simulate_fleet import HEALTHY, build_fleet
 from schemas.topics import ALERTS, DEAD_LETTERS, GPU_SAMPLES, WORKFLOW_WINDOWS
-from tests.integration.helpers import CODEC, read_topic, running_sink, wait_until, worker_process
+from tests.integration.helpers import (
+    CODEC,
+    committed_everything,
+    read_topic,
+    running_sink,
+    wait_until,
+    worker_process,
+)
 from tests.unit.samples import BASE_MS, sample
 
 MINUTE = 60_000
@@ -112,8 +119,81 @@ def test_a_sample_from_the_future_poisons_nothing(kafka, prefix, tmp_path):
                                       if n == "DeadLetter"], 30, "the dead letter of the future sample")
         assert worker.poll() is None
     (letter,) = letters
-    assert "ahead of the worker's clock" in letter["reason"] and "wf-a" in letter["reason"]
+    assert "ahead of the time Kafka received them" in letter["reason"] and "wf-a" in letter["reason"]
     by_key = {(w["workflow_id"], w["window_start"]): w for w in closed}
     for wf in workflows:
         for n in range(6):
             assert by_key[(wf, start + n * MINUTE)]["sample_count"] == 60, (wf, n)
+
+
+def test_a_host_a_year_ahead_is_refused_by_the_worker_and_the_sink_alike(kafka, prefix, tmp_path, chdb_client,
+                                                                          database):
+    """One judgement of a sample (schemas.sample_columns.blocks_of): a host whose clock is a
+    year ahead, among a normal fleet. Its client stamps its messages with its own clock; the
+    samples topic keeps the broker's time instead (LogAppendTime), and the worker and the
+    sink both refuse samples ahead of it with one reason, so none of them is stored anywhere
+    as good data: not in gpu_samples, not in a window, not in a rollup."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, ConfigResource
+
+    from kafka_client.config import client_config
+    from schemas.sample_columns import NAME, columns_of
+    from schemas.topics import key_of
+
+    topic = prefix + GPU_SAMPLES.name
+    fleet = build_fleet(seed=9, hosts=3, gpus_per_host=2, workflows=3)
+    fleet = dataclasses.replace(fleet, workflows=tuple(dataclasses.replace(w, profile=HEALTHY)
+                                                       for w in fleet.workflows))
+    ahead_host, year = "gpu-host-002", 365 * 86_400_000
+    STAGES = ("window-utilization", "clickhouse-sink")
+    start = (int(time.time() * 1000) - 8 * MINUTE) // MINUTE * MINUTE
+    samples = [s for t in range(420) for s in fleet.samples_at(t, start, 1000)]
+    good = [s for s in samples if s["host"] != ahead_host]
+    ahead = [{**s, "event_time": s["event_time"] + year} for s in samples if s["host"] == ahead_host]
+    assert good and ahead
+    blocks = columns_of(ahead)
+    pub = Publisher(kafka.bootstrap, CODEC)
+    # Half of the host's messages as a client with a right clock sends them (how it was found),
+    # half as the host's own client does: stamped with its clock, a year ahead, which a broker
+    # refuses on a topic that keeps the producers' times (log.message.timestamp.after.max.ms).
+    pub.publish(GPU_SAMPLES, columns_of(good) + blocks[::2], topic=topic, schema=NAME)
+    assert pub.flush() == 0
+    skewed, refused = Producer(client_config(kafka.bootstrap)), []
+    for block in blocks[1::2]:
+        skewed.produce(topic, CODEC.encode(NAME, block), key=key_of(GPU_SAMPLES, block),
+                       timestamp=block["event_time"][0], on_delivery=lambda err, _: err and refused.append(err))
+    assert skewed.flush(30) == 0
+    assert refused == [], f"the broker refused the skewed host's records: {refused[0]}"
+
+    closed_before = start + 6 * MINUTE
+    expected = gpu_seconds(good, closed_before)
+    with running_sink(kafka.bootstrap, prefix, chdb_client, database), \
+            worker_process(kafka.bootstrap, prefix, tmp_path, f"{prefix}worker", "--idle-partition-s", "2"):
+        wait_until(lambda: {wf: round(v[0], 6) for wf, v in stored(chdb_client, database, closed_before).items()}
+                   == {wf: round(v, 6) for wf, v in expected.items()}, 120, "the good hosts' windows stored")
+
+        q = chdb_client.query
+        wait_until(lambda: committed_everything(kafka.bootstrap, f"{prefix}sink", GPU_SAMPLES, topic), 60,
+                   "the sink through every sample message")
+        assert q(f"SELECT count() FROM {database}.gpu_samples WHERE host = '{ahead_host}'").result_rows == [(0,)]
+
+        def letters():
+            got = [r for *_, n, r in read_topic(kafka.bootstrap, prefix + DEAD_LETTERS.name, 1) if n == "DeadLetter"]
+            by_stage = defaultdict(list)
+            for r in got:
+                by_stage[r["stage"]].append(r)
+            return by_stage if all(len(by_stage[s]) >= len(blocks) for s in STAGES) else None
+
+        by_stage = wait_until(letters, 60, "a dead letter of each of the skewed host's messages from each stage")
+    for stage in STAGES:
+        assert len(by_stage[stage]) == len(blocks), stage
+        assert all("ahead of the time Kafka received" in r["reason"] and ahead_host in r["reason"]
+                   for r in by_stage[stage]), by_stage[stage][0]["reason"]
+    assert q(f"SELECT count() FROM {database}.gpu_samples").result_rows == [(len(good),)]
+    future = "now64(3) + INTERVAL 1 DAY"
+    for table, column in (("gpu_samples", "event_time"), ("gpu_hours_hourly", "hour"), ("gpu_hours_daily", "day"),
+                          ("workflow_windows", "window_start"), ("goodput_hourly", "period")):
+        assert q(f"SELECT count() FROM {database}.{table} WHERE {column} > {future}").result_rows == [(0,)], table
+    admin = AdminClient(client_config(kafka.bootstrap))
+    (described,) = admin.describe_configs([ConfigResource("topic", topic)]).values()
+    assert described.result(10)["message.timestamp.type"].value == "LogAppendTime"

@@ -212,3 +212,22 @@ def test_late_samples_of_a_block_are_reported_together():
     assert item.offset == 1 and reason.startswith(
         f"3 late samples: event times {BASE_MS}..{BASE_MS} fall in window [{BASE_MS}, {BASE_MS + 60_000})")
     assert agg.store["wf-a"].windows[str(BASE_MS + 60_000)]["n"] == 4
+
+
+def test_samples_ahead_of_the_time_kafka_received_them_are_refused_with_one_reason():
+    """The one judgement of event time (worker and sink): against the record's time, the
+    broker's on the samples topic, never a host's own clock or the reader's."""
+    from schemas.sample_columns import blocks_of
+    from schemas.validate_sample import MAX_AHEAD_OF_KAFKA_MS
+
+    (block,) = columns_of([sample(event_time=BASE_MS + t * 1000) for t in range(10)], per_tick=False)
+    received = BASE_MS + 4000 - MAX_AHEAD_OF_KAFKA_MS  # ticks 5..9 are ahead of it by more than allowed
+    kept, reasons = blocks_of("GpuSampleColumns", block, received)
+    assert [b["event_time"] for b in kept] == [[BASE_MS + t * 1000 for t in range(5)]]
+    (reason,) = reasons
+    assert reason.startswith(f"5 sample(s) of workflow {block['workflow_id']} from host {block['host']} are ahead "
+                             "of the time Kafka received them") and "by up to 305 s" in reason
+    assert blocks_of("GpuSampleColumns", block, BASE_MS + 9000 - MAX_AHEAD_OF_KAFKA_MS) == ([block], [])
+    assert blocks_of("GpuSampleColumns", block, None) == ([block], [])  # a record of unknown time: not judged
+    year_ahead = {**block, "event_time": [t + 365 * 86_400_000 for t in block["event_time"]]}
+    assert blocks_of("GpuSampleColumns", year_ahead, BASE_MS)[0] == []

@@ -32,8 +32,8 @@ def writers(chdb_client, database, request):
     return out
 
 
-def messages_of(blocks, first_offset=10, partition=3):
-    return [Message(partition, first_offset + i, CODEC.encode("GpuSampleColumns", b), TOPIC, TOPIC_ID)
+def messages_of(blocks, first_offset=10, partition=3, received_ms=0):
+    return [Message(partition, first_offset + i, CODEC.encode("GpuSampleColumns", b), TOPIC, TOPIC_ID, received_ms)
             for i, b in enumerate(blocks)]
 
 
@@ -47,7 +47,7 @@ def python_path(writer, messages) -> bool:
         except CodecError:
             clean = False
             continue
-        good, reasons = blocks_of(name, record)
+        good, reasons = blocks_of(name, record, m.received_ms or None)
         clean = clean and not reasons
         blocks += [Block(m.partition, m.offset, b, m.topic, m.topic_id) for b in good]
     if blocks:
@@ -248,3 +248,23 @@ def test_a_batch_is_taken_only_where_the_python_path_stores_all_of_it_the_same(w
         # Refusing a clean batch costs only speed, but it must be for a reason the Python
         # path lets through on purpose: none today.
         pytest.fail(f"a batch the Python path stores whole was refused: {changes}")
+
+
+def test_samples_ahead_of_the_time_kafka_received_them_are_never_taken_by_clickhouse(writers):
+    """The one judgement of a sample (blocks_of) in SQL too: a message whose samples are more
+    than MAX_AHEAD_OF_KAFKA_MS ahead of its record's time goes to the Python path, which
+    refuses those samples with the reason; a message within it is taken."""
+    from schemas.validate_sample import MAX_AHEAD_OF_KAFKA_MS
+
+    fast, slow = writers
+    inserter = SampleColumnsInsert(fast.client, fast.database, CODEC)
+    newest = BASE_MS + 3000  # fleet_blocks' last tick
+    on_time = messages_of(fleet_blocks(), received_ms=newest - MAX_AHEAD_OF_KAFKA_MS)
+    assert inserter.insert(on_time, deduplication_token(GPU_SAMPLES_TABLE, on_time)) == 24
+    ahead = messages_of(fleet_blocks(), first_offset=100, received_ms=newest - MAX_AHEAD_OF_KAFKA_MS - 1)
+    assert inserter.insert(ahead, deduplication_token(GPU_SAMPLES_TABLE, ahead)) is None
+    assert not python_path(slow, ahead)
+    name, record = CODEC.decode(ahead[0].value)
+    kept, reasons = blocks_of(name, record, ahead[0].received_ms)
+    assert len(reasons) == 1 and "ahead of the time Kafka received them" in reasons[0] and "host h1" in reasons[0]
+    assert [len(b["event_time"]) for b in kept] == [9]  # the three ticks before the last
