@@ -36,6 +36,7 @@ from producers.simulate_fleet import IDLE, UNTOUCHED, build_fleet
 from schemas.codec import Codec
 from schemas.topics import ALERTS, DEAD_LETTERS, ENFORCEMENT, GPU_SAMPLES, WORKFLOW_WINDOWS
 from schemas.validate_sample import NOT_WORKFLOWS
+from schemas.vocabulary import ALLOCATED, JOBS, WASTED
 from sinks.clickhouse_ddl import TABLES
 from sinks.consume_to_clickhouse import ClickHouseSink
 from sinks.job_report import BUCKETS, LABELS, Rates, render_waterfall
@@ -124,13 +125,13 @@ SUMMARY_SQL = f"""
 SELECT w.workflow_id AS workflow, any(w.owner) AS owner, any(w.team) AS team,
        max(w.gpu_count) AS gpus, count() AS windows,
        round(sum(w.utilization_mean_pct * w.gpu_seconds) / sum(w.gpu_seconds), 1) AS util_pct,
-       round(sum(w.gpu_seconds) / 3600, 2) AS gpu_hours,
-       round(sum(w.wasted_gpu_seconds) / 3600, 2) AS wasted_gpu_hours,
+       round({ALLOCATED.sql} / 3600, 2) AS gpu_hours,
+       round({WASTED.sql} / 3600, 2) AS wasted_gpu_hours,
        anyIf(a.alerts, a.alerts > 0) AS alerts
 FROM {DATABASE}.workflow_windows AS w FINAL
 LEFT JOIN (SELECT workflow_id, count() AS alerts FROM {DATABASE}.alerts FINAL GROUP BY workflow_id) AS a
        ON a.workflow_id = w.workflow_id
-WHERE w.workflow_id NOT IN ({", ".join(f"'{name}'" for name in sorted(NOT_WORKFLOWS))})
+WHERE w.{JOBS}
 GROUP BY w.workflow_id
 ORDER BY wasted_gpu_hours DESC, workflow
 """

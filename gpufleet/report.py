@@ -14,12 +14,24 @@ from __future__ import annotations
 
 import html
 import io
+import math
 from datetime import UTC, datetime, timedelta
 
 from clickhouse_connect.driver.client import Client
 
 from gpufleet.opportunities import opportunities, parse_since
 from schemas.goodput_buckets import BUCKETS
+from schemas.vocabulary import (
+    ALLOCATED,
+    FREE,
+    IDLE,
+    JOBS,
+    PRODUCTIVE,
+    STARTUP,
+    UNALLOCATED,
+    UTILISATION,
+    WASTED,
+)
 
 PALETTE = ("#3b6fb6", "#e07b39", "#4f9d69", "#c9453c", "#8c6bb1", "#b59b2b", "#3fa7b5", "#7f7f7f")
 
@@ -140,47 +152,59 @@ def _since_clause(column: str, since_s: float | None) -> str:
 
 
 def gather(client: Client, database: str, since: str) -> dict:
-    """The numbers behind the report, from ClickHouse."""
+    """The numbers behind the report, from ClickHouse: every total in the words of
+    ``schemas.vocabulary``, over the closed windows of jobs (capacity no job held beside them),
+    as ``gpufleet goodput`` and ``opportunities`` sum them."""
     since_s = parse_since(since)
     db = database
     q = client.query
-    totals = q(f"""SELECT sum(gpu_seconds) / 3600, sum(busy_gpu_seconds) / 3600, sum(zero_util_gpu_seconds) / 3600,
-                          uniqExact(workflow_id)
-                   FROM {db}.gpu_hours_hourly WHERE {_since_clause('hour', since_s)}""").result_rows[0]
+    in_period = _since_clause("period", since_s)
+    windows_in_period = _since_clause("toStartOfHour(window_start)", since_s)  # the goodput views' period
+    totals = q(f"""SELECT {ALLOCATED.sql} / 3600, {WASTED.sql} / 3600, {STARTUP.sql} / 3600, {IDLE.sql} / 3600,
+                          {PRODUCTIVE.sql} / 3600, sum(unclassified_gpu_seconds) / 3600, uniqExact(workflow_id)
+                   FROM {db}.goodput_hourly WHERE {JOBS} AND {in_period}""").result_rows[0]
+    unallocated = q(f"SELECT {UNALLOCATED.sql} / 3600 FROM {db}.goodput_hourly WHERE {FREE} AND {in_period}"
+                    ).result_rows[0][0]
+    (utilisation,) = q(f"""SELECT {UTILISATION.sql} FROM {db}.workflow_windows FINAL
+                           WHERE {JOBS} AND {windows_in_period}""").result_rows[0]
     buckets = q(f"""SELECT least(floor(utilization_mean_pct / 10), 9) AS b, count()
-                    FROM {db}.workflow_windows FINAL WHERE {_since_clause('window_end', since_s)}
+                    FROM {db}.workflow_windows FINAL WHERE {JOBS} AND {windows_in_period}
                     GROUP BY b ORDER BY b""").result_rows
-    wasted = q(f"""SELECT hour, team, (sum(gpu_seconds) - sum(busy_gpu_seconds)) / 3600
-                   FROM {db}.gpu_hours_hourly WHERE {_since_clause('hour', since_s)}
-                   GROUP BY hour, team ORDER BY hour""").result_rows
+    wasted = q(f"""SELECT period, team, {WASTED.sql} / 3600
+                   FROM {db}.goodput_hourly WHERE {JOBS} AND {in_period}
+                   GROUP BY period, team ORDER BY period""").result_rows
     alerts = q(f"""SELECT detector, countIf(status = 'FIRING'), count()
                    FROM {db}.alerts FINAL WHERE {_since_clause('window_end', since_s)}
                    GROUP BY detector ORDER BY count() DESC""").result_rows
     sums = ", ".join(f"sum({b}_gpu_seconds) / 3600" for b in BUCKETS)
-    by_team = q(f"""SELECT team, {sums} FROM {db}.goodput_hourly WHERE {_since_clause('period', since_s)}
+    by_team = q(f"""SELECT team, {sums} FROM {db}.goodput_hourly WHERE {JOBS} AND {in_period}
                     GROUP BY team ORDER BY sum(gpu_seconds) DESC LIMIT 12""").result_rows
-    by_hour = q(f"""SELECT period, {sums} FROM {db}.goodput_hourly WHERE {_since_clause('period', since_s)}
+    by_hour = q(f"""SELECT period, {sums} FROM {db}.goodput_hourly WHERE {JOBS} AND {in_period}
                     GROUP BY period ORDER BY period""").result_rows
     mfu = q(f"""SELECT least(floor(tensor_active_mean_pct / 10), 9) AS b, count()
                 FROM {db}.workflow_windows FINAL
-                WHERE {_since_clause('window_end', since_s)} AND tensor_active_mean_pct IS NOT NULL
+                WHERE {JOBS} AND {windows_in_period} AND tensor_active_mean_pct IS NOT NULL
                 GROUP BY b ORDER BY b""").result_rows
     no_gpm = q(f"""SELECT countIf(tensor_active_mean_pct IS NULL), count() FROM {db}.workflow_windows FINAL
-                   WHERE {_since_clause('window_end', since_s)}""").result_rows[0]
+                   WHERE {JOBS} AND {windows_in_period}""").result_rows[0]
     series: dict[str, list] = {}
     for hour, team, hours in wasted:
         series.setdefault(team, []).append((hour.replace(tzinfo=UTC) if hour.tzinfo is None else hour,
                                             float(hours)))
     counts = {int(b): n for b, n in buckets}
     mfu_counts = {int(b): n for b, n in mfu}
+    allocated, wasted_h, startup, idle, productive, unclassified, workflows = (float(v or 0) for v in totals)
     return {
         "goodput_by_team": [(team or "(no team)", [float(v) for v in values]) for team, *values in by_team],
         "goodput_by_hour": [(period.strftime("%m-%d %H:%M"), [float(v) for v in values]) for period, *values in by_hour],
         "mfu_distribution": [mfu_counts.get(b, 0) for b in range(10)],
         "windows_without_gpm": int(no_gpm[0] or 0), "windows": int(no_gpm[1] or 0),
         "since": since,
-        "gpu_hours": float(totals[0] or 0), "busy_gpu_hours": float(totals[1] or 0),
-        "idle_gpu_hours": float(totals[2] or 0), "workflows": int(totals[3] or 0),
+        "allocated_gpu_hours": allocated, "wasted_gpu_hours": wasted_h, "startup_gpu_hours": startup,
+        "idle_gpu_hours": idle, "productive_gpu_hours": productive, "unallocated_gpu_hours": float(unallocated or 0),
+        "goodput_pct": 100 * productive / (allocated - unclassified) if allocated - unclassified > 0 else 0.0,
+        "utilisation_pct": float(utilisation) if utilisation is not None and math.isfinite(utilisation) else 0.0,
+        "workflows": int(workflows),
         "distribution": [counts.get(b, 0) for b in range(10)],
         "wasted_by_team": series,
         "opportunities": opportunities(client, database, "cause", since, limit=10),
@@ -189,8 +213,6 @@ def gather(client: Client, database: str, since: str) -> dict:
 
 
 def render(numbers: dict, title: str = "gpufleet fleet report") -> str:
-    gpu_h, busy_h = numbers["gpu_hours"], numbers["busy_gpu_hours"]
-    utilisation = 100 * busy_h / gpu_h if gpu_h else 0.0
     distribution = bar_chart([f"{10 * b}-{10 * b + 10}%" for b in range(10)], numbers["distribution"],
                              "workflow-minutes")
     alert_chart = bar_chart([d.replace("_", " ") for d, _, _ in numbers["alerts"]],
@@ -202,8 +224,6 @@ def render(numbers: dict, title: str = "gpufleet fleet report") -> str:
                             {b.replace("_", " "): [values[i] for _, values in rows] for i, b in enumerate(BUCKETS)},
                             "GPU-hours")
 
-    productive = sum(v[-1] for _, v in numbers["goodput_by_team"])
-    classified = sum(sum(v) for _, v in numbers["goodput_by_team"])
     mfu_chart = bar_chart([f"{10 * b}-{10 * b + 10}%" for b in range(10)], numbers["mfu_distribution"],
                           "workflow-minutes")
     return f"""<!DOCTYPE html>
@@ -220,16 +240,22 @@ table {{ border-collapse: collapse; font-size: 0.9em; }} th, td {{ border-bottom
 <h1>{_esc(title)}</h1>
 <p>Period: last {_esc(numbers["since"])} &middot; generated {generated}</p>
 <div class="tiles">
-<div class="tile">GPU-hours allocated<b>{gpu_h:,.1f}</b></div>
-<div class="tile">Mean utilisation<b>{utilisation:.1f}%</b></div>
-<div class="tile">Wasted GPU-hours<b>{gpu_h - busy_h:,.1f}</b></div>
-<div class="tile">Idle at 0 %<b>{numbers["idle_gpu_hours"]:,.1f} GPU-h</b></div>
+<div class="tile">GPU-hours allocated<b>{numbers["allocated_gpu_hours"]:,.2f}</b></div>
+<div class="tile">Goodput<b>{numbers["goodput_pct"]:.1f}%</b></div>
+<div class="tile">Wasted GPU-hours<b>{numbers["wasted_gpu_hours"]:,.2f}</b></div>
+<div class="tile">of which start-up<b>{numbers["startup_gpu_hours"]:,.2f} GPU-h</b></div>
+<div class="tile">of which idle<b>{numbers["idle_gpu_hours"]:,.2f} GPU-h</b></div>
+<div class="tile">Mean utilisation<b>{numbers["utilisation_pct"]:.1f}%</b></div>
 <div class="tile">Workflows<b>{numbers["workflows"]}</b></div>
-<div class="tile">Goodput<b>{100 * productive / classified if classified else 0:.1f}%</b></div>
+<div class="tile">Unallocated (no job held them)<b>{numbers["unallocated_gpu_hours"]:,.2f} GPU-h</b></div>
 </div>
+<p>The words as <code>gpufleet goodput</code>, <code>opportunities</code> and <code>workflows</code> use them
+(<code>docs/vocabulary.md</code>): allocated = the GPU-hours jobs held in closed windows; wasted = those
+that did no productive work (unhealthy, start-up, idle, input-bound, low utilisation); idle = at 0 %
+after start-up.</p>
 <div class="grid">
 <section><h2>Utilisation distribution</h2><p>Workflow windows by mean GPU utilisation.</p>{distribution}</section>
-<section><h2>Wasted GPU-hours by team</h2><p>Allocated GPU-hours not spent busy, per hour.</p>
+<section><h2>Wasted GPU-hours by team</h2><p>Allocated GPU-hours that did no productive work, per hour.</p>
 {line_chart(numbers["wasted_by_team"], "GPU-hours")}</section>
 <section><h2>Goodput by team</h2><p>Where each team's allocated GPU-hours went, one bucket per
 GPU-second (<code>gpufleet goodput --by team</code>).</p>{goodput(numbers["goodput_by_team"])}</section>

@@ -1,7 +1,8 @@
 """``gpufleet workflows`` and ``gpufleet workflow ID``: what a job owner asks, from ClickHouse.
 
 The list: every workflow seen in the last ``--since`` with its owner, GPUs, utilisation in
-its latest window and over the period, the GPU-hours it wasted, and its alerts still firing.
+its latest window and over the period, the GPU-hours it was allocated and wasted
+(``schemas.vocabulary``), and its alerts still firing.
 One workflow: its job report (``gpufleet.goodput_report``: from its ``WorkflowSummary``, or
 from its windows so far while it runs) and its timeline of windows and the alerts raised
 along it.
@@ -12,6 +13,7 @@ from __future__ import annotations
 from clickhouse_connect.driver.client import Client
 
 from gpufleet.sql import run_query
+from schemas.vocabulary import ALLOCATED, JOBS, WASTED
 
 
 def list_workflows(client: Client, database: str, since_minutes: float = 1440) -> tuple[list[str], list[tuple]]:
@@ -19,6 +21,7 @@ def list_workflows(client: Client, database: str, since_minutes: float = 1440) -
         WITH windows AS (
             SELECT * FROM {database}.workflow_windows FINAL
             WHERE window_end >= (SELECT max(window_end) FROM {database}.workflow_windows) - INTERVAL {int(since_minutes)} MINUTE
+                  AND {JOBS}
         ),
         firing AS (
             SELECT workflow_id, groupArray(detector) AS detectors
@@ -28,7 +31,8 @@ def list_workflows(client: Client, database: str, since_minutes: float = 1440) -
                max(w.gpu_count) AS gpus,
                round(argMax(w.utilization_mean_pct, w.window_end), 1) AS util_now_pct,
                round(sum(w.utilization_mean_pct * w.gpu_seconds) / sum(w.gpu_seconds), 1) AS util_pct,
-               round(sum(w.wasted_gpu_seconds) / 3600, 2) AS wasted_gpu_hours,
+               round({ALLOCATED.sql} / 3600, 3) AS gpu_hours,
+               round({WASTED.sql} / 3600, 3) AS wasted_gpu_hours,
                arrayStringConcat(arraySort(any(f.detectors)), ', ') AS firing_alerts
         FROM windows AS w LEFT JOIN firing AS f ON f.workflow_id = w.workflow_id
         GROUP BY w.workflow_id
@@ -41,7 +45,7 @@ def workflow_timeline(client: Client, database: str, workflow_id: str) -> tuple[
         SELECT formatDateTime(w.window_start, '%%Y-%%m-%%d %%H:%%i') AS window, w.gpu_count AS gpus,
                round(w.utilization_mean_pct, 1) AS util_pct, round(w.utilization_p95_pct, 1) AS p95_pct,
                round(w.memory_peak_fraction * 100, 1) AS mem_peak_pct,
-               round(w.wasted_gpu_seconds / 3600, 3) AS wasted_gpu_hours,
+               round(({WASTED.sql.removeprefix("sum(")[:-1]}) / 3600, 3) AS wasted_gpu_hours,
                arrayStringConcat(arrayMap(a -> concat(a.1, ' ', a.2), a.events), ', ') AS alerts
         FROM {database}.workflow_windows AS w FINAL
         LEFT JOIN (

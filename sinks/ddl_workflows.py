@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from schemas.goodput_buckets import BUCKETS
 from schemas.topics import WORKFLOW_EVENTS, WORKFLOW_SUMMARIES, WORKFLOW_WINDOWS
-from schemas.validate_sample import FREE_CAPACITY
+from schemas.vocabulary import JOBS, WASTE_BUCKETS
 from sinks.table import Table
 
 # The goodput waterfall (WorkflowWindow v5, WorkflowSummary v2): GPU-seconds, then joules, per bucket.
@@ -197,24 +197,22 @@ WORKFLOWS = (
     WORKFLOWS_MV,
 )
 
-# The capacity no job held (the agents' pseudo-workflows for it): no job's waste.
-_FREE = "(" + ", ".join(f"'{name}'" for name in sorted(FREE_CAPACITY)) + ")"
 
 # Made last: it reads workflow_windows, findings and workflows.
 WASTE_VIEW = (
     # Where GPU-seconds are lost, one row per (workflow, window or finding, cause): what
-    # `gpufleet opportunities` ranks. Idle = allocated at 0 %; low utilisation = the rest of
-    # the wasted GPU-seconds; each antipattern finding with the GPU-seconds it puts at stake
-    # (these explain part of the same waste, so causes are ranked, never summed together).
+    # `gpufleet opportunities` ranks. The causes of a window are its waste buckets
+    # (schemas.vocabulary: unhealthy, startup, idle, input_bound, low_util), so a workflow's
+    # window causes sum to its wasted GPU-seconds; each antipattern finding comes with the
+    # GPU-seconds it puts at stake (these explain part of the same waste, so causes are
+    # ranked, never summed together).
     """
     CREATE OR REPLACE VIEW {db}.waste AS
     SELECT workflow_id, ifNull(team, '') AS team, ifNull(owner, '') AS owner, window_end AS at,
-           'idle_allocated' AS cause, zero_util_gpu_seconds AS gpu_seconds
-    FROM {db}.workflow_windows FINAL WHERE workflow_id NOT IN """ + _FREE + """
-    UNION ALL
-    SELECT workflow_id, ifNull(team, ''), ifNull(owner, ''), window_end, 'low_utilization',
-           greatest(wasted_gpu_seconds - zero_util_gpu_seconds, 0)
-    FROM {db}.workflow_windows FINAL WHERE workflow_id NOT IN """ + _FREE + """
+           bucket.1 AS cause, bucket.2 AS gpu_seconds
+    FROM {db}.workflow_windows FINAL
+    ARRAY JOIN [""" + ", ".join(f"('{b}', {b}_gpu_seconds)" for b in WASTE_BUCKETS) + """] AS bucket
+    WHERE """ + JOBS + """
     UNION ALL
     SELECT f.workflow_id, ifNull(w.team, ''), ifNull(w.owner, ''), f.detected_at, concat('antipattern:', f.rule),
            f.gpu_seconds_at_stake

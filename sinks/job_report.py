@@ -33,6 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from schemas.goodput_buckets import BUCKETS
+from schemas.vocabulary import WASTE_BUCKETS
 
 LABELS = {"unhealthy": "unhealthy (XID, ECC, throttled)", "startup": "start-up", "idle": "idle while allocated",
           "input_bound": "input-bound", "low_util": "low utilisation", "productive": "productive",
@@ -196,6 +197,9 @@ def render_waterfall(w: Waterfall, rates: Rates, title: str) -> str:
                                     *energy_cells(b, rates)]))
         lines.append(f"allocated: {100.0 * total.gpu_seconds / capacity.gpu_seconds:.1f}% of the capacity was "
                      "handed to jobs")
+    wasted = sum(w.buckets[b].gpu_seconds for b in WASTE_BUCKETS)
+    lines.append(f"wasted: {wasted / 3600:,.2f} GPU-hours, the allocated that did no productive work "
+                 "(every bucket but productive: docs/vocabulary.md)")
     lines.append(f"goodput: {w.goodput_pct:.1f}% of the allocated GPU-hours did productive work")
     return "\n".join(lines)
 

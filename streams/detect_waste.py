@@ -13,6 +13,8 @@ from collections.abc import Callable
 
 import msgspec
 
+from schemas.vocabulary import wasted_seconds
+
 
 class DetectorConfig(msgspec.Struct, frozen=True):
     low_util_warn_pct: float = 25.0
@@ -67,7 +69,7 @@ def low_utilization(w: dict, c: DetectorConfig) -> Violation | None:
         c.low_util_critical_pct if critical else c.low_util_warn_pct,
         f"The job's {w['gpu_count']} GPU(s) stayed under {c.low_util_warn_pct:g}% mean utilisation "
         f"({mean:.1f}% in its last {_minutes(w):g}-min window, "
-        f"{w['wasted_gpu_seconds'] / 3600:.2f} GPU-hours wasted in it).",
+        f"{wasted_seconds(w) / 3600:.2f} GPU-hours wasted in it).",
         "Look for an input-bound loop (DataLoader num_workers, pin_memory), host synchronisations, "
         "or a batch too small for the GPU; or ask for fewer GPUs.",
         c.low_util_min_s,

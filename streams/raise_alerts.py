@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from msgspec.structs import replace
 
+from schemas.vocabulary import wasted_seconds
 from streams.alert_lifecycle import LifecycleConfig, step
 from streams.detect_waste import DETECTORS, DetectorConfig, detect
 from streams.workflow_state import WorkflowState
@@ -69,7 +70,7 @@ def load_detector_config(path) -> tuple[DetectorConfig, dict[str, DetectorConfig
 def raise_alerts(state: WorkflowState, window: dict, config: AlertConfig, now_ms: int) -> list[dict]:
     """Advance every detector's life cycle by ``window``; return the alerts that transition."""
     lifecycles = state.alerts
-    state.wasted_s += window["wasted_gpu_seconds"]
+    state.wasted_s += wasted_seconds(window)  # as every report counts it (schemas.vocabulary)
     violations = detect(_with_job_totals(state, window), config.detectors_for(window.get("team")))
     out = []
     for fn in DETECTORS:

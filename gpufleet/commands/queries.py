@@ -35,6 +35,7 @@ def add(sub) -> None:
     p = sub.add_parser("workflows", help="workflows with their utilisation, waste and firing alerts")
     clickhouse_args(p)
     p.add_argument("--since-minutes", type=positive, default=1440, help="how far back from the newest window")
+    p.add_argument("--format", choices=["table", "csv", "json"], default="table")
     p.set_defaults(func=cmd_workflows)
 
     p = sub.add_parser("workflow", help="one workflow's job report (goodput, energy, what to try) and its "
@@ -100,10 +101,10 @@ def cmd_sql(args: argparse.Namespace) -> int:
 
 
 def cmd_workflows(args: argparse.Namespace) -> int:
-    from gpufleet.sql import format_table
+    from gpufleet.sql import FORMATS
     from gpufleet.workflows import list_workflows
 
-    print(format_table(*list_workflows(query_client(args), args.database, args.since_minutes)))
+    print(FORMATS[args.format](*list_workflows(query_client(args), args.database, args.since_minutes)))
     return 0
 
 
@@ -177,7 +178,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise UsageError(f"--html {args.html}: no directory {args.html.parent} to write it in")
     numbers = gather(query_client(args), args.database, args.since)
     args.html.write_text(render(numbers))
-    print(f"wrote {args.html} ({numbers['gpu_hours']:,.1f} GPU-hours, {numbers['workflows']} workflows)")
+    print(f"wrote {args.html} ({numbers['allocated_gpu_hours']:,.2f} GPU-hours allocated, "
+          f"{numbers['workflows']} workflows)")
     return 0
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import re
 import subprocess
 import sys
@@ -52,6 +54,34 @@ def test_demo_then_sql(tmp_path):
 
     refused = gpufleet("--data-dir", data, "sql", "DROP TABLE gpufleet.gpu_samples", timeout=60)
     assert refused.returncode != 0 and "readonly" in refused.stderr
+
+    # One vocabulary (schemas.vocabulary): every command counts the same allocated and wasted
+    # GPU-hours from the same closed windows.
+    def number(pattern: str, text: str) -> float:
+        found = re.search(pattern, text, re.MULTILINE)
+        assert found, text
+        return float(found.group(1).replace(",", ""))
+
+    def ok(*args: str) -> str:
+        done = gpufleet("--data-dir", data, *args, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    goodput = ok("goodput", "--since", "all")
+    allocated, wasted = number(r"^allocated +([\d,.]+)", goodput), number(r"^wasted: ([\d,.]+) GPU-hours", goodput)
+    assert 0 < wasted < allocated
+    page = tmp_path / "report.html"
+    assert number(r"\(([\d,.]+) GPU-hours allocated", ok("report", "--since", "all", "--html", str(page))) == allocated
+    assert number(r"Wasted GPU-hours<b>([\d,.]+)</b>", page.read_text()) == wasted
+    causes = list(csv.DictReader(io.StringIO(ok("opportunities", "--since", "all", "--format", "csv", "--limit", "100"))))
+    assert abs(sum(float(r["gpu_hours"]) for r in causes if ":" not in r["cause"]) - wasted) <= 0.01, causes
+    listed = list(csv.DictReader(io.StringIO(ok("workflows", "--since-minutes", "100000", "--format", "csv"))))
+    assert abs(sum(float(r["gpu_hours"]) for r in listed) - allocated) <= 0.01, listed
+    assert abs(sum(float(r["wasted_gpu_hours"]) for r in listed) - wasted) <= 0.01, listed
+    for r in listed:  # each job report says what the list says of its workflow
+        report = ok("workflow", r["workflow"])
+        assert abs(number(r"^allocated +([\d,.]+)", report) - float(r["gpu_hours"])) <= 0.006, report
+        assert abs(number(r"^wasted: ([\d,.]+) GPU-hours", report) - float(r["wasted_gpu_hours"])) <= 0.006, report
 
 
 def test_the_demo_on_a_secure_cluster_runs_each_component_as_its_own_user(tmp_path):

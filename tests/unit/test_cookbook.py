@@ -61,13 +61,18 @@ def test_the_cookbook_has_the_questions_operators_ask():
 
 
 def test_who_wasted_the_most(fleet):
+    from schemas.vocabulary import FREE_CAPACITY, wasted_seconds
+
+    assert FREE_CAPACITY == {"idle", "unallocated"}  # the names the recipe leaves out
+
     _, data = fleet
     want = defaultdict(lambda: [0.0, 0.0, set()])
     for s in data.samples:
         w = want[(s["owner"], s["team"])]
-        w[0] += seconds(s) * (1 - s["utilization_pct"] / 100)
         w[1] += seconds(s)
         w[2].add(s["workflow_id"])
+    for window in data.windows:  # wasted: the waste buckets of the worker's windows
+        want[(window["owner"], window["team"])][0] += wasted_seconds(window)
     rows = run(fleet, "Who wasted the most GPU-hours this week?")
     assert [r[2] for r in rows] == sorted((r[2] for r in rows), reverse=True)
     assert {(o, t): (wasted, hours, n) for o, t, wasted, hours, n in rows} == {

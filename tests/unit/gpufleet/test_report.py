@@ -9,6 +9,7 @@ from collections import defaultdict
 import pytest
 
 from gpufleet.report import gather, render
+from schemas.vocabulary import wasted_seconds
 from sinks.write_clickhouse import ClickHouseWriter
 from tests.unit.sinks.fleet_data import build, store
 
@@ -27,15 +28,20 @@ def test_the_numbers_come_from_the_samples(report):
     gpu = sum(s["interval_ms"] / 1000 * (s.get("share") or 1) for s in data.samples) / 3600
     busy = sum(s["interval_ms"] / 1000 * (s.get("share") or 1) * s["utilization_pct"] / 100
                for s in data.samples) / 3600
-    assert numbers["gpu_hours"] == pytest.approx(gpu) and numbers["busy_gpu_hours"] == pytest.approx(busy, rel=1e-5)
+    # every window of this fleet has closed: allocated = the samples' GPU-hours
+    assert numbers["allocated_gpu_hours"] == pytest.approx(gpu)
+    assert numbers["utilisation_pct"] == pytest.approx(100 * busy / gpu, rel=1e-5)
     assert numbers["workflows"] == len(data.fleet.workflows)
     assert sum(numbers["distribution"]) == len(data.windows)
     per_team = defaultdict(float)
-    for s in data.samples:
-        per_team[s["team"]] += s["interval_ms"] / 1000 * (s.get("share") or 1) * (1 - s["utilization_pct"] / 100)
+    for w in data.windows:
+        per_team[w["team"]] += wasted_seconds(w)
     got = {team: sum(v for _, v in pts) for team, pts in numbers["wasted_by_team"].items()}
     assert got == pytest.approx({t: v / 3600 for t, v in per_team.items()}, rel=1e-5)
-    assert numbers["opportunities"][1][0][0] == "low_utilization"
+    assert numbers["wasted_gpu_hours"] == pytest.approx(sum(per_team.values()) / 3600)
+    assert numbers["startup_gpu_hours"] == pytest.approx(sum(data.waste["startup"].values()) / 3600)
+    assert numbers["idle_gpu_hours"] == pytest.approx(sum(data.waste["idle"].values()) / 3600)
+    assert numbers["goodput_pct"] == pytest.approx(100 * (1 - numbers["wasted_gpu_hours"] / gpu))
     # The goodput waterfall by team holds each team's allocated GPU-hours, bucket by bucket.
     allocated = defaultdict(float)
     for s in data.samples:
@@ -52,7 +58,7 @@ def test_the_page_is_self_contained(report):
     # this data: a note instead of those charts
     assert page.count("<svg") == 4
     assert not re.search(r"""(src|href)=["']?https?:""", page) and "<script" not in page
-    assert f"{numbers['gpu_hours']:,.1f}" in page
+    assert f"{numbers['allocated_gpu_hours']:,.2f}" in page and f"{numbers['wasted_gpu_hours']:,.2f}" in page
     assert page.count("no data in this period") == 2  # the alert and MFU charts, honestly empty
     assert f"{numbers['windows_without_gpm']} of {numbers['windows']} windows" in page
 

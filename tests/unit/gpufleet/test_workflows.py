@@ -18,10 +18,12 @@ def test_list_and_timeline(chdb_client, database):
     for m in range(3):
         rows.append(Row(0, m, window(workflow_id="wf-1", window_start=BASE_MS + m * MIN,
                                      window_end=BASE_MS + (m + 1) * MIN, utilization_mean_pct=10.0 + m,
-                                     gpu_seconds=120.0, wasted_gpu_seconds=100.0)))
+                                     gpu_seconds=120.0, wasted_gpu_seconds=100.0, startup_gpu_seconds=40.0,
+                                     low_util_gpu_seconds=60.0, productive_gpu_seconds=20.0)))
         rows.append(Row(0, 10 + m, window(workflow_id="wf-2", owner="bo", window_start=BASE_MS + m * MIN,
                                           window_end=BASE_MS + (m + 1) * MIN, utilization_mean_pct=90.0,
-                                          gpu_seconds=60.0, wasted_gpu_seconds=6.0)))
+                                          gpu_seconds=60.0, wasted_gpu_seconds=6.0, low_util_gpu_seconds=0.0,
+                                          productive_gpu_seconds=60.0)))
     assert writer.insert(WORKFLOW_WINDOWS_TABLE, rows) == []
     fired = {**alert("a1", "FIRING", True, "nlp", "alice@example.com"), "window_end": BASE_MS + 2 * MIN}
     assert writer.insert(ALERTS_TABLE, [Row(0, 0, fired)]) == []
@@ -30,11 +32,14 @@ def test_list_and_timeline(chdb_client, database):
     by = {r[0]: dict(zip(columns, r)) for r in listed}
     assert [r[0] for r in listed] == ["wf-1", "wf-2"]  # most waste first
     assert by["wf-1"]["util_now_pct"] == 12.0 and by["wf-1"]["util_pct"] == 11.0
-    assert by["wf-1"]["wasted_gpu_hours"] == round(300 / 3600, 2) and by["wf-1"]["firing_alerts"] == "low_utilization"
+    # wasted: the waste buckets (schemas.vocabulary), not the unused share (wasted_gpu_seconds on the wire)
+    assert by["wf-1"]["gpu_hours"] == round(360 / 3600, 3) and by["wf-1"]["wasted_gpu_hours"] == round(300 / 3600, 3)
+    assert by["wf-2"]["wasted_gpu_hours"] == 0 and by["wf-1"]["firing_alerts"] == "low_utilization"
     assert by["wf-2"]["firing_alerts"] == "" and by["wf-2"]["owner"] == "bo"
 
     columns, timeline = workflow_timeline(chdb_client, database, "wf-1")
     assert [r[columns.index("util_pct")] for r in timeline] == [10.0, 11.0, 12.0]
+    assert [r[columns.index("wasted_gpu_hours")] for r in timeline] == [round(100 / 3600, 3)] * 3
     assert [r[columns.index("alerts")] for r in timeline] == ["", "low_utilization FIRING", ""]
     assert workflow_timeline(chdb_client, database, "x' OR 1=1 --")[1] == []
 

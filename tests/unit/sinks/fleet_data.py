@@ -8,6 +8,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from producers.simulate_fleet import build_fleet
+from schemas.vocabulary import WASTE_BUCKETS, wasted_seconds
 from sinks.clickhouse_ddl import (
     FINDINGS_TABLE,
     GPU_SAMPLES_TABLE,
@@ -60,13 +61,17 @@ def build(seed: int = 11) -> FleetData:
     } for n, rule, at_stake in PLANTED_FINDINGS]
     frameworks = {w.workflow_id: ("torch 2.5.1" if i % 2 else "jax 0.4.35") for i, w in enumerate(wfs)}
     data = FleetData(fleet, start_ms, samples, windows, findings, frameworks)
+    # The waste of a window is its waste buckets (schemas.vocabulary), which with the productive
+    # bucket hold exactly the GPU-seconds its samples were allocated for.
+    allocated = defaultdict(float)
     for s in samples:
-        seconds = s["interval_ms"] / 1000 * (s.get("share") or 1.0)
-        if s["utilization_pct"] == 0:
-            data.waste["idle_allocated"][s["workflow_id"]] += seconds
-        data.waste["low_utilization"][s["workflow_id"]] += seconds * (1 - s["utilization_pct"] / 100)
-    for wf, idle in data.waste["idle_allocated"].items():
-        data.waste["low_utilization"][wf] -= idle
+        allocated[s["workflow_id"]] += s["interval_ms"] / 1000 * (s.get("share") or 1.0)
+    bucketed = defaultdict(float)
+    for w in windows:
+        for b in WASTE_BUCKETS:
+            data.waste[b][w["workflow_id"]] += w[f"{b}_gpu_seconds"]
+        bucketed[w["workflow_id"]] += wasted_seconds(w) + w["productive_gpu_seconds"]
+    assert bucketed.keys() == allocated.keys() and all(abs(bucketed[k] - allocated[k]) < 1e-6 for k in allocated)
     for f in findings:
         data.waste[f"antipattern:{f['rule']}"][f["workflow_id"]] += f["gpu_seconds_at_stake"]
     return data

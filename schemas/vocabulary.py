@@ -1,0 +1,92 @@
+"""The words of every report, defined once.
+
+"Allocated", "start-up", "idle", "wasted" and the rest mean one thing in the fleet report,
+``gpufleet goodput``, ``opportunities``, ``workflows``, the job report and the alerts, and each
+is summed the same way: over the **closed windows** the worker emitted (``WorkflowWindow``, as
+ClickHouse keeps them: ``workflow_windows`` FINAL and the goodput views over it), never over raw
+samples, whose last minutes have no window yet. So the same data gives the same numbers through
+every command (``tests/unit/gpufleet/test_vocabulary.py``). ``docs/vocabulary.md`` is this
+module as a table for readers.
+
+Every term is GPU-seconds (reports show GPU-hours): a sample counts for its interval times the
+job's share of the GPU, and each allocated GPU-second falls in exactly one goodput bucket
+(``streams.goodput``).
+
+One field keeps an older name on the wire: ``wasted_gpu_seconds`` of ``WorkflowWindow`` and
+``WorkflowSummary`` is what this module calls **unused** (GPU-seconds times the share of time
+the GPU was not busy). Reports call it that, never "wasted".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from schemas.goodput_buckets import BUCKETS
+from schemas.validate_sample import FREE_CAPACITY
+
+WASTE_BUCKETS = tuple(b for b in BUCKETS if b != "productive")  # every bucket but productive
+
+
+@dataclass(frozen=True)
+class Term:
+    name: str
+    meaning: str
+    sql: str  # summed over rows of workflow_windows or the goodput views (jobs only: JOBS)
+
+
+def _sum(*columns: str) -> str:
+    return "sum(" + " + ".join(columns) + ")"
+
+
+# Rows of jobs: the agents' pseudo-workflows for capacity no job held are not any job's.
+JOBS = "workflow_id NOT IN (" + ", ".join(f"'{n}'" for n in sorted(FREE_CAPACITY)) + ")"
+FREE = "workflow_id IN (" + ", ".join(f"'{n}'" for n in sorted(FREE_CAPACITY)) + ")"
+
+ALLOCATED = Term(
+    "allocated",
+    "GPU-seconds a job held, in its closed windows: from its first sample to its last, whether the GPU worked or "
+    "not, times the job's share of each GPU. The sum of the goodput buckets (and of windows written before "
+    "goodput, unclassified).", "sum(gpu_seconds)")
+UNALLOCATED = Term(
+    "unallocated",
+    "GPU-seconds no job held: the scheduler gave the GPU to nobody (or, where the agent sees processes only, no "
+    "process used it). Beside the allocated hours, never in them.", "sum(gpu_seconds)")
+CAPACITY = Term("capacity", "allocated + unallocated: every GPU-second the agents saw.", "sum(gpu_seconds)")
+STARTUP = Term(
+    "start-up",
+    "allocated GPU-seconds before the job's GPUs first did any work, for at most 15 minutes after its first "
+    "sample: loading, compiling, waiting for peers.", "sum(startup_gpu_seconds)")
+IDLE = Term(
+    "idle",
+    "allocated GPU-seconds at 0 % utilisation after start-up: held and not used.", "sum(idle_gpu_seconds)")
+WASTED = Term(
+    "wasted",
+    "allocated GPU-seconds that did no productive work: unhealthy + start-up + idle + input-bound + low "
+    "utilisation, i.e. allocated - productive (for windows written before goodput: none).",
+    _sum(*(f"{b}_gpu_seconds" for b in WASTE_BUCKETS)))
+PRODUCTIVE = Term("productive", "allocated GPU-seconds in none of the waste buckets.", "sum(productive_gpu_seconds)")
+GOODPUT = Term("goodput", "productive / allocated (of the windows with buckets), in %.", "")
+UNUSED = Term(
+    "unused",
+    "allocated GPU-seconds times the share of time the GPU was not busy (100 % - utilisation): a busy-but-light "
+    "GPU is partly unused without being in a waste bucket. On the wire: wasted_gpu_seconds (an older name).",
+    "sum(wasted_gpu_seconds)")
+UTILISATION = Term(
+    "utilisation",
+    "the GPU's busy share (NVML utilisation), averaged over the allocated GPU-seconds.",
+    "sum(utilization_mean_pct * gpu_seconds) / sum(gpu_seconds)")
+
+TERMS = (CAPACITY, ALLOCATED, UNALLOCATED, STARTUP, IDLE, WASTED, PRODUCTIVE, GOODPUT, UNUSED, UTILISATION)
+
+
+def wasted_seconds(window: dict) -> float:
+    """A ``WorkflowWindow`` (or summary) dict's wasted GPU-seconds, as ``WASTED`` sums them."""
+    return sum(window.get(f"{b}_gpu_seconds") or 0.0 for b in WASTE_BUCKETS)
+
+
+def markdown_table() -> str:
+    """The terms as the table in docs/vocabulary.md."""
+    rows = ["| term | meaning | summed in SQL as |", "|---|---|---|"]
+    for t in TERMS:
+        rows.append(f"| {t.name} | {t.meaning} | {f'`{t.sql}`' if t.sql else '—'} |")
+    return "\n".join(rows) + "\n"
