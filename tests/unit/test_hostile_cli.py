@@ -282,7 +282,7 @@ def test_there_are_at_least_a_hundred_cases_across_every_command():
                 for c in CASES if c[1] and not c[1][0].startswith("-")}
     assert len(CASES) >= 100 and len({c[0] for c in CASES}) == len(CASES)
     sub = next(a for a in build_parser()._actions if a.dest == "command")
-    assert set(sub.choices) - commands <= {"kafka-access", "clickhouse-users"} | commands
+    assert set(sub.choices) <= commands, f"commands without a hostile case: {set(sub.choices) - commands}"
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
