@@ -12,14 +12,20 @@ def test_session_broker_answers_and_is_recorded(kafka):
     assert local_kafka.status(kafka.data_dir) == kafka
 
 
-def test_a_broker_that_cannot_start_names_its_log(kafka, tmp_path):
-    busy_port = int(kafka.bootstrap.rsplit(":", 1)[1])
+def test_a_broker_that_cannot_start_names_its_log(tmp_path):
     with pytest.raises(local_kafka.KafkaRunnerError) as err:
-        local_kafka.start(tmp_path / "k2", port=busy_port, timeout=60)
+        local_kafka.start(tmp_path / "k2", heap="1k", timeout=60)  # a JVM that refuses to start
     message = str(err.value)
     assert str(tmp_path / "k2" / "node-1" / "broker.log") in message
-    assert "Address already in use" in message or "BindException" in message
+    assert "Error occurred during initialization of VM" in message
     assert local_kafka.status(tmp_path / "k2") is None
+
+
+def test_a_port_in_use_is_refused_before_anything_starts(kafka, tmp_path):
+    busy_port = int(kafka.bootstrap.rsplit(":", 1)[1])
+    with pytest.raises(local_kafka.KafkaRunnerError, match=f"port {busy_port} is in use"):
+        local_kafka.start(tmp_path / "k3", port=busy_port, timeout=60)
+    assert local_kafka.status(tmp_path / "k3") is None and not (tmp_path / "k3" / "node-1").exists()
 
 
 def test_stop_and_status_without_a_broker(tmp_path):

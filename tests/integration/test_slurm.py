@@ -209,7 +209,10 @@ def test_what_slurm_allocated_is_what_gpufleet_measures_alerts_and_acts_on(slurm
     # (b): the GPU it never opened, named as NVML knows it (Slurm's second GPU of the job).
     unused = (tmp_path / f"slurm-{b}.out").read_text().split()[0].split(",")[1]  # its CUDA_VISIBLE_DEVICES
     nvml_index = next(i for i, g in enumerate(jobs.gpus) if g.minor == int(unused))
-    assert ("gpu_count", "2 GPUs", "1 GPUs") in [tuple(r[:3]) for r in stored[f"slurm-{b}"]["right_size"]]
+    from sinks.job_report import right_size_of  # a stored row's records come as tuples or dicts
+
+    sizes = [(r["kind"], r["current"], r["recommended"]) for r in right_size_of(stored[f"slurm-{b}"])]
+    assert ("gpu_count", "2 GPUs", "1 GPUs") in sizes, sizes
     partial = [m for wf, detector, m, *_ in alerts if (wf, detector) == (f"slurm-{b}", "partial_use")]
     assert partial and f"no process of the job ever opened them: {slurm.node}/gpu{nvml_index}." in partial[0], alerts
     idle_c = min(end for wf, detector, _, end, _ in alerts if (wf, detector) == (f"slurm-{c}", "idle_allocated"))
