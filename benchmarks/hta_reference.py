@@ -16,6 +16,8 @@ import os
 import sys
 import tempfile
 import warnings
+from contextlib import contextmanager
+from fractions import Fraction
 
 
 def _clean(value):
@@ -111,6 +113,48 @@ def _kernel_sequences(a) -> dict:
     return out
 
 
+@contextmanager
+def stable_sort():
+    """pandas' ``sort_values`` stable while inside (HTA passes no ``kind``)."""
+    import pandas as pd
+
+    unstable = pd.DataFrame.sort_values
+
+    def stable(self, *args, **kwargs):
+        kwargs.setdefault("kind", "stable")
+        return unstable(self, *args, **kwargs)
+
+    pd.DataFrame.sort_values = stable
+    try:
+        yield
+    finally:
+        pd.DataFrame.sort_values = unstable
+
+
+@contextmanager
+def exact_cumsum():
+    """pandas' ``Series.cumsum`` of floats exact while inside: each running value the float
+    nearest the exact sum of the values so far (``fractions.Fraction`` holds a float exactly)."""
+    import pandas as pd
+
+    inexact = pd.Series.cumsum
+
+    def exact(self, *args, **kwargs):
+        if self.dtype.kind != "f":
+            return inexact(self, *args, **kwargs)
+        running, out = Fraction(0), []
+        for value in self.to_list():
+            running += Fraction(value)
+            out.append(float(running))
+        return pd.Series(out, index=self.index, name=self.name, dtype=self.dtype)
+
+    pd.Series.cumsum = exact
+    try:
+        yield
+    finally:
+        pd.Series.cumsum = inexact
+
+
 def main(path: str) -> None:
     logging.disable(logging.WARNING)
     warnings.filterwarnings("ignore")
@@ -129,23 +173,24 @@ def main(path: str) -> None:
         except Exception as exc:  # noqa: BLE001 - HTA fails on some traces (no GPU kernel): recorded as such
             out[key] = {"hta_error": f"{type(exc).__name__}: {exc}"}
     # HTA sorts with pandas' default (unstable) sort: a launch and a kernel start in the same
-    # microsecond on a stream land in either order. Its queue length with a stable sort
-    # (launches first), which gpufleet's equals:
-    import pandas as pd
-
-    unstable = pd.DataFrame.sort_values
-
-    def stable(self, *args, **kwargs):
-        kwargs.setdefault("kind", "stable")
-        return unstable(self, *args, **kwargs)
-
-    pd.DataFrame.sort_values = stable
-    try:
-        out["queue_length_stable_sort"] = _queues(TraceAnalysis(trace_dir=d))
-    except Exception as exc:  # noqa: BLE001
-        out["queue_length_stable_sort"] = {"hta_error": f"{type(exc).__name__}: {exc}"}
-    finally:
-        pd.DataFrame.sort_values = unstable
+    # microsecond on a stream land in either order, and so do a copy's start and end and those
+    # of other copies, and two events that start together on a stream (one of them of 0 us).
+    # Its figures with a stable sort (the file's order among equal times):
+    with stable_sort():
+        for key, analysis in (("queue_length_stable_sort", _queues), ("memory_bw_stable_sort", _memory_bw),
+                              ("idle_stable_sort", _idle)):
+            try:
+                out[key] = analysis(TraceAnalysis(trace_dir=d))
+            except Exception as exc:  # noqa: BLE001
+                out[key] = {"hta_error": f"{type(exc).__name__}: {exc}"}
+        # ... and with its running sum of bandwidths exact (a float sum drifts: it does not return
+        # to 0 when the copies have ended, and those drifts are counted as values): HTA with both
+        # fixes, the figures gpufleet's equal.
+        with exact_cumsum():
+            try:
+                out["memory_bw_fixed"] = _memory_bw(TraceAnalysis(trace_dir=d))
+            except Exception as exc:  # noqa: BLE001
+                out["memory_bw_fixed"] = {"hta_error": f"{type(exc).__name__}: {exc}"}
     json.dump(out, sys.stdout, indent=1, sort_keys=True)
     print()
 

@@ -8,16 +8,17 @@ dead letter and a ``TraceEnd`` with no events. Nothing raises for a bad trace.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from producers.publish_kafka import Publisher
-from producers.read_trace import TraceError, read_trace
+from producers.read_trace import TraceError, TraceRead, read_trace
 from schemas.dead_letter import dead_letter
 from schemas.topics import DEAD_LETTERS, KERNEL_EVENTS, trace_id_for
 
 STAGE = "trace-ingest"
 # Where they are known (absent elsewhere): a copy's size and bandwidth; an operator's FLOPs, for the roofline.
-_OPTIONAL_FIELDS = ("bytes", "bandwidth_gbps", "memcpy_kind", "flops", "precision", "op_bytes")
+_OPTIONAL_FIELDS = ("bytes", "bandwidth_gbps", "memcpy_kind", "flops", "precision", "op_bytes", "trace_order")
 _EVENT_FIELDS = ("kind", "cat", "name", "stream", "device", "correlation", "tid")
 
 
@@ -41,15 +42,7 @@ def publish_trace(
         publisher.publish(KERNEL_EVENTS, [end], topic=topic, schema="TraceEnd")
         return end
 
-    def records():
-        for seq, e in enumerate(trace.events):
-            record = {f: e[f] for f in _EVENT_FIELDS}
-            record.update({f: e.get(f) for f in _OPTIONAL_FIELDS})
-            record.update(trace_id=trace_id, workflow_id=workflow_id, rank=trace.rank, seq=seq,
-                          ts=int(e["ts"]), dur=int(e["dur"]))
-            yield record
-
-    n = publisher.publish(KERNEL_EVENTS, records(), topic=topic)
+    n = publisher.publish(KERNEL_EVENTS, kernel_event_records(trace, trace_id, workflow_id), topic=topic)
     end = {"trace_id": trace_id, "workflow_id": workflow_id, "rank": trace.rank, "events": n,
            "events_read": trace.events_seen, "source": str(path), "partial": trace.partial,
            "error": trace.error, "last_step_dropped": trace.last_step_dropped,
@@ -59,6 +52,16 @@ def publish_trace(
         _dead_letter(publisher, topic_prefix, path, f"partial trace: {trace.error}", now)
     publisher.publish(KERNEL_EVENTS, [end], topic=topic, schema="TraceEnd")
     return end
+
+
+def kernel_event_records(trace: TraceRead, trace_id: str, workflow_id: str) -> Iterator[dict]:
+    """The ``KernelEvent`` records of a trace read, in its events' (start) order, ``seq`` from 0."""
+    for seq, e in enumerate(trace.events):
+        record = {f: e[f] for f in _EVENT_FIELDS}
+        record.update({f: e.get(f) for f in _OPTIONAL_FIELDS})
+        record.update(trace_id=trace_id, workflow_id=workflow_id, rank=trace.rank, seq=seq,
+                      ts=int(e["ts"]), dur=int(e["dur"]))
+        yield record
 
 
 def _dead_letter(publisher: Publisher, prefix: str, path: str | Path, reason: str, now: int) -> None:

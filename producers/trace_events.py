@@ -84,7 +84,8 @@ class Columns:
             self.extras[len(self.kind) - 1] = {
                 "bytes": nbytes if nbytes >= 0 else None,
                 "bandwidth_gbps": _bandwidth(args.bandwidth) if kind == "memcpy" or kind == "memset" else None,
-                "memcpy_kind": name[len("Memcpy "):] if kind == "memcpy" and name.startswith("Memcpy ") else None}
+                "memcpy_kind": name[len("Memcpy "):] if kind == "memcpy" and name.startswith("Memcpy ") else None,
+                "trace_order": len(self.kind) - 1}
         elif kind == "sync" and args.wait_on_record is not None:
             self.extras[len(self.kind) - 1] = {"wait_on_stream": to_int(args.wait_on_stream),
                                                "wait_on_record": to_int(args.wait_on_record)}

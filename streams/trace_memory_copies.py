@@ -6,11 +6,24 @@ HTA's summary: for each kind, the bandwidth of the copies running at once, as a 
 function that rises by a copy's bandwidth (the profiler's ``memory bandwidth (GB/s)``) when
 it starts and falls by it when it ends (a copy of 0 us is taken to last 1 us); the summary
 is count, mean, standard deviation, min, quartiles and max of the function's values after
-each change, zeros left out. A copy that starts when another of its kind ends is counted
-as starting first (HTA sorts with an unstable sort; this equals it with a stable one).
+each change, zeros left out. Where HTA's figures depend on chance or drift, gpufleet keeps
+the rule HTA means, and equals HTA with these two faults mended (``benchmarks/hta_reference.py``
+runs it so; the README has the evidence):
 
-State: per kind the running sum, the ends still to come, and the values seen (one or two per
-copy: the quartiles need them all; copies are few next to kernels).
+* **Equal times in the file's order.** HTA sorts the starts and ends with pandas' default,
+  unstable sort, so copies that start or end in the same microsecond are counted in an
+  order that depends on the trace's length. gpufleet counts, at one time, every start before
+  any end, starts in their start order and ends in the order their copies have in the trace
+  file (``trace_order``; HTA's with a stable sort).
+* **An exact running sum.** HTA adds and subtracts the bandwidths as floats: when the copies
+  running have all ended, the sum is not 0 but a residue (1e-14 .. 1e-11 GB/s), counted as
+  a value (a tenth of a kind's values on a trace of overlapping copies). gpufleet keeps the
+  sum exactly (each float an integer multiple of 2**-1074) and gives each value as the float
+  nearest it.
+
+State: per kind the copies still running (a heap of their ends) and the values seen (one or
+two per copy: the quartiles need them all; copies are few next to kernels). The running sum
+is that of the copies still running, made again from them when a checkpoint is restored.
 """
 
 from __future__ import annotations
@@ -31,6 +44,18 @@ def memory_kind(name: str) -> str:
     return name[:11]
 
 
+_SHIFT = 1074  # every finite float is a whole multiple of 2**-1074
+_ONE = 1 << _SHIFT
+
+
+def exact(value: float) -> int:
+    """``value`` as a whole multiple of 2**-1074, exactly (0 for a value that is not finite)."""
+    if not math.isfinite(value):
+        return 0
+    numerator, denominator = value.as_integer_ratio()  # the denominator a power of 2
+    return numerator << (_SHIFT - denominator.bit_length() + 1)
+
+
 class _Kind:
     __slots__ = ("bytes", "copies", "ends", "running", "seq", "time_us", "values")
 
@@ -38,20 +63,21 @@ class _Kind:
         self.copies = 0
         self.bytes = 0
         self.time_us = 0.0
-        self.running = 0.0
+        self.running = 0  # the bandwidths of the copies running, in 2**-1074 GB/s
         self.seq = 0
-        self.ends: list[tuple[float, int, float]] = []  # (end, order of start, bandwidth): a heap
+        # (end, order in the trace file, bandwidth): a heap
+        self.ends: list[tuple[float, int, float]] = []
         self.values: list[float] = []
 
-    def step(self, delta: float) -> None:
+    def step(self, delta: int) -> None:
         self.running += delta
         if self.running > 0:
-            self.values.append(self.running)
+            self.values.append(self.running / _ONE)  # (correctly rounded)
 
     def ended_before(self, ts: float) -> None:
         ends = self.ends
         while ends and ends[0][0] < ts:
-            self.step(-heapq.heappop(ends)[2])
+            self.step(-exact(heapq.heappop(ends)[2]))
 
 
 class MemoryCopies:
@@ -59,7 +85,8 @@ class MemoryCopies:
         self.kinds: dict[str, _Kind] = {}
 
     def add(self, event: dict) -> None:
-        """One memory copy or set (a GPU event of kernel type MEMORY), in start-time order."""
+        """One memory copy or set (a GPU event of kernel type MEMORY), in start-time order (the
+        file's order among equal starts)."""
         key = memory_kind(event["name"])
         k = self.kinds.get(key)
         if k is None:
@@ -69,20 +96,21 @@ class MemoryCopies:
         k.bytes += event.get("bytes") or 0
         k.time_us += dur
         bandwidth = event.get("bandwidth_gbps") or 0.0
+        order = event.get("trace_order")
         k.ended_before(ts)
-        k.step(bandwidth)
-        heapq.heappush(k.ends, (ts + (dur if dur != 0 else 1), k.seq, bandwidth))
+        k.step(exact(bandwidth))
+        heapq.heappush(k.ends, (ts + (dur if dur != 0 else 1), k.seq if order is None else order, bandwidth))
         k.seq += 1
 
     def result(self) -> list[dict]:
         out = []
         for name, k in sorted(self.kinds.items()):
             values = list(k.values)
-            running, ends = k.running, sorted(k.ends)
-            for _, _, bandwidth in ends:  # the copies still running at the end of the trace end
-                running -= bandwidth
+            running = k.running
+            for _, _, bandwidth in sorted(k.ends):  # the copies still running at the end of the trace end
+                running -= exact(bandwidth)
                 if running > 0:
-                    values.append(running)
+                    values.append(running / _ONE)
             out.append({"kind": name, "copies": k.copies, "bytes": k.bytes, "time_us": float(k.time_us),
                         "achieved_gbps": k.bytes / (k.time_us * 1e3) if k.time_us > 0 else None,
                         **_describe(values)})
@@ -90,17 +118,18 @@ class MemoryCopies:
 
     # -- checkpoints (JSON-able) ---------------------------------------------------------------
     def to_state(self) -> dict:
-        return {name: [k.copies, k.bytes, k.time_us, k.running, k.seq, k.ends, k.values]
+        return {name: [k.copies, k.bytes, k.time_us, k.running / _ONE, k.seq, k.ends, k.values]
                 for name, k in self.kinds.items()}
 
     @classmethod
     def from_state(cls, state: dict) -> MemoryCopies:
         m = cls()
-        for name, (copies, nbytes, time_us, running, seq, ends, values) in state.items():
+        for name, (copies, nbytes, time_us, _running, seq, ends, values) in state.items():
             k = m.kinds[name] = _Kind()
-            k.copies, k.bytes, k.time_us, k.running, k.seq = copies, nbytes, time_us, running, seq
+            k.copies, k.bytes, k.time_us, k.seq = copies, nbytes, time_us, seq
             k.ends = [tuple(e) for e in ends]
             heapq.heapify(k.ends)
+            k.running = sum(exact(bandwidth) for _, _, bandwidth in k.ends)  # (exact: not the float stored)
             k.values = list(values)
         return m
 

@@ -3,7 +3,11 @@
 HTA's results are stored in ``tests/data/hta/`` (``benchmarks/hta_reference.py``, run in HTA's
 own virtualenv): the real traces of ``shared/traces`` and deterministic synthetic traces of a
 data-parallel job (two compute streams, NCCL on two more overlapping them, copies, float
-timestamps, many kernel names: ``tests.unit.traces.synthetic_job_trace``).
+timestamps, many kernel names: ``tests.unit.traces.synthetic_job_trace``) and of copies
+overlapping on several streams with many equal times (``overlapping_copies_trace``), where
+HTA's own memory bandwidth and queue length figures depend on its unstable sort and its
+bandwidths' float sum drifts: there gpufleet equals HTA with a stable sort and an exact sum
+(``benchmarks/hta_reference.py``: ``memory_bw_fixed``, ``queue_length_stable_sort``).
 """
 
 from __future__ import annotations
@@ -16,20 +20,25 @@ import pytest
 from gpufleet.analyze import analyze_file
 from producers.read_trace import read_trace
 from streams.analyze_trace import analyze_events
-from tests.unit.traces import SHARED_TRACES, synthetic_job_trace
+from tests.unit.traces import SHARED_TRACES, overlapping_copies_trace, synthetic_job_trace
 
 HTA_DATA = Path(__file__).resolve().parents[2] / "data" / "hta"
 REAL = ("resnet50_num_workers_0__worker0.1623143089861.pt.trace", "resnet50_num_workers_4__worker0.1623212756351.pt.trace",
         "simple_add__benchmark_result_493459_1694039959_trace", "cuda_event_sync__event_sync_trace",
         "cupti_profiler__benchmark_result_924719_1679055439_trace")
 SYNTHETIC = ("synthetic-1", "synthetic-2")
+OVERLAPPING = ("overlapping-copies-1", "overlapping-copies-2")
+MEMORY_BW = (("bw_samples", "count"), ("bw_mean_gbps", "mean"), ("bw_std_gbps", "std"), ("bw_min_gbps", "min"),
+             ("bw_p25_gbps", "25%"), ("bw_p50_gbps", "50%"), ("bw_p75_gbps", "75%"), ("bw_max_gbps", "max"))
 
 
-@pytest.fixture(scope="module", params=REAL + SYNTHETIC)
+@pytest.fixture(scope="module", params=REAL + SYNTHETIC + OVERLAPPING)
 def trace(request, tmp_path_factory) -> tuple[Path, dict]:
     name = request.param
     if name.startswith("synthetic-"):
         path = synthetic_job_trace(tmp_path_factory.mktemp("t") / f"{name}.json", seed=int(name.split("-")[1]))
+    elif name.startswith("overlapping-copies-"):
+        path = overlapping_copies_trace(tmp_path_factory.mktemp("t") / f"{name}.json", seed=int(name.split("-")[-1]))
     else:
         path = SHARED_TRACES / f"{name}.json.gz"
         if not path.exists():
@@ -81,27 +90,48 @@ def test_temporal_idle_overlap_and_launches_equal_hta(trace):
         assert r["comp_comm_overlap_pct"] is None
     else:
         assert round(r["comp_comm_overlap_pct"], 2) == hta["comp_comm_overlap_pctg"]
-    # (HTA leaves out some categories with no time; so do we, to compare)
+    # (HTA leaves out some categories with no time; so do we, to compare.) Where two events start
+    # together on a stream (one of 0 us), HTA's own sort takes either as the first: gpufleet
+    # equals it with a stable sort, which on the other traces is HTA's own result.
     idle = {(s["stream"], c): s[f"{c}_us"] for s in r["idle_by_stream"] for c in ("host_wait", "kernel_wait", "other")}
     assert {k: v for k, v in idle.items() if v} == {
-        (row["stream"], row["idle_category"]): row["idle_time"] for row in hta["idle"] if row["idle_time"]}
+        (row["stream"], row["idle_category"]): row["idle_time"] for row in hta["idle_stable_sort"] if row["idle_time"]}
+    if not path.name.startswith("overlapping-copies"):
+        assert hta["idle"] == hta["idle_stable_sort"]
     assert (r["launches"], r["launch_delay_total_us"], r["launch_delay_max_us"]) == (
         hta["launch"]["launches"], hta["launch"]["launch_delay_total"], hta["launch"]["launch_delay_max"])
 
 
-def test_memory_bandwidth_summary_equals_hta(trace):
-    path, hta = trace
-    ours = {m["kind"]: m for m in analyze_events(read_trace(path).events)["memory_copies"]}
-    theirs = {row["name"]: row for row in hta["memory_bw"] or []}
+def _bandwidth_equal(ours: dict[str, dict], summary: list[dict] | None) -> None:
+    theirs = {row["name"]: row for row in summary or []}
     assert {k for k, m in ours.items() if m["bw_samples"]} == set(theirs)
     for kind, h in theirs.items():
         o = ours[kind]
-        assert o["bw_samples"] == h["count"], kind
-        for field, key in (("bw_mean_gbps", "mean"), ("bw_std_gbps", "std"), ("bw_min_gbps", "min"),
-                           ("bw_p25_gbps", "25%"), ("bw_p50_gbps", "50%"), ("bw_p75_gbps", "75%"),
-                           ("bw_max_gbps", "max")):
+        for field, key in MEMORY_BW:
             expected = None if h[key] is None else pytest.approx(h[key], rel=1e-9, abs=1e-12)  # std of 1 value
             assert o[field] == expected, (kind, field)
+
+
+def test_memory_bandwidth_summary_equals_hta_with_a_stable_sort_and_an_exact_sum(trace):
+    """Every figure per kind: count, mean, std, min, quartiles, max (HTA's ``describe()``)."""
+    path, hta = trace
+    ours = {m["kind"]: m for m in analyze_events(read_trace(path).events)["memory_copies"]}
+    _bandwidth_equal(ours, hta["memory_bw_fixed"])
+    if not path.name.startswith("overlapping-copies"):  # no equal times, no drift: HTA's own is the same
+        _bandwidth_equal(ours, hta["memory_bw"])
+
+
+@pytest.mark.parametrize("name", OVERLAPPING)
+def test_the_made_traces_show_both_faults_of_htas_own_bandwidth_summary(name):
+    """The case the comparison above is about: on overlapping copies HTA's own figures count
+    float residues as values (a minimum far below any copy's bandwidth) and move with the order
+    of equal times (its sort made stable gives other counts)."""
+    hta = json.loads((HTA_DATA / f"{name}.json").read_text())
+    own, stable, fixed = ({r["name"]: r for r in hta[k]} for k in ("memory_bw", "memory_bw_stable_sort",
+                                                                    "memory_bw_fixed"))
+    dtod = "Memcpy DtoD"
+    assert own[dtod]["min"] < 1e-9 and stable[dtod]["min"] < 1e-9 < fixed[dtod]["min"]
+    assert own[dtod]["count"] != stable[dtod]["count"] != fixed[dtod]["count"]
 
 
 def test_gpu_user_annotation_breakdown_equals_hta(trace):
@@ -122,13 +152,14 @@ def _queues_equal(ours: list[dict], summary: list[dict], exact: bool) -> None:
     assert {q["stream"] for q in ours} == set(theirs)
     for q in ours:
         h = theirs[q["stream"]]
-        assert (q["samples"], q["min"], q["max"]) == (h["count"], h["min"], h["max"]), q["stream"]
+        assert q["samples"] == h["count"], q["stream"]
         if exact:
+            assert (q["min"], q["max"]) == (h["min"], h["max"]), q["stream"]
             for field, key in (("mean", "mean"), ("std", "std"), ("p25", "25%"), ("p50", "50%"), ("p75", "75%")):
                 expected = None if h[key] is None else pytest.approx(h[key], rel=1e-12)
                 assert q[field] == expected, (q["stream"], field)
-        else:  # HTA's unstable sort orders a launch and a start in the same microsecond either way
-            assert q["mean"] == pytest.approx(h["mean"], rel=0.02)
+        # else: HTA's unstable sort orders a launch and a start in the same microsecond either way
+        # (on the overlapping-copies traces its mean moves by a quarter, and its maximum too)
 
 
 def test_queue_length_summary_equals_hta_with_a_stable_sort(trace):

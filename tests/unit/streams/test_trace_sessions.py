@@ -96,3 +96,35 @@ def test_silent_trace_times_out_and_done_markers_expire():
     # A late tail of the ended trace does not reopen it.
     assert sessions.apply(0, kernel_events()[10:], now_ms=1600).replayed == 30
     assert sessions.expire(now_ms=7000).removed == {"wf/t.json": 0} and store == {}
+
+
+@pytest.mark.parametrize("batch", [1, 7, 1000])
+def test_the_worker_gives_the_offline_record_for_a_trace_of_overlapping_copies_batched_any_way(tmp_path, batch):
+    """Copies that end in the same microsecond are counted in the file's order (KernelEvent v3's
+    ``trace_order``), through Avro and a checkpoint restored halfway: the stream's record is
+    ``gpufleet analyze``'s, field for field."""
+    from gpufleet.analyze import analyze_file
+    from producers.publish_trace import kernel_event_records
+    from producers.read_trace import read_trace
+    from schemas.codec import Codec
+    from tests.unit.traces import overlapping_copies_trace
+
+    codec = Codec()
+    path = overlapping_copies_trace(tmp_path / "t.json", seed=2, copies_per_stream=120, kernels=200)
+    trace = read_trace(path)
+    wire = [codec.decode(codec.encode("KernelEvent", r)) for r in kernel_event_records(trace, "wf/t.json", "wf")]
+    marker = end(events=len(wire))
+    marker[1].update(rank=trace.rank, source=str(path), events_read=trace.events_seen)
+    store: dict = {}
+    analyses = []
+    half = len(wire) // 2
+    for first in range(0, len(wire), batch):
+        if first <= half < first + batch:
+            store = json.loads(json.dumps(store))  # the changelog, read back by a new worker
+        analyses += TraceSessions(CFG, store).apply(0, wire[first:first + batch], now_ms=1).analyses
+    analyses += TraceSessions(CFG, store).apply(0, [marker], now_ms=1).analyses
+    (streamed,) = analyses
+    offline = analyze_file(path, workflow_id="wf", trace_id="wf/t.json")
+    assert any(m["kind"] == "Memcpy DtoD" and m["bw_samples"] > 100 for m in offline["memory_copies"])
+    for field in ("memory_copies", "queue_lengths", "idle_by_stream", "kernel_time_us", "gpu_events"):
+        assert streamed[field] == offline[field], field
