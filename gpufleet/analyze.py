@@ -53,6 +53,8 @@ def _analyze(path: str | Path, workflow_id: str = "", trace_id: str | None = Non
         partial=trace.partial, error=trace.error, analyzed_at=now, flops=trace.flops, gpu_name=trace.gpu_name,
     )
     findings = findings_records(result, record, trace.memory(), now)
+    if trace.skipped:
+        record["skipped"] = trace.skipped  # (not a field of the wire record: the agent dead-letters it)
     if critical_path:
         record["critical_path"] = result["critical_path"]
     if kernel_sequences:
@@ -103,6 +105,8 @@ def format_record(r: dict) -> str:
     lines = [f"{r['source']} (rank {r['rank']}, {r['events']} events analysed, {r['gpu_events']} on the GPU)"]
     if r["partial"]:
         lines.append(f"  PARTIAL: {r['error']}; the numbers cover what was read before the damage")
+    if r.get("skipped"):
+        lines.append(f"  SKIPPED: {r['skipped']['says']}; the numbers cover the other events")
     if not r["gpu_events"]:
         lines.append("  no GPU activity was read before the damage: nothing can be said about the GPU" if r["partial"]
                      else "  no GPU activity in this trace: nothing can be said about the GPU (was the profiler "
@@ -308,14 +312,16 @@ def format_job(job: dict) -> str:
 def run(paths: list[str], as_json: bool, workflow_id: str = "", critical_path: bool = False,
         kernel_sequences: list[str] | None = None) -> tuple[str, int]:
     """``analyze_paths``'s text and the exit status: 2 if a file could not be read (it is no
-    trace: the user's to fix), 1 if one was damaged (its figures then cover only what was
-    read), else 0."""
+    trace, or nothing in it is usable: the user's to fix), 1 if one was damaged or had items
+    that were skipped (its figures then cover only what was read and usable), else 0."""
     text, records = analyze_paths(paths, as_json, workflow_id, critical_path, kernel_sequences)
     return text, status_of(records)
 
 
 def status_of(records: list[dict]) -> int:
-    return 2 if any(r.get("unreadable") for r in records) else 1 if any(r["partial"] for r in records) else 0
+    if any(r.get("unreadable") for r in records):
+        return 2
+    return 1 if any(r["partial"] or r.get("skipped") for r in records) else 0
 
 
 def analyze_paths(paths: list[str], as_json: bool, workflow_id: str = "", critical_path: bool = False,

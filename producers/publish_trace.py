@@ -50,6 +50,8 @@ def publish_trace(
            "flops": trace.flops or None, "gpu_name": trace.gpu_name, "published_at": now, "system": system}
     if trace.partial:
         _dead_letter(publisher, topic_prefix, path, f"partial trace: {trace.error}", now)
+    if trace.skipped:
+        _dead_letter(publisher, topic_prefix, path, f"trace items skipped: {trace.skipped['says']}", now)
     publisher.publish(KERNEL_EVENTS, [end], topic=topic, schema="TraceEnd")
     return end
 

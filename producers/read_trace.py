@@ -11,7 +11,10 @@ columns (``trace_events``). Loading rules (HTA 0.5.0):
   events are kept only if they start before the last ProfilerStep starts, GPU-side events
   only if their correlation id matches a kept CPU-side event.
 
-A trace damaged part-way (truncated, invalid JSON) yields what was valid before the damage,
+Items of ``traceEvents`` that are not objects, and events whose time, duration or category
+has the wrong type (``"ts": "abc"``), are skipped and counted (``skipped``: how many of each
+and the first, named by its place); a trace of which nothing usable remains is a TraceError
+naming the first. A trace damaged part-way (truncated, invalid JSON) yields what was valid before the damage,
 with ``partial`` set and the parser's error; it never raises for that.
 """
 
@@ -34,6 +37,7 @@ from producers.trace_json import (
     Args,
     TraceDamaged,
     TraceError,
+    Unusable,
     any_decoder,
     event_blocks,
     metadata,
@@ -70,11 +74,45 @@ class TraceRead(msgspec.Struct):
     flops: dict[str, int] = msgspec.field(default_factory=dict)
     gpu_name: str | None = None  # the GPU most of the rank's GPU events ran on, from deviceProperties
     sync_events: int = 0  # the profiler's synchronisation events (cuda_sync; PyTorch 2.3 and later)
+    # items of traceEvents that could not be used (``Skipped.as_record``), or None
+    skipped: dict | None = None
 
     def memory(self) -> dict | None:
         if self.memory_peak_bytes is None:
             return None
         return {"peak_bytes": self.memory_peak_bytes, "total_bytes": self.memory_total_bytes}
+
+
+class Skipped:
+    """The items of ``traceEvents`` the analysis could not use (``trace_json.Unusable``): how
+    many were not events, how many had a time, duration or category of the wrong type, and the
+    first of them, by its place in the list."""
+
+    def __init__(self) -> None:
+        self.not_events = self.items = 0
+        self.first: str | None = None
+
+    def add(self, index: int, why: str) -> None:
+        self.items += 1
+        if why.endswith("not an event object"):
+            self.not_events += 1
+        if self.first is None:
+            self.first = f"item {index} of traceEvents: {why}"
+
+    def __str__(self) -> str:
+        unusable = self.items - self.not_events
+        parts = [text for n, text in (
+            (self.not_events, (f"{self.not_events} item{'s' if self.not_events > 1 else ''} that "
+                              f"{'are' if self.not_events > 1 else 'is'} not an event")),
+            (unusable, (f"{unusable} event{'s' if unusable > 1 else ''} whose time, duration or category "
+                       f"{'have' if unusable > 1 else 'has'} the wrong type"))) if n]
+        return f"{' and '.join(parts)} {'was' if self.items == 1 else 'were'} skipped; the first is {self.first}"
+
+    def as_record(self) -> dict | None:
+        if not self.items:
+            return None
+        return {"not_events": self.not_events, "unusable_events": self.items - self.not_events,
+                "first": self.first, "says": str(self)}
 
 
 @contextmanager
@@ -108,6 +146,7 @@ def read_trace(path: str | Path, cpu_ops: bool = False) -> TraceRead:
     tids: dict[Any, int] = {}
     rows = Columns()
     memory = _MemoryPeaks()
+    skipped = Skipped()
     seen = 0
     try:
         with open_trace(path) as fh, no_cycle_collection():
@@ -124,16 +163,15 @@ def read_trace(path: str | Path, cpu_ops: bool = False) -> TraceRead:
             for block in event_blocks(fh, head, path):
                 for e in block:
                     seen += 1
-                    if e is None:  # not an object
-                        any_float = True
-                        continue
                     ts = e.ts
                     if ts is None or type(ts) is float:
-                        any_float = True
+                        any_float = True  # (an item that is not an object too, as HTA reads it)
                     cat = e.cat
                     if ts is None or cat is None or cat == "Trace" or e.dur is None:
                         if e.name == "[memory]":
                             memory.add(e.args or no_args)
+                        elif type(e) is Unusable:
+                            skipped.add(seen - 1, e.why)
                         continue
                     args = e.args or no_args
                     stream = args.stream
@@ -177,7 +215,10 @@ def read_trace(path: str | Path, cpu_ops: bool = False) -> TraceRead:
         result.error = f"trace damaged after {seen} events: {exc}"
     if seen == 0 and result.partial:
         raise TraceError(f"{path}: no event could be read ({result.error})")
+    if skipped.items and not len(rows):
+        raise TraceError(f"{path}: no usable event: {skipped}")
     result.events_seen = seen
+    result.skipped = skipped.as_record()
     if memory.peak:
         device, peak = max(memory.peak.items(), key=lambda kv: kv[1])
         result.memory_peak_bytes = peak

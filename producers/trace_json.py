@@ -179,18 +179,30 @@ class Event(msgspec.Struct, gc=False):
 
 
 
+class Unusable(Event, gc=False):
+    """An item of ``traceEvents`` the analysis cannot use: not an object, or an event whose
+    time, duration or category has the wrong type. ``why`` says which."""
+
+    why: str = ""
+
+
+_JSON_KIND = {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number",
+              bool: "a boolean", type(None): "null"}
+
+
 NO_ARGS = Args()
 _block_decoder = msgspec.json.Decoder(list[Event])
 any_decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
 
 
-def _typed(items: Iterable[Any]) -> Iterator[Event | None]:
-    """Generic JSON items as Events (None for an item that is not an object). An ``args``
-    that is not an object counts as no args."""
+def _typed(items: Iterable[Any]) -> Iterator[Event]:
+    """Generic JSON items as Events (an ``Unusable`` for an item that is not an object or whose
+    time or category has the wrong type). An ``args`` that is not an object counts as no args."""
     for item in items:
         if type(item) is not dict:
-            yield None
+            shown = repr(item) if len(repr(item)) <= 40 else repr(item)[:37] + "..."
+            yield Unusable(why=f"{shown} is {_JSON_KIND.get(type(item), 'not JSON')}, not an event object")
             continue
         args = item.get("args")
         if type(args) is dict and "Input Dims" in args:  # kept unparsed, as the Kineto reader keeps it
@@ -200,8 +212,19 @@ def _typed(items: Iterable[Any]) -> Iterator[Event | None]:
         except msgspec.ValidationError:
             try:
                 yield msgspec.convert({k: v for k, v in item.items() if k != "args"}, Event)
-            except msgspec.ValidationError:  # a time or category of the wrong type
-                yield Event(name=item.get("name", ""))
+            except msgspec.ValidationError as exc:  # a time or category of the wrong type
+                name = item.get("name", "")
+                shown = repr(name) if len(repr(name)) <= 60 else repr(name)[:57] + "..."
+                yield Unusable(name=name, why=f"event {shown}: {_field_error(exc)}")
+
+
+def _field_error(exc: msgspec.ValidationError) -> str:
+    """msgspec's ``Expected `str | null`, got `int` - at `$.cat``` as ``cat: expected ...``."""
+    said = str(exc)
+    text, _, where = said.partition(" - at `$.")
+    if not where:
+        return said
+    return f"{where.rstrip('`').split('.')[0].split('[')[0]} {text[0].lower()}{text[1:]}".replace("`", "")
 
 
 _EVENT_START, _EVENT_END = b"\n  {", b"\n  }"
@@ -209,7 +232,7 @@ _LAST_EVENT = re.compile(rb"\n  \}[ \t\r\n]*\]")
 _CLOSE = re.compile(rb"[, \t\r\n]*\]")
 
 
-def event_blocks(fh: IO[bytes], head: bytes, path: Path) -> Iterator[Iterable[Event | None]]:
+def event_blocks(fh: IO[bytes], head: bytes, path: Path) -> Iterator[Iterable[Event]]:
     """The items of ``traceEvents``, a block at a time (a loop over blocks and then over a
     block's list costs less than resuming a generator per event). Kineto pretty-prints each
     event as a block from a line ``  {`` to a line ``  }``: such files are split on those
@@ -255,7 +278,7 @@ def _trace_shaped(events: Iterator[tuple[str, str, Any]], path: Path) -> Iterato
     raise TraceError(f"{path} is not a trace: it has no traceEvents list")
 
 
-def _kineto_blocks(fh: IO[bytes], head: bytes, block: int = 1 << 16) -> Iterator[Iterable[Event | None]]:
+def _kineto_blocks(fh: IO[bytes], head: bytes, block: int = 1 << 16) -> Iterator[Iterable[Event]]:
     """Events of a Kineto layout, a block of the file at a time: the complete events of each
     block are parsed in one call, as a JSON array framed in place (no copy of the block: the
     blank before the first event's brace becomes ``[`` and the byte after the last one's,
@@ -313,7 +336,7 @@ def _framed(buf: bytearray, start: int, end: int) -> list[Event] | None:
             buf[end] = after
 
 
-def _events_of(body: bytes) -> Iterator[Event | None]:
+def _events_of(body: bytes) -> Iterator[Event]:
     """Events of a block that did not parse as a list of events: generically if its items
     are not all event objects, else one by one up to the damage."""
     try:
@@ -322,7 +345,7 @@ def _events_of(body: bytes) -> Iterator[Event | None]:
         return _one_by_one(body)
 
 
-def _one_by_one(body: bytes) -> Iterator[Event | None]:
+def _one_by_one(body: bytes) -> Iterator[Event]:
     """The events of ``body`` up to the first that does not parse; text between events other
     than commas and blanks (a part of an event whose start is lost) is damage too."""
     pos = 0

@@ -48,7 +48,8 @@ def write_trace(path: Path, events: list[dict], rank: int | None = 0, gz: bool =
         doc["distributedInfo"] = {"rank": rank}
     doc["traceEvents"] = [*events, {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler", "ts": 0, "dur": 1}]
     if kineto_layout:  # as the profiler writes it: each event a block from "  {" to "  }"
-        events_text = ",\n".join("  {\n    " + json.dumps(e)[1:-1] + "\n  }" for e in doc.pop("traceEvents"))
+        events_text = ",\n".join("  {\n    " + json.dumps(e)[1:-1] + "\n  }" if type(e) is dict
+                                  else "  " + json.dumps(e) for e in doc.pop("traceEvents"))
         head = json.dumps(doc, indent=2)[:-2]
         data = (head + ',\n  "traceEvents": [\n' + events_text + "\n]}").encode()
     else:

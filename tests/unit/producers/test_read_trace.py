@@ -282,3 +282,53 @@ def test_an_empty_event_list_is_a_trace_with_no_events(tmp_path):
     path = tmp_path / "empty.json"
     path.write_text('{"traceEvents": []}')
     assert read_trace(path).events == [] and not read_trace(path).partial
+
+
+@pytest.mark.parametrize("text, says", [
+    ('{"traceEvents": [1, "x", null]}',
+     "3 items that are not an event were skipped; the first is item 0 of traceEvents: 1 is a number"),
+    (('{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "gemm", "ts": "abc", "dur": 5,'
+     ' "args": {"stream": 7, "correlation": 1}}]}'),
+     ("1 event whose time, duration or category has the wrong type was skipped; the first is item 0 of "
+     "traceEvents: event 'gemm': ts expected int | float | null, got str")),
+    ('{"traceEvents": [{"ph": "X", "cat": 7, "name": "gemm", "ts": 1, "dur": 5}, [1]]}',
+     ("1 item that is not an event and 1 event whose time, duration or category has the wrong type were "
+     "skipped; the first is item 0 of traceEvents: event 'gemm': cat expected str | null, got int")),
+])
+def test_a_trace_of_which_nothing_usable_remains_is_an_error_naming_the_first_bad_item(tmp_path, text, says):
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(TraceError, match="no usable event: " + says.replace("|", r"\|").replace("(", r"\(")):
+        read_trace(path)
+    result = analyze_file(path)
+    assert result["unreadable"] and says in result["error"]
+
+
+@pytest.mark.parametrize("kineto_layout", [False, True])
+def test_items_that_are_not_usable_events_are_counted_and_the_rest_analysed(tmp_path, kineto_layout):
+    events = [runtime("cudaLaunchKernel", i * 10, 2, corr=i) for i in range(40)]
+    events += [kernel("gemm", i * 10 + 3, 4, corr=i) for i in range(40)]
+    events[41]["ts"] = "abc"  # a kernel whose time is text
+    events[50:50] = [7, None, ["a list"]]
+    trace = read_trace(write_trace(tmp_path / "t.json", events, kineto_layout=kineto_layout))
+    assert trace.skipped == {
+        "not_events": 3, "unusable_events": 1, "first": "item 41 of traceEvents: event 'gemm': ts expected "
+                                                            "int | float | null, got str",
+        "says": "3 items that are not an event and 1 event whose time, duration or category has the wrong type "
+                "were skipped; the first is item 41 of traceEvents: event 'gemm': ts expected int | float | "
+                "null, got str"}
+    assert len(trace.events) == 79 and not trace.partial  # everything else kept
+    record = analyze_file(tmp_path / "t.json")
+    assert record["skipped"] == trace.skipped and record["gpu_events"] == 39
+    from gpufleet.analyze import format_record, status_of
+
+    assert "SKIPPED: 3 items that are not an event and 1 event" in format_record(record)
+    assert status_of([record]) == 1  # its figures cover only the usable events
+
+
+def test_a_well_formed_trace_skips_nothing(tmp_path):
+    events = [runtime("cudaLaunchKernel", 0, 2, corr=1), kernel("gemm", 3, 4, corr=1),
+              {"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "python"}},  # metadata: not used
+              {"ph": "i", "s": "t", "name": "marker", "pid": 1, "tid": 1, "ts": 2}]  # an instant: no dur
+    trace = read_trace(write_trace(tmp_path / "t.json", events))
+    assert trace.skipped is None and "skipped" not in analyze_file(tmp_path / "t.json")
