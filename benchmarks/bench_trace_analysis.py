@@ -22,6 +22,15 @@ nested CPU operators (shapes, call stacks) around each launch, as with_stack tra
 of the largest trace's size, the other shape about as large): HTA's time per event grows with a
 trace, gpufleet's does not, so the ratio is a trace size's as much as a shape's.
 
+After the timed runs, every figure of the three summaries where HTA's own result depends on
+how its unstable sort orders equal times or on a float sum's drift (memory bandwidth per copy
+kind, launch queue length per stream, idle time per stream and cause) is compared, untimed,
+with HTA's own, HTA with a stable sort, and HTA with a stable sort and an exact sum
+(``benchmarks/hta_reference.py``), and the number that differ from each is printed: a change
+that moves any of them is seen (``--no-figures`` leaves this out). ``--made`` adds the traces
+of overlapping copies the tests compare (``tests.unit.traces.overlapping_copies_trace``), where
+the three differ.
+
 --critical-path also times each side's critical path: gpufleet's of every profiler step
 (``gpufleet analyze --critical-path``: every analysis and the paths) against HTA's of its first
 step (``critical_path_analysis``, the analysis HTA offers), with the first step's path side by
@@ -46,6 +55,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "traces"
 HTA_PYTHON = ROOT / "benchmarks" / ".venv-hta" / "bin" / "python"
+sys.path.insert(0, str(ROOT))  # the field names of two summaries, from small modules:
+from streams.trace_memory_copies import HTA_FIGURES as MEMORY_FIGURES
+from streams.trace_queue_length import HTA_FIGURES as QUEUE_FIGURES
+
 PACKAGES = ("gpufleet", "producers", "streams", "sinks", "schemas", "kafka_client")
 
 OURS = r"""
@@ -92,6 +105,13 @@ print(json.dumps({"kernel_us": float(tb["kernel_time(us)"]), "idle_us": float(tb
   "queue_samples": {} if ql is None else {str(int(stream)): int(row.iloc[0]) for (_, stream), row in ql.iterrows()}}))
 """
 
+
+FIGURES = r"""
+import json, sys
+from gpufleet.analyze import analyze_file
+r = analyze_file(sys.argv[1])
+print(json.dumps({k: r[k] for k in ("memory_copies", "queue_lengths", "idle_by_stream")}))
+"""
 
 OURS_CP = r"""
 import json, sys
@@ -206,6 +226,10 @@ def main() -> None:
                         help="also time the critical path: gpufleet's of every step, HTA's of the first")
     parser.add_argument("--kernel-sequences", metavar="OPERATOR",
                         help="also time both sides' frequent kernel sequences of this operator")
+    parser.add_argument("--made", action="store_true",
+                        help="also run on the made traces of copies overlapping on several streams")
+    parser.add_argument("--no-figures", action="store_true",
+                        help="leave out the untimed comparison of every figure with HTA's three ways")
     parser.add_argument("--make-scaled", nargs=3, metavar=("SOURCE", "FACTOR", "DEST"), help=argparse.SUPPRESS)
     parser.add_argument("--make-synthetic", nargs=3, metavar=("STEPS", "CPU_OPS", "DEST"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -246,6 +270,12 @@ def main() -> None:
         dest = tmp / f"synthetic-{label}-{steps}.json.gz"
         subprocess.run([sys.executable, __file__, "--make-synthetic", str(steps), str(cpu_ops), str(dest)], check=True)
         traces = [*traces, dest]
+    if args.made:
+        sys.path.insert(0, str(ROOT))
+        from tests.unit.traces import overlapping_copies_trace
+
+        traces = [*traces, *(overlapping_copies_trace(tmp / f"overlapping-copies-{seed}.json", seed=seed)
+                             for seed in (1, 2))]
     ours_start, hta_start = Runs(), Runs()
     for _ in range(args.repeat):
         ours_start.add(*measure(sys.executable, OURS_STARTUP, traces[0], ROOT))
@@ -255,6 +285,8 @@ def main() -> None:
           + (f"\n  HTA 0.5.0: {hta_start}" if have_hta else "") + "\n", flush=True)
     for trace in traces:
         print(analysis_lines(trace, args.repeat, have_hta, tmp, ours_start, hta_start) + "\n", flush=True)
+        if have_hta and not args.no_figures:
+            print(figure_lines(trace, tmp) + "\n", flush=True)
         if args.critical_path:
             print(critical_path_lines(trace, args.repeat, have_hta, tmp) + "\n", flush=True)
         if args.kernel_sequences:
@@ -283,6 +315,59 @@ def analysis_lines(trace: Path, repeat: int, have_hta: bool, tmp: Path, ours_sta
         same = "same" if ours.result[key] == hta.result[key] else "DIFFERENT"
         line += f"\n    {key:22s} gpufleet {ours.result[key]!s:>30.30}  HTA {hta.result[key]!s:>30.30}  {same}"
     return line
+
+
+def figure_lines(trace: Path, tmp: Path) -> str:
+    """How many figures of each summary differ from HTA's own, from HTA's with a stable sort and
+    from HTA's with a stable sort and an exact sum (equal: to 1e-9 relative)."""
+    ours, *_, error = measure(sys.executable, FIGURES, trace, ROOT)
+    proc = subprocess.run([str(HTA_PYTHON), str(ROOT / "benchmarks" / "hta_reference.py"), str(trace)],
+                          check=False, capture_output=True, text=True, cwd=tmp)
+    if ours is None or proc.returncode:
+        return f"  figures: ERROR {error or proc.stderr.strip().splitlines()[-1:]}"
+    hta = json.loads(proc.stdout)
+    line = "  figures beside HTA (untimed; how many differ from HTA's own / with a stable sort / and an exact sum):"
+    summaries = (
+        ("memory bandwidth", memory_figures(ours["memory_copies"]),
+         [_describe_rows(hta.get(k), "name", MEMORY_FIGURES) for k in ("memory_bw", "memory_bw_stable_sort",
+                                                                        "memory_bw_fixed")]),
+        ("queue length", queue_figures(ours["queue_lengths"]),
+         [_describe_rows((hta.get(k) or {}).get("summary") if isinstance(hta.get(k), dict) else None, "stream",
+                         QUEUE_FIGURES) for k in ("queue_length", "queue_length_stable_sort")]),
+        ("idle by stream", idle_figures(ours["idle_by_stream"]),
+         [{(r["stream"], r["idle_category"]): r["idle_time"] for r in hta.get(k) or [] if r["idle_time"]}
+          if isinstance(hta.get(k), list) else {} for k in ("idle", "idle_stable_sort")]),
+    )
+    for label, mine, theirs in summaries:
+        counts = " / ".join(str(_differing(mine, t)) for t in theirs)
+        line += f"\n    {label:18s} {len(mine):5d} figures: {counts}"
+    return line
+
+
+def memory_figures(rows: list[dict]) -> dict:
+    return {(m["kind"], key): m[field] for m in rows if m["bw_samples"] for field, key in MEMORY_FIGURES.items()}
+
+
+def queue_figures(rows: list[dict]) -> dict:
+    return {(q["stream"], key): q[field] for q in rows for field, key in QUEUE_FIGURES.items()}
+
+
+def idle_figures(rows: list[dict]) -> dict:
+    return {(s["stream"], c): s[f"{c}_us"] for s in rows for c in ("host_wait", "kernel_wait", "other")
+            if s[f"{c}_us"]}
+
+
+def _describe_rows(rows: list[dict] | None, key: str, figures: dict[str, str]) -> dict:
+    return {(r[key], name): r[name] for r in rows or [] for name in figures.values()} if isinstance(rows, list) else {}
+
+
+def _differing(ours: dict, theirs: dict) -> int:
+    """The figures of either side that the other lacks or holds another value of."""
+    def close(a, b) -> bool:
+        if a is None or b is None:
+            return a is b
+        return a == b or abs(a - b) <= 1e-9 * max(abs(a), abs(b))
+    return sum(1 for k in ours.keys() | theirs.keys() if k not in ours or k not in theirs or not close(ours[k], theirs[k]))
 
 
 def alternately(ours_code: str, hta_code: str, trace: Path, repeat: int, have_hta: bool, tmp: Path,

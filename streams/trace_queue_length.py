@@ -24,7 +24,10 @@ LAUNCH_CALLS = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKe
                           "cudaMemsetAsync", "hipLaunchKernel", "hipExtModuleLaunchKernel", "hipMemsetAsync",
                           "hipMemcpyAsync", "hipMemcpyWithStream"})
 FULL_QUEUE = 1024  # CUDA's launch queue per stream
-BUFFER_LIMIT = 4096  # changes waiting on a stream before they are applied as far as they can be
+BUFFER_LIMIT = 4096
+# Each figure of a stream's queue length summary and its name in HTA's (pandas' describe()).
+HTA_FIGURES = {"samples": "count", "mean": "mean", "std": "std", "min": "min", "p25": "25%", "p50": "50%",
+               "p75": "75%", "max": "max"}  # changes waiting on a stream before they are applied as far as they can be
 
 
 class _Stream:
