@@ -33,7 +33,6 @@ import math
 
 from streams.trace_stats import quantile
 
-
 # Each figure of a kind's bandwidth summary and its name in HTA's (pandas' describe()).
 HTA_FIGURES = {"bw_samples": "count", "bw_mean_gbps": "mean", "bw_std_gbps": "std", "bw_min_gbps": "min",
                "bw_p25_gbps": "25%", "bw_p50_gbps": "50%", "bw_p75_gbps": "75%", "bw_max_gbps": "max"}

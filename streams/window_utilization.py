@@ -120,7 +120,8 @@ def _late(times: list[int], start: int, size: int, wf: str, watermark: int, part
           horizon: int) -> str:
     return (f"{_which(times, 'late')} fall{'s' if len(times) == 1 else ''} in window [{start}, {start + size}) "
             f"of workflow {wf}, more than the update horizon ({horizon} ms) behind the watermark {watermark} "
-            f"of partition {partition}")
+            f"of partition {partition}: no window takes {'it' if len(times) == 1 else 'them'} (a true measurement, "
+            f"kept in gpu_samples by the sink)")
 
 
 def _future(times: list[int], wf: str, now: int, skew: int) -> str:

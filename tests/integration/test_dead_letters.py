@@ -73,7 +73,7 @@ def test_bad_records_are_dead_lettered_and_processing_goes_on(kafka, prefix, tmp
     reasons = sorted(r["reason"] for r in letters)
     assert len(letters) == 4, reasons
     assert any("late sample" in r and "more than the update horizon (5000 ms) behind the watermark" in r
-               for r in reasons)
+               and "no window takes it (a true measurement, kept in gpu_samples by the sink)" in r for r in reasons)
     assert any("utilization_pct -5.0 is outside 0..100" in r for r in reasons)
     assert any("not a gpufleet Avro message: it starts with byte 0x" in r for r in reasons)
     assert any("corrupt GpuSample v" in r and "payload" in r for r in reasons)
@@ -91,6 +91,9 @@ def test_bad_records_are_dead_lettered_and_processing_goes_on(kafka, prefix, tmp
     assert sum(1 for stage, _ in rows if stage == "clickhouse-sink") == 3
     assert chdb_client.query(
         f"SELECT countIf(utilization_pct < 0), count() FROM {database}.gpu_samples").result_rows[0] == (0, 141)
+    assert chdb_client.query(  # the late sample beside the tick of the same second: both measured, both kept
+        f"SELECT count() FROM {database}.gpu_samples WHERE event_time = fromUnixTimestamp64Milli({BASE_MS + 5_000})"
+    ).result_rows[0][0] == 2
 
 
 def test_hostile_ids_are_dead_letters_at_every_stage_and_reach_no_table(kafka, prefix, tmp_path, chdb_client, database):
