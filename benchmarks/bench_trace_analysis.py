@@ -56,8 +56,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "traces"
 HTA_PYTHON = ROOT / "benchmarks" / ".venv-hta" / "bin" / "python"
 sys.path.insert(0, str(ROOT))  # the field names of two summaries, from small modules:
-from streams.trace_memory_copies import HTA_FIGURES as MEMORY_FIGURES
-from streams.trace_queue_length import HTA_FIGURES as QUEUE_FIGURES
+from streams.traces.memory_copies import HTA_FIGURES as MEMORY_FIGURES
+from streams.traces.queue_length import HTA_FIGURES as QUEUE_FIGURES
 
 PACKAGES = ("gpufleet", "producers", "streams", "sinks", "schemas", "kafka_client")
 
@@ -143,8 +143,8 @@ print(json.dumps({"steps": 1, "path_us": cp["path_us"], "cpu_us": b.get("cpu_bou
 
 OURS_SEQ = r"""
 import json, sys
-from streams import trace_kernel_sequences
-trace_kernel_sequences.TOP = 10**6
+from streams.traces import kernel_sequences
+kernel_sequences.TOP = 10**6
 from gpufleet.analyze import analyze_file
 x = analyze_file(sys.argv[1], kernel_sequences=[sys.argv[3]])["kernel_sequences"][sys.argv[3]]
 print(json.dumps({"sequences": {"|".join(s["sequence"]): [s["count"], s["gpu_us"], s["cpu_us"]] for s in x["top"]}}))

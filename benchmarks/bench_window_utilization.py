@@ -6,7 +6,7 @@ GpuSampleBatch (row by row), ``gpu`` for one GpuSample per message. Prints micro
 sample and the ratio to the baseline measured in the same run, so the number means something
 on a noisy machine. The windowing should cost a fraction of decoding, not a multiple.
 
-Also the cost of the goodput waterfall (``streams.goodput``): the same hot path with its two
+Also the cost of the goodput waterfall (``streams.windows.goodput``): the same hot path with its two
 functions replaced by no-ops, alternating, median of ``--repeat``. Goal (issue 18): the
 waterfall costs the worker at most 10 % of its throughput. ``--planted`` runs on a fleet
 with start-up phases, starved and throttled jobs (more samples take the per-sample path).
@@ -27,8 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.unit.sampl
 from producers.simulate_fleet import build_fleet
 from schemas.codec import Codec
 from schemas.sample_columns import blocks_of, columns_of
-from streams import window_utilization
-from streams.window_utilization import Incoming, WindowAggregator, WindowConfig
+from streams.windows import utilization
+from streams.windows.batches import Incoming, WindowConfig
+from streams.windows.utilization import WindowAggregator
 from tests.unit.samples import batch_samples  # the older GpuSampleBatch format, for comparison
 
 START = 1_767_225_600_000
@@ -92,13 +93,13 @@ def main() -> None:
     print(f"ratio to decode alone:       {full / base:6.2f}x")
 
     def without_goodput() -> float:
-        saved = window_utilization.add_goodput, window_utilization.goodput_fields
-        window_utilization.add_goodput = lambda *args: None
-        window_utilization.goodput_fields = lambda *args: {}
+        saved = utilization.add_goodput, utilization.goodput_fields
+        utilization.add_goodput = lambda *args: None
+        utilization.goodput_fields = lambda *args: {}
         try:
             return best_of(hot_path, 1)
         finally:
-            window_utilization.add_goodput, window_utilization.goodput_fields = saved
+            utilization.add_goodput, utilization.goodput_fields = saved
 
     ratios = []
     for _ in range(args.repeat):

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from producers.read_trace import TraceError, no_cycle_collection, read_trace
 from schemas.topics import trace_id_for
-from streams.analyze_trace import TraceAnalyzer, findings_records, trace_analysis_record
-from streams.trace_collectives import stragglers
-from streams.trace_kernel_type import short_kernel_name
+from streams.traces.analyze import TraceAnalyzer, findings_records, trace_analysis_record
+from streams.traces.collectives import stragglers
+from streams.traces.kernel_type import short_kernel_name
 
 
 def analyze_file(path: str | Path, workflow_id: str = "", trace_id: str | None = None,

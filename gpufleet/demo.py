@@ -41,8 +41,8 @@ from sinks.clickhouse_ddl import TABLES
 from sinks.consume_to_clickhouse import ClickHouseSink
 from sinks.job_report import BUCKETS, LABELS, Rates, render_waterfall
 from sinks.write_clickhouse import ClickHouseWriter, connect, default_dsn
-from streams.enforcement_ladder import Ladder, load_ladders
-from streams.goodput import GoodputConfig
+from streams.enforcement.ladder import Ladder, load_ladders
+from streams.windows.goodput import GoodputConfig
 
 log = logging.getLogger(__name__)
 

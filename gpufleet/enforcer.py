@@ -1,6 +1,6 @@
 """``gpufleet enforce``: runs the actions the enforcement ladders let fall due, safely.
 
-The worker decides when an action is due (``streams.enforcement_ladder``: an ACTION_DUE on
+The worker decides when an action is due (``streams.enforcement.ladder``: an ACTION_DUE on
 the enforcement topic); this process runs it: the ladder's command template from the same
 policy file, filled with the workflow's ids, as an argument vector (never through a shell).
 
@@ -39,7 +39,7 @@ from kafka_client.consume_loop import ConsumeLoop
 from kafka_client.metrics import ComponentMetrics
 from schemas.codec import Codec, CodecError
 from schemas.topics import ENFORCEMENT, key_of
-from streams.enforcement_ladder import ACTION_DUE, CANCELLED, Ladder, render
+from streams.enforcement.ladder import ACTION_DUE, CANCELLED, Ladder, render
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ and optionally per team, owner, workflow, framework, model, cluster or GPU model
 workflows affected and the ones to look at first. ``--by regression``: the workflows whose latest
 profiles got slower than their previous ones (``stage_profile_comparison``), by the GPU time lost.
 ``--by right-size``: the GPU-hours the ended workflows would have freed had they asked for what
-``streams.right_size`` recommends (fewer GPUs, a MIG slice, a smaller model), by kind.
+``streams.windows.right_size`` recommends (fewer GPUs, a MIG slice, a smaller model), by kind.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ DIMENSIONS = {
     "gpu-model": "gpu_model",
     "antipattern": "''",
     "regression": "workflow_id",  # profiles slower than the workflow's previous one, per workflow
-    "right-size": "''",  # what workflows should ask for next time (streams.right_size), by kind
+    "right-size": "''",  # what workflows should ask for next time (streams.windows.right_size), by kind
 }
 REGRESSION_CAUSE = "antipattern:profile_regression"
 COLUMNS = ("key", "cause", "gpu_hours", "workflows", "top_workflows")  # what every opportunities_sql selects

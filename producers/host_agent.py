@@ -24,10 +24,19 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from producers.allocations import KUBERNETES, Allocation, Allocations, AllocationSource, holders
+from producers.allocations import Allocation, Allocations, AllocationSource, holders
 from producers.attribute_process import IDLE, UNATTRIBUTED, ProcessAttributor, ProcessInfo
+from producers.gpu_reading import GpuReading
+from producers.gpu_shares import (
+    DRIVER_RESERVED,
+    ProcessGroups,
+    int_or_none,
+    job_of,
+    shares_of,
+    sum_or_none,
+)
 from producers.sample_host import HostSampler
-from producers.sample_nvml import GpuReading, NvmlSampler
+from producers.sample_nvml import NvmlSampler
 from producers.simulate_fleet import Fleet
 from producers.spool import Spool
 from schemas.codec import Codec
@@ -192,7 +201,7 @@ class HostAgent:
             jobs = held.get(r.uuid)
             g = self._groups(r, jobs) if jobs else self._process_groups(r)
             groups, infos, ranks, foreign = g.processes, g.infos, g.ranks, g.foreign
-            shares = _shares(groups)
+            shares = shares_of(groups)
             allocation_of = {a.workflow_id: a for a in jobs or ()}
             for wf, procs in groups.items():
                 info, job = infos.get(wf), allocation_of.get(wf)
@@ -208,15 +217,15 @@ class HostAgent:
                     "utilization_pct": r.utilization_pct if r.utilization_pct is not None else 0.0,
                     "share": shares[wf], "process_count": len(procs),
                     "process_memory_bytes": sum(p.used_memory_bytes or 0 for p in procs),
-                    "process_sm_util_pct": _sum_or_none(p.sm_util_pct for p in procs),
+                    "process_sm_util_pct": sum_or_none(p.sm_util_pct for p in procs),
                     "parent_gpu_uuid": r.parent_uuid, "xids": list(r.xids), "rank": ranks.get(wf),
                     "foreign_workflow_id": foreign if job is not None else None,
                     # a process's reported model work, shared among the GPUs it uses
-                    "model_tflops": _sum_or_none(reported[p.pid] / gpus_of[p.pid] for p in procs if p.pid in reported),
+                    "model_tflops": sum_or_none(reported[p.pid] / gpus_of[p.pid] for p in procs if p.pid in reported),
                     # the framework allocator's peaks, likewise (what the job needs, where NVML sees the reserve)
-                    "allocator_peak_bytes": _int_or_none(_sum_or_none(
+                    "allocator_peak_bytes": int_or_none(sum_or_none(
                         allocators[p.pid][0] / gpus_of[p.pid] for p in procs if p.pid in allocators)),
-                    "allocator_reserved_bytes": _int_or_none(_sum_or_none(
+                    "allocator_reserved_bytes": int_or_none(sum_or_none(
                         allocators[p.pid][1] / gpus_of[p.pid] for p in procs if p.pid in allocators)),
                 })
                 if job is not None or (info is not None and wf not in (IDLE, UNATTRIBUTED)):
@@ -235,27 +244,27 @@ class HostAgent:
             self._held = (key, holders(current, readings))
         return self._held[1]
 
-    def _process_groups(self, r: GpuReading) -> _Groups:
+    def _process_groups(self, r: GpuReading) -> ProcessGroups:
         """A GPU no job was allocated: its processes by the workflow each names; none: the
         fleet's free capacity, or ``unattributed`` where memory is held by no process we see."""
-        g = _Groups()
+        g = ProcessGroups()
         for p in r.processes:
             info = self.attributor.attribute(p.pid)
             g.add(info.workflow_id, p, info)
         if not g.processes:
             free = UNALLOCATED if self.allocations is not None else IDLE
-            g.processes[UNATTRIBUTED if (r.memory_used_bytes or 0) > _DRIVER_RESERVED else free] = []
+            g.processes[UNATTRIBUTED if (r.memory_used_bytes or 0) > DRIVER_RESERVED else free] = []
         return g
 
-    def _groups(self, r: GpuReading, jobs: list[Allocation]) -> _Groups:
+    def _groups(self, r: GpuReading, jobs: list[Allocation]) -> ProcessGroups:
         """A GPU the scheduler allocated: one group per job holding it (processes or not), each
         process in its job's group; a process of no job holding the GPU is foreign, and the
         workflow of the first (by pid) is kept."""
-        g = _Groups({a.workflow_id: [] for a in jobs})
+        g = ProcessGroups({a.workflow_id: [] for a in jobs})
         foreign = []
         for p in r.processes:
             info = self.attributor.attribute(p.pid)
-            job = _job_of(info, jobs)
+            job = job_of(info, jobs)
             if job is None:
                 foreign.append((p.pid, info.workflow_id))
             else:
@@ -338,38 +347,6 @@ class HostAgent:
         return event
 
 
-@dataclass
-class _Groups:
-    """A GPU's processes by the workflow they count for, with the first process's information,
-    the lowest rank, and a foreign workflow's id, per workflow."""
-
-    processes: dict[str, list] = field(default_factory=dict)
-    infos: dict[str, ProcessInfo] = field(default_factory=dict)
-    ranks: dict[str, int] = field(default_factory=dict)
-    foreign: str | None = None
-
-    def add(self, wf: str, process, info: ProcessInfo) -> None:
-        self.processes.setdefault(wf, []).append(process)
-        self.infos.setdefault(wf, info)
-        if info.rank is not None:
-            self.ranks[wf] = min(info.rank, self.ranks.get(wf, info.rank))
-
-
-def _job_of(info: ProcessInfo, jobs: list[Allocation]) -> Allocation | None:
-    """The job among those allocated a GPU that a process on it belongs to: the one its
-    environment or cgroup names (by workflow or scheduler job id); a process that names no
-    workflow belongs to the GPU's only job. On Kubernetes, where the pod's UID could not be
-    learnt, a process in a pod's cgroup is the pod's: the device plugin shows a GPU to the
-    containers it was given to alone. None: a foreign process."""
-    for a in jobs:
-        if info.workflow_id == a.workflow_id or (info.scheduler_job_id is not None and info.scheduler_job_id == a.job_id):
-            return a
-    if len(jobs) == 1 and (info.workflow_id == UNATTRIBUTED or (
-            jobs[0].scheduler == KUBERNETES and info.source == "k8s-cgroup" and "/" in jobs[0].job_id)):
-        return jobs[0]
-    return None
-
-
 def _first_interval(job: Allocation, last_tick: int | None, now: int, interval: int) -> int:
     """The interval of a job's first sample here: back to the scheduler's start of the
     allocation, which can lie before the last tick (the prolog runs after the start, and its
@@ -383,78 +360,3 @@ def _first_interval(job: Allocation, last_tick: int | None, now: int, interval: 
 
 
 BACKFILL_TICKS = 10
-
-
-# Memory the driver itself keeps on an idle GPU; above it, some process holds memory we cannot see.
-_DRIVER_RESERVED = 1 << 30
-
-
-def _shares(groups: dict[str, list]) -> dict[str, float]:
-    def total(key) -> dict[str, float]:
-        return {wf: sum(key(p) or 0 for p in procs) for wf, procs in groups.items()}
-
-    for key in (lambda p: p.sm_util_pct, lambda p: p.used_memory_bytes):
-        weights = total(key)
-        whole = sum(weights.values())
-        if whole > 0 and all(w > 0 for w in weights.values()):
-            return {wf: w / whole for wf, w in weights.items()}
-    return {wf: 1.0 / len(groups) for wf in groups}
-
-
-def _int_or_none(value: float | None) -> int | None:
-    return None if value is None else int(value)
-
-
-def _sum_or_none(values) -> float | None:
-    values = [v for v in values if v is not None]
-    return float(sum(values)) if values else None
-
-
-def run_agent(agent: HostAgent, forwarder, stop, drain_timeout_s: float = 30.0,
-              profiling: Callable[[], bool] | None = None, clock: Callable[[], float] = time.monotonic,
-              wake=None) -> None:
-    """Tick every interval until ``stop`` is set, with the forwarder sending in a thread;
-    then send everything spooled (up to ``drain_timeout_s``). While ``profiling()`` says a
-    profile is being captured here, tick at the settings' ``profile_interval_s`` instead, so
-    the analysis sees GPU and host metrics at the trace's time scale.
-
-    Each tick's samples stand for the time since the previous tick, measured: a host whose
-    tick takes longer than the interval (eight pre-Hopper GPUs spend ~0.4 s in NVML's PCIe
-    counters alone, too slow for 10 Hz) samples less often instead of under-counting its
-    GPU-seconds, and a late tick is not followed by a burst of catch-up ticks.
-
-    ``wake`` (a ``threading.Event``): set when a capture starts, it ends the wait for the next
-    tick at once, so a capture shorter than the normal interval is still sampled at 10 Hz."""
-    import threading
-
-    sending = threading.Event()
-    agent.hurry = forwarder.hurry
-    thread = threading.Thread(target=forwarder.run, args=(sending,), name="forwarder", daemon=True)
-    thread.start()
-    next_tick = clock()
-    last = None
-    fast = False
-    try:
-        while not stop.is_set():
-            was_fast, fast = fast, bool(profiling and profiling())
-            if fast != was_fast:
-                log.info("profile %s: sampling every %gs", "started" if fast else "ended",
-                         agent.settings.profile_interval_s if fast else agent.settings.interval_s)
-            interval = agent.settings.profile_interval_s if fast else agent.settings.interval_s
-            now = clock()
-            agent.tick(interval if last is None else now - last)
-            last = now
-            next_tick = max(next_tick + interval, clock())
-            delay = max(0.0, next_tick - clock())
-            if wake is None:
-                stop.wait(delay)
-            elif wake.wait(delay):
-                wake.clear()
-                next_tick = clock()  # a capture started: sample it from now on
-    finally:
-        sending.set()
-        thread.join(10)
-        if not forwarder.drain(drain_timeout_s):
-            log.warning("%d records are still spooled; they will be sent when the agent starts again",
-                        agent.spool.pending())
-        agent.spool.close()

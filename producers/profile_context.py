@@ -4,7 +4,7 @@ I/O, at the profile's sampling rate (10 Hz by default), summarised onto the trac
 A trace shows *that* the GPU waited on the host; the context says *why*: a GPU idle in the
 trace while the host's CPUs are saturated is a CPU-bound input pipeline, while its I/O wait is
 high a storage-bound one. The analysis turns these into findings and the root cause of the
-owner's alert (``streams/trace_rules.py``, ``streams/root_cause.py``).
+owner's alert (``streams/traces/rules.py``, ``streams/profiling/root_cause.py``).
 
 Every mean is weighted by the time each sample stands for (its ``interval_ms``), so a slow
 tick counts for what it covered.

@@ -51,7 +51,7 @@ IDLE = Profile("idle", 0.0, 0.0, 0.25)  # holds memory, runs nothing: a zombie a
 UNTOUCHED = Profile("untouched", 0.0, 0.0, 0.0)  # asked for GPUs, runs on the CPU: never opens them
 INPUT_BOUND = Profile("input-bound", 26.0, 8.0, 0.40)  # waits on its hosts' I/O
 
-# Where a planted GPU-second goes (streams.goodput's buckets), by profile once started.
+# Where a planted GPU-second goes (streams.windows.goodput's buckets), by profile once started.
 _PLANTED_BUCKET = {HEALTHY: "productive", MODERATE: "productive", UNDERUTILIZED: "low_util",
                    INPUT_BOUND: "input_bound"}
 THROTTLED = 0x20  # nvmlClocksEventReasonSwThermalSlowdown

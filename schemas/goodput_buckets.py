@@ -1,4 +1,4 @@
-"""The goodput buckets, in the order a sample is judged (``streams.goodput`` says what each
+"""The goodput buckets, in the order a sample is judged (``streams.windows.goodput`` says what each
 means): part of the wire contract, since ``WorkflowWindow`` (v5) and ``WorkflowSummary`` (v2)
 carry ``<bucket>_gpu_seconds`` and ``<bucket>_joules`` for each."""
 

@@ -3,7 +3,7 @@
 A block is the record as decoded: ``host``, ``workflow_id``, ``owner``, ``team`` once, and one
 list per ``GpuSample`` field (a *column*) with a value per sample, or ``None`` where no sample
 of the block reports the field. The agents send blocks; the stream worker validates and
-aggregates whole columns (``streams.window_utilization``), so most of its work per sample runs
+aggregates whole columns (``streams.windows.utilization``), so most of its work per sample runs
 inside builtins such as ``sum`` and ``min`` instead of the interpreter. The older formats, a
 ``GpuSample`` per message or a ``GpuSampleBatch`` of them, are turned into blocks on arrival.
 """

@@ -10,7 +10,7 @@ module as a table for readers.
 
 Every term is GPU-seconds (reports show GPU-hours): a sample counts for its interval times the
 job's share of the GPU, and each allocated GPU-second falls in exactly one goodput bucket
-(``streams.goodput``).
+(``streams.windows.goodput``).
 
 One field keeps an older name on the wire: ``wasted_gpu_seconds`` of ``WorkflowWindow`` and
 ``WorkflowSummary`` is what this module calls **unused** (GPU-seconds times the share of time

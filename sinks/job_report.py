@@ -1,7 +1,7 @@
 """Goodput as people read it: the waterfall of a workflow or a fleet (GPU-hours, share, kWh,
 carbon and cost per bucket), and the report an owner gets when a job ends.
 
-The GPU-seconds and joules of each bucket are measured (``streams.goodput``, stored in
+The GPU-seconds and joules of each bucket are measured (``streams.windows.goodput``, stored in
 ClickHouse); money and carbon are applied here, per GPU model, cluster and hour, from a
 rates file, since prices and grid intensities change and the measurements do not. A rates
 file (TOML; ``docs/rates.example.toml``)::

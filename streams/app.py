@@ -10,13 +10,13 @@ import faust
 from kafka_client.config import Security
 from schemas.topics import GPU_SAMPLES, KERNEL_EVENTS, PROFILE_SCHEDULE, TRACE_ANALYSES
 from streams import faust_fixes
-from streams.auto_profile import AutoProfileConfig
-from streams.enforcement_ladder import Ladder
-from streams.raise_alerts import AlertConfig
-from streams.schedule_profiles import ScheduleConfig
-from streams.stage_profile_comparison import ComparisonConfig
-from streams.trace_sessions import TraceSessionConfig
-from streams.window_utilization import WindowConfig
+from streams.alerts.raising import AlertConfig
+from streams.enforcement.ladder import Ladder
+from streams.profiling.auto import AutoProfileConfig
+from streams.profiling.comparison import ComparisonConfig
+from streams.profiling.schedule import ScheduleConfig
+from streams.traces.sessions import TraceSessionConfig
+from streams.windows.batches import WindowConfig
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class StreamSettings:
     auto_profile: AutoProfileConfig = field(default_factory=AutoProfileConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)  # periodic profiling
     comparison: ComparisonConfig = field(default_factory=ComparisonConfig)  # profiles against each other
-    enforcement: tuple[Ladder, ...] = ()  # the enforcement ladders (streams.enforcement_ladder); none: no steps
+    enforcement: tuple[Ladder, ...] = ()  # the enforcement ladders (streams.enforcement.ladder); none: no steps
     # A workflow with no sample for this long (event time) has ended: its WorkflowSummary goes out.
     workflow_ended_s: float = 600.0
     # A partition with no sample for this long (wall time) follows the busiest partition's clock.

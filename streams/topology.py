@@ -4,13 +4,13 @@ logic it calls; ``stage_io`` is what they share.
 
     gpu-samples ─┐                     ┌─▶ workflow-windows, workflow-summaries
     workflow-events ─▶ windows ────────┼─▶ alerts, profile-requests (automatic)
-    profile-results ─┘  (stage_windows)└─▶ profile-schedule (what runs where)
+    profile-results ─┘  (windows.stage)└─▶ profile-schedule (what runs where)
     kernel-events ───▶ traces ─────────▶ trace-analyses, findings, profile-results, profile-statuses
-                        (stage_traces)
+                        (traces.stage)
     trace-analyses ──▶ comparison ─────▶ findings (slower than the rank's previous profile; a straggler rank)
-                        (stage_profile_comparison)
+                        (profiling.comparison)
     profile-schedule ▶ scheduler ──────▶ profile-requests (periodic)
-                        (stage_schedule)
+                        (profiling.stage)
 
 Every stage sends what it cannot use to dead-letters, with the reason.
 """
@@ -20,16 +20,14 @@ from __future__ import annotations
 import faust
 
 from schemas.codec import Codec
-from streams import (
-    faust_fixes,
-    stage_profile_comparison,
-    stage_schedule,
-    stage_traces,
-    stage_windows,
-)
+from streams import faust_fixes
+from streams.profiling import comparison as profile_comparison
+from streams.profiling import stage as scheduler
 from streams.stage_io import METRICS
+from streams.traces import stage as traces
+from streams.windows import stage as windows
 
-STAGES = (stage_windows, stage_traces, stage_profile_comparison, stage_schedule)
+STAGES = (windows, traces, profile_comparison, scheduler)
 
 
 LAG_EVERY_S = 5.0

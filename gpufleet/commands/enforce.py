@@ -35,7 +35,7 @@ def add(sub) -> None:
 def cmd_enforce(args: argparse.Namespace) -> int:
     from gpufleet.enforcer import METRICS, Enforcer
     from kafka_client.admin import ensure_topics
-    from streams.enforcement_ladder import load_ladders
+    from streams.enforcement.ladder import load_ladders
 
     ladders = load_ladders(args.policy)  # (a PolicyError names the file and the ladder)
     serve_metrics(args, METRICS.registry)

@@ -141,7 +141,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
     from gpufleet.analyze import analyze_profile, trace_files
     from producers.read_trace import TraceError
-    from streams.trace_diff import diff_profiles, profile_figures, render_diff
+    from streams.profiling.diff import diff_profiles, profile_figures, render_diff
 
     base_paths, cand_paths = split_profiles(args.traces)  # (a ValueError says how to give them)
     sides = []

@@ -77,16 +77,16 @@ def cmd_worker(args: argparse.Namespace) -> int:
     import faust
 
     from kafka_client.admin import brokers_in, create_topics, ensure_topics, replication_for
+    from streams.alerts.detectors import DetectorConfig
+    from streams.alerts.raising import AlertConfig, load_detector_config
     from streams.app import StreamSettings, changelog_topics, create_app, tune_gc
-    from streams.detect_waste import DetectorConfig
-    from streams.enforcement_ladder import load_ladders
-    from streams.goodput import GoodputConfig
-    from streams.raise_alerts import AlertConfig, load_detector_config
-    from streams.schedule_profiles import ScheduleConfig
+    from streams.enforcement.ladder import load_ladders
+    from streams.profiling.comparison import ComparisonConfig
+    from streams.profiling.diff import RegressionConfig
+    from streams.profiling.schedule import ScheduleConfig
     from streams.stage_io import METRICS
-    from streams.stage_profile_comparison import ComparisonConfig
-    from streams.trace_diff import RegressionConfig
-    from streams.window_utilization import WindowConfig
+    from streams.windows.batches import WindowConfig
+    from streams.windows.goodput import GoodputConfig
 
     # What the user gave, checked before anything is reached or made.
     if args.thresholds:

@@ -9,7 +9,8 @@ from gpufleet import local_kafka
 from kafka_client.admin import ensure_topics
 from producers.attribute_process import ProcessAttributor
 from producers.forward_spool import Forwarder
-from producers.host_agent import AgentSettings, HostAgent, run_agent
+from producers.host_agent import AgentSettings, HostAgent
+from producers.run_agent import run_agent
 from producers.sample_nvml import NvmlSampler
 from producers.spool import Spool
 from schemas.sample_columns import rows_of

@@ -17,7 +17,7 @@ from producers.publish_kafka import Publisher
 from producers.run_simulation import SimulationPlan, run_simulation
 from producers.simulate_fleet import HEALTHY, IDLE, build_fleet
 from schemas.topics import ENFORCEMENT, GPU_SAMPLES
-from streams.enforcement_ladder import load_ladders
+from streams.enforcement.ladder import load_ladders
 from tests.integration.helpers import (
     CODEC,
     read_topic,

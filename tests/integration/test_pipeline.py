@@ -12,7 +12,7 @@ from producers.publish_trace import publish_trace
 from producers.run_simulation import SimulationPlan, run_simulation
 from producers.simulate_fleet import IDLE, UNDERUTILIZED, build_fleet
 from schemas.topics import GPU_SAMPLES, WORKFLOW_WINDOWS, trace_id_of
-from streams.auto_profile import request_id_for
+from streams.profiling.auto import request_id_for
 from tests.integration.helpers import CODEC, read_topic, running_sink, wait_until, worker_process
 from tests.unit.samples import BASE_MS, assert_window_matches, batch_samples, expected_windows
 from tests.unit.streams.test_hook_trace import TRACE as HOOK_TRACE

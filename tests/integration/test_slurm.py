@@ -23,7 +23,8 @@ from gpufleet.workflows import workflow_summary
 from kafka_client.config import consumer_config
 from producers.attribute_process import ProcessAttributor
 from producers.forward_spool import Forwarder
-from producers.host_agent import AgentSettings, HostAgent, run_agent
+from producers.host_agent import AgentSettings, HostAgent
+from producers.run_agent import run_agent
 from producers.sample_nvml import NvmlSampler
 from producers.slurm_allocations import SlurmAllocations, slurm_time_ms
 from producers.spool import Spool
@@ -32,7 +33,7 @@ from schemas.goodput_buckets import BUCKETS
 from schemas.topics import WORKFLOW_SUMMARIES
 from sinks.job_report import job_report
 from sinks.slurm_comments import SlurmComments
-from streams.enforcement_ladder import load_ladders
+from streams.enforcement.ladder import load_ladders
 from tests.fakes.fake_nvml import FakeGpu, FakeNvml, FakeProcess
 from tests.integration.helpers import running_sink, wait_until, worker_process
 from tests.integration.slurm_cluster import SlurmCluster, missing

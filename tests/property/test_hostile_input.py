@@ -29,7 +29,7 @@ from producers.read_trace import TraceError, read_trace
 from schemas.codec import SCHEMA_DIR, Codec, CodecError, load_catalog
 from schemas.sample_columns import COLUMNS, blocks_of, samples_checked
 from schemas.validate_sample import validate_sample
-from streams.analyze_trace import TraceAnalyzer
+from streams.traces.analyze import TraceAnalyzer
 
 SCALE = float(os.environ.get("GPUFLEET_FUZZ_SCALE", "1"))
 VARIANTS = 10  # damaged copies of each structured example

@@ -71,7 +71,7 @@ def window(**overrides) -> dict:
 
 
 def expected_windows(samples, size_ms: int = 60_000) -> dict[tuple[str, int], dict]:
-    """Reference aggregation, written independently of streams.window_utilization:
+    """Reference aggregation, written independently of streams.windows.utilization:
     (workflow, window start) -> the fields a WorkflowWindow must carry."""
     groups: dict[tuple[str, int], list[dict]] = {}
     for s in samples:

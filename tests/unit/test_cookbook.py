@@ -188,7 +188,7 @@ def test_what_the_automatic_profile_found(chdb_client, database):
 
 def planted(data) -> dict[str, dict[str, list[float]]]:
     """Per workflow and goodput bucket, [GPU-seconds, joules] as the fleet put them there."""
-    from streams.goodput import GoodputConfig
+    from streams.windows.goodput import GoodputConfig
     from tests.unit.sinks.fleet_data import INTERVAL_MS, TICKS
 
     return data.fleet.planted(TICKS, data.start_ms, INTERVAL_MS, GoodputConfig().startup_max_s)

@@ -133,7 +133,7 @@ def test_no_password_has_a_default():
 def test_the_image_copies_every_package_the_cli_needs():
     dockerfile = (DOCKER / "Dockerfile").read_text()
     pyproject = (DOCKER.parent / "pyproject.toml").read_text()
-    packages = json.loads(re.search(r"packages = (\[.*\])", pyproject).group(1))
+    packages = json.loads(re.search(r"packages = (\[.*?\])", pyproject, re.DOTALL).group(1))
     for package in packages:  # a sub-package comes with its package's folder
         top = package.split(".")[0]
         assert f"COPY {top} {top}" in dockerfile
@@ -226,7 +226,7 @@ def test_every_prometheus_query_of_the_dashboard_parses_and_names_what_gpufleet_
 
 def test_the_shipped_enforcement_policy_loads_and_acts_on_nothing():
     """Acting needs an explicit setting: the example ladders are dry runs."""
-    from streams.enforcement_ladder import load_ladders
+    from streams.enforcement.ladder import load_ladders
 
     ladders = load_ladders(DOCKER / "config/enforcement.toml")
     assert ladders and not any(ladder.act for ladder in ladders)

@@ -27,15 +27,15 @@ def decode_error(data: bytes) -> str:
 
 def test_the_reasons_the_stages_give_fall_into_bounded_kinds():
     """Each reason as the code words it (never the text as a label: it names workflows and offsets)."""
-    from streams import window_utilization as wu
+    from streams.windows.batches import future_reason, late_reason
 
     assert reason_kind(decode_error(b"\x00\x00")) == "undecodable"
     assert reason_kind(decode_error(b"\x07abcdef")) == "undecodable"
     assert reason_kind(decode_error(b"\x00\x00\x00\x99\x99xx")) == "undecodable"
     assert reason_kind("expected GpuSample, got Alert") == "wrong_record_type"
     assert reason_kind("expected Alert on t.gpufleet.alerts.v1, got GpuSample") == "wrong_record_type"
-    assert reason_kind(wu._late([1000], 0, 60_000, "wf-a", 10**7, 3, 3_600_000)) == "late"
-    assert reason_kind(wu._future([10**13], "wf-a", 10**12, 300_000)) == "future"
+    assert reason_kind(late_reason([1000], 0, 60_000, "wf-a", 10**7, 3, 3_600_000)) == "late"
+    assert reason_kind(future_reason([10**13], "wf-a", 10**12, 300_000)) == "future"
     assert reason_kind(ids_error({"workflow_id": "", "owner": "a", "team": "b", "host": "h"})) == "bad_id"
     assert reason_kind(validate_sample(sample(utilization_pct=250.0))) == "impossible_value"
     assert reason_kind("ClickHouse refused the row (code 53): Type mismatch") == "refused_by_clickhouse"

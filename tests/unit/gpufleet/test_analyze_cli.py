@@ -53,7 +53,7 @@ def test_a_healthy_trace_exits_zero(tmp_path):
 
 
 def test_the_kernel_breakdown_is_printed_with_short_names(tmp_path):
-    from streams.trace_kernel_type import short_kernel_name
+    from streams.traces.kernel_type import short_kernel_name
 
     assert short_kernel_name("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float> >(at::native::"
                              "ReduceOp<float>)") == "at::native::reduce_kernel"

@@ -9,7 +9,7 @@ import pytest
 
 from gpufleet.enforcer import Enforcer
 from schemas.codec import Codec
-from streams.enforcement_ladder import Ladder
+from streams.enforcement.ladder import Ladder
 from tests.unit.samples import BASE_MS
 
 CODEC = Codec()

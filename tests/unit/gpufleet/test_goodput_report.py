@@ -15,8 +15,9 @@ from schemas.sample_columns import columns_of
 from sinks.clickhouse_ddl import WORKFLOW_EVENTS_TABLE, WORKFLOW_WINDOWS_TABLE
 from sinks.job_report import JOULES_PER_KWH, RatesError, job_report, load_rates, render_waterfall
 from sinks.write_clickhouse import ClickHouseWriter, Row
-from streams.goodput import GoodputConfig
-from streams.window_utilization import Incoming, WindowAggregator, WindowConfig
+from streams.windows.batches import Incoming, WindowConfig
+from streams.windows.goodput import GoodputConfig
+from streams.windows.utilization import WindowAggregator
 from tests.unit.samples import BASE_MS
 
 TICKS = 600

@@ -157,7 +157,7 @@ def test_the_agent_samples_faster_while_a_profile_is_captured(world):
     import dataclasses
     import threading
 
-    from producers.host_agent import run_agent
+    from producers.run_agent import run_agent
 
     agent, spool, _, _ = world
     agent.settings = dataclasses.replace(agent.settings, interval_s=0.2, profile_interval_s=0.02)
@@ -183,7 +183,7 @@ def test_a_tick_slower_than_the_interval_stands_for_the_time_it_took(world):
     """A host too slow for the interval samples less often; its samples still add up to the time."""
     import threading
 
-    from producers.host_agent import run_agent
+    from producers.run_agent import run_agent
 
     agent, spool, _, _ = world
     stop, t = threading.Event(), [100.0]
@@ -206,7 +206,7 @@ def test_a_capture_starting_mid_wait_is_sampled_from_its_start(world):
     normal interval still gets its 10 Hz samples."""
     import threading
 
-    from producers.host_agent import run_agent
+    from producers.run_agent import run_agent
 
     agent, spool, _, _ = world
     stop, t, capturing = threading.Event(), [100.0], [False]

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from producers.allocations import Allocation, gpus_of
-from producers.sample_nvml import GpuReading
+from producers.gpu_reading import GpuReading
 from producers.slurm_allocations import (
     SlurmAllocations,
     SlurmDirectory,

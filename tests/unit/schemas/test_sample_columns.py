@@ -20,7 +20,8 @@ from schemas.sample_columns import (
 )
 from schemas.topics import GPU_SAMPLES, key_of
 from schemas.validate_sample import BOUNDS, validate_sample
-from streams.window_utilization import Incoming, WindowAggregator, WindowConfig
+from streams.windows.batches import Incoming, WindowConfig
+from streams.windows.utilization import WindowAggregator
 from tests.unit.samples import BASE_MS, batch_samples, sample
 
 CODEC = Codec()

@@ -16,7 +16,8 @@ from sinks.clickhouse_ddl import (
     WORKFLOW_WINDOWS_TABLE,
 )
 from sinks.write_clickhouse import ClickHouseWriter, Row
-from streams.window_utilization import Incoming, WindowAggregator, WindowConfig
+from streams.windows.batches import Incoming, WindowConfig
+from streams.windows.utilization import WindowAggregator
 
 INTERVAL_MS = 10_000
 TICKS = 120  # 20 minutes

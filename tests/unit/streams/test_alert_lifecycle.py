@@ -2,8 +2,8 @@
 
 import json
 
-from streams.alert_lifecycle import FIRING, RESOLVED, LifecycleConfig, step
-from streams.detect_waste import DetectorConfig, detect
+from streams.alerts.detectors import DetectorConfig, detect
+from streams.alerts.lifecycle import FIRING, RESOLVED, LifecycleConfig, step
 from tests.unit.samples import BASE_MS, window
 
 CFG = LifecycleConfig(cooldown_s=900, notify_every_s=86_400)

@@ -3,8 +3,8 @@
 import pytest
 
 from producers.read_trace import read_trace
-from streams.analyze_trace import analyze_events
-from streams.trace_kernel_type import KernelType, kernel_type
+from streams.traces.analyze import analyze_events
+from streams.traces.kernel_type import KernelType, kernel_type
 from tests.unit.traces import kernel, memcpy, runtime, step, write_trace
 
 
@@ -146,7 +146,7 @@ def test_rank_comes_from_distributed_info(tmp_path):
 def test_checkpointed_state_resumes_to_the_same_result(tmp_path, trace):
     import json
 
-    from streams.analyze_trace import TraceAnalyzer
+    from streams.traces.analyze import TraceAnalyzer
     from tests.unit.traces import SHARED_TRACES, synthetic_job_trace, synthetic_operator_trace
 
     if trace == "synthetic":  # several streams, NCCL overlapping computation
@@ -179,8 +179,8 @@ def test_a_session_checkpointed_before_the_kernel_breakdown_keeps_its_temporal_b
     reports the whole trace's temporal breakdown and overlap."""
     import json
 
-    from streams.analyze_trace import TraceAnalyzer
-    from streams.trace_kernel_breakdown import COMMUNICATION_BIT, COMPUTATION_BIT
+    from streams.traces.analyze import TraceAnalyzer
+    from streams.traces.kernel_breakdown import COMMUNICATION_BIT, COMPUTATION_BIT
     from tests.unit.traces import synthetic_job_trace
 
     events = list(read_trace(synthetic_job_trace(tmp_path / "t.json")).events)
@@ -204,7 +204,7 @@ def test_a_session_checkpointed_before_the_kernel_breakdown_keeps_its_temporal_b
 
 
 def analyze_trace_result(events: list[dict]) -> dict:
-    from streams.analyze_trace import TraceAnalyzer
+    from streams.traces.analyze import TraceAnalyzer
 
     whole = TraceAnalyzer()
     for e in events:
@@ -214,7 +214,7 @@ def analyze_trace_result(events: list[dict]) -> dict:
 
 def test_analysis_record_fits_its_schema(tmp_path):
     from schemas.codec import Codec
-    from streams.analyze_trace import trace_analysis_record
+    from streams.traces.analyze import trace_analysis_record
 
     _, r = analyze(tmp_path, [runtime("cudaLaunchKernel", 0, 10, corr=1), kernel("k", 5, 3, corr=1)])
     record = trace_analysis_record(r, trace_id="t", workflow_id="wf", rank=0, source="x",

@@ -1,8 +1,8 @@
 """Firing low-utilisation and input-bound alerts ask for one profile per workflow per 6 hours."""
 
-from streams.auto_profile import AutoProfileConfig, auto_profile_requests, request_id_for
-from streams.root_cause import FOLLOWS
-from streams.workflow_state import WorkflowState
+from streams.profiling.auto import AutoProfileConfig, auto_profile_requests, request_id_for
+from streams.profiling.root_cause import FOLLOWS
+from streams.windows.workflow_state import WorkflowState
 from tests.unit.samples import BASE_MS
 
 HOUR = 3_600_000

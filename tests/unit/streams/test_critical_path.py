@@ -1,4 +1,4 @@
-"""The critical path of profiler steps (``streams.trace_critical_path``): against HTA's on the
+"""The critical path of profiler steps (``streams.traces.critical_path``): against HTA's on the
 traces it can analyse, on the real traces it cannot, and on built steps whose path is known
 (CUDA graphs, stream waits, synchronisations, nesting)."""
 
@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from gpufleet.analyze import analyze_file_with_findings, run
 from producers.read_trace import read_trace
-from streams import trace_critical_path
-from streams.trace_critical_path import STEP_CODE, CriticalPath
-from streams.trace_kernel_type import short_kernel_name
+from streams.traces import critical_path as trace_critical_path
+from streams.traces.critical_path import STEP_CODE, CriticalPath
+from streams.traces.kernel_type import short_kernel_name
 from tests.unit.traces import (
     SHARED_TRACES,
     cpu_op,

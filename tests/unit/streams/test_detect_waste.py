@@ -2,8 +2,8 @@
 
 import pytest
 
-from streams.detect_waste import DETECTORS, DetectorConfig, detect
-from streams.workflow_state import WorkflowState
+from streams.alerts.detectors import DETECTORS, DetectorConfig, detect
+from streams.windows.workflow_state import WorkflowState
 from tests.unit.samples import window
 
 CFG = DetectorConfig()
@@ -37,7 +37,7 @@ def test_detectors(overrides, fired):
 
 
 def test_every_registered_detector_has_a_case_that_fires_it():
-    """A detector is a function in streams/detect_waste.py, in DETECTORS, with a case here."""
+    """A detector is a function in streams/alerts/detectors.py, in DETECTORS, with a case here."""
     assert {fn.__name__ for fn in DETECTORS} == {name for _, fired in CASES for name in fired}
 
 
@@ -56,7 +56,7 @@ def test_thresholds_are_configurable():
 def test_team_thresholds_from_a_file(tmp_path):
     import pytest as _pytest
 
-    from streams.raise_alerts import AlertConfig, load_detector_config, raise_alerts
+    from streams.alerts.raising import AlertConfig, load_detector_config, raise_alerts
 
     path = tmp_path / "thresholds.toml"
     path.write_text("[default]\nlow_util_warn_pct = 30.0\n[teams.research]\nlow_util_warn_pct = 10.0\n"
@@ -77,9 +77,9 @@ def test_team_thresholds_from_a_file(tmp_path):
 def test_memory_underuse_is_judged_over_the_job_so_far():
     """Fires after 30 minutes of a job under 20 % memory; one window that used more clears the
     job for good, even when later windows are small again."""
-    from streams.raise_alerts import AlertConfig, raise_alerts
-    from streams.summarize_workflow import accumulate
-    from streams.workflow_state import WorkflowState
+    from streams.alerts.raising import AlertConfig, raise_alerts
+    from streams.windows.summary import accumulate
+    from streams.windows.workflow_state import WorkflowState
     from tests.unit.samples import BASE_MS
 
     config, state, fired = AlertConfig(), WorkflowState(partition=0), []

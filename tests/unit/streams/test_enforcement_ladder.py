@@ -8,7 +8,8 @@ import copy
 
 import pytest
 
-from streams.enforcement_ladder import (
+from streams.alerts.raising import AlertConfig, raise_alerts
+from streams.enforcement.ladder import (
     ACTION_DUE,
     CANCELLED,
     EXEMPT,
@@ -21,8 +22,7 @@ from streams.enforcement_ladder import (
     load_ladders,
     render,
 )
-from streams.raise_alerts import AlertConfig, raise_alerts
-from streams.workflow_state import WorkflowState
+from streams.windows.workflow_state import WorkflowState
 from tests.unit.samples import BASE_MS, window
 
 MIN = 60_000

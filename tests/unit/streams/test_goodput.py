@@ -8,9 +8,10 @@ import pytest
 from producers.simulate_fleet import INPUT_BOUND, build_fleet
 from schemas.goodput_buckets import BUCKETS, JOULES_FIELDS, SECONDS_FIELDS
 from schemas.sample_columns import columns_of
-from streams.goodput import GoodputConfig
-from streams.summarize_workflow import accumulate, summary
-from streams.window_utilization import Incoming, WindowAggregator, WindowConfig
+from streams.windows.batches import Incoming, WindowConfig
+from streams.windows.goodput import GoodputConfig
+from streams.windows.summary import accumulate, summary
+from streams.windows.utilization import WindowAggregator
 from tests.unit.samples import BASE_MS, sample
 
 CONFIG = WindowConfig()

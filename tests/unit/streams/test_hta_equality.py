@@ -19,9 +19,9 @@ import pytest
 
 from gpufleet.analyze import analyze_file
 from producers.read_trace import read_trace
-from streams.analyze_trace import analyze_events
-from streams.trace_memory_copies import HTA_FIGURES as MEMORY_FIGURES
-from streams.trace_queue_length import HTA_FIGURES as QUEUE_FIGURES
+from streams.traces.analyze import analyze_events
+from streams.traces.memory_copies import HTA_FIGURES as MEMORY_FIGURES
+from streams.traces.queue_length import HTA_FIGURES as QUEUE_FIGURES
 from tests.unit.traces import SHARED_TRACES, overlapping_copies_trace, synthetic_job_trace
 
 HTA_DATA = Path(__file__).resolve().parents[2] / "data" / "hta"

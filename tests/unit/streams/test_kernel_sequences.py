@@ -1,4 +1,4 @@
-"""Frequent CUDA kernel sequences (``streams.trace_kernel_sequences``): equal to HTA's
+"""Frequent CUDA kernel sequences (``streams.traces.kernel_sequences``): equal to HTA's
 ``get_frequent_cuda_kernel_sequences`` on a real trace and on a built one, and the rules one by
 one on small traces."""
 
@@ -11,9 +11,9 @@ import pytest
 
 from gpufleet.analyze import analyze_file, run
 from producers.read_trace import read_trace
-from streams import trace_kernel_sequences
-from streams.analyze_trace import PENDING_HORIZON_US
-from streams.trace_kernel_sequences import KernelSequences
+from streams.traces import kernel_sequences as trace_kernel_sequences
+from streams.traces.analyze import PENDING_HORIZON_US
+from streams.traces.kernel_sequences import KernelSequences
 from tests.unit.traces import (
     SHARED_TRACES,
     cpu_op,

@@ -84,7 +84,8 @@ def test_the_peak_table_names_its_source_and_matches_the_most_specific_model():
 
 def test_a_window_gives_the_mfu_of_the_model_work_its_job_reported():
     from schemas.sample_columns import columns_of
-    from streams.window_utilization import Incoming, WindowAggregator, WindowConfig
+    from streams.windows.batches import Incoming, WindowConfig
+    from streams.windows.utilization import WindowAggregator
     from tests.unit.samples import BASE_MS, sample
 
     def window(**extra) -> dict:

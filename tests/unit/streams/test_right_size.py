@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from streams.right_size import recommend
-from streams.summarize_workflow import accumulate, summary
-from streams.workflow_state import WorkflowState
+from streams.windows.right_size import recommend
+from streams.windows.summary import accumulate, summary
+from streams.windows.workflow_state import WorkflowState
 from tests.unit.samples import BASE_MS, window
 
 MIN = 60_000

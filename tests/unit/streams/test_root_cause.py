@@ -8,10 +8,10 @@ import pytest
 from gpufleet.analyze import analyze_file_with_findings
 from schemas.codec import Codec
 from schemas.topics import ALERTS, PROFILE_RESULTS, trace_id_of
-from streams.auto_profile import AutoProfileConfig, auto_profile_requests
-from streams.raise_alerts import AlertConfig, raise_alerts
-from streams.root_cause import FOLLOWS, apply_profile_result, profile_result
-from streams.workflow_state import WorkflowState
+from streams.alerts.raising import AlertConfig, raise_alerts
+from streams.profiling.auto import AutoProfileConfig, auto_profile_requests
+from streams.profiling.root_cause import FOLLOWS, apply_profile_result, profile_result
+from streams.windows.workflow_state import WorkflowState
 from tests.unit.samples import BASE_MS, window
 
 TRACE = Path(__file__).resolve().parents[2] / "data" / "hook-trace-h200.json.gz"

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from streams.schedule_profiles import ProfileScheduler, ScheduleConfig
+from streams.profiling.schedule import ProfileScheduler, ScheduleConfig
 
 MINUTE = 60_000
 HOUR = 60 * MINUTE
@@ -112,7 +112,7 @@ def report(partition, running, at, finished=()):
 
 def test_the_fleet_schedule_takes_the_union_of_fresh_partition_reports():
     from schemas.codec import Codec
-    from streams.schedule_profiles import FleetSchedule
+    from streams.profiling.schedule import FleetSchedule
 
     config = ScheduleConfig(budget_fraction=0.5, min_budget=1, report_s=30, interval_s=3600, timeout_s=600)
     reports, workflows = {}, {}

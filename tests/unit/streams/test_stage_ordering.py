@@ -17,8 +17,8 @@ from schemas.sample_columns import columns_of
 from streams import stage_state
 from streams.app import StreamSettings
 from streams.stage_io import BeforeCommit
-from streams.stage_windows import WindowStage
-from streams.workflow_state import decode
+from streams.windows.stage import WindowStage
+from streams.windows.workflow_state import decode
 from tests.unit.samples import BASE_MS, sample
 
 
@@ -129,7 +129,7 @@ def test_a_batch_without_records_writes_its_state_without_a_flush(stage):
 
 def test_the_trace_stage_sends_its_analysis_before_the_state_that_says_the_trace_is_done(monkeypatch):
     from streams import faust_fixes
-    from streams.stage_traces import TraceStage
+    from streams.traces.stage import TraceStage
     from tests.unit.streams.test_trace_sessions import end, kernel_events
 
     app = faust.App("test-trace-ordering", broker="kafka://127.0.0.1:1", store="memory://", autodiscover=False)
@@ -285,10 +285,10 @@ def test_the_scheduler_sends_its_requests_before_the_state_that_made_them_is_wri
     """The profile scheduler's state says which workflows it asked to profile: written before
     the request is durable, a new owner restoring it would never ask again. Like every stage,
     its changes are written by the commit, after the producer's flush."""
-    from streams import stage_schedule
+    from streams.profiling import stage
 
     app = faust.App("test-schedule-ordering", broker="kafka://127.0.0.1:1", store="memory://", autodiscover=False)
-    stage_schedule.register(app, StreamSettings(bootstrap="127.0.0.1:1"), Codec())
+    stage.register(app, StreamSettings(bootstrap="127.0.0.1:1"), Codec())
     events: list[tuple] = []
 
     async def send(codec, topic, spec, record):

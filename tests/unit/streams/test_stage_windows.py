@@ -13,10 +13,10 @@ from schemas.codec import Codec
 from schemas.sample_columns import columns_of
 from schemas.validate_sample import IDLE, UNALLOCATED
 from streams import stage_state
+from streams.alerts.detectors import DetectorConfig
+from streams.alerts.raising import AlertConfig
 from streams.app import StreamSettings
-from streams.detect_waste import DetectorConfig
-from streams.raise_alerts import AlertConfig
-from streams.stage_windows import WindowStage
+from streams.windows.stage import WindowStage
 from tests.unit.samples import BASE_MS, sample
 
 

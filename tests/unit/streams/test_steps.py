@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpufleet.analyze import analyze_file
-from streams.trace_temporal_breakdown import Coverage
+from streams.traces.temporal_breakdown import Coverage
 from tests.unit.traces import kernel, runtime, step, synthetic_job_trace, write_trace
 
 

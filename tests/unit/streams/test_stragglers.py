@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpufleet.analyze import analyze_file
-from streams.trace_collectives import stragglers
+from streams.traces.collectives import stragglers
 from tests.unit.traces import synthetic_rank_traces
 
 
@@ -86,7 +86,7 @@ def test_the_ranks_critical_paths_side_by_side(tmp_path):
 
 def test_the_worker_names_the_straggler_of_a_requested_profile_as_its_ranks_arrive(tmp_path):
     from schemas.topics import trace_id_of
-    from streams.stage_profile_comparison import ComparisonConfig, compare, expired
+    from streams.profiling.comparison import ComparisonConfig, compare, expired
 
     records = [analyze_file(p, "wf") for p in synthetic_rank_traces(tmp_path, ranks=3, straggler=1)]
     for r in records:

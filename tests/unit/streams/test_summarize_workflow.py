@@ -2,9 +2,10 @@
 
 import pytest
 
-from streams.summarize_workflow import accumulate, correct, summary
-from streams.window_utilization import Incoming, WindowAggregator, WindowConfig
-from streams.workflow_state import WorkflowState
+from streams.windows.batches import Incoming, WindowConfig
+from streams.windows.summary import accumulate, correct, summary
+from streams.windows.utilization import WindowAggregator
+from streams.windows.workflow_state import WorkflowState
 from tests.unit.samples import BASE_MS, sample, window
 
 CFG = WindowConfig(size_ms=60_000, allowed_lateness_ms=10_000, retention_ms=3_600_000)

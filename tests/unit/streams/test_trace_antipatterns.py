@@ -130,7 +130,7 @@ def context(**kw):
 
 def with_context(tmp_path, events, system):
     from producers.read_trace import read_trace
-    from streams.analyze_trace import analyze_events, findings_records
+    from streams.traces.analyze import analyze_events, findings_records
 
     result = analyze_events(read_trace(write_trace(tmp_path / "t.json", events)).events)
     record, _ = analyze_file_with_findings(tmp_path / "t.json", "wf")
@@ -200,8 +200,8 @@ def test_critical_path_names_what_sets_the_pace_of_the_steps(tmp_path):
 
 
 def test_every_registered_rule_has_its_case_here():
-    """A rule is a function in streams/trace_rules.py, in RULES, with a test here."""
-    from streams.trace_rules import RULES
+    """A rule is a function in streams/traces/rules.py, in RULES, with a test here."""
+    from streams.traces.rules import RULES
 
     tested_apart = {"memory_pressure", "cpu_bound_input", "storage_bound_input",
                     "critical_path_bound"}  # by the tests above

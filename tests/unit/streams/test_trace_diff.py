@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpufleet.analyze import analyze_file, analyze_profile
-from streams.trace_diff import (
+from streams.profiling.diff import (
     RegressionConfig,
     diff_profiles,
     profile_figures,
@@ -126,7 +126,7 @@ def test_gpufleet_diff_says_which_file_cannot_be_read(profiles, tmp_path, capsys
 
 
 def test_the_stage_compares_each_rank_with_its_previous_complete_profile(profiles):
-    from streams.stage_profile_comparison import ComparisonConfig, compare
+    from streams.profiling.comparison import ComparisonConfig, compare
 
     base = {**analyze_file(profiles["base"], "wf"), "analyzed_at": 1}
     slow = {**analyze_file(profiles["slow"], "wf"), "analyzed_at": 2}

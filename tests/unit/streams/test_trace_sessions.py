@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from streams.analyze_trace import analyze_events
-from streams.trace_sessions import TraceSessionConfig, TraceSessions
+from streams.traces.analyze import analyze_events
+from streams.traces.sessions import TraceSessionConfig, TraceSessions
 from tests.unit.traces import kernel, runtime
 
 CFG = TraceSessionConfig(timeout_ms=1000, done_retention_ms=5000)

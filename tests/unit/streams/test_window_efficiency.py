@@ -2,7 +2,8 @@
 
 import pytest
 
-from streams.window_utilization import Incoming, WindowAggregator, WindowConfig
+from streams.windows.batches import Incoming, WindowConfig
+from streams.windows.utilization import WindowAggregator
 from tests.unit.samples import BASE_MS, sample
 
 CFG = WindowConfig(size_ms=60_000, allowed_lateness_ms=0, retention_ms=600_000, update_horizon_ms=300_000)
@@ -70,7 +71,7 @@ def test_imbalance_names_the_straggling_gpu():
     w = close_one(samples)
     assert w["gpu_imbalance_pct"] == 62.0
     assert w["slowest_gpu"] == "gpu-host-007/gpu2" and w["slowest_gpu_pct"] == 20.0
-    from streams.detect_waste import DetectorConfig, imbalance
+    from streams.alerts.detectors import DetectorConfig, imbalance
     violation = imbalance(w, DetectorConfig())
     assert "the straggler is gpu-host-007/gpu2 at 20% against 82% on the busiest" in violation.message
 
@@ -82,7 +83,7 @@ def test_the_straggler_is_named_by_its_rank_when_the_agent_knows_it():
                for t in range(60) for index, util in enumerate((80.0, 81.0, 79.0, 15.0))]
     w = close_one(samples)
     assert w["slowest_gpu"] == "node-1/gpu1 (rank 11)" and w["slowest_gpu_pct"] == 15.0
-    from streams.detect_waste import DetectorConfig, imbalance
+    from streams.alerts.detectors import DetectorConfig, imbalance
     assert "the straggler is node-1/gpu1 (rank 11) at 15%" in imbalance(w, DetectorConfig()).message
 
 
@@ -94,7 +95,7 @@ def test_partial_use_names_the_gpus_that_sat_at_zero():
                for t in range(60) for index, util in enumerate((80.0, 0.0, 79.0, 0.0))]
     w = close_one(samples)
     assert w["idle_gpus"] == 2 and w["idle_gpu_names"] == ["node-0/gpu1 (rank 1)", "node-1/gpu1 (rank 3)"]
-    from streams.detect_waste import DetectorConfig, partial_use
+    from streams.alerts.detectors import DetectorConfig, partial_use
     message = partial_use(w, DetectorConfig()).message
     assert "2 of the job's 4 GPUs sat at 0 %" in message
     assert message.endswith(": node-0/gpu1 (rank 1), node-1/gpu1 (rank 3).")
@@ -104,6 +105,6 @@ def test_a_long_list_of_idle_gpus_is_cut_with_a_count():
     samples = [sample(event_time=BASE_MS + t * 1000, host="big-node", gpu_index=index, gpu_uuid=f"GPU-{index}",
                       utilization_pct=0.0 if index else 50.0)
                for t in range(60) for index in range(16)]
-    from streams.detect_waste import DetectorConfig, partial_use
+    from streams.alerts.detectors import DetectorConfig, partial_use
     message = partial_use(close_one(samples), DetectorConfig()).message
     assert "big-node/gpu1, big-node/gpu2" in message and message.endswith("and 7 more.")

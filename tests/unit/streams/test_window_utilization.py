@@ -3,8 +3,9 @@ import random
 
 import pytest
 
-from streams import workflow_state
-from streams.window_utilization import Incoming, WindowAggregator, WindowConfig
+from streams.windows import workflow_state
+from streams.windows.batches import Incoming, WindowConfig
+from streams.windows.utilization import WindowAggregator
 from tests.unit.samples import BASE_MS, assert_window_matches, expected_windows, sample
 
 CFG = WindowConfig(size_ms=60_000, allowed_lateness_ms=10_000, retention_ms=600_000, update_horizon_ms=300_000)

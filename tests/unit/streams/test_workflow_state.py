@@ -13,10 +13,11 @@ from faust.serializers import codecs
 
 from schemas.goodput_buckets import JOULES_FIELDS, SECONDS_FIELDS
 from schemas.sample_columns import columns_of
-from streams import workflow_state
-from streams.stage_windows import STATE_CODEC
-from streams.window_utilization import Incoming, WindowAggregator, WindowConfig
-from streams.workflow_state import STATE_VERSION, StateError, WorkflowState
+from streams.windows import workflow_state
+from streams.windows.batches import Incoming, WindowConfig
+from streams.windows.state_table import STATE_CODEC
+from streams.windows.utilization import WindowAggregator
+from streams.windows.workflow_state import STATE_VERSION, StateError, WorkflowState
 from tests.unit.samples import BASE_MS, sample
 
 V0 = json.loads((Path(__file__).resolve().parents[2] / "data" / "window-state-v0.json").read_text())
@@ -89,7 +90,7 @@ def test_the_window_state_table_and_its_changelog_use_the_versioned_codec():
 
     from schemas.codec import Codec
     from streams.app import StreamSettings
-    from streams.stage_windows import WindowStage
+    from streams.windows.stage import WindowStage
 
     app = faust.App("test-workflow-state", broker="kafka://127.0.0.1:1", store="memory://", autodiscover=False)
     stage = WindowStage(app, StreamSettings(bootstrap="127.0.0.1:1"), Codec())

@@ -1,0 +1,97 @@
+"""Runs the detectors and the alert life cycle on a workflow's closed window -> ``Alert`` records.
+
+The state (each detector's life cycle, and the GPU-seconds the job has wasted so far) lives
+in the workflow's entry of the worker's window-state table, so it is checkpointed with the
+windows themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from msgspec.structs import replace
+
+from schemas.vocabulary import wasted_seconds
+from streams.alerts.detectors import DETECTORS, DetectorConfig, detect
+from streams.alerts.lifecycle import LifecycleConfig, step
+from streams.windows.workflow_state import WorkflowState
+
+
+@dataclass(frozen=True)
+class AlertConfig:
+    detectors: DetectorConfig = field(default_factory=DetectorConfig)
+    lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
+    # When set, every detector's minimum duration (for demos and tests at compressed time).
+    min_duration_s: float | None = None
+    # Thresholds of particular teams (a team that trains small models may accept 40 % utilisation).
+    team_detectors: dict[str, DetectorConfig] = field(default_factory=dict)
+
+    def detectors_for(self, team: str | None) -> DetectorConfig:
+        return self.team_detectors.get(team or "", self.detectors)
+
+
+class ThresholdsError(ValueError):
+    """A thresholds file that cannot be used: which file, which setting, what it should be."""
+
+
+def load_detector_config(path) -> tuple[DetectorConfig, dict[str, DetectorConfig]]:
+    """Thresholds from a TOML file: ``[default]`` and ``[teams.<name>]`` tables whose keys are
+    ``DetectorConfig`` fields; a team's table overrides the default's."""
+    import tomllib
+    from pathlib import Path
+
+    import msgspec
+
+    try:
+        raw = tomllib.loads(Path(path).read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ThresholdsError(f"{path}: not valid TOML: {exc}") from None
+    teams_raw = raw.get("teams", {})
+    if not isinstance(raw.get("default", {}), dict) or not isinstance(teams_raw, dict):
+        raise ThresholdsError(f"{path}: expected a [default] table and [teams.<name>] tables of thresholds")
+    for team, values in teams_raw.items():
+        if not isinstance(values, dict):
+            raise ThresholdsError(f"{path}: teams.{team} = {values!r}: expected a table, [teams.{team}], of thresholds")
+    known = set(DetectorConfig.__struct_fields__)
+    sections = [("default", raw.get("default", {}))] + [(f"teams.{t}", v) for t, v in teams_raw.items()]
+    for section, values in sections:
+        unknown = set(values) - known
+        if unknown:
+            raise ThresholdsError(f"{path}: unknown thresholds in [{section}]: {', '.join(sorted(unknown))}; "
+                             f"known: {', '.join(sorted(known))}")
+        for name, value in values.items():
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ThresholdsError(f"{path}: [{section}] {name} must be a number of 0 or more, not {value!r}")
+    default = msgspec.convert(raw.get("default", {}), DetectorConfig)
+    teams = {team: replace(default, **values) for team, values in teams_raw.items()}
+    return default, teams
+
+
+def raise_alerts(state: WorkflowState, window: dict, config: AlertConfig, now_ms: int) -> list[dict]:
+    """Advance every detector's life cycle by ``window``; return the alerts that transition."""
+    lifecycles = state.alerts
+    state.wasted_s += wasted_seconds(window)  # as every report counts it (schemas.vocabulary)
+    violations = detect(_with_job_totals(state, window), config.detectors_for(window.get("team")))
+    out = []
+    for fn in DETECTORS:
+        name = fn.__name__
+        v = violations.get(name)
+        if v is not None and config.min_duration_s is not None:
+            v = replace(v, min_duration_s=config.min_duration_s)
+        new, alert = step(lifecycles.get(name, {}), name, v, window, state.wasted_s, config.lifecycle, now_ms)
+        if alert is not None:
+            new["last_alert"] = alert  # a root cause that lands later updates this record
+            out.append(alert)
+        if new:
+            lifecycles[name] = new
+        else:
+            lifecycles.pop(name, None)
+    return out
+
+
+def _with_job_totals(state: WorkflowState, window: dict) -> dict:
+    """The window with what the detectors judge over the whole job so far: the memory peak
+    (the job's totals, ``state.job``, hold the windows before this one)."""
+    peaks = [p for p in ((state.job or {}).get("mem_peak"), window.get("memory_peak_fraction"))
+             if p is not None]
+    return {**window, "job_memory_peak_fraction": max(peaks)} if peaks else window

@@ -1,0 +1,42 @@
+"""The length of a union of intervals fed in start order: the primitive of the temporal
+breakdown, the kernel breakdown's unions by type and each step's busy time."""
+
+from __future__ import annotations
+
+
+class Coverage:
+    """Length of the union of intervals fed in start order."""
+
+    __slots__ = ("closed", "end", "first", "start")
+
+    def __init__(self) -> None:
+        self.first: float | None = None
+        self.start = 0.0
+        self.end = 0.0
+        self.closed = 0.0
+
+    def add(self, ts: float, end: float) -> None:
+        if self.first is None:
+            self.first, self.start, self.end = ts, ts, end
+        elif ts > self.end:
+            self.closed += self.end - self.start
+            self.start, self.end = ts, end
+        elif end > self.end:
+            self.end = end
+
+    def to_state(self) -> list:
+        return [self.first, self.start, self.end, self.closed]
+
+    @classmethod
+    def from_state(cls, state: list) -> Coverage:
+        c = cls()
+        c.first, c.start, c.end, c.closed = state
+        return c
+
+    @property
+    def covered(self) -> float:
+        return 0.0 if self.first is None else self.closed + self.end - self.start
+
+    @property
+    def span(self) -> float:
+        return 0.0 if self.first is None else self.end - self.first

@@ -1,0 +1,90 @@
+"""Job-to-date efficiency of a workflow, accumulated from its closed windows -> ``WorkflowSummary``.
+
+The totals live in the workflow's entry of the worker's window-state table; when the
+workflow ends (no sample for a configurable time) one ``WorkflowSummary`` closes it: the
+efficiency record of every executed workflow.
+"""
+
+from __future__ import annotations
+
+from schemas.goodput_buckets import JOULES_FIELDS, SECONDS_FIELDS
+from streams.windows.job_activity import activity_mean, add_activity
+from streams.windows.right_size import recommend
+from streams.windows.workflow_state import WorkflowState
+
+_SUMS = ("gpu_seconds", "active_gpu_seconds", "wasted_gpu_seconds", "zero_util_gpu_seconds",
+         "throttled_gpu_seconds", *SECONDS_FIELDS, *JOULES_FIELDS)
+
+
+def accumulate(state: WorkflowState, window: dict, alerts: list[dict]) -> None:
+    """Add a closed window (and the alerts it raised) to the job's totals."""
+    if state.job is None:
+        state.job = {
+            "first": window["window_start"], "last": window["window_end"], "windows": 0, "max_gpus": 0,
+            "util_weighted": 0.0, "energy_j": None, "mem_peak": None, "xids": 0, "fired": [],
+            **{k: 0.0 for k in _SUMS},
+        }
+    job = state.job
+    job["first"] = min(job["first"], window["window_start"])
+    job["last"] = max(job["last"], window["window_end"])
+    job["windows"] += 1
+    job["max_gpus"] = max(job["max_gpus"], window["gpu_count"])
+    for k in _SUMS:
+        job[k] = job.get(k, 0.0) + window.get(k, 0.0)  # totals begun before goodput lack its keys
+    if window.get("gpu_model"):
+        job["model"] = window["gpu_model"]
+    job["util_weighted"] += window["utilization_mean_pct"] * window["gpu_seconds"]
+    add_activity(job, window, 1)
+    if window.get("energy_joules") is not None:
+        job["energy_j"] = (job["energy_j"] or 0.0) + window["energy_joules"]
+    if window.get("memory_peak_fraction") is not None:
+        job["mem_peak"] = max(job["mem_peak"] or 0.0, window["memory_peak_fraction"])
+    if window.get("allocator_peak_fraction") is not None:
+        job["alloc_peak"] = max(job.get("alloc_peak") or 0.0, window["allocator_peak_fraction"])
+    if window.get("host_memory_per_gpu_bytes") is not None:
+        job["host_mem_per_gpu"] = max(job.get("host_mem_per_gpu") or 0.0, window["host_memory_per_gpu_bytes"])
+    job["xids"] += window["xid_count"]
+    for a in alerts:
+        if a["status"] == "FIRING" and a["detector"] not in job["fired"]:
+            job["fired"].append(a["detector"])
+
+
+def correct(state: WorkflowState, before: dict | None, after: dict) -> None:
+    """A window completed by late samples: the job's totals take ``after`` in place of
+    ``before`` (its previous emission; None where the window never closed before)."""
+    if before is None or not state.job:
+        accumulate(state, after, [])
+        return
+    job = state.job
+    for k in _SUMS:
+        job[k] = job.get(k, 0.0) + after.get(k, 0.0) - before.get(k, 0.0)
+    job["max_gpus"] = max(job["max_gpus"], after["gpu_count"])
+    job["util_weighted"] += (after["utilization_mean_pct"] * after["gpu_seconds"]
+                             - before["utilization_mean_pct"] * before["gpu_seconds"])
+    add_activity(job, before, -1)
+    add_activity(job, after, 1)
+    if after.get("energy_joules") is not None:
+        job["energy_j"] = (job["energy_j"] or 0.0) + after["energy_joules"] - (before.get("energy_joules") or 0.0)
+    if after.get("memory_peak_fraction") is not None:
+        job["mem_peak"] = max(job["mem_peak"] or 0.0, after["memory_peak_fraction"])
+    if after.get("allocator_peak_fraction") is not None:
+        job["alloc_peak"] = max(job.get("alloc_peak") or 0.0, after["allocator_peak_fraction"])
+    job["xids"] += after["xid_count"] - before["xid_count"]
+
+
+def summary(workflow_id: str, state: WorkflowState, reason: str, now_ms: int) -> dict | None:
+    """The ``WorkflowSummary`` of a workflow's totals (None if no window of it ever closed)."""
+    job = state.job
+    if not job:
+        return None
+    seconds = job["gpu_seconds"]
+    return {
+        "workflow_id": workflow_id, "owner": state.owner, "team": state.team,
+        "first_window_start": job["first"], "last_window_end": job["last"], "end_reason": reason,
+        "windows": job["windows"], "max_gpus": job["max_gpus"],
+        **{k: job.get(k, 0.0) for k in _SUMS}, "gpu_model": job.get("model"),
+        "utilization_mean_pct": job["util_weighted"] / seconds if seconds else 0.0,
+        "memory_peak_fraction": job["mem_peak"], "energy_joules": job["energy_j"], "xid_count": job["xids"],
+        "alerts_fired": sorted(job["fired"]), "tensor_active_mean_pct": activity_mean(job, "tensor"),
+        "model_mfu_pct": activity_mean(job, "mfu"), "right_size": recommend(job), "summarized_at": now_ms,
+    }

@@ -1,0 +1,117 @@
+"""What the window stage keeps per workflow: one declared type, and how it is written to its
+changelog and read back, versioned.
+
+Who writes what:
+
+==============================  ===================================================================
+``window_utilization``          ``partition``, ``owner``/``team``, ``last_offset``/``last_index``
+                                (applied through; a replay is skipped), ``max_event_time``,
+                                ``windows`` (the open windows' accumulators, by start)
+the life cycle (``stage_windows``) ``hosts``, ``ending``; ``ended`` and ``end_reason`` when summarised
+``goodput``                     ``first_sample_at``, ``busy_since`` (start-up ends there),
+                                ``energy_counters`` (each GPU's last energy counter reading)
+``summarize_workflow``          ``job`` (the totals of its closed windows)
+``raise_alerts``                ``alerts`` (each detector's life cycle), ``wasted_s``
+``auto_profile``, ``root_cause`` ``auto_profiled_at``, and the profile of an alert in ``alerts``
+the life cycle, again           ``scheduler_job_id``, ``cluster``, ``cmdline``, ``scheduler_qos``/``_partition``
+``enforcement_ladder``          ``ladders`` (each ladder's steps taken in the current episode)
+==============================  ===================================================================
+
+The changelog holds ``{"v": STATE_VERSION, "state": {...}}`` (JSON, by msgspec). Version 0 is
+what releases before the declared type wrote: the state's dict alone, the same fields, with
+``ending``/``ended`` absent when false. Both are read; a new version adds a reader here.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import msgspec
+
+STATE_VERSION = 1
+
+log = logging.getLogger(__name__)
+
+
+class WorkflowState(msgspec.Struct, kw_only=True):
+    partition: int
+    owner: str | None = None
+    team: str | None = None
+    last_offset: int = -1
+    last_index: int = 0
+    max_event_time: int = -1
+    windows: dict[str, dict] = {}
+    hosts: list[str] = []
+    ending: bool = False
+    ended: bool = False
+    end_reason: str | None = None
+    job: dict | None = None
+    alerts: dict[str, dict] = {}
+    wasted_s: float = 0.0
+    auto_profiled_at: int | None = None
+    first_sample_at: int = -1
+    busy_since: int | None = None
+    energy_counters: dict[str, float] = {}
+    scheduler_job_id: str | None = None
+    cluster: str | None = None
+    cmdline: str | None = None  # the first 300 characters: what the enforcement ladder's exemptions look at
+    scheduler_qos: str | None = None
+    scheduler_partition: str | None = None
+    ladders: dict[str, dict] = {}
+
+
+class _Written(msgspec.Struct):
+    v: int
+    state: WorkflowState
+
+
+_encoder = msgspec.json.Encoder()
+_reader = msgspec.json.Decoder()
+
+
+class StateError(ValueError):
+    """A changelog value that is no workflow state of any version this release reads."""
+
+
+def encode(state: WorkflowState) -> bytes:
+    return _encoder.encode(_Written(STATE_VERSION, state))
+
+
+def decode(data: bytes) -> WorkflowState:
+    try:
+        raw = _reader.decode(data)
+        if isinstance(raw, dict) and "v" in raw and "state" in raw:
+            if raw["v"] != STATE_VERSION:
+                raise StateError(f"workflow state of version {raw['v']}; this release reads 0 to {STATE_VERSION}")
+            return msgspec.convert(raw["state"], WorkflowState)
+        return from_version_0(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise StateError(f"not a workflow state: {exc}") from exc
+
+
+def from_version_0(raw: dict) -> WorkflowState:
+    """A state as releases before the declared type wrote it: the dict alone."""
+    if not isinstance(raw, dict):
+        raise StateError(f"not a workflow state: a {type(raw).__name__}")
+    return msgspec.convert(raw, WorkflowState)
+
+
+def hear(state: WorkflowState, event: dict) -> None:
+    """One life-cycle event (``WorkflowEvent``) into its workflow's state: what the scheduler
+    says of the job (what the enforcement ladders look at), which hosts it runs on, and
+    whether the last one said it ended."""
+    for field in ("scheduler_job_id", "cluster", "scheduler_qos", "scheduler_partition"):
+        if event.get(field):
+            setattr(state, field, event[field])
+    if event.get("cmdline"):
+        state.cmdline = event["cmdline"][:300]
+    hosts = set(state.hosts)
+    if event["event"] == "ENDED":
+        hosts.discard(event["host"])
+        if not hosts:
+            state.ending = True
+            log.info("workflow %s ended on its last host (%s)", event["workflow_id"], event["host"])
+    else:
+        hosts.add(event["host"])
+        state.ending = False
+    state.hosts = sorted(hosts)
