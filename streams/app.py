@@ -3,60 +3,13 @@
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass, field
 
 import faust
 
-from kafka_client.config import Security
-from schemas.topics import GPU_SAMPLES, KERNEL_EVENTS, PROFILE_SCHEDULE, TRACE_ANALYSES
+from schemas.topics import PROFILE_SCHEDULE
 from streams import faust_fixes
-from streams.alerts.raising import AlertConfig
-from streams.enforcement.ladder import Ladder
-from streams.profiling.auto import AutoProfileConfig
-from streams.profiling.comparison import ComparisonConfig
-from streams.profiling.schedule import ScheduleConfig
-from streams.traces.sessions import TraceSessionConfig
-from streams.windows.batches import WindowConfig
-
-
-@dataclass(frozen=True)
-class StreamSettings:
-    """Everything the worker needs; parsed once at the entry point and passed down.
-
-    Environment variables (read by the CLI): GPUFLEET_BOOTSTRAP, GPUFLEET_TOPIC_PREFIX.
-    """
-
-    bootstrap: str
-    security: Security = field(default_factory=Security)
-    app_id: str = "gpufleet-worker"
-    topic_prefix: str = ""
-    data_dir: str = "data/worker"
-    window: WindowConfig = field(default_factory=WindowConfig)
-    alerts: AlertConfig = field(default_factory=AlertConfig)
-    trace_sessions: TraceSessionConfig = field(default_factory=TraceSessionConfig)
-    auto_profile: AutoProfileConfig = field(default_factory=AutoProfileConfig)
-    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)  # periodic profiling
-    comparison: ComparisonConfig = field(default_factory=ComparisonConfig)  # profiles against each other
-    enforcement: tuple[Ladder, ...] = ()  # the enforcement ladders (streams.enforcement.ladder); none: no steps
-    # A workflow with no sample for this long (event time) has ended: its WorkflowSummary goes out.
-    workflow_ended_s: float = 600.0
-    # A partition with no sample for this long (wall time) follows the busiest partition's clock.
-    idle_partition_s: float = 60.0
-    batch_size: int = 5000
-    batch_within_s: float = 0.5
-    commit_interval_s: float = 1.0
-    # A killed worker's partitions move to a live one after this long without heartbeats.
-    session_timeout_s: float = 10.0
-    # Partitions of the co-partitioned sample topics and of the kernel events, as the cluster
-    # has them (the CLI reads them; every worker of a group must agree), and the copies of
-    # the changelog topics Faust creates.
-    partitions: int = GPU_SAMPLES.partitions
-    trace_partitions: int = KERNEL_EVENTS.partitions
-    analysis_partitions: int = TRACE_ANALYSES.partitions
-    replication: int = 1
-
-    def topic(self, name: str) -> str:
-        return self.topic_prefix + name
+from streams.settings import StreamSettings
+from streams.topology import register
 
 
 def tables(settings: StreamSettings) -> dict[str, int]:
@@ -108,7 +61,5 @@ def create_app(settings: StreamSettings) -> faust.App:
         value_serializer="raw",
         autodiscover=False,
     )
-    from streams.topology import register  # the topology needs the app; import here avoids a cycle
-
     register(app, settings)
     return app

@@ -23,6 +23,7 @@ from schemas.codec import Codec
 from streams import faust_fixes
 from streams.profiling import comparison as profile_comparison
 from streams.profiling import stage as scheduler
+from streams.settings import StreamSettings
 from streams.stage_io import METRICS
 from streams.traces import stage as traces
 from streams.windows import stage as windows
@@ -33,7 +34,7 @@ STAGES = (windows, traces, profile_comparison, scheduler)
 LAG_EVERY_S = 5.0
 
 
-def register(app: faust.App, settings) -> None:  # settings: streams.app.StreamSettings
+def register(app: faust.App, settings: StreamSettings) -> None:
     """Add every stage's agents, timers and tables to ``app``, and the timer that keeps the
     worker's consumer lag metric (``stage_io.METRICS``) current."""
     codec = Codec()

@@ -79,11 +79,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from kafka_client.admin import brokers_in, create_topics, ensure_topics, replication_for
     from streams.alerts.detectors import DetectorConfig
     from streams.alerts.raising import AlertConfig, load_detector_config
-    from streams.app import StreamSettings, changelog_topics, create_app, tune_gc
+    from streams.app import changelog_topics, create_app, tune_gc
     from streams.enforcement.ladder import load_ladders
-    from streams.profiling.comparison import ComparisonConfig
-    from streams.profiling.diff import RegressionConfig
+    from streams.profiling.diff import ComparisonConfig, RegressionConfig
     from streams.profiling.schedule import ScheduleConfig
+    from streams.settings import StreamSettings
     from streams.stage_io import METRICS
     from streams.windows.batches import WindowConfig
     from streams.windows.goodput import GoodputConfig

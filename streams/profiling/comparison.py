@@ -21,17 +21,18 @@ import logging
 import time
 
 import faust
-import msgspec
 
 from schemas.codec import Codec
 from schemas.topics import DEAD_LETTERS, FINDINGS, TRACE_ANALYSES, request_of_trace
 from streams.profiling.diff import (
+    ComparisonConfig,
     RegressionConfig,
     diff_profiles,
     profile_figures,
     regression,
     regression_finding,
 )
+from streams.settings import StreamSettings
 from streams.stage_io import by_partition, topic_of
 from streams.stage_state import StageState
 from streams.traces.collectives import stragglers
@@ -44,12 +45,6 @@ STRAGGLER_RULE = "straggler_rank"
 BASELINE_FIELDS = ("trace_id", "workflow_id", "rank", "partial", "gpu_events", "profiler_steps", "kernel_time_us",
                    "idle_time_us", "compute_time_us", "non_compute_time_us", "comp_comm_overlap_pct", "launches",
                    "launch_delay_mean_us", "kernel_types", "top_kernels", "analyzed_at")
-
-
-class ComparisonConfig(msgspec.Struct, frozen=True):
-    regressions: RegressionConfig = RegressionConfig()
-    # A requested profile's ranks are kept this long after the last one arrived.
-    ranks_retention_s: float = 3600.0
 
 
 def baseline_key(analysis: dict) -> str:
@@ -136,7 +131,7 @@ def expired(state, now: int, config: ComparisonConfig) -> dict[str, int]:
 
 
 class ProfileComparisonStage:
-    def __init__(self, app: faust.App, settings, codec: Codec) -> None:  # settings: streams.app.StreamSettings
+    def __init__(self, app: faust.App, settings: StreamSettings, codec: Codec) -> None:
         self.app, self.settings, self.codec = app, settings, codec
         self.analyses_topic = topic_of(app, settings, TRACE_ANALYSES, partitions=settings.analysis_partitions)
         self.findings_topic, self.dlq_topic = topic_of(app, settings, FINDINGS), topic_of(app, settings, DEAD_LETTERS)
@@ -177,6 +172,6 @@ class ProfileComparisonStage:
                 self.state.changed(self.table, key, partition)
 
 
-def register(app: faust.App, settings, codec: Codec) -> None:  # settings: streams.app.StreamSettings
+def register(app: faust.App, settings: StreamSettings, codec: Codec) -> None:
     """The profile comparison stage's agent, timer and table on ``app``."""
     ProfileComparisonStage(app, settings, codec).register()

@@ -200,3 +200,9 @@ def _num(value: float | None, scale: float, unit: str, sign: bool = False) -> st
 
 def _pct(value: float | None) -> str:
     return "" if value is None else f"{value:+.1f} %"
+
+
+class ComparisonConfig(msgspec.Struct, frozen=True):
+    regressions: RegressionConfig = RegressionConfig()
+    # A requested profile's ranks are kept this long after the last one arrived.
+    ranks_retention_s: float = 3600.0

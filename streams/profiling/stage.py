@@ -13,6 +13,7 @@ import faust
 from schemas.codec import Codec
 from schemas.topics import DEAD_LETTERS, PROFILE_REQUESTS, PROFILE_SCHEDULE
 from streams.profiling.schedule import FleetSchedule
+from streams.settings import StreamSettings
 from streams.stage_io import by_partition
 from streams.stage_state import StageState
 
@@ -43,7 +44,7 @@ class _KeyPrefixed(MutableMapping):
         return sum(1 for _ in self)
 
 
-def register(app: faust.App, settings, codec: Codec) -> None:  # settings: streams.app.StreamSettings
+def register(app: faust.App, settings: StreamSettings, codec: Codec) -> None:
     """The scheduler's agent and table on ``app``."""
     reports_topic = app.topic(settings.topic(PROFILE_SCHEDULE.name), partitions=PROFILE_SCHEDULE.partitions)
     requests_topic = app.topic(settings.topic(PROFILE_REQUESTS.name))

@@ -23,6 +23,7 @@ from schemas.topics import (
 )
 from schemas.validate_ids import ids_error
 from streams.profiling.root_cause import profile_result
+from streams.settings import StreamSettings
 from streams.stage_io import by_partition, topic_of
 from streams.stage_state import StageState
 from streams.traces.sessions import TraceSessions
@@ -33,7 +34,7 @@ STAGE = "trace-analysis"
 
 
 class TraceStage:
-    def __init__(self, app: faust.App, settings, codec: Codec) -> None:  # settings: streams.app.StreamSettings
+    def __init__(self, app: faust.App, settings: StreamSettings, codec: Codec) -> None:
         self.app, self.settings, self.codec = app, settings, codec
 
         def topic(spec, **kwargs):
@@ -126,6 +127,6 @@ class TraceStage:
             "trace_id": analysis["trace_id"], "at": now})
 
 
-def register(app: faust.App, settings, codec: Codec) -> None:  # settings: streams.app.StreamSettings
+def register(app: faust.App, settings: StreamSettings, codec: Codec) -> None:
     """The trace stage's agent, timer and table on ``app``."""
     TraceStage(app, settings, codec).register()

@@ -52,6 +52,7 @@ from streams.in_order import InOrder
 from streams.profiling.auto import auto_profile_requests
 from streams.profiling.root_cause import apply_profile_result
 from streams.profiling.schedule import is_periodic
+from streams.settings import StreamSettings
 from streams.stage_io import METRICS, by_partition, received_ms, topic_of
 from streams.stage_state import StageState
 from streams.windows import workflow_state
@@ -75,7 +76,7 @@ CLOCK_REPEAT_MS = 30_000  # a PartitionClock that did not move is sent again thi
 
 
 class WindowStage:
-    def __init__(self, app: faust.App, settings, codec: Codec) -> None:  # settings: streams.app.StreamSettings
+    def __init__(self, app: faust.App, settings: StreamSettings, codec: Codec) -> None:
         self.app, self.settings, self.codec = app, settings, codec
 
         def topic(spec, **kwargs):
@@ -393,6 +394,6 @@ class WindowStage:
         log.info("window-utilization: %s", dict(self.stats))
 
 
-def register(app: faust.App, settings, codec: Codec) -> None:  # settings: streams.app.StreamSettings
+def register(app: faust.App, settings: StreamSettings, codec: Codec) -> None:
     """The window stage's agents, timers and tables on ``app``."""
     WindowStage(app, settings, codec).register()

@@ -15,7 +15,7 @@ import pytest
 from schemas.codec import Codec
 from schemas.sample_columns import columns_of
 from streams import stage_state
-from streams.app import StreamSettings
+from streams.settings import StreamSettings
 from streams.stage_io import BeforeCommit
 from streams.windows.stage import WindowStage
 from streams.windows.workflow_state import decode

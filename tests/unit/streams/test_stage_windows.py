@@ -15,7 +15,7 @@ from schemas.validate_sample import IDLE, UNALLOCATED
 from streams import stage_state
 from streams.alerts.detectors import DetectorConfig
 from streams.alerts.raising import AlertConfig
-from streams.app import StreamSettings
+from streams.settings import StreamSettings
 from streams.windows.stage import WindowStage
 from tests.unit.samples import BASE_MS, sample
 

@@ -89,7 +89,7 @@ def test_the_window_state_table_and_its_changelog_use_the_versioned_codec():
     import faust
 
     from schemas.codec import Codec
-    from streams.app import StreamSettings
+    from streams.settings import StreamSettings
     from streams.windows.stage import WindowStage
 
     app = faust.App("test-workflow-state", broker="kafka://127.0.0.1:1", store="memory://", autodiscover=False)
