@@ -26,7 +26,7 @@ $(JARS): docker/kafka/pom.xml
 demo: setup
 	$(BIN)/gpufleet demo
 
-test: setup chromium slurm torch-env
+test: setup lint chromium slurm torch-env
 	$(BIN)/pytest
 
 # PyTorch for the training process of the profiling tests only (never a gpufleet dependency:

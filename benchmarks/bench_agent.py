@@ -148,7 +148,10 @@ def per_sample_vs_per_tick(bootstrap: str, ticks: int = 20_000, gpus: int = 8) -
 def nvml_calls(ticks: int = 600) -> None:
     gpm = {"sm": 50.0, "occupancy": 30.0, "tensor": 20.0, "dram": 10.0}
     print(f"NVML calls per GPU per tick (fake NVML, {ticks} ticks, 8 GPUs, a process each):")
-    for label, name, gpm_of in (("Hopper, GPM", "NVIDIA H100 80GB HBM3", gpm), ("no GPM", "NVIDIA A100-SXM4-80GB", None)):
+    for label, name, gpm_of in (
+        ("Hopper, GPM", "NVIDIA H100 80GB HBM3", gpm),
+        ("no GPM", "NVIDIA A100-SXM4-80GB", None),
+    ):
         counts = {}
         for how, kwargs in (("a call per value, every tick", {"batched": False, "slow_every": 1}),
                             ("batched, slow values every 60", {})):

@@ -57,7 +57,9 @@ def cpu_s(proc) -> float:
 def publish_ticks(bootstrap: str, topic: str, ticks: int) -> tuple[int, float]:
     producer = Producer(producer_config(bootstrap, **{"linger.ms": 50}))
     agents = AgentSends(fleet_10k(), START_MS, 5, "columns")
-    total = sum(produce(producer, topic, agents.tick(t)) for t in range(ticks)) + produce(producer, topic, agents.rest())
+    total = sum(produce(producer, topic, agents.tick(t)) for t in range(ticks)) + produce(
+        producer, topic, agents.rest()
+    )
     producer.flush(60)
     return total, 10_000 * ticks / total
 
@@ -134,10 +136,13 @@ def killed_worker(bootstrap: str, data_dir: Path, gpus: int) -> None:
                 back = time.monotonic() - killed
                 break
             time.sleep(0.5)
-        print(f"2. a worker killed with SIGKILL, {hosts * 8:,} GPUs at 1 Hz, two workers: lag before {median(before):.0f} "
-              f"messages, at worst {worst}; back under {normal:.0f} after "
-              + (f"{back:.1f} s" if back else "more than 180 s")
-              + " (the group notices after the session timeout, 10 s, then restores the partitions)")
+        print(
+            f"2. a worker killed with SIGKILL, {hosts * 8:,} GPUs at 1 Hz, two workers: "
+            f"lag before {median(before):.0f} "
+            f"messages, at worst {worst}; back under {normal:.0f} after "
+            + (f"{back:.1f} s" if back else "more than 180 s")
+            + " (the group notices after the session timeout, 10 s, then restores the partitions)"
+        )
     finally:
         stop_load.set()
         thread.join(60)

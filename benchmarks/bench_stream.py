@@ -186,7 +186,9 @@ def against(bootstrap, data_dir, rev: str, repeat: int, ticks: int, send_every: 
     topic = prefix + GPU_SAMPLES.name
     producer = Producer(producer_config(bootstrap, **{"linger.ms": 50}))
     agents = AgentSends(fleet_10k(), 1_767_225_600_000, send_every)
-    total = sum(produce(producer, topic, agents.tick(t)) for t in range(ticks)) + produce(producer, topic, agents.rest())
+    total = sum(produce(producer, topic, agents.tick(t)) for t in range(ticks)) + produce(
+        producer, topic, agents.rest()
+    )
     producer.flush(60)
     per_message = 10_000 * ticks / total
     tree = data_dir / "against"
@@ -243,7 +245,9 @@ def throughput(bootstrap, data_dir, ticks, send_every=1, fmt="columns", py_spy: 
     topic = prefix + GPU_SAMPLES.name
     producer = Producer(producer_config(bootstrap, **{"linger.ms": 50}))
     agents = AgentSends(fleet_10k(), 1_767_225_600_000, send_every, fmt)
-    total = sum(produce(producer, topic, agents.tick(t)) for t in range(ticks)) + produce(producer, topic, agents.rest())
+    total = sum(produce(producer, topic, agents.tick(t)) for t in range(ticks)) + produce(
+        producer, topic, agents.rest()
+    )
     producer.flush(60)
     per_message = 10_000 * ticks / total  # samples per message; rates below are in samples/s
     print(f"throughput: {10_000 * ticks:,} samples of 10,000 GPUs x {ticks} ticks in {total:,} messages "
@@ -256,8 +260,22 @@ def throughput(bootstrap, data_dir, ticks, send_every=1, fmt="columns", py_spy: 
     proc = worker(bootstrap, prefix, data_dir, "tp-worker", "--idle-partition-s", "3600")
     spy = None
     if py_spy:  # where the worker's time goes: collapsed stacks, one line per stack
-        spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(proc.pid), "--format", "raw", "--rate", "200",
-                                "--output", str(py_spy), "--nonblocking"], stdout=subprocess.DEVNULL)
+        spy = subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "py-spy"),
+                "record",
+                "--pid",
+                str(proc.pid),
+                "--format",
+                "raw",
+                "--rate",
+                "200",
+                "--output",
+                str(py_spy),
+                "--nonblocking",
+            ],
+            stdout=subprocess.DEVNULL,
+        )
     try:
         ours = rate_from_commits(bootstrap, "tp-worker", topic, GPU_SAMPLES.partitions, total, proc) * per_message
     finally:
@@ -347,8 +365,20 @@ def alert_latency(bootstrap, data_dir, window_s=10.0, min_s=20.0, send_every=1) 
                              topic_prefix=prefix)
     stop_notifier = threading.Event()
     threading.Thread(target=notifier.run, args=(stop_notifier,), daemon=True).start()
-    proc = worker(bootstrap, prefix, data_dir, "lat-worker", "--window-s", str(window_s), "--lateness-s", str(send_every + 2),
-                  "--detector-min-s", str(min_s), "--idle-partition-s", "5")
+    proc = worker(
+        bootstrap,
+        prefix,
+        data_dir,
+        "lat-worker",
+        "--window-s",
+        str(window_s),
+        "--lateness-s",
+        str(send_every + 2),
+        "--detector-min-s",
+        str(min_s),
+        "--idle-partition-s",
+        "5",
+    )
     time.sleep(8)  # the worker joins its group before the first sample
     producer = Producer(producer_config(bootstrap))
     start_ms = int(time.time() * 1000)

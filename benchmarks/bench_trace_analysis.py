@@ -68,7 +68,8 @@ r = analyze_file(sys.argv[1])
 print(json.dumps({"kernel_us": r["kernel_time_us"], "idle_us": r["idle_time_us"], "compute_us": r["compute_time_us"],
   "non_compute_us": r["non_compute_time_us"],
   "overlap_pct": None if r["comp_comm_overlap_pct"] is None else round(r["comp_comm_overlap_pct"], 2),
-  "idle_by_stream": {str(s["stream"]): [s["host_wait_us"], s["kernel_wait_us"], s["other_us"]] for s in r["idle_by_stream"]},
+  "idle_by_stream": {str(s["stream"]): [s["host_wait_us"], s["kernel_wait_us"], s["other_us"]]
+                     for s in r["idle_by_stream"]},
   "launches": r["launches"], "launch_delay_total_us": r["launch_delay_total_us"],
   "kernel_types": {k["kernel_type"]: k["time_us"] for k in r["kernel_types"]},
   "memory_bw_samples": {m["kind"]: m["bw_samples"] for m in r["memory_copies"] if m["bw_samples"]},
@@ -89,7 +90,8 @@ idle = a.get_idle_time_breakdown(visualize=False)
 idle = idle[0] if isinstance(idle, tuple) else idle
 by_stream = {}
 for _, row in idle.iterrows():
-    by_stream.setdefault(str(int(row["stream"])), [0.0, 0.0, 0.0])[["host_wait", "kernel_wait", "other"].index(row["idle_category"])] = float(row["idle_time"])
+    cause = ["host_wait", "kernel_wait", "other"].index(row["idle_category"])
+    by_stream.setdefault(str(int(row["stream"])), [0.0, 0.0, 0.0])[cause] = float(row["idle_time"])
 ls = a.get_cuda_kernel_launch_stats(visualize=False)[0]
 kt, _ = a.get_gpu_kernel_breakdown(visualize=False)
 bw = a.get_memory_bw_summary()
@@ -137,7 +139,8 @@ if "hta_error" in cp:
 b = cp["bound_by"]
 print(json.dumps({"steps": 1, "path_us": cp["path_us"], "cpu_us": b.get("cpu_bound", 0),
   "gpu_compute_us": b.get("gpu_compute_bound", 0), "communication_us": b.get("gpu_communication_bound", 0),
-  "launch_overhead_us": b.get("gpu_kernel_launch_overhead", 0), "kernel_gap_us": b.get("gpu_kernel_kernel_overhead", 0)}))
+  "launch_overhead_us": b.get("gpu_kernel_launch_overhead", 0),
+  "kernel_gap_us": b.get("gpu_kernel_kernel_overhead", 0)}))
 """
 
 
@@ -217,8 +220,13 @@ def main() -> None:
     parser.add_argument("traces", nargs="*", type=Path)
     parser.add_argument("--scale", type=int, default=0, help="also run on a trace this many times the largest")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each side per trace (medians are printed)")
-    parser.add_argument("--synthetic", type=int, default=0, metavar="STEPS",
-                        help="also run on synthetic traces of this many steps (NCCL on five streams; CPU-operator heavy)")
+    parser.add_argument(
+        "--synthetic",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="also run on synthetic traces of this many steps (NCCL on five streams; CPU-operator heavy)",
+    )
     parser.add_argument("--dense-steps", type=int, default=0, metavar="STEPS",
                         help="also run on the kernels-and-launches synthetic trace of this many steps (800: about "
                              "the size of --scale 10's trace)")
@@ -367,7 +375,10 @@ def _differing(ours: dict, theirs: dict) -> int:
         if a is None or b is None:
             return a is b
         return a == b or abs(a - b) <= 1e-9 * max(abs(a), abs(b))
-    return sum(1 for k in ours.keys() | theirs.keys() if k not in ours or k not in theirs or not close(ours[k], theirs[k]))
+
+    return sum(
+        1 for k in ours.keys() | theirs.keys() if k not in ours or k not in theirs or not close(ours[k], theirs[k])
+    )
 
 
 def alternately(ours_code: str, hta_code: str, trace: Path, repeat: int, have_hta: bool, tmp: Path,
@@ -387,11 +398,13 @@ def critical_path_lines(trace: Path, repeat: int, have_hta: bool, tmp: Path) -> 
     if have_hta:
         line += f"\n    HTA 0.5.0 (first step): {hta}"
         if not hta.error and not ours.error:
-            line += f"\n    ratio (medians): {hta.wall / ours.wall:5.1f}x faster, {ours.peak / hta.peak:5.2f} of HTA's memory"
+            line += (f"\n    ratio (medians): {hta.wall / ours.wall:5.1f}x faster, "
+                     f"{ours.peak / hta.peak:5.2f} of HTA's memory")
             for key in ("path_us", "cpu_us", "gpu_compute_us", "communication_us", "launch_overhead_us",
                         "kernel_gap_us"):
                 same = "same" if ours.result[key] == hta.result[key] else "DIFFERENT"
-                line += f"\n      first step {key:20s} gpufleet {ours.result[key]!s:>10}  HTA {hta.result[key]!s:>10}  {same}"
+                line += (f"\n      first step {key:20s} gpufleet {ours.result[key]!s:>10}  "
+                         f"HTA {hta.result[key]!s:>10}  {same}")
     return line
 
 

@@ -231,6 +231,29 @@ def wait_until(predicate, timeout: float, what: str) -> None:
     raise TimeoutError(f"{what}: not within {timeout:g} s")
 
 
+def inject(kind: str, rng: random.Random, down: float, data: Path, sinks: Sinks, processes: dict) -> str:
+    """Kill one component of ``kind`` (a random broker, sink or worker of ``processes[kind]``),
+    wait ``down`` seconds and start it again; what was killed."""
+    if kind == "broker":
+        node = rng.randint(1, 3)
+        local_kafka.kill_node(data / "kafka", node, signal.SIGKILL)
+        time.sleep(down)
+        local_kafka.start_node(data / "kafka", node, partitions=PARTITIONS, heap="384m")
+        local_kafka.wait_for(data / "kafka", 180)
+        return f"broker {node}"
+    if kind == "sink":
+        i = rng.randrange(len(sinks.running))
+        sinks.kill(i)
+        time.sleep(down)
+        sinks.start()
+        return f"sink {i + 1} (between an insert and its commit)"
+    target = rng.choice(processes[kind]) if kind == "worker" else processes[kind][0]
+    target.kill()
+    time.sleep(down)
+    target.start()
+    return target.name
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=30.0)
@@ -303,25 +326,8 @@ def main() -> int:
             kind = kinds[len(faults) % len(kinds)] if len(faults) < len(kinds) else rng.choice(kinds)
             down = rng.uniform(5, 20)
             at = time.monotonic() - t0
-            if kind == "broker":
-                node = rng.randint(1, 3)
-                local_kafka.kill_node(data / "kafka", node, signal.SIGKILL)
-                time.sleep(down)
-                local_kafka.start_node(data / "kafka", node, partitions=PARTITIONS, heap="384m")
-                local_kafka.wait_for(data / "kafka", 180)
-                what = f"broker {node}"
-            elif kind == "sink":
-                i = rng.randrange(len(sinks.running))
-                sinks.kill(i)
-                time.sleep(down)
-                sinks.start()
-                what = f"sink {i + 1} (between an insert and its commit)"
-            else:
-                target = {"worker": rng.choice(workers), "notifier": notifier, "enforcer": enforcer}[kind]
-                target.kill()
-                time.sleep(down)
-                target.start()
-                what = target.name
+            what = inject(kind, rng, down, data, sinks, {"worker": workers, "notifier": [notifier],
+                                                         "enforcer": [enforcer]})
             faults.append((at, what, down))
             print(f"[{at:7.1f} s] killed {what}, down {down:.1f} s; {len(published):,} samples published", flush=True)
     finally:
@@ -383,7 +389,9 @@ def main() -> int:
         resolved = {a["alert_id"] for a in alerts if a["status"] == "RESOLVED"} & firing
         sent = Counter((a["alert_id"], a["status"]) for a in Webhook.received)
         twice = {k: n for k, n in sent.items() if n > 1}
-        missing = {a for a in firing if (a, "FIRING") not in sent} | {a for a in resolved if (a, "RESOLVED") not in sent}
+        missing = {a for a in firing if (a, "FIRING") not in sent} | {
+            a for a in resolved if (a, "RESOLVED") not in sent
+        }
         ok = not twice and not missing and bool(firing)
         violations += not ok
         print(f"3. alerts: {len(firing)} episodes fired, {len(resolved)} resolved; notified {sent_kinds(sent)}; "

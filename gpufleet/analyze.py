@@ -158,7 +158,8 @@ def _top_kernel(k: dict) -> str:
 def _copy(m: dict) -> str:
     achieved = "n/a" if m["achieved_gbps"] is None else f"{m['achieved_gbps']:.2f} GB/s"
     concurrent = "" if not m["bw_samples"] else f"; {m['bw_mean_gbps']:.2f} / {m['bw_max_gbps']:.2f} GB/s"
-    return f"{m['kind']:<15} {m['copies']:>7} {m['bytes'] / 1e6:10.1f} MB {m['time_us'] / 1e3:10.3f} ms {achieved}{concurrent}"
+    return (f"{m['kind']:<15} {m['copies']:>7} {m['bytes'] / 1e6:10.1f} MB {m['time_us'] / 1e3:10.3f} ms "
+            f"{achieved}{concurrent}")
 
 
 def _annotation(a: dict) -> str:
@@ -287,10 +288,12 @@ def format_job(job: dict) -> str:
         return "n/a" if v is None else format(v, fmt)
 
     for r in job["ranks"]:
-        lines.append(f"  {r['rank']:>5} {num(r['gpu_time_per_step_us'] and r['gpu_time_per_step_us'] / 1e3, '.3f'):>12} "
-                     f"{num(r['idle_pct'], '.1f'):>7} {num(r['compute_pct'], '.1f'):>7} "
-                     f"{r['communication_us'] / 1e3:>9.3f} {num(r['overlap_pct'], '.1f'):>9} "
-                     f"{r['came_last']:>9} {r['waited_us'] / 1e3:>10.3f} {r['others_waited_us'] / 1e3:>16.3f}")
+        lines.append(
+            f"  {r['rank']:>5} {num(r['gpu_time_per_step_us'] and r['gpu_time_per_step_us'] / 1e3, '.3f'):>12} "
+            f"{num(r['idle_pct'], '.1f'):>7} {num(r['compute_pct'], '.1f'):>7} "
+            f"{r['communication_us'] / 1e3:>9.3f} {num(r['overlap_pct'], '.1f'):>9} "
+            f"{r['came_last']:>9} {r['waited_us'] / 1e3:>10.3f} {r['others_waited_us'] / 1e3:>16.3f}"
+        )
     paths = [(r["rank"], r["critical_path"]) for r in job["ranks"] if r.get("critical_path")]
     if paths:
         lines.append(f"  critical path per rank: {'rank':>5} {'ms/step':>9} {'CPU %':>6} {'GPU %':>6} {'comm %':>6} "

@@ -143,7 +143,9 @@ EXAMPLE_SQL = ("SELECT workflow_id, owner, detector, severity, status, round(was
 def _self_command(data_dir: Path) -> str:
     """How the user can call gpufleet again: the way they called it, with the same data dir."""
     exe = sys.argv[0]
-    cmd = shlex.quote(os.path.abspath(exe)) if exe.endswith("gpufleet") else f"{shlex.quote(sys.executable)} -m gpufleet"
+    cmd = (
+        shlex.quote(os.path.abspath(exe)) if exe.endswith("gpufleet") else f"{shlex.quote(sys.executable)} -m gpufleet"
+    )
     return cmd + f" --data-dir {shlex.quote(str(data_dir.resolve()))}"  # from any directory
 
 

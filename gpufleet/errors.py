@@ -44,18 +44,8 @@ def explain(exc: BaseException) -> tuple[int, str]:
         return RUNTIME, _one_line(exc)
     if isinstance(exc, ValueError):
         return USAGE, _one_line(exc)
-    if isinstance(exc, FileNotFoundError):
-        return USAGE, f"no such file or directory: {exc.filename}" + (f" (and {exc.filename2})" if exc.filename2 else "")
-    if isinstance(exc, IsADirectoryError):
-        return USAGE, f"a directory where a file is needed: {exc.filename}"
-    if isinstance(exc, NotADirectoryError):
-        return USAGE, f"a file where a directory is needed: {exc.filename}"
-    if isinstance(exc, PermissionError):
-        return USAGE, f"permission denied: {exc.filename or exc.strerror}"
-    if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
-        return RUNTIME, "the address is already in use: another process listens on that port; choose another"
-    if isinstance(exc, OSError) and exc.errno == errno.EADDRNOTAVAIL:
-        return RUNTIME, "that address is not one of this machine's: choose another host to listen on"
+    if isinstance(exc, OSError):
+        return _os_error(exc)
     if isinstance(exc, KafkaException):
         error = exc.args[0] if exc.args else None
         return RUNTIME, f"Kafka: {error.str() if hasattr(error, 'str') else exc}"
@@ -67,11 +57,29 @@ def explain(exc: BaseException) -> tuple[int, str]:
             what = said.split("DB::Exception: ")[-1].split(" (")[0]
             return RUNTIME, f"ClickHouse: {what}: the sink makes it when it starts (gpufleet sink, or make demo)"
         return RUNTIME, f"ClickHouse: {said}"
-    if isinstance(exc, ConnectionError | TimeoutError):
-        return RUNTIME, f"{exc.strerror or exc}" if isinstance(exc, OSError) else str(exc)
-    if isinstance(exc, OSError):
-        return RUNTIME, f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
     return RUNTIME, f"unexpected {type(exc).__name__}: {_one_line(exc)} (run with --debug for the traceback)"
+
+
+def _os_error(exc: OSError) -> tuple[int, str]:
+    """A file the user named that is missing or of the wrong kind (usage), or a port, an address
+    or a connection that failed (runtime)."""
+    if isinstance(exc, FileNotFoundError):
+        return USAGE, f"no such file or directory: {exc.filename}" + (
+            f" (and {exc.filename2})" if exc.filename2 else ""
+        )
+    if isinstance(exc, IsADirectoryError):
+        return USAGE, f"a directory where a file is needed: {exc.filename}"
+    if isinstance(exc, NotADirectoryError):
+        return USAGE, f"a file where a directory is needed: {exc.filename}"
+    if isinstance(exc, PermissionError):
+        return USAGE, f"permission denied: {exc.filename or exc.strerror}"
+    if exc.errno == errno.EADDRINUSE:
+        return RUNTIME, "the address is already in use: another process listens on that port; choose another"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return RUNTIME, "that address is not one of this machine's: choose another host to listen on"
+    if isinstance(exc, ConnectionError | TimeoutError):
+        return RUNTIME, f"{exc.strerror or exc}"
+    return RUNTIME, f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
 
 
 def _one_line(exc: BaseException) -> str:

@@ -48,8 +48,9 @@ def waterfalls(rows: list[tuple], rates: Rates) -> tuple[Waterfall, list[Waterfa
         for target in (fleet, group):
             for b, (seconds, joules) in zip(BUCKETS, zip(pairs[::2], pairs[1::2])):
                 target.buckets[b].add(seconds, joules, price, intensity)
-            target.buckets["unclassified"].add(unclassified_s, max(0.0, energy_j - classified_j) if unclassified_s else 0.0,
-                                               price, intensity)
+            target.buckets["unclassified"].add(
+                unclassified_s, max(0.0, energy_j - classified_j) if unclassified_s else 0.0, price, intensity
+            )
     return fleet, sorted(groups.values(), key=lambda w: -w.allocated.gpu_seconds)
 
 

@@ -99,7 +99,9 @@ def main(argv: list[str] | None = None, nvml=None) -> int:
         load = subprocess.Popen([sys.executable, "-c", LOAD, str(args.seconds)], env=env)
         print(f"load running as pid {load.pid} (workflow nvml-check)")
     attributor = ProcessAttributor()
-    seen: dict[str, dict] = {r.uuid: {"util": [], "sm_active": [], "power": [], "workflows": set()} for r in sampler.tick()}
+    seen: dict[str, dict] = {
+        r.uuid: {"util": [], "sm_active": [], "power": [], "workflows": set()} for r in sampler.tick()
+    }
     t_end = time.monotonic() + args.seconds
     ticks = 0
     tick_s: list[float] = []

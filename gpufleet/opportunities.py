@@ -74,7 +74,8 @@ def opportunities_sql(database: str, by: str, since_s: float | None, examples: i
         FROM {database}.waste AS loss
         LEFT JOIN (
             SELECT workflow_id,
-                   argMax(concat(ifNull(framework, ''), if(framework_version IS NULL, '', concat(' ', framework_version))),
+                   argMax(concat(ifNull(framework, ''),
+                                 if(framework_version IS NULL, '', concat(' ', framework_version))),
                           event_time) AS framework,
                    argMax(model, event_time) AS model, argMax(cluster, event_time) AS cluster
             FROM {database}.workflows GROUP BY workflow_id
@@ -83,7 +84,7 @@ def opportunities_sql(database: str, by: str, since_s: float | None, examples: i
             SELECT workflow_id, argMax(gpu_model, gpu_seconds) AS gpu_model
             FROM {database}.gpu_hours_hourly GROUP BY workflow_id
         ) AS hw ON hw.workflow_id = loss.workflow_id
-        WHERE {' AND '.join(where)}
+        WHERE {" AND ".join(where)}
         GROUP BY workflow_id, cause
     )
     GROUP BY key, cause

@@ -141,13 +141,7 @@ def profile(bootstrap: str, workflow_id: str, hosts: list[str], steps: int | Non
                 break
     finally:
         consumer.close()
-    outcome.failed.update(host_failed)
-    for h in hosts:
-        if h not in host_failed and not ranks.get(h):
-            outcome.failed[h] = "the host never answered (is gpufleet agent running there?)"
-        for rank, state in ranks.get(h, {}).items():
-            if state not in FINAL:
-                outcome.failed.setdefault(f"{h} rank {rank}", f"still {state.lower()} at the deadline")
+    _unfinished(outcome, hosts, ranks, host_failed)
     traces = {s["trace_id"] for s in outcome.statuses if s["state"] == "ANALYSED"}
     if traces:
         outcome.analyses = [r for n, r in _read_all(bootstrap, prefix + TRACE_ANALYSES.name,
@@ -157,3 +151,16 @@ def profile(bootstrap: str, workflow_id: str, hosts: list[str], steps: int | Non
                                                     starts[FINDINGS.name])
                             if n == "Finding" and r["trace_id"] in traces]
     return outcome
+
+
+def _unfinished(outcome: Outcome, hosts: list[str], ranks: dict[str, dict[int, str]],
+                host_failed: dict[str, str]) -> None:
+    """What failed, at the end: the hosts that said so, those that never answered, and the ranks
+    still running at the deadline."""
+    outcome.failed.update(host_failed)
+    for h in hosts:
+        if h not in host_failed and not ranks.get(h):
+            outcome.failed[h] = "the host never answered (is gpufleet agent running there?)"
+        for rank, state in ranks.get(h, {}).items():
+            if state not in FINAL:
+                outcome.failed.setdefault(f"{h} rank {rank}", f"still {state.lower()} at the deadline")

@@ -4,10 +4,11 @@ Charts are inline SVG drawn by matplotlib (no scripts, fonts or images fetched),
 can be mailed, attached to a ticket or opened offline. matplotlib rather than a JavaScript
 grammar such as Vega-Lite: it renders SVG itself, offline, in-process and without a browser
 engine (vl-convert carries one), and its constrained layout keeps every tick, value and legend
-inside the drawing (the hand-drawn charts cut the value over the tallest bar). The charts: the utilisation distribution of workflow
-windows, wasted GPU-hours over time by team, the goodput waterfall (where the allocated
-GPU-hours went) by team and over time, the hardware MFU estimate of the windows (tensor-core
-activity, where the GPUs report it), the top opportunities, and alerts per detector.
+inside the drawing (the hand-drawn charts cut the value over the tallest bar). The charts: the
+utilisation distribution of workflow windows, wasted GPU-hours over time by team, the goodput
+waterfall (where the allocated GPU-hours went) by team and over time, the hardware MFU estimate
+of the windows (tensor-core activity, where the GPUs report it), the top opportunities, and
+alerts per detector.
 """
 
 from __future__ import annotations
@@ -196,12 +197,19 @@ def gather(client: Client, database: str, since: str) -> dict:
     allocated, wasted_h, startup, idle, productive, unclassified, workflows = (float(v or 0) for v in totals)
     return {
         "goodput_by_team": [(team or "(no team)", [float(v) for v in values]) for team, *values in by_team],
-        "goodput_by_hour": [(period.strftime("%m-%d %H:%M"), [float(v) for v in values]) for period, *values in by_hour],
+        "goodput_by_hour": [
+            (period.strftime("%m-%d %H:%M"), [float(v) for v in values]) for period, *values in by_hour
+        ],
         "mfu_distribution": [mfu_counts.get(b, 0) for b in range(10)],
-        "windows_without_gpm": int(no_gpm[0] or 0), "windows": int(no_gpm[1] or 0),
+        "windows_without_gpm": int(no_gpm[0] or 0),
+        "windows": int(no_gpm[1] or 0),
         "since": since,
-        "allocated_gpu_hours": allocated, "wasted_gpu_hours": wasted_h, "startup_gpu_hours": startup,
-        "idle_gpu_hours": idle, "productive_gpu_hours": productive, "unallocated_gpu_hours": float(unallocated or 0),
+        "allocated_gpu_hours": allocated,
+        "wasted_gpu_hours": wasted_h,
+        "startup_gpu_hours": startup,
+        "idle_gpu_hours": idle,
+        "productive_gpu_hours": productive,
+        "unallocated_gpu_hours": float(unallocated or 0),
         "goodput_pct": 100 * productive / (allocated - unclassified) if allocated - unclassified > 0 else 0.0,
         "utilisation_pct": float(utilisation) if utilisation is not None and math.isfinite(utilisation) else 0.0,
         "workflows": int(workflows),
@@ -234,7 +242,8 @@ body {{ font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width:
 .tile {{ background: #f3f5f9; border-radius: 6px; padding: 0.8em 1.2em; min-width: 10em; }}
 .tile b {{ display: block; font-size: 1.6em; }}
 .grid {{ display: grid; grid-template-columns: repeat(auto-fit, minmax(600px, 1fr)); gap: 1.5em; }}
-table {{ border-collapse: collapse; font-size: 0.9em; }} th, td {{ border-bottom: 1px solid #ddd; padding: 4px 8px; text-align: left; }}
+table {{ border-collapse: collapse; font-size: 0.9em; }}
+th, td {{ border-bottom: 1px solid #ddd; padding: 4px 8px; text-align: left; }}
 .empty {{ color: #888; font-style: italic; }}
 </style></head><body>
 <h1>{_esc(title)}</h1>

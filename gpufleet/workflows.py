@@ -17,10 +17,13 @@ from schemas.vocabulary import ALLOCATED, JOBS, WASTED
 
 
 def list_workflows(client: Client, database: str, since_minutes: float = 1440) -> tuple[list[str], list[tuple]]:
-    return run_query(client, f"""
+    return run_query(
+        client,
+        f"""
         WITH windows AS (
             SELECT * FROM {database}.workflow_windows FINAL
-            WHERE window_end >= (SELECT max(window_end) FROM {database}.workflow_windows) - INTERVAL {int(since_minutes)} MINUTE
+            WHERE window_end >= (SELECT max(window_end) FROM {database}.workflow_windows)
+                                - INTERVAL {int(since_minutes)} MINUTE
                   AND {JOBS}
         ),
         firing AS (
@@ -37,7 +40,8 @@ def list_workflows(client: Client, database: str, since_minutes: float = 1440) -
         FROM windows AS w LEFT JOIN firing AS f ON f.workflow_id = w.workflow_id
         GROUP BY w.workflow_id
         ORDER BY wasted_gpu_hours DESC, workflow
-    """)
+    """,
+    )
 
 
 def workflow_timeline(client: Client, database: str, workflow_id: str) -> tuple[list[str], list[tuple]]:

@@ -34,7 +34,9 @@ def job_of(info: ProcessInfo, jobs: list[Allocation]) -> Allocation | None:
     learnt, a process in a pod's cgroup is the pod's: the device plugin shows a GPU to the
     containers it was given to alone. None: a foreign process."""
     for a in jobs:
-        if info.workflow_id == a.workflow_id or (info.scheduler_job_id is not None and info.scheduler_job_id == a.job_id):
+        if info.workflow_id == a.workflow_id or (
+            info.scheduler_job_id is not None and info.scheduler_job_id == a.job_id
+        ):
             return a
     if len(jobs) == 1 and (info.workflow_id == UNATTRIBUTED or (
             jobs[0].scheduler == KUBERNETES and info.source == "k8s-cgroup" and "/" in jobs[0].job_id)):

@@ -82,7 +82,9 @@ class ApiServerPods:
 
 
 def _strings(value) -> dict[str, str]:
-    return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(value, dict) else {}
+    return (
+        {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(value, dict) else {}
+    )
 
 
 class KubeletAllocations:

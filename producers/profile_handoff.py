@@ -32,7 +32,9 @@ class HandoffError(RuntimeError):
 
 
 def default_dir() -> Path:
-    return Path(os.environ.get("GPUFLEET_PROFILE_DIR") or Path(tempfile.gettempdir()) / f"gpufleet-profile-{os.getuid()}")
+    return Path(
+        os.environ.get("GPUFLEET_PROFILE_DIR") or Path(tempfile.gettempdir()) / f"gpufleet-profile-{os.getuid()}"
+    )
 
 
 def private_dir(path: Path) -> Path:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import gc
 import math
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from itertools import compress
 from pathlib import Path
@@ -35,6 +35,7 @@ from producers.trace_events import SYNC_CODE, Columns, EventList
 from producers.trace_json import (
     NO_ARGS,
     Args,
+    Event,
     TraceDamaged,
     TraceError,
     Unusable,
@@ -137,17 +138,7 @@ def read_trace(path: str | Path, cpu_ops: bool = False) -> TraceRead:
     analyses only a few)."""
     path = Path(path)
     result = TraceRead(str(path))
-
-    # One pass: candidate records with raw times, plus what the loading rules need globally.
-    any_float = False
-    steps: dict[str, list[float]] = {}
-    cpu_corr_ts: dict[int, float] = {}
-    names: dict[str, str] = {}
-    tids: dict[Any, int] = {}
-    rows = Columns()
-    memory = _MemoryPeaks()
-    skipped = Skipped()
-    seen = 0
+    read = _Read(cpu_ops)
     try:
         with open_trace(path) as fh, no_cycle_collection():
             head = fh.read(1 << 16)  # a file cut short or corrupt here: no event read, a TraceError below
@@ -158,9 +149,60 @@ def read_trace(path: str | Path, cpu_ops: bool = False) -> TraceRead:
             props = meta.get("deviceProperties")
             if isinstance(props, list):
                 result.device_properties = props
-            # The hot loop of the analysis (one pass per event): kept flat on purpose.
-            kinds, no_args = KIND_BY_CAT, NO_ARGS
-            for block in event_blocks(fh, head, path):
+            read.events(event_blocks(fh, head, path), result.flops)
+    except (TraceDamaged, EOFError, OSError) as exc:
+        result.partial = True
+        result.error = f"trace damaged after {read.seen} events: {exc}"
+    if read.seen == 0 and result.partial:
+        raise TraceError(f"{path}: no event could be read ({result.error})")
+    rows = read.rows
+    if read.skipped.items and not len(rows):
+        raise TraceError(f"{path}: no usable event: {read.skipped}")
+    result.events_seen = read.seen
+    result.skipped = read.skipped.as_record()
+    if read.memory.peak:
+        device, peak = max(read.memory.peak.items(), key=lambda kv: kv[1])
+        result.memory_peak_bytes = peak
+        result.memory_total_bytes = next(
+            (p.get("totalGlobalMem") for p in result.device_properties if p.get("id") == device), None)
+
+    devices = Counter(d for d in compress(rows.device, rows.gpu) if d >= 0)
+    result.gpu_name = _gpu_name(result.device_properties, devices.most_common(1)[0][0] if devices else None)
+    result.rounded = read.any_float
+    result.sync_events = rows.kind.count(SYNC_CODE)
+    rows.whole_times(rounded=read.any_float)
+    keep = range(len(rows))
+    if len(read.steps) >= 2:
+        keep = _before_last_step(rows, read.steps, read.cpu_corr_ts, read.any_float)
+        result.last_step_dropped = True
+    result.events = EventList.in_start_order(rows, keep, nested=cpu_ops)
+    return result
+
+
+class _Read:
+    """One pass over a trace's events: the rows kept, with raw times, and what the loading rules
+    need of the whole trace (any float time; the profiler steps; each correlation's first CPU
+    time), the memory peaks, and the items skipped."""
+
+    def __init__(self, cpu_ops: bool) -> None:
+        self.cpu_ops = cpu_ops
+        self.any_float = False
+        self.steps: dict[str, list[float]] = {}
+        self.cpu_corr_ts: dict[int, float] = {}
+        self.rows = Columns()
+        self.memory = _MemoryPeaks()
+        self.skipped = Skipped()
+        self.seen = 0
+
+    def events(self, blocks: Iterator[Iterable[Event]], flops: dict[str, int]) -> None:
+        """The hot loop of the analysis (one pass per event): kept flat on purpose, its locals in
+        local variables; a CPU operator it may keep is left to a call."""
+        kinds, no_args, rows, steps, cpu_corr_ts = KIND_BY_CAT, NO_ARGS, self.rows, self.steps, self.cpu_corr_ts
+        names: dict[str, str] = {}
+        tids: dict[Any, int] = {}
+        seen, any_float, keep_all = self.seen, self.any_float, self.cpu_ops
+        try:
+            for block in blocks:
                 for e in block:
                     seen += 1
                     ts = e.ts
@@ -169,20 +211,17 @@ def read_trace(path: str | Path, cpu_ops: bool = False) -> TraceRead:
                     cat = e.cat
                     if ts is None or cat is None or cat == "Trace" or e.dur is None:
                         if e.name == "[memory]":
-                            memory.add(e.args or no_args)
+                            self.memory.add(e.args or no_args)
                         elif type(e) is Unusable:
-                            skipped.add(seen - 1, e.why)
+                            self.skipped.add(seen - 1, e.why)
                         continue
                     args = e.args or no_args
                     stream = args.stream
-                    if type(stream) is not int:
-                        stream = to_int(stream)
+                    stream = stream if type(stream) is int else to_int(stream)
                     corr = args.correlation
-                    if type(corr) is not int:
-                        corr = to_int(corr)
+                    corr = corr if type(corr) is int else to_int(corr)
                     name = e.name
-                    if type(name) is not str:
-                        name = "" if name is None else str(name)
+                    name = name if type(name) is str else ("" if name is None else str(name))
                     # (endswith first: hashing every CPU operator's long name for the set costs more)
                     gpu_side = (stream >= 0 and corr >= 0) or (name.endswith("Sync")
                                                                 and name in DEVICE_SYNC_NAMES)
@@ -196,46 +235,28 @@ def read_trace(path: str | Path, cpu_ops: bool = False) -> TraceRead:
                                 cpu_corr_ts[corr] = ts
                         if kind is None and stream < 0:
                             continue  # flow events, python functions...: not used by the analysis
-                        op = None
-                        if kind == "cpu_op" and args.flops is not None:
-                            op = _add_flops(result.flops, args.flops, args.input_type)
-                        if (kind == "cpu_op" or kind == "annotation") and op is None \
-                                and "ProfilerStep" not in name and "DataLoader" not in name \
-                                and cat != "gpu_user_annotation" and not cpu_ops:
-                            continue  # CPU ops the analysis does not use
-                        if op is not None:  # an operator that counts its FLOPs: kept for the roofline
-                            rows.add(e, kind, name, args, stream, corr, False, names, tids)
-                            rows.extras[len(rows) - 1] = {
-                                "flops": op[0], "precision": op[1],
-                                "op_bytes": operator_bytes(name, args.input_dims, args.input_type)}
+                        if kind == "cpu_op" or kind == "annotation":
+                            if args.flops is None and not keep_all and "ProfilerStep" not in name \
+                                    and "DataLoader" not in name and cat != "gpu_user_annotation":
+                                continue  # CPU ops the analysis does not use
+                            self._cpu_op(e, kind, name, args, stream, corr, flops, names, tids)
                             continue
                     rows.add(e, kind, name, args, stream, corr, gpu_side, names, tids)
-    except (TraceDamaged, EOFError, OSError) as exc:
-        result.partial = True
-        result.error = f"trace damaged after {seen} events: {exc}"
-    if seen == 0 and result.partial:
-        raise TraceError(f"{path}: no event could be read ({result.error})")
-    if skipped.items and not len(rows):
-        raise TraceError(f"{path}: no usable event: {skipped}")
-    result.events_seen = seen
-    result.skipped = skipped.as_record()
-    if memory.peak:
-        device, peak = max(memory.peak.items(), key=lambda kv: kv[1])
-        result.memory_peak_bytes = peak
-        result.memory_total_bytes = next(
-            (p.get("totalGlobalMem") for p in result.device_properties if p.get("id") == device), None)
+        finally:
+            self.seen, self.any_float = seen, any_float
 
-    devices = Counter(d for d in compress(rows.device, rows.gpu) if d >= 0)
-    result.gpu_name = _gpu_name(result.device_properties, devices.most_common(1)[0][0] if devices else None)
-    result.rounded = any_float
-    result.sync_events = rows.kind.count(SYNC_CODE)
-    rows.whole_times(rounded=any_float)
-    keep = range(len(rows))
-    if len(steps) >= 2:
-        keep = _before_last_step(rows, steps, cpu_corr_ts, any_float)
-        result.last_step_dropped = True
-    result.events = EventList.in_start_order(rows, keep, nested=cpu_ops)
-    return result
+    def _cpu_op(self, e: Event, kind: str, name: str, args: Args, stream: int, corr: int, flops: dict[str, int],
+                names: dict[str, str], tids: dict[Any, int]) -> None:
+        """A CPU operator or annotation: kept if it counts its FLOPs (for the roofline), if the
+        analyses read it (profiler steps, data loading, the GPU's annotations) or if every CPU
+        operator is kept (``cpu_ops``)."""
+        op = _add_flops(flops, args.flops, args.input_type) if kind == "cpu_op" and args.flops is not None else None
+        if op is not None:
+            self.rows.add(e, kind, name, args, stream, corr, False, names, tids)
+            self.rows.extras[len(self.rows) - 1] = {
+                "flops": op[0], "precision": op[1], "op_bytes": operator_bytes(name, args.input_dims, args.input_type)}
+        elif self.cpu_ops or "ProfilerStep" in name or "DataLoader" in name or e.cat == "gpu_user_annotation":
+            self.rows.add(e, kind, name, args, stream, corr, False, names, tids)
 
 
 def _before_last_step(rows: Columns, steps: dict[str, list[float]], cpu_corr_ts: dict[int, float],

@@ -161,7 +161,11 @@ class Spool:
                 p = pos + size
                 raw = data[p:p + tl]
                 topic = topics.get(raw) or topics.setdefault(raw, raw.decode())
-                produce(topic, value=data[p + tl + klen:stop], key=None if kl == _NULL_KEY else data[p + tl:p + tl + klen])
+                produce(
+                    topic,
+                    value=data[p + tl + klen : stop],
+                    key=None if kl == _NULL_KEY else data[p + tl : p + tl + klen],
+                )
                 n += 1
                 pos = stop
             if pos:

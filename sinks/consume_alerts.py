@@ -223,7 +223,9 @@ def enforcement_message(step: dict) -> tuple[str, str] | None:
     when = (datetime.fromtimestamp(action_at / 1000, tz=UTC).strftime("%H:%M UTC")
             if action_at is not None else "soon")
     left = (action_at - step["due_at"]) / 60_000 if action_at is not None else None
-    dry = " This ladder is a dry run: nothing will be done to the job, this is what would be." if step["dry_run"] else ""
+    dry = (
+        " This ladder is a dry run: nothing will be done to the job, this is what would be." if step["dry_run"] else ""
+    )
     kind = step["step"]
     if kind in ("FIRST_WARNING", "SECOND_WARNING"):
         which = "first" if kind == "FIRST_WARNING" else "second and last"

@@ -190,8 +190,11 @@ class ClickHouseSink:
         self.admin = AdminClient(client_config(kafka))
         self.topic_ids: dict[str, str] = {}  # topic -> Kafka's id of it, refreshed on each assignment
         self.samples_topic = topic_prefix + GPU_SAMPLES.name
-        self.columns = (SampleColumnsInsert(writer.client, writer.database, self.codec, writer.retries, writer.backoff_s)
-                        if any(t.topic is GPU_SAMPLES for t in tables) and sample_columns_in_sql else None)
+        self.columns = (
+            SampleColumnsInsert(writer.client, writer.database, self.codec, writer.retries, writer.backoff_s)
+            if any(t.topic is GPU_SAMPLES for t in tables) and sample_columns_in_sql
+            else None
+        )
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         assigned = [(tp.topic, tp.partition) for tp in partitions]

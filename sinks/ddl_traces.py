@@ -23,7 +23,17 @@ MFU_COLUMNS = (("gpu_name", "LowCardinality(Nullable(String))"), ("model_flops",
 # the operators' roofline, the GPU time of the user's annotations, the launch queue per stream and per-step
 # timelines.
 KERNEL_TYPE_FIELDS = ("kernel_type", "time_us", "pct")
-TOP_KERNEL_FIELDS = ("kernel_type", "name", "kernels", "launches", "time_us", "min_us", "max_us", "mean_us", "stddev_us")
+TOP_KERNEL_FIELDS = (
+    "kernel_type",
+    "name",
+    "kernels",
+    "launches",
+    "time_us",
+    "min_us",
+    "max_us",
+    "mean_us",
+    "stddev_us",
+)
 MEMORY_COPY_FIELDS = ("kind", "copies", "bytes", "time_us", "achieved_gbps", "bw_samples", "bw_mean_gbps",
                       "bw_std_gbps", "bw_min_gbps", "bw_p25_gbps", "bw_p50_gbps", "bw_p75_gbps", "bw_max_gbps")
 V4_COLUMNS = (

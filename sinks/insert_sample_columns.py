@@ -230,9 +230,14 @@ def statements(schema: dict, staging: str, database: str, types: dict[str, str])
     for f in (f["name"] for f in schema["fields"]):
         if f in ("kafka_partition", "kafka_offset", "kafka_received_ms", "trailer") or f in SHARED:
             continue
-        present, values[f] = ("1", f) if f not in NULLABLE else (f"NOT isNull({f})", f"tupleElement(assumeNotNull({f}), 'v')")
+        present, values[f] = (
+            ("1", f) if f not in NULLABLE else (f"NOT isNull({f})", f"tupleElement(assumeNotNull({f}), 'v')")
+        )
         reasons.append((f"{present} AND length({values[f]}) != {n}", f"the shape of {f}"))
-        reasons += [(f"{present} AND NOT {check}", f"the values of {f}") for check in _column_checks(f, values[f], types.get(f, ""))]
+        reasons += [
+            (f"{present} AND NOT {check}", f"the values of {f}")
+            for check in _column_checks(f, values[f], types.get(f, ""))
+        ]
     # validate_sample's one rule across two columns
     used_within_total = (f"isNull(memory_used_bytes) OR isNull(memory_total_bytes) OR arrayAll((u, t) -> u <= t, "
                          f"{values['memory_used_bytes']}, {values['memory_total_bytes']})")

@@ -92,7 +92,9 @@ def load_rates(path: Path | None) -> Rates:
         if not isinstance(raw.get(table, {}), dict):
             raise RatesError(f"rates file {path}: {table} must be a table ([{table}] with a number per "
                              f"{'GPU model' if table.startswith('price') else 'cluster'}), not {raw[table]!r}")
-    if not isinstance(raw.get("grid_series", []), list) or not all(isinstance(p, dict) for p in raw.get("grid_series", [])):
+    if not isinstance(raw.get("grid_series", []), list) or not all(
+        isinstance(p, dict) for p in raw.get("grid_series", [])
+    ):
         raise RatesError(f"rates file {path}: grid_series must be [[grid_series]] tables")
     if not isinstance(raw.get("currency", ""), str):
         raise RatesError(f"rates file {path}: currency must be text, such as \"USD\"")
@@ -106,7 +108,9 @@ def load_rates(path: Path | None) -> Rates:
     for i, point in enumerate(raw.get("grid_series", [])):
         start = point.get("start")
         if not isinstance(start, datetime):
-            raise RatesError(f"rates file {path}: grid_series[{i}].start must be a date and time (2026-06-01T00:00:00Z)")
+            raise RatesError(
+                f"rates file {path}: grid_series[{i}].start must be a date and time (2026-06-01T00:00:00Z)"
+            )
         series.append((str(point.get("cluster", "")), start.replace(tzinfo=start.tzinfo or UTC).timestamp(),
                        number(point.get("g_per_kwh"), f"grid_series[{i}].g_per_kwh")))
     return Rates(

@@ -199,7 +199,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     fleet = build_fleet(args.seed, args.hosts, args.gpus_per_host, args.workflows)
     kafka = kafka_connection(args, "agent")
     ensure_topics(kafka, prefix=args.topic_prefix, partitions=args.partitions)
-    start_ms = args.start_ms if args.start_ms is not None else (int(time.time()) // 60 * 60 - int(args.duration_s)) * 1000
+    start_ms = (
+        args.start_ms if args.start_ms is not None else (int(time.time()) // 60 * 60 - int(args.duration_s)) * 1000
+    )
     plan = SimulationPlan(start_ms, int(args.duration_s / args.interval_s), int(args.interval_s * 1000), args.speed)
     progress = run_simulation(fleet, plan, Publisher(kafka, Codec()), topic=args.topic_prefix + GPU_SAMPLES.name)
     print(f"published {progress.samples} samples over {progress.ticks_done} ticks from {fleet.gpu_count} GPUs")

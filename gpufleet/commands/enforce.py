@@ -26,7 +26,9 @@ def add(sub) -> None:
     p.add_argument("--act", action="store_true",
                    help="run the commands of ladders with act = true; without it every action is a dry run")
     p.add_argument("--group-id", default="gpufleet-enforcer")
-    p.add_argument("--retries", type=non_negative_int, default=2, help="a command that fails is tried this many more times")
+    p.add_argument(
+        "--retries", type=non_negative_int, default=2, help="a command that fails is tried this many more times"
+    )
     p.add_argument("--timeout-s", type=positive, default=60.0, help="a command that runs longer has failed")
     metrics_args(p)
     p.set_defaults(func=cmd_enforce)

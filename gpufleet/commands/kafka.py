@@ -19,8 +19,13 @@ def add(sub) -> None:
                    help="a cluster that speaks only SASL_SSL (SCRAM-SHA-512 and a client certificate), "
                         "with a user and ACLs per component; its CA, certificates and passwords are made "
                         "under the data dir the first time")
-    p.add_argument("--port", type=port, default=None, help="client port of node 1; node i listens on PORT + i - 1 (default: free ones); "
-                        "a cluster keeps its ports once made")
+    p.add_argument(
+        "--port",
+        type=port,
+        default=None,
+        help="client port of node 1; node i listens on PORT + i - 1 (default: free ones); "
+        "a cluster keeps its ports once made",
+    )
     p.set_defaults(func=cmd_kafka)
 
     p = sub.add_parser("kafka-access", help="a deployment's Kafka security: make its CA, certificates, passwords "
@@ -53,7 +58,9 @@ def cmd_kafka(args: argparse.Namespace) -> int:
             info = local_kafka.start(kafka_dir, brokers=args.brokers, port=args.port, secure=args.secure)
         except local_kafka.KafkaRunnerError as exc:
             raise Failed(str(exc)) from exc
-        print(f"Kafka is running: bootstrap {info.bootstrap}" + (" (SASL_SSL, mutual TLS, ACLs)" if info.secure else ""))
+        print(
+            f"Kafka is running: bootstrap {info.bootstrap}" + (" (SASL_SSL, mutual TLS, ACLs)" if info.secure else "")
+        )
         for node in info.nodes:
             print(f"  node {node.node_id}: {node.address}, pid {node.pid}, log {node.log_file}")
         if info.credentials is not None:

@@ -1,4 +1,5 @@
-"""``gpufleet sql``, ``workflows``, ``workflow``, ``opportunities``, ``report`` and ``clickhouse-users``: what ClickHouse knows."""
+"""``gpufleet sql``, ``workflows``, ``workflow``, ``opportunities``, ``report`` and
+``clickhouse-users``: what ClickHouse knows."""
 
 from __future__ import annotations
 

@@ -111,10 +111,14 @@ def _system_line(system: dict) -> str:
     """What the host agent measured during a capture, in one line."""
     said = [(f"{system['ticks']} host samples over {system['span_ms'] / 1000:.1f} s "
              f"(one every {system['interval_ms_mean']:.0f} ms)")]
-    for key, text in (("gpu_utilization_mean_pct", "GPU utilisation {:.0f} %"),
-                      ("sm_active_mean_pct", "SM activity {:.0f} %"), ("power_mean_watts", "power {:.0f} W"),
-                      ("workflow_cpu_mean_pct", "job CPU {:.0f} % of a core"), ("host_cpu_mean_pct", "host CPU {:.0f} %"),
-                      ("host_iowait_mean_pct", "I/O wait {:.0f} %")):
+    for key, text in (
+        ("gpu_utilization_mean_pct", "GPU utilisation {:.0f} %"),
+        ("sm_active_mean_pct", "SM activity {:.0f} %"),
+        ("power_mean_watts", "power {:.0f} W"),
+        ("workflow_cpu_mean_pct", "job CPU {:.0f} % of a core"),
+        ("host_cpu_mean_pct", "host CPU {:.0f} %"),
+        ("host_iowait_mean_pct", "I/O wait {:.0f} %"),
+    ):
         if system.get(key) is not None:
             said.append(text.format(system[key]))
     return "during the capture: " + ", ".join(said)

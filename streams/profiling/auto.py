@@ -30,7 +30,9 @@ def request_id_for(alert_id: str) -> str:
     return "auto-" + "".join(c if c.isalnum() or c in "-_." else "_" for c in alert_id)
 
 
-def auto_profile_requests(state: WorkflowState, alerts: list[dict], config: AutoProfileConfig, now_ms: int) -> list[dict]:
+def auto_profile_requests(
+    state: WorkflowState, alerts: list[dict], config: AutoProfileConfig, now_ms: int
+) -> list[dict]:
     """``ProfileRequest`` records for the alerts that call for one (recorded in ``state``)."""
     if not config.enabled:
         return []

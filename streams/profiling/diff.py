@@ -67,7 +67,9 @@ def profile_figures(analyses: list[dict], kernels: dict[tuple[str, str], list[fl
             figures["kernel_types"][k["kernel_type"]] = figures["kernel_types"].get(k["kernel_type"], 0.0) \
                 + k["time_us"] * scale(a) / ranks
     if kernels is not None:
-        total_scale = (1.0 / statistics.fmean([a["profiler_steps"] for a in usable]) if per_step else 1.0) / max(ranks, 1)
+        total_scale = (1.0 / statistics.fmean([a["profiler_steps"] for a in usable]) if per_step else 1.0) / max(
+            ranks, 1
+        )
         figures["kernels"] = {key: [n * total_scale, t * total_scale] for key, (n, t) in kernels.items()}
     else:
         for a in usable:
@@ -174,8 +176,10 @@ def render_diff(diff: dict, top: int = 15) -> str:
     lines.append(f"  {'':<22}{'baseline':>14}{'candidate':>14}{'change':>14}{'':>9}")
     for s in diff["summary"]:
         scale, unit_s = (1e3, " ms") if s["metric"].endswith("_us") else (1.0, "")
-        lines.append(f"  {_LABELS[s['metric']]:<22}{_num(s['base'], scale, unit_s):>14}{_num(s['cand'], scale, unit_s):>14}"
-                     f"{_num(s['delta'], scale, unit_s, sign=True):>14}{_pct(s['delta_pct']):>9}")
+        lines.append(
+            f"  {_LABELS[s['metric']]:<22}{_num(s['base'], scale, unit_s):>14}{_num(s['cand'], scale, unit_s):>14}"
+            f"{_num(s['delta'], scale, unit_s, sign=True):>14}{_pct(s['delta_pct']):>9}"
+        )
     if diff["kernel_types"]:
         lines.append("  by kernel type")
         for t in diff["kernel_types"]:
@@ -186,9 +190,11 @@ def render_diff(diff: dict, top: int = 15) -> str:
         lines.append(f"  kernels that changed most (GPU ms {unit.split(' (')[0]}; launches)")
         for k in changed:
             mark = {"new": "NEW ", "gone": "GONE", "changed": "    "}[k["status"]]
-            lines.append(f"    {mark} {k['base_us'] / 1e3:>9.3f} -> {k['cand_us'] / 1e3:>9.3f} ({k['delta_us'] / 1e3:>+9.3f})"
-                         f"  {k['base_launches']:>7.1f} -> {k['cand_launches']:>7.1f}  {k['kernel_type'][:4]} "
-                         f"{_short(k['name'])}")
+            lines.append(
+                f"    {mark} {k['base_us'] / 1e3:>9.3f} -> {k['cand_us'] / 1e3:>9.3f} ({k['delta_us'] / 1e3:>+9.3f})"
+                f"  {k['base_launches']:>7.1f} -> {k['cand_launches']:>7.1f}  {k['kernel_type'][:4]} "
+                f"{_short(k['name'])}"
+            )
     return "\n".join(lines)
 
 

@@ -84,7 +84,9 @@ def _top_findings(ranks: dict) -> list[dict]:
                 if f["gpu_seconds_at_stake"] > best["gpu_seconds_at_stake"]:
                     best.update({**f, "ranks": best["ranks"]})
     order = {"CRITICAL": 0, "WARNING": 1, "INFO": 2}
-    ranked = sorted(by_rule.values(), key=lambda f: (-f["gpu_seconds_at_stake"], order.get(f["severity"], 3), f["rule"]))
+    ranked = sorted(
+        by_rule.values(), key=lambda f: (-f["gpu_seconds_at_stake"], order.get(f["severity"], 3), f["rule"])
+    )
     return ranked[:TOP_FINDINGS]
 
 

@@ -222,7 +222,9 @@ class _Region:
         prev = self.stream_last.get(stream)
         waited = [w for w in self.waited(stream, launch_ts) if self.ts[w] <= ts]
         last_wait = max(waited, key=self.ts.__getitem__) if waited else None
-        ready = max(launch_ts, -1.0 if prev is None else self.ts[prev], -1.0 if last_wait is None else self.ts[last_wait])
+        ready = max(
+            launch_ts, -1.0 if prev is None else self.ts[prev], -1.0 if last_wait is None else self.ts[last_wait]
+        )
         if last_wait is not None and self.ts[last_wait] == ready:
             self.edge(last_wait, start, 0.0, NONE, -1)
         elif prev is not None and self.ts[prev] == ready:

@@ -288,10 +288,13 @@ def cpu_bound_input(e: Evidence) -> dict | None:
            "The job keeps its cores busy while the host has idle ones: load data in more worker processes "
            "(DataLoader num_workers, persistent_workers=True) so the training loop only feeds the GPU.")
     return _finding(
-        "cpu_bound_input", "CRITICAL" if idle_pct >= 50 else "WARNING",
+        "cpu_bound_input",
+        "CRITICAL" if idle_pct >= 50 else "WARNING",
         "The GPU waits on a CPU-bound input pipeline",
-        ", ".join(parts) + f" while profiled ({_seen(system)})", _host_wait_us(e.analysis) or e.analysis["idle_time_us"],
-        fix)
+        ", ".join(parts) + f" while profiled ({_seen(system)})",
+        _host_wait_us(e.analysis) or e.analysis["idle_time_us"],
+        fix,
+    )
 
 
 def storage_bound_input(e: Evidence) -> dict | None:

@@ -15,9 +15,9 @@ SM and tensor activity, CPU) and the table of GPU models and MIG profiles
 Each says which measurement it used: memory is the framework allocator's own peak where the
 job reports it (``profile_hook.report_memory``: PyTorch's ``max_memory_allocated``), else
 NVML's used memory (a framework that reserves memory up front, as PyTorch's caching allocator
-does, looks bigger there than it is: the recommendation is then on the safe side); compute is GPM's SM activity where the GPUs report
-it (Hopper and later), else NVML's utilisation, an upper bound (a kernel on one SM counts as
-busy). ``gpu_hours_freed`` is what following it would have given back over the run.
+does, looks bigger there than it is: the recommendation is then on the safe side); compute is
+GPM's SM activity where the GPUs report it (Hopper and later), else NVML's utilisation, an upper
+bound (a kernel on one SM counts as busy). ``gpu_hours_freed`` is what following it would have given back over the run.
 
 Plain logic: the totals in, records out.
 """

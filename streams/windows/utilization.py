@@ -342,7 +342,9 @@ class WindowAggregator:
         state = self.store[wf]
         start = end - self.config.size_ms
         acc = state.windows.pop(str(start))
-        result.closed.append(to_window(wf, state, start, acc, self.config.size_ms, closed_at, goodput=self.config.goodput))
+        result.closed.append(
+            to_window(wf, state, start, acc, self.config.size_ms, closed_at, goodput=self.config.goodput)
+        )
         result.changed.add(wf)
         if self.config.update_horizon_ms:
             key = history_key(wf, start)

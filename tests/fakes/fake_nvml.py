@@ -214,10 +214,14 @@ class FakeNvml:
         self.calls["nvmlGpmMetricsGet"] = self.calls.get("nvmlGpmMetricsGet", 0) + 1
         second = self._gpm_samples[ctypes.addressof(get.sample2.contents)]
         assert ctypes.addressof(get.sample1.contents) in self._gpm_samples, "GPM needs two samples"
-        values = {pynvml.NVML_GPM_METRIC_SM_UTIL: second["sm"], pynvml.NVML_GPM_METRIC_SM_OCCUPANCY: second["occupancy"],
-                  pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: second["tensor"], pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL: second["dram"],
-                  pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC: second.get("pcie_tx_mib", 0.0),
-                  pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC: second.get("pcie_rx_mib", 0.0)}
+        values = {
+            pynvml.NVML_GPM_METRIC_SM_UTIL: second["sm"],
+            pynvml.NVML_GPM_METRIC_SM_OCCUPANCY: second["occupancy"],
+            pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: second["tensor"],
+            pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL: second["dram"],
+            pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC: second.get("pcie_tx_mib", 0.0),
+            pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC: second.get("pcie_rx_mib", 0.0),
+        }
         for i in range(get.numMetrics):
             get.metrics[i].value = values[get.metrics[i].metricId]
             get.metrics[i].nvmlReturn = 0

@@ -25,7 +25,9 @@ def missing() -> str | None:
     """Why no Slurm can be started here, or None."""
     if os.geteuid() != 0:
         return "a Slurm cluster needs root (slurmd runs jobs as their users)"
-    absent = [name for name in (*DAEMONS, *CLIENTS) if shutil.which(name) is None and not Path("/usr/sbin", name).exists()]
+    absent = [
+        name for name in (*DAEMONS, *CLIENTS) if shutil.which(name) is None and not Path("/usr/sbin", name).exists()
+    ]
     if absent:
         return f"Slurm is not installed ({', '.join(absent)} missing; make test installs slurm-wlm, slurmdbd, " \
                f"munge and mariadb-server with apt where it can)"
@@ -43,8 +45,15 @@ def _which(name: str) -> str:
 
 
 class SlurmCluster:
-    def __init__(self, root: Path, gpus: int, gpufleet: str, allocations_dir: Path,
-                 partitions: tuple[str, ...] = ("gpu", "exempt"), accounts: tuple[str, ...] = ("vision", "ops")) -> None:
+    def __init__(
+        self,
+        root: Path,
+        gpus: int,
+        gpufleet: str,
+        allocations_dir: Path,
+        partitions: tuple[str, ...] = ("gpu", "exempt"),
+        accounts: tuple[str, ...] = ("vision", "ops"),
+    ) -> None:
         self.root, self.gpus, self.gpufleet, self.allocations_dir = root, gpus, gpufleet, allocations_dir
         self.partitions, self.accounts = partitions, accounts
         self.node = socket.gethostname()

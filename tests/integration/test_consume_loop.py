@@ -47,9 +47,27 @@ def test_the_enforcer_serves_the_same_metrics_as_every_component(kafka, prefix, 
     policy = tmp_path / "enforcement.toml"
     policy.write_text('[[ladder]]\nname = "idle"\n')
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "gpufleet", "enforce", "--bootstrap", kafka.bootstrap,
-                             "--topic-prefix", prefix, "--policy", str(policy), "--metrics-port", str(port),
-                             "--metrics-host", "127.0.0.1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpufleet",
+            "enforce",
+            "--bootstrap",
+            kafka.bootstrap,
+            "--topic-prefix",
+            prefix,
+            "--policy",
+            str(policy),
+            "--metrics-port",
+            str(port),
+            "--metrics-host",
+            "127.0.0.1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         garbage = Producer(producer_config(kafka.bootstrap))
         garbage.produce(prefix + ENFORCEMENT.name, key=b"wf", value=b"not avro at all")

@@ -73,7 +73,9 @@ def test_demo_then_sql(tmp_path):
     page = tmp_path / "report.html"
     assert number(r"\(([\d,.]+) GPU-hours allocated", ok("report", "--since", "all", "--html", str(page))) == allocated
     assert number(r"Wasted GPU-hours<b>([\d,.]+)</b>", page.read_text()) == wasted
-    causes = list(csv.DictReader(io.StringIO(ok("opportunities", "--since", "all", "--format", "csv", "--limit", "100"))))
+    causes = list(
+        csv.DictReader(io.StringIO(ok("opportunities", "--since", "all", "--format", "csv", "--limit", "100")))
+    )
     assert abs(sum(float(r["gpu_hours"]) for r in causes if ":" not in r["cause"]) - wasted) <= 0.01, causes
     listed = list(csv.DictReader(io.StringIO(ok("workflows", "--since-minutes", "100000", "--format", "csv"))))
     assert abs(sum(float(r["gpu_hours"]) for r in listed) - allocated) <= 0.01, listed

@@ -144,7 +144,9 @@ def test_nothing_is_lost_or_doubled_when_a_broker_a_worker_and_a_sink_are_killed
         # A worker.
         workers[0].send_signal(signal.SIGKILL)
         workers[0].wait(10)
-        wait_until(lambda: members(cluster, app_id) == 2, 120, "the two workers left to take the killed one's partitions")
+        wait_until(
+            lambda: members(cluster, app_id) == 2, 120, "the two workers left to take the killed one's partitions"
+        )
         worker("d")
         wait_until(lambda: members(cluster, app_id) == 3, 120, "a new worker in the group")
 

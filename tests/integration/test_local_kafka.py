@@ -56,5 +56,7 @@ def test_topics_on_one_broker_have_one_copy(kafka, prefix):
 
     from schemas.topics import GPU_SAMPLES
 
-    topic = AdminClient({"bootstrap.servers": kafka.bootstrap}).list_topics(timeout=10).topics[prefix + GPU_SAMPLES.name]
+    topic = (
+        AdminClient({"bootstrap.servers": kafka.bootstrap}).list_topics(timeout=10).topics[prefix + GPU_SAMPLES.name]
+    )
     assert {len(p.replicas) for p in topic.partitions.values()} == {1}

@@ -56,7 +56,11 @@ def test_samples_become_windows_and_alerts_in_clickhouse(kafka, prefix, sink, tm
         # The closed loop: a firing low-utilisation alert asked for a profile. Here the test plays
         # the stalled job's agent and answers with a trace our hook recorded on an H200, and what
         # the agent saw meanwhile (a saturated CPU): the alert comes back with what was found.
-        wait_until(lambda: q(sink, "SELECT count() FROM {db}.profile_requests WHERE reason = 'AUTO'")[0][0] >= 1, 30, "automatic profiles")
+        wait_until(
+            lambda: q(sink, "SELECT count() FROM {db}.profile_requests WHERE reason = 'AUTO'")[0][0] >= 1,
+            30,
+            "automatic profiles",
+        )
         (workflow, request_id), *_ = q(sink, "SELECT workflow_id, request_id FROM {db}.profile_requests FINAL "
                                              "WHERE reason = 'AUTO' ORDER BY workflow_id")
         publish_trace(HOOK_TRACE, workflow, Publisher(kafka.bootstrap, CODEC), prefix,

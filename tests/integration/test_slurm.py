@@ -191,7 +191,10 @@ def test_what_slurm_allocated_is_what_gpufleet_measures_alerts_and_acts_on(slurm
     # Every job's buckets sum to its GPUs x its run time as Slurm reports it, within 1 %.
     ratios = {}
     for k, j in ids.items():
-        s, run_s = stored[f"slurm-{j}"], (slurm_time_ms(info[k]["EndTime"]) - slurm_time_ms(info[k]["StartTime"])) / 1000
+        s, run_s = (
+            stored[f"slurm-{j}"],
+            (slurm_time_ms(info[k]["EndTime"]) - slurm_time_ms(info[k]["StartTime"])) / 1000,
+        )
         assert sum(s[f"{b}_gpu_seconds"] for b in BUCKETS) == pytest.approx(s["gpu_seconds"], rel=1e-9), k
         ratios[k] = s["gpu_seconds"] / (2 * run_s)
     print("GPU-seconds / (GPUs x Slurm's run time):", {k: round(r, 4) for k, r in ratios.items()})

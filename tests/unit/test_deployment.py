@@ -309,7 +309,9 @@ def test_the_slurm_scripts_are_valid_shell_and_record_a_job(tmp_path):
         (tmp_path / kind).mkdir()
         (tmp_path / kind / "gpufleet.sh").write_bytes(script.read_bytes())
         (tmp_path / kind / "gpufleet.sh").chmod(0o755)
-        (tmp_path / kind / "gpufleet-slurm.env").write_text(f"GPUFLEET={gpufleet}\nGPUFLEET_SLURM_DIR={tmp_path}/alloc\n")
+        (tmp_path / kind / "gpufleet-slurm.env").write_text(
+            f"GPUFLEET={gpufleet}\nGPUFLEET_SLURM_DIR={tmp_path}/alloc\n"
+        )
     job = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "31", "SLURM_JOB_USER": "ana", "SLURM_JOB_ACCOUNT": "vision",
            "SLURM_JOB_GPUS": "0,1", "SLURM_CONF": str(tmp_path / "no-slurm.conf")}  # squeue fails: env alone
     for kind, written in (("prolog", ".jobs"), ("epilog", ".ended")):

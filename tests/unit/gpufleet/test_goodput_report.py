@@ -132,8 +132,10 @@ def test_a_grid_series_takes_the_latest_intensity_before_the_hour(tmp_path):
     from datetime import UTC, datetime
 
     f = tmp_path / "rates.toml"
-    f.write_text("default_grid_g_per_kwh = 400.0\n[[grid_series]]\ncluster = 'eu'\nstart = 2026-06-01T00:00:00Z\n"
-                 "g_per_kwh = 180.0\n[[grid_series]]\ncluster = 'eu'\nstart = 2026-03-01T00:00:00Z\ng_per_kwh = 300.0\n")
+    f.write_text(
+        "default_grid_g_per_kwh = 400.0\n[[grid_series]]\ncluster = 'eu'\nstart = 2026-06-01T00:00:00Z\n"
+        "g_per_kwh = 180.0\n[[grid_series]]\ncluster = 'eu'\nstart = 2026-03-01T00:00:00Z\ng_per_kwh = 300.0\n"
+    )
     rates = load_rates(f)
     assert rates.intensity("eu", datetime(2026, 2, 1, tzinfo=UTC)) == 400.0
     assert rates.intensity("eu", datetime(2026, 4, 1, tzinfo=UTC)) == 300.0

@@ -13,8 +13,10 @@ TOPIC = "x." + GPU_SAMPLES.name
 
 
 def batch_of(tick: int, host: str = "h1", workflow: str = "wf-a", gpus: int = 2) -> bytes:
-    samples = [sample(workflow_id=workflow, host=host, gpu_uuid=f"{host}-GPU-{g}", event_time=1_767_225_600_000 + tick * 1000)
-               for g in range(gpus)]
+    samples = [
+        sample(workflow_id=workflow, host=host, gpu_uuid=f"{host}-GPU-{g}", event_time=1_767_225_600_000 + tick * 1000)
+        for g in range(gpus)
+    ]
     (block,) = columns_of(samples)
     return CODEC.encode("GpuSampleColumns", block)
 

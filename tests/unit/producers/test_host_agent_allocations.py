@@ -126,7 +126,9 @@ def test_a_job_is_charged_from_the_schedulers_start_to_its_end(world):
     assert not [s for s in samples_of(records) if s["event_time"] == T0 + 7_000 and s["workflow_id"] == "slurm-99"]
     # The end goes out at once with the scheduler's end time, on the samples topic after the
     # job's last samples (the worker closes its windows when it reads it) and as a life-cycle event.
-    ends = [(i, topic) for i, (topic, name, r) in enumerate(records) if name == "WorkflowEvent" and r["event"] == "ENDED"]
+    ends = [
+        (i, topic) for i, (topic, name, r) in enumerate(records) if name == "WorkflowEvent" and r["event"] == "ENDED"
+    ]
     assert sorted(topic for _, topic in ends) == ["gpufleet.gpu-samples.v1", "gpufleet.workflow-events.v1"]
     last = max(i for i, (_, name, r) in enumerate(records) if name == "GpuSample" and r["workflow_id"] == "slurm-99")
     in_band, = [i for i, topic in ends if topic == "gpufleet.gpu-samples.v1"]

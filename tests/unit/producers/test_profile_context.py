@@ -20,7 +20,9 @@ def host(interval=100, cpu=50.0, iowait=1.0, workflows=()):
 
 def test_means_weight_each_tick_by_the_time_it_covers():
     c = ProfileContext("wf-a", rank=None)
-    c.add([gpu(util=0.0, interval=100), gpu(workflow="wf-b", util=100.0)], host(100, cpu=90.0, workflows=[("wf-a", 80.0)]))
+    c.add(
+        [gpu(util=0.0, interval=100), gpu(workflow="wf-b", util=100.0)], host(100, cpu=90.0, workflows=[("wf-a", 80.0)])
+    )
     c.add([gpu(util=60.0, interval=300, memory_used_bytes=70)], host(300, cpu=50.0, iowait=10.0,
                                                                       workflows=[("wf-a", 120.0)]))
     s = c.summary()

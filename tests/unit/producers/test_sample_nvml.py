@@ -43,7 +43,9 @@ def test_no_new_process_samples_is_not_an_error(caplog):
 
 
 def test_gpm_metrics_need_two_samples():
-    gpu = FakeGpu("GPU-h", name="NVIDIA H100 80GB HBM3", gpm={"sm": 91.0, "occupancy": 40.0, "tensor": 55.0, "dram": 30.0})
+    gpu = FakeGpu(
+        "GPU-h", name="NVIDIA H100 80GB HBM3", gpm={"sm": 91.0, "occupancy": 40.0, "tensor": 55.0, "dram": 30.0}
+    )
     s = sampler([gpu])
     first = s.tick()[0]
     assert first.sm_active_pct is None

@@ -82,14 +82,25 @@ def test_a_valid_block_is_used_as_it_is():
     assert blocks == [block] and blocks[0] is block and reasons == []
 
 
-@pytest.mark.parametrize("field,value,reason", [
-    ("utilization_pct", -3.0, "sample 1 of the block: utilization_pct -3.0 is outside 0..100"),
-    ("utilization_pct", math.nan, "sample 1 of the block: utilization_pct nan is outside 0..100"),
-    ("power_watts", -1.0, "sample 1 of the block: power_watts -1.0 is negative"),
-    ("memory_used_bytes", 81 * 1024**3, "sample 1 of the block: memory_used_bytes 86973087744 exceeds memory_total_bytes 85899345920"),
-    ("interval_ms", 0, "sample 1 of the block: interval_ms 0 is outside 1..3600000"),
-    ("event_time", 1_700_000, "sample 1 of the block: event_time 1700000 is outside 2000-01-01..2299-12-31 (expected epoch milliseconds)"),
-])
+@pytest.mark.parametrize(
+    "field,value,reason",
+    [
+        ("utilization_pct", -3.0, "sample 1 of the block: utilization_pct -3.0 is outside 0..100"),
+        ("utilization_pct", math.nan, "sample 1 of the block: utilization_pct nan is outside 0..100"),
+        ("power_watts", -1.0, "sample 1 of the block: power_watts -1.0 is negative"),
+        (
+            "memory_used_bytes",
+            81 * 1024**3,
+            "sample 1 of the block: memory_used_bytes 86973087744 exceeds memory_total_bytes 85899345920",
+        ),
+        ("interval_ms", 0, "sample 1 of the block: interval_ms 0 is outside 1..3600000"),
+        (
+            "event_time",
+            1_700_000,
+            "sample 1 of the block: event_time 1700000 is outside 2000-01-01..2299-12-31 (expected epoch milliseconds)",
+        ),
+    ],
+)
 def test_a_bad_sample_is_refused_with_its_reason_and_the_others_kept(field, value, reason):
     (block,) = columns_of(tick(0))
     block[field][1] = value
@@ -171,8 +182,11 @@ def random_samples(rng: random.Random, seconds: int) -> list[dict]:
                 if g == 3:
                     extra.update(share=rng.choice([0.25, 0.5, 1.0]), memory_total_bytes=0, memory_used_bytes=0)
                 if rng.random() < 0.1:
-                    extra.update(clock_event_reasons=rng.choice([0x4, 0x1, 0x80]), ecc_uncorrected_volatile=rng.randrange(3),
-                                 xids=[rng.choice([13, 79])])
+                    extra.update(
+                        clock_event_reasons=rng.choice([0x4, 0x1, 0x80]),
+                        ecc_uncorrected_volatile=rng.randrange(3),
+                        xids=[rng.choice([13, 79])],
+                    )
                 out.append(sample(host=host, workflow_id="wf-a" if g % 2 else "wf-b", gpu_index=g,
                                   gpu_uuid=f"{host}-GPU-{g}", event_time=BASE_MS + t * 1000,
                                   utilization_pct=float(rng.choice([0, 0, rng.randrange(101)])),

@@ -25,8 +25,12 @@ def test_the_reader_selects_from_gpufleet_only_under_a_pinned_read_only_profile(
     assert "readonly = 1 CONST" in profile and "allow_ddl = 0 CONST" in profile
     # the read path's limits as maxima: a reader may ask for less time or fewer rows, never more
     assert "max_execution_time = 60 MAX 60" in profile and "max_result_rows = 1000000 MAX 1000000" in profile
-    assert "max_memory_usage = 4294967296 MAX 4294967296" in profile and "result_overflow_mode = 'throw' CONST" in profile
-    assert "SETTINGS PROFILE 'gpufleet_reader_profile'" in next(s for s in statements if "USER OR REPLACE gpufleet_reader" in s)
+    assert (
+        "max_memory_usage = 4294967296 MAX 4294967296" in profile and "result_overflow_mode = 'throw' CONST" in profile
+    )
+    assert "SETTINGS PROFILE 'gpufleet_reader_profile'" in next(
+        s for s in statements if "USER OR REPLACE gpufleet_reader" in s
+    )
     # No source privilege, so no table function reaches a file or the network.
     assert not any(re.search(r"\b(FILE|URL|REMOTE|S3|TEMPORARY)\b|ON \*\.\*", s) for s in statements)
 

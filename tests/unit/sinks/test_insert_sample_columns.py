@@ -62,9 +62,11 @@ def stored(writer):
 
 
 def rollup(writer):
-    return writer.client.query(f"SELECT hour, workflow_id, team, owner, gpu_model, sum(samples), "
-                               f"round(sum(gpu_seconds), 6), round(sum(busy_gpu_seconds), 6), round(sum(energy_joules), 3) "
-                               f"FROM {writer.database}.gpu_hours_hourly GROUP BY ALL ORDER BY ALL").result_rows
+    return writer.client.query(
+        f"SELECT hour, workflow_id, team, owner, gpu_model, sum(samples), "
+        f"round(sum(gpu_seconds), 6), round(sum(busy_gpu_seconds), 6), round(sum(energy_joules), 3) "
+        f"FROM {writer.database}.gpu_hours_hourly GROUP BY ALL ORDER BY ALL"
+    ).result_rows
 
 
 def fleet_blocks():

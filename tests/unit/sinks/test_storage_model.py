@@ -82,7 +82,9 @@ def test_opportunities_by_team_framework_gpu_model_and_antipattern(writer, data)
     assert {(team, cause): hours for team, cause, hours, _, _ in rows} == pytest.approx(
         {k: round(v / 3600, 3) for k, v in by_team.items() if v > 0}, abs=0.001)
 
-    losing = [w for w in data.fleet.workflows if any(per_wf.get(w.workflow_id, 0) > 0 for per_wf in data.waste.values())]
+    losing = [
+        w for w in data.fleet.workflows if any(per_wf.get(w.workflow_id, 0) > 0 for per_wf in data.waste.values())
+    ]
     assert 0 < len(losing) < len(data.fleet.workflows)  # the busy ones lose nothing
     _, rows = opportunities(writer.client, writer.database, by="framework", since="all", limit=100)
     assert {r[0] for r in rows} == {data.frameworks[w.workflow_id] for w in losing}
@@ -95,7 +97,9 @@ def test_opportunities_by_team_framework_gpu_model_and_antipattern(writer, data)
             sum(data.waste["idle"].values()) / 3600, abs=0.002)
 
     _, rows = opportunities(writer.client, writer.database, by="gpu-model", since="all", limit=100)
-    assert {r[0] for r in rows} == {s["gpu_model"] for s in data.samples if data.fleet.workflow(s["workflow_id"]) in losing}
+    assert {r[0] for r in rows} == {
+        s["gpu_model"] for s in data.samples if data.fleet.workflow(s["workflow_id"]) in losing
+    }
 
     _, rows = opportunities(writer.client, writer.database, by="antipattern", since="all")
     assert [(r[0], r[1]) for r in rows] == [("antipattern:input_pipeline_stall", 1.5),

@@ -42,7 +42,9 @@ def test_tables_are_created_idempotently(writer):
     names = {r[0] for r in writer.client.query(f"SHOW TABLES FROM {writer.database}").result_rows}
     derived = {"workflows", "workflows_mv", "gpu_hours_hourly", "gpu_hours_hourly_mv", "gpu_hours_daily",
                "gpu_hours_daily_mv", "waste", "goodput_hourly", "goodput_daily", "schema_migrations"}
-    applied = writer.client.query(f"SELECT version FROM {writer.database}.schema_migrations FINAL ORDER BY version").result_rows
+    applied = writer.client.query(
+        f"SELECT version FROM {writer.database}.schema_migrations FINAL ORDER BY version"
+    ).result_rows
     assert applied == [(1,), (2,)]  # once each, though ensure_tables ran twice
     assert names == {t.name for t in TABLES} | derived
 
@@ -70,8 +72,9 @@ def test_a_database_of_the_previous_release_is_migrated(chdb_client, database):
     db = database
     chdb_client.command(f"CREATE DATABASE {db}")
     chdb_client.command(WORKFLOW_EVENTS_TABLE.ddl.format(db=db, name="workflow_events"))
-    chdb_client.command(f"""CREATE TABLE {db}.workflows (workflow_id LowCardinality(String), event LowCardinality(String),
-        event_time DateTime64(3, 'UTC'), host LowCardinality(String), owner LowCardinality(Nullable(String)),
+    chdb_client.command(f"""CREATE TABLE {db}.workflows (workflow_id LowCardinality(String),
+        event LowCardinality(String), event_time DateTime64(3, 'UTC'), host LowCardinality(String),
+        owner LowCardinality(Nullable(String)),
         team LowCardinality(Nullable(String)), cmdline Nullable(String), framework LowCardinality(Nullable(String)),
         framework_version LowCardinality(Nullable(String)), scheduler_job_id Nullable(String))
         ENGINE = ReplacingMergeTree(event_time) ORDER BY workflow_id""")
@@ -274,7 +277,9 @@ def test_trace_analysis_rows_keep_idle_time_per_stream(writer, tmp_path):
     assert writer.insert(TRACE_ANALYSES_TABLE, [Row(0, 0, record)]) == []
     got = writer.client.query(
         f"SELECT trace_id, idle_by_stream, kernel_time_us FROM {writer.database}.trace_analyses").result_rows
-    assert got == [(record["trace_id"], [{"stream": 7, "host_wait_us": 5.0, "kernel_wait_us": 0.0, "other_us": 0.0}], 20.0)]
+    assert got == [
+        (record["trace_id"], [{"stream": 7, "host_wait_us": 5.0, "kernel_wait_us": 0.0, "other_us": 0.0}], 20.0)
+    ]
     # The kernel breakdown: the array of top kernels can be unfolded in SQL.
     got = writer.client.query(
         f"SELECT k.name, k.launches, k.time_us FROM {writer.database}.trace_analyses "

@@ -68,4 +68,6 @@ def test_a_firing_alert_says_the_period_it_judged_not_only_its_last_window():
     (_, fired), = alerts
     assert fired["message"].startswith("For the 10 min since 00:00 UTC (2026-01-01):"), fired["message"]
     assert "in the last 1 min" not in fired["message"]
-    assert ": the job's 2 GPU(s) stayed under 25% mean utilisation (10.0% in its last 1-min window, " in fired["message"]
+    assert (
+        ": the job's 2 GPU(s) stayed under 25% mean utilisation (10.0% in its last 1-min window, " in fired["message"]
+    )

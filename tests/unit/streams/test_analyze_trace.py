@@ -107,15 +107,22 @@ def test_one_profiler_step_keeps_everything(tmp_path):
 
 
 def test_idle_time_breakdown_per_stream(tmp_path):
-    _, r = analyze(tmp_path, [
-        runtime("cudaLaunchKernel", 0, 1, corr=1), kernel("k1", 0, 10, corr=1),
-        runtime("cudaLaunchKernel", 12, 1, corr=2), kernel("k2", 15, 5, corr=2),    # launched after k1 ended: host wait 5
-        runtime("cudaLaunchKernel", 5, 1, corr=3), kernel("k3", 25, 5, corr=3),     # queued early, gap 5 < 30: kernel wait
-        runtime("cudaLaunchKernel", 10, 1, corr=4), kernel("k4", 100, 10, corr=4),  # gap 70: other
-        kernel("Memset (Device)", 120, 1, corr=9, cat="gpu_memset"),               # no launch event, gap 10: kernel wait
-        kernel("Stream Sync", 130, 5, corr=10, cat="cuda_sync"),                   # not a kernel: ignored here
-        kernel("k5", 0, 50, stream=8),                                             # first on its stream: no gap
-    ])
+    _, r = analyze(
+        tmp_path,
+        [
+            runtime("cudaLaunchKernel", 0, 1, corr=1),
+            kernel("k1", 0, 10, corr=1),
+            runtime("cudaLaunchKernel", 12, 1, corr=2),
+            kernel("k2", 15, 5, corr=2),  # launched after k1 ended: host wait 5
+            runtime("cudaLaunchKernel", 5, 1, corr=3),
+            kernel("k3", 25, 5, corr=3),  # queued early, gap 5 < 30: kernel wait
+            runtime("cudaLaunchKernel", 10, 1, corr=4),
+            kernel("k4", 100, 10, corr=4),  # gap 70: other
+            kernel("Memset (Device)", 120, 1, corr=9, cat="gpu_memset"),  # no launch event, gap 10: kernel wait
+            kernel("Stream Sync", 130, 5, corr=10, cat="cuda_sync"),  # not a kernel: ignored here
+            kernel("k5", 0, 50, stream=8),  # first on its stream: no gap
+        ],
+    )
     s7, s8 = r["idle_by_stream"][7], r["idle_by_stream"][8]
     assert (s7["host_wait_us"], s7["kernel_wait_us"], s7["other_us"]) == (5, 15, 70)
     assert s7["other_ratio"] == pytest.approx(70 / 90)

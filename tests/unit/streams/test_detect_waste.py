@@ -44,7 +44,10 @@ def test_every_registered_detector_has_a_case_that_fires_it():
 def test_low_utilization_severity_and_words():
     v = detect(window(utilization_mean_pct=10.0, low_util_gpu_seconds=7200.0), CFG)["low_utilization"]
     assert v.severity == "CRITICAL" and v.threshold == 15.0 and v.min_duration_s == 600
-    assert "under 25% mean utilisation (10.0% in its last 1-min window" in v.message and "2.00 GPU-hours wasted" in v.message
+    assert (
+        "under 25% mean utilisation (10.0% in its last 1-min window" in v.message
+        and "2.00 GPU-hours wasted" in v.message
+    )
     assert detect(window(utilization_mean_pct=20.0), CFG)["low_utilization"].severity == "WARNING"
 
 

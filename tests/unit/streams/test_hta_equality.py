@@ -25,9 +25,13 @@ from streams.traces.queue_length import HTA_FIGURES as QUEUE_FIGURES
 from tests.unit.traces import SHARED_TRACES, overlapping_copies_trace, synthetic_job_trace
 
 HTA_DATA = Path(__file__).resolve().parents[2] / "data" / "hta"
-REAL = ("resnet50_num_workers_0__worker0.1623143089861.pt.trace", "resnet50_num_workers_4__worker0.1623212756351.pt.trace",
-        "simple_add__benchmark_result_493459_1694039959_trace", "cuda_event_sync__event_sync_trace",
-        "cupti_profiler__benchmark_result_924719_1679055439_trace")
+REAL = (
+    "resnet50_num_workers_0__worker0.1623143089861.pt.trace",
+    "resnet50_num_workers_4__worker0.1623212756351.pt.trace",
+    "simple_add__benchmark_result_493459_1694039959_trace",
+    "cuda_event_sync__event_sync_trace",
+    "cupti_profiler__benchmark_result_924719_1679055439_trace",
+)
 SYNTHETIC = ("synthetic-1", "synthetic-2")
 OVERLAPPING = ("overlapping-copies-1", "overlapping-copies-2")
 MEMORY_BW = tuple(MEMORY_FIGURES.items())

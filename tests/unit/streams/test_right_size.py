@@ -87,7 +87,9 @@ def test_stored_recommendations_rank_fleet_wide_and_reach_the_job_report(chdb_cl
                   sm_active_mean_pct=None, gpu_model="NVIDIA H100 80GB HBM3", owner="ana", team="nlp")
     small = job_of(gpu_count=1, gpu_seconds=60.0, zero_util_gpu_seconds=0.0, memory_peak_fraction=6 / 80,
                    sm_active_mean_pct=8.0, gpu_model="NVIDIA H100 80GB HBM3", owner="bo", team="cv")
-    records = [summary(wf, state, "ended", BASE_MS + 3_600_000) for wf, state in (("wf-idle", idle), ("wf-small", small))]
+    records = [
+        summary(wf, state, "ended", BASE_MS + 3_600_000) for wf, state in (("wf-idle", idle), ("wf-small", small))
+    ]
     writer = ClickHouseWriter(chdb_client, database)
     writer.ensure_tables()
     assert writer.insert(WORKFLOW_SUMMARIES_TABLE, [Row(0, i, r) for i, r in enumerate(records)]) == []

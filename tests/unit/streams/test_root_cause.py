@@ -106,7 +106,9 @@ def test_what_the_hosts_saw_during_the_profile_joins_the_root_cause():
             "(30 samples, one every 100 ms).") in one["root_cause"]
     two = apply_profile_result(state, {**result_of(request, "host-b", 1), "system": seen(1000, 8.0, 50.0)}, now_ms=11)
     assert "GPU utilisation 5 %, host CPU 84 %, I/O wait 0 % (40 samples" in two["root_cause"]
-    plain = WorkflowState(partition=0)  # results without the hosts' view (no agent context on the trace) say nothing of it
+    plain = WorkflowState(
+        partition=0
+    )  # results without the hosts' view (no agent context on the trace) say nothing of it
     _, req = fire(plain)
     assert "Meanwhile" not in apply_profile_result(plain, result_of(req), now_ms=10)["root_cause"]
 

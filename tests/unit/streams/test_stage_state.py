@@ -20,7 +20,9 @@ def state(monkeypatch):
     s = StageState(app, "test-stage", Codec())
     table = s.table(app.Table("things", default=None, partitions=8, key_type=str))
     written, sent = [], []
-    monkeypatch.setattr(table, "send_changelog", lambda partition, key, value, **kw: written.append((partition, key, value)))
+    monkeypatch.setattr(
+        table, "send_changelog", lambda partition, key, value, **kw: written.append((partition, key, value))
+    )
 
     async def send(codec, topic, spec, record):
         sent.append(record)

@@ -189,9 +189,14 @@ def test_critical_path_names_what_sets_the_pace_of_the_steps(tmp_path):
                      kernel(nccl, 20, 100 * MS, corr=1), runtime("cudaDeviceSynchronize", 30, 110 * MS, corr=2)]
     assert set(critical_path_rules(tmp_path, communication)) == {"critical_path_communication"}
 
-    gaps = [cpu_op("aten::step", 0, 6.2 * MS), runtime("cudaLaunchKernel", 10, 5, corr=1),
-            runtime("cudaLaunchKernel", 20, 5, corr=2), kernel("a", 30, 1 * MS, corr=1), kernel("b", 5 * MS, 1 * MS, corr=2),
-            runtime("cudaDeviceSynchronize", 40, 6.1 * MS, corr=3)]
+    gaps = [
+        cpu_op("aten::step", 0, 6.2 * MS),
+        runtime("cudaLaunchKernel", 10, 5, corr=1),
+        runtime("cudaLaunchKernel", 20, 5, corr=2),
+        kernel("a", 30, 1 * MS, corr=1),
+        kernel("b", 5 * MS, 1 * MS, corr=2),
+        runtime("cudaDeviceSynchronize", 40, 6.1 * MS, corr=3),
+    ]
     assert set(critical_path_rules(tmp_path, gaps)) == {"critical_path_launch"}
 
     gpu_bound = [cpu_op("aten::step", 0, 101 * MS), runtime("cudaLaunchKernel", 10, 5, corr=1),

@@ -61,7 +61,9 @@ def test_figures_are_per_step_and_per_rank(profiles):
     assert all(k["delta_us"] == pytest.approx(0, abs=1e-9) for k in d["kernels"])
     # Two ranks alike: the same per-step figures as one.
     two_ranks = _figures(profiles["base"], profiles["base"])
-    assert two_ranks["ranks"] == 2 and two_ranks["gpu_time_us"] == pytest.approx(_figures(profiles["base"])["gpu_time_us"])
+    assert two_ranks["ranks"] == 2 and two_ranks["gpu_time_us"] == pytest.approx(
+        _figures(profiles["base"])["gpu_time_us"]
+    )
     one_rank = _figures(profiles["base"])["kernels"]
     assert set(two_ranks["kernels"]) == set(one_rank)
     for key, (launches, time_us) in one_rank.items():
@@ -70,7 +72,9 @@ def test_figures_are_per_step_and_per_rank(profiles):
 
 def test_profiles_without_steps_are_never_called_a_regression(profiles):
     base, slow = analyze_file(profiles["base"]), analyze_file(profiles["slow"])
-    d = diff_profiles(profile_figures([{**base, "profiler_steps": 0}]), profile_figures([{**slow, "profiler_steps": 0}]))
+    d = diff_profiles(
+        profile_figures([{**base, "profiler_steps": 0}]), profile_figures([{**slow, "profiler_steps": 0}])
+    )
     assert not d["per_step"] and d["summary"][0]["delta"] > 0
     assert regression(d, RegressionConfig(min_pct=1)) is None
 
@@ -134,13 +138,21 @@ def test_the_stage_compares_each_rank_with_its_previous_complete_profile(profile
     config = ComparisonConfig(regressions=RegressionConfig(min_pct=5))
     baselines: dict = {}
     assert compare(baselines, 0, [base], config, 10) == ([], {"rank\x00wf\x000"})
-    assert baselines["rank\x00wf\x000"]["trace_id"] == base["trace_id"] and baselines["rank\x00wf\x000"]["partition"] == 0
+    assert (
+        baselines["rank\x00wf\x000"]["trace_id"] == base["trace_id"] and baselines["rank\x00wf\x000"]["partition"] == 0
+    )
     # A partial profile is neither compared nor kept; another rank has its own baseline.
-    assert compare(baselines, 0, [{**slow, "partial": True}, {**slow, "rank": 1}], config, 10) == ([], {"rank\x00wf\x001"})
+    assert compare(baselines, 0, [{**slow, "partial": True}, {**slow, "rank": 1}], config, 10) == (
+        [],
+        {"rank\x00wf\x001"},
+    )
     findings, changed = compare(baselines, 0, [slow], config, 10)
     assert [f["rule"] for f in findings] == ["profile_regression"] and changed == {"rank\x00wf\x000"}
     assert findings[0]["trace_id"] == slow["trace_id"] and base["trace_id"] in findings[0]["evidence"]
     # The same profile again (a replay) and an older one that came late change nothing.
     assert compare(baselines, 0, [slow, {**base, "trace_id": "old", "analyzed_at": 0}], config, 10) == ([], set())
     # Faster again: no finding, and the faster profile is the new baseline.
-    assert compare(baselines, 0, [{**base, "trace_id": "again", "analyzed_at": 3}], config, 10) == ([], {"rank\x00wf\x000"})
+    assert compare(baselines, 0, [{**base, "trace_id": "again", "analyzed_at": 3}], config, 10) == (
+        [],
+        {"rank\x00wf\x000"},
+    )

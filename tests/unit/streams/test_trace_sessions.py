@@ -82,7 +82,9 @@ def test_missing_events_make_the_analysis_partial():
 
 
 def test_a_damaged_trace_stays_partial_with_its_reason():
-    r = TraceSessions(CFG, {}).apply(0, kernel_events(n=2) + [end(events=4, partial=True, error="trace damaged after 9 events")], now_ms=1)
+    r = TraceSessions(CFG, {}).apply(
+        0, kernel_events(n=2) + [end(events=4, partial=True, error="trace damaged after 9 events")], now_ms=1
+    )
     assert r.analyses[0]["partial"] and "damaged" in r.analyses[0]["error"]
 
 

@@ -267,7 +267,9 @@ def test_shared_gpus_count_for_each_workflow_by_its_share():
 
 
 def test_samples_of_one_message_count_once_each_and_replays_are_skipped_by_position():
-    agg = WindowAggregator(WindowConfig(size_ms=60_000, allowed_lateness_ms=0, retention_ms=600_000, update_horizon_ms=300_000), {})
+    agg = WindowAggregator(
+        WindowConfig(size_ms=60_000, allowed_lateness_ms=0, retention_ms=600_000, update_horizon_ms=300_000), {}
+    )
     batch = [Incoming.row(7, sample(gpu_uuid=f"GPU-{i}", gpu_index=i), i) for i in range(4)]
     first = agg.process(0, batch[:2], closed_at=0)
     assert first.replayed == 0
