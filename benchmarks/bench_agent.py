@@ -47,8 +47,8 @@ from producers.sample_nvml import NvmlSampler
 from producers.spool import Spool
 from schemas.codec import Codec, load_catalog
 from schemas.topics import GPU_SAMPLES
-from tests.fakes.fake_nvml import FakeGpu, FakeNvml, FakeProcess
-from tests.unit.producers.proc_tree import make_process
+from tests.support.fake_nvml import FakeGpu, FakeNvml, FakeProcess
+from tests.support.proc_tree import make_process
 
 
 def per_tick_cost(bootstrap: str, tmp: Path, ticks: int = 300) -> None:

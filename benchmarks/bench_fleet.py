@@ -34,7 +34,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_stream import AgentSends, Lag, fleet_10k, produce, rate_from_commits, stop, worker
+from fleet_load import AgentSends, Lag, fleet_10k, produce, rate_from_commits, stop, worker
 
 from gpufleet import local_kafka
 from gpufleet.kafka_node_config import SESSION_TIMEOUT_MS

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from statistics import median
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.unit.samples
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support.samples
 
 from producers.simulate_fleet import build_fleet
 from schemas.codec import Codec
@@ -30,7 +30,7 @@ from schemas.sample_columns import blocks_of, columns_of
 from streams.windows import utilization
 from streams.windows.batches import Incoming, WindowConfig
 from streams.windows.utilization import WindowAggregator
-from tests.unit.samples import batch_samples  # the older GpuSampleBatch format, for comparison
+from tests.support.samples import batch_samples  # the older GpuSampleBatch format, for comparison
 
 START = 1_767_225_600_000
 BATCH = 2000  # messages per batch, as the worker takes them

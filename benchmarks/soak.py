@@ -27,24 +27,22 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import random
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
-from typing import ClassVar
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from confluent_kafka import Consumer, TopicPartition
+from soak_parts import PREFIX, Process, Sinks, Webhook
 
 from gpufleet import local_kafka
 from kafka_client.admin import ensure_topics
@@ -53,10 +51,8 @@ from producers.publish_kafka import Publisher
 from producers.simulate_fleet import HEALTHY, IDLE, build_fleet
 from schemas.codec import Codec
 from schemas.topics import ALERTS, DEAD_LETTERS, ENFORCEMENT, GPU_SAMPLES
-from sinks.consume_to_clickhouse import ClickHouseSink
 from sinks.write_clickhouse import ClickHouseWriter, connect
 
-PREFIX = "soak."
 PARTITIONS = 6
 TICKS_PER_S = 20  # simulated seconds per wall second
 BASE_MS = 1_767_225_600_000
@@ -74,95 +70,12 @@ act = false
 CODEC = Codec()
 
 
-class Webhook(BaseHTTPRequestHandler):
-    received: ClassVar[list[dict]] = []
-    lock = threading.Lock()
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        if "gpufleet_alert" in body:
-            with Webhook.lock:
-                Webhook.received.append(body["gpufleet_alert"])
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
 
 
-class Process:
-    """A gpufleet command as its own process, killed and started again by the schedule."""
-
-    def __init__(self, name: str, argv: list[str], log_dir: Path) -> None:
-        self.name, self.argv, self.log = name, argv, log_dir / f"{name}.log"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "gpufleet", *self.argv], stdout=self.log.open("ab"),
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(30)
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
 
 
-class DyingSink(ClickHouseSink):
-    """A sink thread that, once ``die`` is set, stops dead after its next insert, before the commit."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.die, self.dead, self.release = threading.Event(), threading.Event(), threading.Event()
-
-    def _commit(self, messages) -> None:
-        if self.die.is_set():
-            self.dead.set()
-            self.release.wait()  # never polls again: the group drops it
-            raise SystemExit("died between an insert and its commit")
-        super()._commit(messages)
 
 
-class Sinks:
-    def __init__(self, bootstrap: str, client, database: str) -> None:
-        self.bootstrap, self.client, self.database = bootstrap, client, database
-        self.running: list[tuple[DyingSink, threading.Event, threading.Thread]] = []
-        self.dead: list[tuple[DyingSink, threading.Event, threading.Thread]] = []
-
-    def start(self) -> None:
-        sink = DyingSink(self.bootstrap, ClickHouseWriter(self.client, self.database), group_id=f"{PREFIX}sink",
-                         topic_prefix=PREFIX, batch_wait_s=0.3,
-                         consumer_overrides={"max.poll.interval.ms": 10_000, "session.timeout.ms": 10_000})
-        stop = threading.Event()
-        thread = threading.Thread(target=self._run, args=(sink, stop), daemon=True)
-        thread.start()
-        self.running.append((sink, stop, thread))
-
-    @staticmethod
-    def _run(sink, stop) -> None:
-        try:
-            sink.run(stop)
-        except SystemExit:
-            pass
-
-    def kill(self, i: int) -> None:
-        sink, stop, thread = self.running.pop(i)
-        sink.die.set()
-        sink.dead.wait(120)
-        self.dead.append((sink, stop, thread))
-
-    def stop(self) -> None:
-        for sink, stop, thread in self.running + self.dead:
-            sink.release.set()
-            stop.set()
-        for _, _, thread in self.running + self.dead:
-            thread.join(60)
 
 
 def planted_fleet():

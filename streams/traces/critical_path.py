@@ -31,9 +31,8 @@ held), and a step of more than ``MAX_NODES`` nodes is given up with a reason.
 **CUDA graphs.** A ``cudaGraphLaunch`` puts many kernels on the GPU under one correlation id.
 HTA 0.5.0 fails on a step of graphs (its launch queue counts only kernel launch calls); here
 every kernel of the graph follows the launch or the kernel before it on its stream, so a step
-of graphs has the path of the same kernels launched one by one.
-
-Without profiler steps the whole trace is one region.
+of graphs has the path of the same kernels launched one by one. Without profiler steps the
+whole trace is one region.
 """
 
 from __future__ import annotations
@@ -222,9 +221,8 @@ class _Region:
         prev = self.stream_last.get(stream)
         waited = [w for w in self.waited(stream, launch_ts) if self.ts[w] <= ts]
         last_wait = max(waited, key=self.ts.__getitem__) if waited else None
-        ready = max(
-            launch_ts, -1.0 if prev is None else self.ts[prev], -1.0 if last_wait is None else self.ts[last_wait]
-        )
+        ready = max(launch_ts, -1.0 if prev is None else self.ts[prev],
+                    -1.0 if last_wait is None else self.ts[last_wait])
         if last_wait is not None and self.ts[last_wait] == ready:
             self.edge(last_wait, start, 0.0, NONE, -1)
         elif prev is not None and self.ts[prev] == ready:

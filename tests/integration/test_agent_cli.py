@@ -8,7 +8,7 @@ import sys
 
 from schemas.sample_columns import rows_of
 from schemas.topics import GPU_SAMPLES, HOST_SAMPLES
-from tests.integration.helpers import read_topic, wait_until
+from tests.support.integration import read_topic, wait_until
 
 
 def test_sim_agent_publishes_and_flushes_on_sigterm(kafka, prefix, tmp_path):

@@ -15,9 +15,9 @@ from producers.sample_nvml import NvmlSampler
 from producers.spool import Spool
 from schemas.sample_columns import rows_of
 from schemas.topics import GPU_SAMPLES, HOST_SAMPLES
-from tests.fakes.fake_nvml import FakeGpu, FakeNvml, FakeProcess
-from tests.integration.helpers import CODEC, read_topic, running_sink, wait_until
-from tests.unit.producers.proc_tree import make_process
+from tests.support.fake_nvml import FakeGpu, FakeNvml, FakeProcess
+from tests.support.integration import CODEC, read_topic, running_sink, wait_until
+from tests.support.proc_tree import make_process
 
 OUTAGE_S = 20
 

@@ -13,7 +13,7 @@ from collections import Counter
 from producers.publish_kafka import Publisher
 from producers.simulate_fleet import HEALTHY, build_fleet
 from schemas.topics import ALERTS, GPU_SAMPLES, WORKFLOW_WINDOWS
-from tests.integration.helpers import (
+from tests.support.integration import (
     CODEC,
     Hook,
     committed_everything,
@@ -22,7 +22,7 @@ from tests.integration.helpers import (
     wait_until,
     worker_process,
 )
-from tests.unit.samples import BASE_MS
+from tests.support.samples import BASE_MS
 
 
 def alerts_on_topic(kafka, prefix):

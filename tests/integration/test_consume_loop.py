@@ -15,8 +15,8 @@ from kafka_client.config import producer_config
 from kafka_client.consume_loop import ConsumeLoop
 from kafka_client.metrics import ComponentMetrics
 from schemas.topics import ENFORCEMENT
-from tests.integration.helpers import wait_until
-from tests.integration.test_metrics import scrape, value
+from tests.support.integration import wait_until
+from tests.support.metrics import scrape, value
 
 
 def free_port() -> int:

@@ -13,8 +13,8 @@ from schemas.topics import (
     PROFILE_SCHEDULE,
     WORKFLOW_WINDOWS,
 )
-from tests.integration.helpers import CODEC, read_topic, running_sink, wait_until, worker_process
-from tests.unit.samples import BASE_MS, sample
+from tests.support.integration import CODEC, read_topic, running_sink, wait_until, worker_process
+from tests.support.samples import BASE_MS, sample
 
 
 def ticks(start_s, end_s):

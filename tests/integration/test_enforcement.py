@@ -18,7 +18,7 @@ from producers.run_simulation import SimulationPlan, run_simulation
 from producers.simulate_fleet import HEALTHY, IDLE, build_fleet
 from schemas.topics import ENFORCEMENT, GPU_SAMPLES
 from streams.enforcement.ladder import load_ladders
-from tests.integration.helpers import (
+from tests.support.integration import (
     CODEC,
     read_topic,
     run_until,
@@ -26,7 +26,7 @@ from tests.integration.helpers import (
     wait_until,
     worker_process,
 )
-from tests.unit.samples import BASE_MS
+from tests.support.samples import BASE_MS
 
 MINUTES = 25
 

@@ -13,7 +13,7 @@ import pytest
 from producers.publish_kafka import Publisher
 from producers.simulate_fleet import HEALTHY, build_fleet
 from schemas.topics import ALERTS, DEAD_LETTERS, GPU_SAMPLES, WORKFLOW_WINDOWS
-from tests.integration.helpers import (
+from tests.support.integration import (
     CODEC,
     committed_everything,
     read_topic,
@@ -21,7 +21,7 @@ from tests.integration.helpers import (
     wait_until,
     worker_process,
 )
-from tests.unit.samples import BASE_MS, sample
+from tests.support.samples import BASE_MS, sample
 
 MINUTE = 60_000
 

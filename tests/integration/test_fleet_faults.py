@@ -27,7 +27,8 @@ from producers.simulate_fleet import HEALTHY, IDLE, build_fleet
 from schemas.topics import ALERTS, DEAD_LETTERS, GPU_SAMPLES, WORKFLOW_WINDOWS
 from sinks.consume_to_clickhouse import ClickHouseSink
 from sinks.write_clickhouse import ClickHouseWriter
-from tests.integration.helpers import (
+from tests.support.consumer_groups import group_members
+from tests.support.integration import (
     CODEC,
     Hook,
     committed_everything,
@@ -36,8 +37,7 @@ from tests.integration.helpers import (
     wait_until,
     worker_process,
 )
-from tests.integration.test_many_workers import group_members
-from tests.unit.samples import BASE_MS
+from tests.support.samples import BASE_MS
 
 PARTITIONS = 6
 TICKS_PER_S = 20

@@ -17,7 +17,7 @@ from gpufleet import local_kafka
 from kafka_client.admin import ensure_topics
 from kafka_client.config import consumer_config, producer_config
 from schemas.topics import ALL_TOPICS, DEAD_LETTERS, GPU_SAMPLES, PROFILE_SCHEDULE
-from tests.integration.helpers import wait_until
+from tests.support.integration import wait_until
 
 
 @pytest.fixture(scope="module")

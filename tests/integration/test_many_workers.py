@@ -8,32 +8,22 @@ import signal
 import uuid
 from collections import defaultdict
 
-from confluent_kafka import KafkaException, Producer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Producer
 
 from kafka_client.admin import ensure_topics
 from kafka_client.config import producer_config
 from producers.publish_kafka import Publisher
 from producers.simulate_fleet import build_fleet
 from schemas.topics import ALERTS, GPU_SAMPLES, WORKFLOW_SUMMARIES, WORKFLOW_WINDOWS
-from tests.integration.helpers import (
+from tests.support.consumer_groups import group_members
+from tests.support.integration import (
     CODEC,
     committed_everything,
     read_topic,
     wait_until,
     worker_process,
 )
-from tests.unit.samples import BASE_MS, sample
-
-
-def group_members(bootstrap: str, group: str) -> list[set[tuple[str, int]]]:
-    """Each member's assigned partitions (empty while the group is rebalancing or gone)."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    try:
-        (description,) = [f.result(10) for f in admin.describe_consumer_groups([group]).values()]
-    except (KafkaException, TimeoutError):  # the coordinator is loading or moving, or no group yet
-        return []
-    return [{(tp.topic, tp.partition) for tp in m.assignment.topic_partitions} for m in description.members]
+from tests.support.samples import BASE_MS, sample
 
 
 def records(bootstrap, topic, partitions, name):

@@ -4,10 +4,8 @@ own /metrics, while samples (and one undecodable message) flow through the real 
 from __future__ import annotations
 
 import socket
-import urllib.request
 
 from confluent_kafka import Producer
-from prometheus_client.parser import text_string_to_metric_families
 
 from kafka_client.config import producer_config
 from kafka_client.metrics import serve
@@ -16,8 +14,9 @@ from producers.run_simulation import SimulationPlan, run_simulation
 from producers.simulate_fleet import build_fleet
 from schemas.topics import GPU_SAMPLES
 from sinks.consume_to_clickhouse import METRICS as SINK_METRICS
-from tests.integration.helpers import CODEC, running_sink, wait_until, worker_process
-from tests.unit.samples import BASE_MS
+from tests.support.integration import CODEC, running_sink, wait_until, worker_process
+from tests.support.metrics import scrape, value
+from tests.support.samples import BASE_MS
 
 TICKS = 80  # the first window closes (watermark = newest - 10 s)
 
@@ -28,16 +27,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def scrape(port: int) -> dict[tuple, float]:
-    """Every sample on the page: (name, sorted labels) -> value."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
 
 
-def value(page: dict, name: str, **labels) -> float:
-    """The sum of ``name`` over the series whose labels include ``labels``."""
-    return sum(v for (n, ls), v in page.items() if n == name and labels.items() <= dict(ls).items())
 
 
 def test_the_worker_and_the_sink_report_their_health(kafka, prefix, chdb_client, database, tmp_path):

@@ -17,8 +17,9 @@ from schemas.goodput_buckets import JOULES_FIELDS, SECONDS_FIELDS
 from schemas.topics import ALERTS, DEAD_LETTERS, ENFORCEMENT, WORKFLOW_SUMMARIES
 from sinks.consume_alerts import AlertNotifier
 from sinks.route_alerts import load_routing
-from tests.integration.helpers import CODEC, read_topic, run_until
-from tests.unit.samples import BASE_MS
+from tests.support.alerts import Mailbox, alert
+from tests.support.integration import CODEC, read_topic, run_until
+from tests.support.samples import BASE_MS
 
 
 class Webhooks(BaseHTTPRequestHandler):
@@ -37,21 +38,8 @@ class Webhooks(BaseHTTPRequestHandler):
         pass
 
 
-class Mailbox:
-    def __init__(self):
-        self.messages = []
-
-    async def handle_DATA(self, server, session, envelope):
-        self.messages.append((envelope.rcpt_tos, envelope.content.decode()))
-        return "250 OK"
 
 
-def alert(alert_id, status, notify, team, owner):
-    return {"alert_id": alert_id, "detector": "low_utilization", "severity": "CRITICAL", "status": status,
-            "notify": notify, "workflow_id": "wf-1", "owner": owner, "team": team, "window_start": BASE_MS,
-            "window_end": BASE_MS + 60_000, "since": BASE_MS, "observed": 9.5, "threshold": 15.0,
-            "wasted_gpu_hours_so_far": 3.2, "message": "4 GPU(s) at 9.5% mean utilisation.",
-            "advice": "Raise DataLoader num_workers.", "fired_at": BASE_MS}
 
 
 def run_notifier(notifier, until):

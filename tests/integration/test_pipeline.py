@@ -13,9 +13,9 @@ from producers.run_simulation import SimulationPlan, run_simulation
 from producers.simulate_fleet import IDLE, UNDERUTILIZED, build_fleet
 from schemas.topics import GPU_SAMPLES, WORKFLOW_WINDOWS, trace_id_of
 from streams.profiling.auto import request_id_for
-from tests.integration.helpers import CODEC, read_topic, running_sink, wait_until, worker_process
-from tests.unit.samples import BASE_MS, assert_window_matches, batch_samples, expected_windows
-from tests.unit.streams.test_hook_trace import TRACE as HOOK_TRACE
+from tests.support.integration import CODEC, read_topic, running_sink, wait_until, worker_process
+from tests.support.samples import BASE_MS, assert_window_matches, batch_samples, expected_windows
+from tests.support.traces import HOOK_TRACE
 
 WINDOWS = 3
 TICKS = WINDOWS * 60 + 15  # 15 s more: the watermark (max - 10 s) passes the third window's end

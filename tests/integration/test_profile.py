@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.profile import hosts_of, profile
-from tests.integration.helpers import wait_until, worker_process
+from tests.support.integration import wait_until, worker_process
 
 ROOT = Path(__file__).resolve().parents[2]
 TORCH_PYTHON = Path(os.environ.get("GPUFLEET_TORCH_PYTHON", ROOT / ".venv-torch" / "bin" / "python"))

@@ -14,9 +14,9 @@ from producers.publish_trace import publish_trace
 from producers.run_simulation import SimulationPlan, run_simulation
 from producers.simulate_fleet import build_fleet
 from schemas.topics import GPU_SAMPLES, PROFILE_REQUESTS, trace_id_of
-from tests.integration.helpers import CODEC, read_topic, wait_until, worker_process
-from tests.unit.samples import BASE_MS
-from tests.unit.streams.test_hook_trace import TRACE
+from tests.support.integration import CODEC, read_topic, wait_until, worker_process
+from tests.support.samples import BASE_MS
+from tests.support.traces import HOOK_TRACE as TRACE
 
 OPTIONS = ("--schedule-report-s", "1", "--profile-budget", "0.25", "--profile-every-s", "3600",
            "--detector-min-s", "3600")  # no alert (and no automatic profile) in these 3 minutes

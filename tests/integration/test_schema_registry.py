@@ -20,8 +20,8 @@ from producers.run_simulation import SimulationPlan, run_simulation
 from producers.simulate_fleet import HEALTHY, IDLE, build_fleet
 from schemas.registry import RegistryServer, SchemaRegistry
 from schemas.topics import ALERTS, GPU_SAMPLES, WORKFLOW_WINDOWS
-from tests.integration.helpers import CODEC, read_topic, wait_until, worker_process
-from tests.unit.samples import BASE_MS
+from tests.support.integration import CODEC, read_topic, wait_until, worker_process
+from tests.support.samples import BASE_MS
 
 WINDOWS = 3
 TICKS = WINDOWS * 60 + 15  # the watermark (newest - 10 s) passes the third window's end

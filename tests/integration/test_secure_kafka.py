@@ -31,8 +31,8 @@ from kafka_client.config import (
 from producers.publish_kafka import Publisher
 from producers.simulate_fleet import build_fleet
 from schemas.topics import ALERTS, GPU_SAMPLES, WORKFLOW_WINDOWS
-from tests.integration.helpers import CODEC, running_sink, wait_until, worker_process
-from tests.unit.samples import BASE_MS
+from tests.support.integration import CODEC, running_sink, wait_until, worker_process
+from tests.support.samples import BASE_MS
 
 
 @pytest.fixture(scope="module")
@@ -209,8 +209,7 @@ def test_no_secret_leaks_into_logs_errors_dead_letters_or_clickhouse(secure, top
     from gpufleet.local_kafka import free_port
     from sinks.consume_alerts import AlertNotifier
     from sinks.route_alerts import load_routing
-    from tests.integration.test_notifier import Mailbox, alert
-    from tests.unit.sinks.test_notify_owner import Refusing
+    from tests.support.alerts import Mailbox, Refusing, alert
 
     smtp_password, webhook_secret, clickhouse_password = "smtp-S3cret-7f1", "T0K/B0T/hook-S3cret-9a2", "ch-S3cret-4c7"
     secrets = [smtp_password, webhook_secret, clickhouse_password,

@@ -12,8 +12,8 @@ from kafka_client.admin import ensure_topics, wait_until_served
 from producers.publish_kafka import Publisher
 from schemas.topics import GPU_SAMPLES
 from sinks.clickhouse_ddl import GPU_SAMPLES_TABLE
-from tests.integration.helpers import CODEC, committed_everything, running_sink, wait_until
-from tests.unit.samples import BASE_MS, sample
+from tests.support.integration import CODEC, committed_everything, running_sink, wait_until
+from tests.support.samples import BASE_MS, sample
 
 
 def publish(kafka, topic, n, host):

@@ -13,8 +13,8 @@ from schemas.sample_columns import columns_of
 from schemas.topics import DEAD_LETTERS, GPU_SAMPLES
 from sinks.consume_to_clickhouse import ClickHouseSink
 from sinks.write_clickhouse import ClickHouseWriter
-from tests.integration.helpers import CODEC, committed_everything, read_topic, wait_until
-from tests.unit.samples import BASE_MS, batch_samples, sample
+from tests.support.integration import CODEC, committed_everything, read_topic, wait_until
+from tests.support.samples import BASE_MS, batch_samples, sample
 
 
 class CrashBeforeCommit(ClickHouseSink):

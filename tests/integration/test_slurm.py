@@ -34,9 +34,9 @@ from schemas.topics import WORKFLOW_SUMMARIES
 from sinks.job_report import job_report
 from sinks.slurm_comments import SlurmComments
 from streams.enforcement.ladder import load_ladders
-from tests.fakes.fake_nvml import FakeGpu, FakeNvml, FakeProcess
-from tests.integration.helpers import running_sink, wait_until, worker_process
-from tests.integration.slurm_cluster import SlurmCluster, missing
+from tests.support.fake_nvml import FakeGpu, FakeNvml, FakeProcess
+from tests.support.integration import running_sink, wait_until, worker_process
+from tests.support.slurm_cluster import SlurmCluster, missing
 
 pytestmark = pytest.mark.skipif(missing() is not None, reason=missing() or "")
 

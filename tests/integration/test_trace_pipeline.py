@@ -9,8 +9,8 @@ from gpufleet.analyze import analyze_file, analyze_file_with_findings
 from producers.publish_kafka import Publisher
 from producers.publish_trace import publish_trace
 from schemas.topics import DEAD_LETTERS, FINDINGS, TRACE_ANALYSES
-from tests.integration.helpers import CODEC, read_topic, running_sink, wait_until, worker_process
-from tests.unit.traces import SHARED_TRACES, kernel, write_trace
+from tests.support.integration import CODEC, read_topic, running_sink, wait_until, worker_process
+from tests.support.traces import SHARED_TRACES, kernel, write_trace
 
 RESNET = SHARED_TRACES / "resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz"
 
@@ -88,7 +88,7 @@ def test_profiles_are_compared_with_the_previous_one_and_across_their_ranks(kafk
     Then a requested profile of three ranks, one of them slow: the worker names the straggler."""
     from gpufleet.opportunities import opportunities
     from schemas.topics import trace_id_of
-    from tests.unit.traces import (
+    from tests.support.traces import (
         COMPUTE_KERNELS,
         synthetic_job_trace,
         synthetic_operator_trace,

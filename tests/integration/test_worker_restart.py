@@ -7,14 +7,14 @@ import signal
 from producers.publish_kafka import Publisher
 from producers.simulate_fleet import build_fleet
 from schemas.topics import GPU_SAMPLES, WORKFLOW_WINDOWS
-from tests.integration.helpers import (
+from tests.support.integration import (
     CODEC,
     committed_everything,
     read_topic,
     wait_until,
     worker_process,
 )
-from tests.unit.samples import BASE_MS, assert_window_matches, expected_windows
+from tests.support.samples import BASE_MS, assert_window_matches, expected_windows
 
 
 def publish(kafka, prefix, fleet, ticks):

@@ -8,8 +8,8 @@ import pytest
 from producers.publish_kafka import Publisher
 from producers.simulate_fleet import HEALTHY, build_fleet
 from schemas.topics import GPU_SAMPLES, WORKFLOW_EVENTS, WORKFLOW_SUMMARIES
-from tests.integration.helpers import CODEC, read_topic, running_sink, wait_until, worker_process
-from tests.unit.samples import BASE_MS
+from tests.support.integration import CODEC, read_topic, running_sink, wait_until, worker_process
+from tests.support.samples import BASE_MS
 
 
 def test_stopped_workflows_are_summarised(kafka, prefix, tmp_path, chdb_client, database):

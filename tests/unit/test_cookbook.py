@@ -10,7 +10,7 @@ import pytest
 
 from sinks.clickhouse_ddl import ALERTS_TABLE
 from sinks.write_clickhouse import ClickHouseWriter, Row
-from tests.unit.sinks.fleet_data import PLANTED_FINDINGS, SMALL_MEMORY, build, store
+from tests.support.fleet_data import PLANTED_FINDINGS, SMALL_MEMORY, build, store
 
 COOKBOOK = Path(__file__).resolve().parents[2] / "docs" / "queries.md"
 
@@ -189,7 +189,7 @@ def test_what_the_automatic_profile_found(chdb_client, database):
 def planted(data) -> dict[str, dict[str, list[float]]]:
     """Per workflow and goodput bucket, [GPU-seconds, joules] as the fleet put them there."""
     from streams.windows.goodput import GoodputConfig
-    from tests.unit.sinks.fleet_data import INTERVAL_MS, TICKS
+    from tests.support.fleet_data import INTERVAL_MS, TICKS
 
     return data.fleet.planted(TICKS, data.start_ms, INTERVAL_MS, GoodputConfig().startup_max_s)
 

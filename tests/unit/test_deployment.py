@@ -11,7 +11,7 @@ import yaml
 
 from gpufleet.cli import build_parser
 from sinks.write_clickhouse import ClickHouseWriter
-from tests.unit.sinks.fleet_data import build, store
+from tests.support.fleet_data import build, store
 
 DOCKER = Path(__file__).resolve().parents[2] / "docker"
 NO_KAFKA = {"schemas"}  # serves the schemas in the image: reaches no broker, holds no credentials

@@ -1,6 +1,7 @@
-"""The house rules a newcomer can rely on, checked on the tree itself: no module of gpufleet's
-over 400 lines, and no import loop among its modules (every import statement counted, those
-inside functions too)."""
+"""The house rules a newcomer can rely on, checked on the tree itself: no module over 400 lines
+(gpufleet's, its tests' and its benchmarks'), no import loop among gpufleet's modules (every
+import statement counted, those inside functions too), and tests that share code through
+``tests.support``, never by importing one another."""
 
 from __future__ import annotations
 
@@ -88,9 +89,26 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def every_python_file() -> list[Path]:
+    return [p for folder in (*PACKAGES, "tests", "benchmarks") for p in (ROOT / folder).rglob("*.py")
+            if not p.name.endswith(GENERATED) and not any(part.startswith(".") for part in p.relative_to(ROOT).parts)]
+
+
 def test_no_module_is_over_400_lines():
-    long = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    lines = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in every_python_file()}
+    long = {name: n for name, n in lines.items() if n > MAX_LINES}
     assert long == {}
+
+
+def test_tests_share_code_through_tests_support_only():
+    """A test module imports gpufleet's code and ``tests.support``, never another test module."""
+    found = []
+    for path in (ROOT / "tests").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tests.") \
+                    and not node.module.startswith("tests.support"):
+                found.append(f"{path.relative_to(ROOT)}: from {node.module}")
+    assert found == []
 
 
 def test_no_import_loop():

@@ -13,8 +13,7 @@ from producers.agent_metrics import AgentMetrics
 from schemas.codec import Codec, CodecError
 from schemas.validate_ids import ids_error
 from schemas.validate_sample import validate_sample
-from tests.unit.producers.test_host_agent import world  # noqa: F401 -- the agent with a fake NVML
-from tests.unit.samples import sample
+from tests.support.samples import sample
 
 
 def decode_error(data: bytes) -> str:
@@ -65,7 +64,7 @@ def gpu_series(registry) -> dict[tuple, float]:
             if family.name.startswith("gpufleet_gpu_") for s in family.samples}
 
 
-def test_the_agent_shows_each_gpus_latest_reading_and_no_series_of_a_workflow_gone(world):  # noqa: F811
+def test_the_agent_shows_each_gpus_latest_reading_and_no_series_of_a_workflow_gone(world):
     agent, spool, gpus, clock = world
     agent.metrics = AgentMetrics(spool)
     agent.tick()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpufleet.analyze import run
-from tests.unit.traces import cpu_op, kernel, runtime, step, write_trace
+from tests.support.traces import cpu_op, kernel, runtime, step, write_trace
 
 
 def _cpu_then_gpu(n: int = 100) -> list[dict]:

@@ -10,7 +10,7 @@ import pytest
 from gpufleet.enforcer import Enforcer
 from schemas.codec import Codec
 from streams.enforcement.ladder import Ladder
-from tests.unit.samples import BASE_MS
+from tests.support.samples import BASE_MS
 
 CODEC = Codec()
 LADDER = Ladder(name="idle", command=("release-gpus", "{scheduler_job_id}", "{team}"), act=True)

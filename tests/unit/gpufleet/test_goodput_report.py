@@ -18,7 +18,7 @@ from sinks.write_clickhouse import ClickHouseWriter, Row
 from streams.windows.batches import Incoming, WindowConfig
 from streams.windows.goodput import GoodputConfig
 from streams.windows.utilization import WindowAggregator
-from tests.unit.samples import BASE_MS
+from tests.support.samples import BASE_MS
 
 TICKS = 600
 CONFIG = WindowConfig(goodput=GoodputConfig(startup_max_s=300))
@@ -96,7 +96,7 @@ def test_the_fleet_waterfall_is_the_planted_truth_with_its_cost_and_carbon(fleet
 
 
 def test_windows_written_before_goodput_are_unclassified_not_lost(chdb_client, database):
-    from tests.unit.samples import window
+    from tests.support.samples import window
 
     old = window(**{f"{b}_gpu_seconds": 0.0 for b in BUCKETS}, **{f"{b}_joules": 0.0 for b in BUCKETS})
     writer = ClickHouseWriter(chdb_client, database)
@@ -146,7 +146,7 @@ def test_a_grid_series_takes_the_latest_intensity_before_the_hour(tmp_path):
 def test_capacity_no_job_held_is_a_line_of_its_own_beside_the_allocated(chdb_client, database):
     """GPUs no job was allocated (the agents' ``unallocated``, or ``idle`` where they read no
     allocations) are not in any bucket: capacity = unallocated + allocated."""
-    from tests.unit.samples import window
+    from tests.support.samples import window
 
     writer = ClickHouseWriter(chdb_client, database)
     writer.ensure_tables()

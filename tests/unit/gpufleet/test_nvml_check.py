@@ -1,5 +1,5 @@
 from gpufleet.nvml_check import main
-from tests.fakes.fake_nvml import FakeGpu, FakeNvml, FakeProcess
+from tests.support.fake_nvml import FakeGpu, FakeNvml, FakeProcess
 
 
 def test_check_prints_every_gpu_and_its_processes(capsys):

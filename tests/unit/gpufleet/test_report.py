@@ -11,7 +11,7 @@ import pytest
 from gpufleet.report import gather, render
 from schemas.vocabulary import wasted_seconds
 from sinks.write_clickhouse import ClickHouseWriter
-from tests.unit.sinks.fleet_data import build, store
+from tests.support.fleet_data import build, store
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ import pytest
 from gpufleet.workflows import list_workflows, workflow_timeline
 from sinks.clickhouse_ddl import ALERTS_TABLE, WORKFLOW_WINDOWS_TABLE
 from sinks.write_clickhouse import ClickHouseWriter, Row
-from tests.integration.test_notifier import alert
-from tests.unit.samples import BASE_MS, window
+from tests.support.alerts import alert
+from tests.support.samples import BASE_MS, window
 
 MIN = 60_000
 
@@ -52,7 +52,7 @@ def test_a_profiled_jobs_productive_hours_are_split_by_what_its_profile_shows(ch
     from gpufleet.workflows import workflow_summary
     from sinks.clickhouse_ddl import TRACE_ANALYSES_TABLE
     from sinks.job_report import job_report
-    from tests.unit.traces import kernel, runtime, write_trace
+    from tests.support.traces import kernel, runtime, write_trace
 
     writer = ClickHouseWriter(chdb_client, database)
     writer.ensure_tables()

@@ -1,5 +1,5 @@
 from producers.attribute_process import UNATTRIBUTED, AttributionKeys, ProcessAttributor
-from tests.unit.producers.proc_tree import make_process
+from tests.support.proc_tree import make_process
 
 
 def test_environment_keys_win_in_their_order(tmp_path):

@@ -6,7 +6,7 @@ from producers.spool import Spool
 from schemas.codec import Codec
 from schemas.sample_columns import columns_of
 from schemas.topics import GPU_SAMPLES
-from tests.unit.samples import sample
+from tests.support.samples import sample
 
 CODEC = Codec()
 TOPIC = "x." + GPU_SAMPLES.name

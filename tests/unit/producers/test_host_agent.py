@@ -5,26 +5,14 @@ import time
 
 import pytest
 
-from producers.attribute_process import IDLE, UNATTRIBUTED, ProcessAttributor
+from producers.attribute_process import IDLE, UNATTRIBUTED
 from producers.host_agent import AgentSettings, HostAgent, SimulatedGpus
-from producers.sample_nvml import NvmlSampler
 from producers.simulate_fleet import build_fleet
 from producers.spool import Spool
-from schemas.codec import Codec
 from schemas.sample_columns import rows_of
 from schemas.validate_sample import validate_sample
-from tests.fakes.fake_nvml import FakeGpu, FakeNvml, FakeProcess
-from tests.unit.producers.proc_tree import make_process
-
-CODEC = Codec()
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1_767_225_600.0
-
-    def __call__(self) -> float:
-        return self.t
+from tests.support.agent import CODEC
+from tests.support.fake_nvml import FakeProcess
 
 
 def spooled(spool):
@@ -37,28 +25,6 @@ def spooled(spool):
     return out
 
 
-@pytest.fixture
-def world(tmp_path):
-    proc = tmp_path / "proc"
-    make_process(proc, 101, {"GPUFLEET_WORKFLOW_ID": "wf-a", "GPUFLEET_OWNER": "ana", "GPUFLEET_TEAM": "nlp",
-                             "GPUFLEET_MODEL": "bert-large", "RANK": "0"})
-    make_process(proc, 102, {"GPUFLEET_WORKFLOW_ID": "wf-a", "GPUFLEET_OWNER": "ana", "RANK": "1"})
-    make_process(proc, 201, {"SLURM_JOB_ID": "77"})
-    make_process(proc, 301, {"HOME": "/"})
-    gpus = [
-        FakeGpu("GPU-0", util=90, processes=[FakeProcess(101, sm_util=60), FakeProcess(201, sm_util=20)]),
-        FakeGpu("GPU-1", util=80, processes=[FakeProcess(102, sm_util=80)]),
-        FakeGpu("GPU-2", util=0, mem_used=300 << 20),                 # nothing on it: idle capacity
-        FakeGpu("GPU-3", util=0, mem_used=20 << 30, processes=[FakeProcess(301)]),  # memory, no workflow id
-    ]
-    nvml = FakeNvml(gpus)
-    sampler = NvmlSampler(nvml)
-    sampler.open()
-    spool = Spool(tmp_path / "spool")
-    clock = Clock()
-    agent = HostAgent(AgentSettings("node-7", heartbeat_s=10, ended_after_ticks=2, cluster="east-1"), spool, CODEC,
-                      nvml=sampler, attributor=ProcessAttributor(proc=proc), clock=clock)
-    return agent, spool, gpus, clock
 
 
 def test_one_sample_per_gpu_and_workflow_with_shares(world):

@@ -14,8 +14,8 @@ from producers.spool import Spool
 from schemas.codec import Codec
 from schemas.sample_columns import rows_of
 from schemas.validate_sample import UNALLOCATED, validate_sample
-from tests.fakes.fake_nvml import FakeGpu, FakeNvml, FakeProcess
-from tests.unit.producers.proc_tree import make_process
+from tests.support.fake_nvml import FakeGpu, FakeNvml, FakeProcess
+from tests.support.proc_tree import make_process
 
 CODEC = Codec()
 T0 = 1_767_225_600_000

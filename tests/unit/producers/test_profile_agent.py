@@ -10,8 +10,8 @@ import pytest
 
 from producers.profile_agent import ProfileCoordinator
 from schemas.topics import request_of_trace, trace_id_of
-from tests.unit.samples import sample
-from tests.unit.traces import kernel, runtime, write_trace
+from tests.support.samples import sample
+from tests.support.traces import kernel, runtime, write_trace
 
 
 class Recorder:

@@ -4,7 +4,7 @@ with its topic's schema, as the Kafka publisher does)."""
 from producers.publish_trace import publish_trace
 from schemas.codec import Codec
 from schemas.topics import DEAD_LETTERS, KERNEL_EVENTS
-from tests.unit.traces import kernel, runtime, write_trace
+from tests.support.traces import kernel, runtime, write_trace
 
 
 class RecordingPublisher:

@@ -7,7 +7,7 @@ import pytest
 
 from gpufleet.analyze import analyze_file
 from producers.read_trace import TraceError, open_trace, read_trace
-from tests.unit.traces import SHARED_TRACES, cpu_op, kernel, runtime, write_trace
+from tests.support.traces import SHARED_TRACES, cpu_op, kernel, runtime, write_trace
 
 
 def test_gzip_and_plain_read_the_same(tmp_path):

@@ -4,7 +4,7 @@ import pynvml
 import pytest
 
 from producers.sample_nvml import NO_DRIVER, NvmlSampler, NvmlUnavailable
-from tests.fakes.fake_nvml import FakeGpu, FakeNvml, FakeProcess
+from tests.support.fake_nvml import FakeGpu, FakeNvml, FakeProcess
 
 
 def sampler(gpus, **kw):

@@ -8,7 +8,7 @@ import pytest
 
 from schemas.codec import SCHEMA_DIR, Codec, CodecError, load_catalog
 from schemas.topics import ALL_TOPICS
-from tests.unit.samples import sample, window
+from tests.support.samples import sample, window
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 from schemas.codec import Codec
 from schemas.topics import GPU_SAMPLES, key_of
 from schemas.validate_sample import samples_of
-from tests.unit.samples import BASE_MS, batch_samples, sample
+from tests.support.samples import BASE_MS, batch_samples, sample
 
 
 def tick():

@@ -22,7 +22,7 @@ from schemas.topics import GPU_SAMPLES, key_of
 from schemas.validate_sample import BOUNDS, validate_sample
 from streams.windows.batches import Incoming, WindowConfig
 from streams.windows.utilization import WindowAggregator
-from tests.unit.samples import BASE_MS, batch_samples, sample
+from tests.support.samples import BASE_MS, batch_samples, sample
 
 CODEC = Codec()
 

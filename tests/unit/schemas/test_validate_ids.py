@@ -5,7 +5,7 @@ import pytest
 from schemas.sample_columns import blocks_of, columns_of
 from schemas.validate_ids import MAX_ID_LENGTH, id_error, ids_error
 from schemas.validate_sample import validate_sample
-from tests.unit.samples import sample
+from tests.support.samples import sample
 
 
 @pytest.mark.parametrize("value", [

@@ -3,7 +3,7 @@ import math
 import pytest
 
 from schemas.validate_sample import validate_sample
-from tests.unit.samples import sample
+from tests.support.samples import sample
 
 
 def test_a_good_sample_passes():

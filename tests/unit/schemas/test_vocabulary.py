@@ -8,7 +8,7 @@ import pytest
 from schemas.goodput_buckets import BUCKETS
 from schemas.vocabulary import JOBS, TERMS, WASTE_BUCKETS, WASTED, markdown_table, wasted_seconds
 from sinks.write_clickhouse import ClickHouseWriter
-from tests.unit.sinks.fleet_data import build, store
+from tests.support.fleet_data import build, store
 
 ROOT = Path(__file__).parents[3]
 

@@ -5,7 +5,7 @@ import re
 import pytest
 
 from sinks.clickhouse_access import access_statements, password_sha256
-from tests.unit.sinks.test_clickhouse_cluster import sql_literal
+from tests.support.sql import sql_literal
 
 
 @pytest.fixture(scope="module")

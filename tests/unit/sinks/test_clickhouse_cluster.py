@@ -7,10 +7,7 @@ import pytest
 
 from sinks.clickhouse_cluster import cluster_statements, sharded_tables
 from sinks.clickhouse_ddl import TABLES
-
-
-def sql_literal(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+from tests.support.sql import sql_literal
 
 
 @pytest.fixture(scope="module")

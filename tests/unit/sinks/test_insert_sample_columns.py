@@ -14,7 +14,7 @@ from schemas.sample_columns import blocks_of, columns_of
 from sinks.clickhouse_ddl import GPU_SAMPLES_TABLE
 from sinks.insert_sample_columns import Message, SampleColumnsInsert
 from sinks.write_clickhouse import Block, ClickHouseWriter, deduplication_token
-from tests.unit.samples import BASE_MS, sample
+from tests.support.samples import BASE_MS, sample
 
 CODEC = Codec()
 TOPIC, TOPIC_ID = "p.gpufleet.gpu-samples.v1", "topic-id"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import ssl
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 from aiosmtpd.controller import Controller
@@ -14,19 +14,11 @@ from gpufleet.certificates import Authority
 from gpufleet.local_kafka import free_port
 from sinks.notify_owner import NotifyError, redact_url, send_email, send_webhook
 from sinks.route_alerts import SmtpSettings
-from tests.integration.test_notifier import Mailbox, alert
+from tests.support.alerts import Mailbox, Refusing, alert
 
 SECRET = "T000/B000/XXXXsecretXXXX"
 
 
-class Refusing(BaseHTTPRequestHandler):
-    def do_POST(self):
-        self.rfile.read(int(self.headers["Content-Length"]))
-        self.send_response(403 if self.path.startswith("/forbidden") else 503)
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 from sinks.notify_owner import subject, text
 from sinks.route_alerts import load_routing
-from tests.integration.test_notifier import alert
+from tests.support.alerts import alert
 
 
 def test_routing_file(tmp_path, monkeypatch):

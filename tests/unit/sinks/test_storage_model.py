@@ -8,7 +8,7 @@ import pytest
 
 from gpufleet.opportunities import opportunities, parse_since
 from sinks.write_clickhouse import ClickHouseWriter
-from tests.unit.sinks.fleet_data import build, store
+from tests.support.fleet_data import build, store
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from sinks.write_clickhouse import (
     offsets_query,
     table_for_topic,
 )
-from tests.unit.samples import BASE_MS, sample, window
+from tests.support.samples import BASE_MS, sample, window
 
 
 @pytest.fixture
@@ -267,7 +267,7 @@ def test_topics_map_to_tables():
 
 def test_trace_analysis_rows_keep_idle_time_per_stream(writer, tmp_path):
     from gpufleet.analyze import analyze_file
-    from tests.unit.traces import kernel, runtime, write_trace
+    from tests.support.traces import kernel, runtime, write_trace
 
     path = write_trace(tmp_path / "t.json", [
         runtime("cudaLaunchKernel", 0, 1, corr=1), kernel("k1", 0, 10, corr=1),
@@ -303,7 +303,7 @@ def test_trace_analysis_rows_keep_idle_time_per_stream(writer, tmp_path):
 
 def test_trace_analysis_rows_keep_memory_copies_per_kind(writer, tmp_path):
     from gpufleet.analyze import analyze_file
-    from tests.unit.traces import synthetic_job_trace
+    from tests.support.traces import synthetic_job_trace
 
     record = analyze_file(synthetic_job_trace(tmp_path / "t.json"), workflow_id="wf")
     assert writer.insert(TRACE_ANALYSES_TABLE, [Row(0, 0, record)]) == []

@@ -4,7 +4,7 @@ import json
 
 from streams.alerts.detectors import DetectorConfig, detect
 from streams.alerts.lifecycle import FIRING, RESOLVED, LifecycleConfig, step
-from tests.unit.samples import BASE_MS, window
+from tests.support.samples import BASE_MS, window
 
 CFG = LifecycleConfig(cooldown_s=900, notify_every_s=86_400)
 MIN = 60_000

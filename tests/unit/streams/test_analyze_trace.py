@@ -5,7 +5,7 @@ import pytest
 from producers.read_trace import read_trace
 from streams.traces.analyze import analyze_events
 from streams.traces.kernel_type import KernelType, kernel_type
-from tests.unit.traces import kernel, memcpy, runtime, step, write_trace
+from tests.support.traces import kernel, memcpy, runtime, step, write_trace
 
 
 def analyze(tmp_path, events, **kw):
@@ -154,7 +154,7 @@ def test_checkpointed_state_resumes_to_the_same_result(tmp_path, trace):
     import json
 
     from streams.traces.analyze import TraceAnalyzer
-    from tests.unit.traces import SHARED_TRACES, synthetic_job_trace, synthetic_operator_trace
+    from tests.support.traces import SHARED_TRACES, synthetic_job_trace, synthetic_operator_trace
 
     if trace == "synthetic":  # several streams, NCCL overlapping computation
         path = synthetic_job_trace(tmp_path / "t.json")
@@ -188,7 +188,7 @@ def test_a_session_checkpointed_before_the_kernel_breakdown_keeps_its_temporal_b
 
     from streams.traces.analyze import TraceAnalyzer
     from streams.traces.kernel_breakdown import COMMUNICATION_BIT, COMPUTATION_BIT
-    from tests.unit.traces import synthetic_job_trace
+    from tests.support.traces import synthetic_job_trace
 
     events = list(read_trace(synthetic_job_trace(tmp_path / "t.json")).events)
     cut = len(events) * 2 // 3

@@ -3,7 +3,7 @@
 from streams.profiling.auto import AutoProfileConfig, auto_profile_requests, request_id_for
 from streams.profiling.root_cause import FOLLOWS
 from streams.windows.workflow_state import WorkflowState
-from tests.unit.samples import BASE_MS
+from tests.support.samples import BASE_MS
 
 HOUR = 3_600_000
 

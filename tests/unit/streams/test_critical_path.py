@@ -17,7 +17,7 @@ from producers.read_trace import read_trace
 from streams.traces import critical_path as trace_critical_path
 from streams.traces.critical_path import STEP_CODE, CriticalPath
 from streams.traces.kernel_type import short_kernel_name
-from tests.unit.traces import (
+from tests.support.traces import (
     SHARED_TRACES,
     cpu_op,
     cuda_graph_step_trace,

@@ -4,7 +4,7 @@ import pytest
 
 from streams.alerts.detectors import DETECTORS, DetectorConfig, detect
 from streams.windows.workflow_state import WorkflowState
-from tests.unit.samples import window
+from tests.support.samples import window
 
 CFG = DetectorConfig()
 
@@ -83,7 +83,7 @@ def test_memory_underuse_is_judged_over_the_job_so_far():
     from streams.alerts.raising import AlertConfig, raise_alerts
     from streams.windows.summary import accumulate
     from streams.windows.workflow_state import WorkflowState
-    from tests.unit.samples import BASE_MS
+    from tests.support.samples import BASE_MS
 
     config, state, fired = AlertConfig(), WorkflowState(partition=0), []
 

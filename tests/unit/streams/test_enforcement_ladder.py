@@ -23,7 +23,7 @@ from streams.enforcement.ladder import (
     render,
 )
 from streams.windows.workflow_state import WorkflowState
-from tests.unit.samples import BASE_MS, window
+from tests.support.samples import BASE_MS, window
 
 MIN = 60_000
 LADDER = Ladder(name="idle-gpus", detector="idle_allocated", first_warning_min=5, second_warning_min=10,

@@ -12,7 +12,7 @@ from streams.windows.batches import Incoming, WindowConfig
 from streams.windows.goodput import GoodputConfig
 from streams.windows.summary import accumulate, summary
 from streams.windows.utilization import WindowAggregator
-from tests.unit.samples import BASE_MS, sample
+from tests.support.samples import BASE_MS, sample
 
 CONFIG = WindowConfig()
 

@@ -1,11 +1,9 @@
 """The analysis of a trace our profiling hook captured on a real GPU (tests/data/README.md)."""
 
-from pathlib import Path
 
 from gpufleet.analyze import analyze_file_with_findings
 from producers.read_trace import read_trace
-
-TRACE = Path(__file__).resolve().parents[2] / "data" / "hook-trace-h200.json.gz"
+from tests.support.traces import HOOK_TRACE as TRACE
 
 
 def test_a_hook_trace_from_an_h200_reads_whole_with_its_steps():

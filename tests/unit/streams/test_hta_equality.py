@@ -3,7 +3,7 @@
 HTA's results are stored in ``tests/data/hta/`` (``benchmarks/hta_reference.py``, run in HTA's
 own virtualenv): the real traces of ``shared/traces`` and deterministic synthetic traces of a
 data-parallel job (two compute streams, NCCL on two more overlapping them, copies, float
-timestamps, many kernel names: ``tests.unit.traces.synthetic_job_trace``) and of copies
+timestamps, many kernel names: ``tests.support.traces.synthetic_job_trace``) and of copies
 overlapping on several streams with many equal times (``overlapping_copies_trace``), where
 HTA's own memory bandwidth and queue length figures depend on its unstable sort and its
 bandwidths' float sum drifts: there gpufleet equals HTA with a stable sort and an exact sum
@@ -22,7 +22,8 @@ from producers.read_trace import read_trace
 from streams.traces.analyze import analyze_events
 from streams.traces.memory_copies import HTA_FIGURES as MEMORY_FIGURES
 from streams.traces.queue_length import HTA_FIGURES as QUEUE_FIGURES
-from tests.unit.traces import SHARED_TRACES, overlapping_copies_trace, synthetic_job_trace
+from tests.support.overlapping_copies import overlapping_copies_trace
+from tests.support.traces import SHARED_TRACES, synthetic_job_trace
 
 HTA_DATA = Path(__file__).resolve().parents[2] / "data" / "hta"
 REAL = (
@@ -178,7 +179,7 @@ def test_queue_length_summary_equals_hta_with_a_stable_sort(trace):
 
 
 def test_time_blocked_on_a_full_launch_queue_equals_hta(tmp_path):
-    from tests.unit.traces import queue_full_trace
+    from tests.support.traces import queue_full_trace
 
     hta = json.loads((HTA_DATA / "queue-full.json").read_text())
     (q,) = analyze_events(read_trace(queue_full_trace(tmp_path / "queue-full.json")).events)["queue_lengths"]

@@ -14,7 +14,7 @@ from producers.read_trace import read_trace
 from streams.traces import kernel_sequences as trace_kernel_sequences
 from streams.traces.analyze import PENDING_HORIZON_US
 from streams.traces.kernel_sequences import KernelSequences
-from tests.unit.traces import (
+from tests.support.traces import (
     SHARED_TRACES,
     cpu_op,
     kernel,

@@ -12,7 +12,7 @@ from gpufleet.analyze import analyze_file_with_findings, format_record
 from producers.read_trace import read_trace
 from schemas.codec import Codec
 from schemas.gpu_peaks import PRECISIONS, peak_tflops
-from tests.unit.traces import cpu_op, kernel, runtime, write_trace
+from tests.support.traces import cpu_op, kernel, runtime, write_trace
 
 BF16 = ["c10::BFloat16", "c10::BFloat16", "c10::BFloat16", "Scalar", "Scalar"]
 
@@ -86,7 +86,7 @@ def test_a_window_gives_the_mfu_of_the_model_work_its_job_reported():
     from schemas.sample_columns import columns_of
     from streams.windows.batches import Incoming, WindowConfig
     from streams.windows.utilization import WindowAggregator
-    from tests.unit.samples import BASE_MS, sample
+    from tests.support.samples import BASE_MS, sample
 
     def window(**extra) -> dict:
         agg = WindowAggregator(WindowConfig(), {}, {}, clock=lambda: BASE_MS + 10**9)

@@ -9,7 +9,7 @@ import pytest
 from streams.windows.right_size import recommend
 from streams.windows.summary import accumulate, summary
 from streams.windows.workflow_state import WorkflowState
-from tests.unit.samples import BASE_MS, window
+from tests.support.samples import BASE_MS, window
 
 MIN = 60_000
 
@@ -110,8 +110,8 @@ def test_stored_recommendations_rank_fleet_wide_and_reach_the_job_report(chdb_cl
 def test_memory_is_judged_by_the_allocator_where_the_job_reports_it():
     """NVML sees the 70 GB PyTorch's caching allocator reserved; the job's own peak is 6 GB:
     through the window and the job's totals, the advice follows the allocator, and says so."""
-    from tests.unit.samples import sample
-    from tests.unit.streams.test_window_efficiency import close_one
+    from tests.support.samples import sample
+    from tests.support.windows import close_one
 
     def one_minute(**fields):
         return close_one([sample(event_time=BASE_MS + t * 1000, gpu_model="NVIDIA H100 80GB HBM3",
@@ -128,8 +128,8 @@ def test_memory_is_judged_by_the_allocator_where_the_job_reports_it():
 
 
 def test_host_memory_per_gpu_is_sized_from_the_workflows_resident_memory():
-    from tests.unit.samples import sample
-    from tests.unit.streams.test_window_efficiency import close_one
+    from tests.support.samples import sample
+    from tests.support.windows import close_one
 
     window = close_one([sample(event_time=BASE_MS + t * 1000, gpu_uuid=f"GPU-{i}", gpu_index=i,
                                workflow_memory_bytes=40 << 30) for t in range(60) for i in range(4)])

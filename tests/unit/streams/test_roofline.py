@@ -8,7 +8,7 @@ import pytest
 from gpufleet.analyze import analyze_file, run
 from producers.read_trace import operator_bytes
 from schemas.gpu_peaks import peak_memory_gbps, peak_tflops
-from tests.unit.traces import synthetic_operator_trace
+from tests.support.traces import synthetic_operator_trace
 
 H100 = "NVIDIA H100 80GB HBM3"
 

@@ -12,7 +12,7 @@ from streams.alerts.raising import AlertConfig, raise_alerts
 from streams.profiling.auto import AutoProfileConfig, auto_profile_requests
 from streams.profiling.root_cause import FOLLOWS, apply_profile_result, profile_result
 from streams.windows.workflow_state import WorkflowState
-from tests.unit.samples import BASE_MS, window
+from tests.support.samples import BASE_MS, window
 
 TRACE = Path(__file__).resolve().parents[2] / "data" / "hook-trace-h200.json.gz"
 CONFIG = AlertConfig(min_duration_s=0)

@@ -19,7 +19,7 @@ from streams.settings import StreamSettings
 from streams.stage_io import BeforeCommit
 from streams.windows.stage import WindowStage
 from streams.windows.workflow_state import decode
-from tests.unit.samples import BASE_MS, sample
+from tests.support.samples import BASE_MS, sample
 
 
 @pytest.fixture
@@ -130,7 +130,7 @@ def test_a_batch_without_records_writes_its_state_without_a_flush(stage):
 def test_the_trace_stage_sends_its_analysis_before_the_state_that_says_the_trace_is_done(monkeypatch):
     from streams import faust_fixes
     from streams.traces.stage import TraceStage
-    from tests.unit.streams.test_trace_sessions import end, kernel_events
+    from tests.support.kernel_events import end, kernel_events
 
     app = faust.App("test-trace-ordering", broker="kafka://127.0.0.1:1", store="memory://", autodiscover=False)
     stage = TraceStage(app, StreamSettings(bootstrap="127.0.0.1:1"), Codec())

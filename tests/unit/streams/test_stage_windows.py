@@ -17,7 +17,7 @@ from streams.alerts.detectors import DetectorConfig
 from streams.alerts.raising import AlertConfig
 from streams.settings import StreamSettings
 from streams.windows.stage import WindowStage
-from tests.unit.samples import BASE_MS, sample
+from tests.support.samples import BASE_MS, sample
 
 
 @pytest.fixture

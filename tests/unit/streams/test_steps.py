@@ -6,7 +6,7 @@ import pytest
 
 from gpufleet.analyze import analyze_file
 from streams.traces.temporal_breakdown import Coverage
-from tests.unit.traces import kernel, runtime, step, synthetic_job_trace, write_trace
+from tests.support.traces import kernel, runtime, step, synthetic_job_trace, write_trace
 
 
 def test_each_step_has_the_gpu_work_launched_during_it(tmp_path):

@@ -6,7 +6,7 @@ import pytest
 
 from gpufleet.analyze import analyze_file
 from streams.traces.collectives import stragglers
-from tests.unit.traces import synthetic_rank_traces
+from tests.support.traces import synthetic_rank_traces
 
 
 def _ranks(paths):

@@ -6,7 +6,7 @@ from streams.windows.batches import Incoming, WindowConfig
 from streams.windows.summary import accumulate, correct, summary
 from streams.windows.utilization import WindowAggregator
 from streams.windows.workflow_state import WorkflowState
-from tests.unit.samples import BASE_MS, sample, window
+from tests.support.samples import BASE_MS, sample, window
 
 CFG = WindowConfig(size_ms=60_000, allowed_lateness_ms=10_000, retention_ms=3_600_000)
 

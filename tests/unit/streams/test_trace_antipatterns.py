@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.analyze import analyze_file_with_findings
-from tests.unit.traces import cpu_op, kernel, memcpy, memory, runtime, write_trace
+from tests.support.traces import cpu_op, kernel, memcpy, memory, runtime, write_trace
 
 MS = 1000
 

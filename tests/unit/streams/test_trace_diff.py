@@ -12,7 +12,7 @@ from streams.profiling.diff import (
     regression,
     regression_finding,
 )
-from tests.unit.traces import COMPUTE_KERNELS, synthetic_job_trace
+from tests.support.traces import COMPUTE_KERNELS, synthetic_job_trace
 
 SLOW = COMPUTE_KERNELS[3]
 

@@ -4,32 +4,13 @@ import pytest
 
 from streams.traces.analyze import analyze_events
 from streams.traces.sessions import TraceSessionConfig, TraceSessions
-from tests.unit.traces import kernel, runtime
+from tests.support.kernel_events import end, kernel_events
 
 CFG = TraceSessionConfig(timeout_ms=1000, done_retention_ms=5000)
 
 
-def kernel_events(trace_id="wf/t.json", n=20):
-    raw = []
-    for i in range(n):
-        raw.append(runtime("cudaLaunchKernel", i * 100, 5, corr=i))
-        raw.append(kernel("gemm", i * 100 + 10, 50, corr=i))
-    out = []
-    for seq, e in enumerate(raw):
-        args = e["args"]
-        out.append(("KernelEvent", {
-            "trace_id": trace_id, "workflow_id": "wf", "rank": 1, "seq": seq,
-            "kind": "runtime" if e["cat"] == "cuda_runtime" else "kernel", "cat": e["cat"], "name": e["name"],
-            "ts": e["ts"], "dur": e["dur"], "stream": args.get("stream", -1), "correlation": args["correlation"],
-        }))
-    return out
 
 
-def end(trace_id="wf/t.json", events=40, partial=False, error=None, system=None, flops=None, gpu_name=None):
-    return ("TraceEnd", {"trace_id": trace_id, "workflow_id": "wf", "rank": 1, "events": events,
-                         "events_read": events, "source": "t.json", "partial": partial, "error": error,
-                         "last_step_dropped": False, "published_at": 0, "system": system, "flops": flops,
-                         "gpu_name": gpu_name})
 
 
 def test_marker_ends_the_trace_with_the_offline_result():
@@ -109,7 +90,7 @@ def test_the_worker_gives_the_offline_record_for_a_trace_of_overlapping_copies_b
     from producers.publish_trace import kernel_event_records
     from producers.read_trace import read_trace
     from schemas.codec import Codec
-    from tests.unit.traces import overlapping_copies_trace
+    from tests.support.overlapping_copies import overlapping_copies_trace
 
     codec = Codec()
     path = overlapping_copies_trace(tmp_path / "t.json", seed=2, copies_per_stream=120, kernels=200)

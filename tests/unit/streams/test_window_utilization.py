@@ -6,7 +6,7 @@ import pytest
 from streams.windows import workflow_state
 from streams.windows.batches import Incoming, WindowConfig
 from streams.windows.utilization import WindowAggregator
-from tests.unit.samples import BASE_MS, assert_window_matches, expected_windows, sample
+from tests.support.samples import BASE_MS, assert_window_matches, expected_windows, sample
 
 CFG = WindowConfig(size_ms=60_000, allowed_lateness_ms=10_000, retention_ms=600_000, update_horizon_ms=300_000)
 

@@ -18,7 +18,7 @@ from streams.windows.batches import Incoming, WindowConfig
 from streams.windows.state_table import STATE_CODEC
 from streams.windows.utilization import WindowAggregator
 from streams.windows.workflow_state import STATE_VERSION, StateError, WorkflowState
-from tests.unit.samples import BASE_MS, sample
+from tests.support.samples import BASE_MS, sample
 
 V0 = json.loads((Path(__file__).resolve().parents[2] / "data" / "window-state-v0.json").read_text())
 

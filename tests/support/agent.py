@@ -1,0 +1,48 @@
+"""A host agent with a fake NVML (the pynvml boundary) and a fixture /proc: four GPUs, two
+processes of one workflow, a Slurm job's, one of no workflow, and a GPU with nothing on it."""
+
+from __future__ import annotations
+
+import pytest
+
+from producers.attribute_process import ProcessAttributor
+from producers.host_agent import AgentSettings, HostAgent
+from producers.sample_nvml import NvmlSampler
+from producers.spool import Spool
+from schemas.codec import Codec
+from tests.support.fake_nvml import FakeGpu, FakeNvml, FakeProcess
+from tests.support.proc_tree import make_process
+
+CODEC = Codec()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1_767_225_600.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def world(tmp_path):
+    proc = tmp_path / "proc"
+    make_process(proc, 101, {"GPUFLEET_WORKFLOW_ID": "wf-a", "GPUFLEET_OWNER": "ana", "GPUFLEET_TEAM": "nlp",
+                             "GPUFLEET_MODEL": "bert-large", "RANK": "0"})
+    make_process(proc, 102, {"GPUFLEET_WORKFLOW_ID": "wf-a", "GPUFLEET_OWNER": "ana", "RANK": "1"})
+    make_process(proc, 201, {"SLURM_JOB_ID": "77"})
+    make_process(proc, 301, {"HOME": "/"})
+    gpus = [
+        FakeGpu("GPU-0", util=90, processes=[FakeProcess(101, sm_util=60), FakeProcess(201, sm_util=20)]),
+        FakeGpu("GPU-1", util=80, processes=[FakeProcess(102, sm_util=80)]),
+        FakeGpu("GPU-2", util=0, mem_used=300 << 20),                 # nothing on it: idle capacity
+        FakeGpu("GPU-3", util=0, mem_used=20 << 30, processes=[FakeProcess(301)]),  # memory, no workflow id
+    ]
+    nvml = FakeNvml(gpus)
+    sampler = NvmlSampler(nvml)
+    sampler.open()
+    spool = Spool(tmp_path / "spool")
+    clock = Clock()
+    agent = HostAgent(AgentSettings("node-7", heartbeat_s=10, ended_after_ticks=2, cluster="east-1"), spool, CODEC,
+                      nvml=sampler, attributor=ProcessAttributor(proc=proc), clock=clock)
+    return agent, spool, gpus, clock
