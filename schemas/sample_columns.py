@@ -18,6 +18,7 @@ from operator import gt
 from schemas.codec import SCHEMA_DIR
 from schemas.validate_ids import ids_error
 from schemas.validate_sample import (
+    ACROSS,
     BOUNDS,
     MAX_AHEAD_OF_KAFKA_MS,
     ahead_reason,
@@ -156,8 +157,11 @@ def _passes(block: dict) -> bool:
                 return False
             if isnan(sum(col)):
                 return False
-    used, total = block["memory_used_bytes"], block["memory_total_bytes"]
-    return used is None or total is None or not any(map(gt, used, total))
+    for rule in ACROSS:
+        values, limits = block[rule.field], block[rule.limit]
+        if values is not None and limits is not None and any(map(gt, values, limits)):
+            return False
+    return True
 
 
 def samples_checked(name: str, record: dict) -> list[tuple[dict | None, str | None]]:

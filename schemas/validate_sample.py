@@ -70,6 +70,24 @@ BOUNDS = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class AtMost:
+    """A rule across two fields of a sample: ``field`` may not exceed ``limit``, where both are
+    reported (memory in use cannot exceed the GPU's memory)."""
+
+    field: str
+    limit: str
+
+    def says(self, value, limit) -> str:
+        return f"{self.field} {value} exceeds {self.limit} {limit}"
+
+
+# The rules across fields, after ``BOUNDS``: ``validate_sample`` applies them to a sample,
+# ``schemas.sample_columns`` to a block's columns, and the sink's SQL path
+# (``sinks.insert_sample_columns``) is made from them.
+ACROSS = (AtMost("memory_used_bytes", "memory_total_bytes"),)
+
+
 def ahead_reason(count: int, block: dict, newest_ms: int, received_ms: int) -> str:
     """Why ``count`` samples of ``block`` (a host's samples of one workflow) are refused: the
     newest of them is ``newest_ms``, Kafka received their message at ``received_ms``."""
@@ -98,9 +116,10 @@ def validate_sample(r: dict) -> str | None:
         value = r.get(bounds.field)
         if value is not None and not bounds.allows(value):
             return f"{bounds.field} {value} {bounds.says}"
-    used, total = r.get("memory_used_bytes"), r.get("memory_total_bytes")
-    if used is not None and total is not None and used > total:
-        return f"memory_used_bytes {used} exceeds memory_total_bytes {total}"
+    for rule in ACROSS:
+        value, limit = r.get(rule.field), r.get(rule.limit)
+        if value is not None and limit is not None and value > limit:
+            return rule.says(value, limit)
     return None
 
 

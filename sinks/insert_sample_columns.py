@@ -41,7 +41,7 @@ from clickhouse_connect.driver.exceptions import DatabaseError
 from schemas.codec import WIRE_HEADER_BYTES, Codec, strip_timestamp_logical_types
 from schemas.sample_columns import NAME, NO_SAMPLES, NULLABLE, SHARED
 from schemas.validate_ids import ID_PATTERN, MAX_ID_LENGTH
-from schemas.validate_sample import BOUNDS, MAX_AHEAD_OF_KAFKA_MS
+from schemas.validate_sample import ACROSS, BOUNDS, MAX_AHEAD_OF_KAFKA_MS
 from sinks.ddl_samples import GPU_SAMPLES_TABLE
 from sinks.table import KAFKA_COLUMNS
 from sinks.write_clickhouse import is_transient
@@ -238,10 +238,10 @@ def statements(schema: dict, staging: str, database: str, types: dict[str, str])
             (f"{present} AND NOT {check}", f"the values of {f}")
             for check in _column_checks(f, values[f], types.get(f, ""))
         ]
-    # validate_sample's one rule across two columns
-    used_within_total = (f"isNull(memory_used_bytes) OR isNull(memory_total_bytes) OR arrayAll((u, t) -> u <= t, "
-                         f"{values['memory_used_bytes']}, {values['memory_total_bytes']})")
-    reasons.append((f"NOT ({used_within_total})", "memory_used_bytes > memory_total_bytes"))
+    for rule in ACROSS:  # validate_sample's rules across two columns
+        within = (f"isNull({rule.field}) OR isNull({rule.limit}) OR arrayAll((v, l) -> v <= l, "
+                  f"{values[rule.field]}, {values[rule.limit]})")
+        reasons.append((f"NOT ({within})", f"{rule.field} > {rule.limit}"))
     # blocks_of's judgement of event time against the time Kafka received the message
     ahead = f"kafka_received_ms > 0 AND arrayExists(t -> t > kafka_received_ms + {MAX_AHEAD_OF_KAFKA_MS}, event_time)"
     reasons.append((ahead, "samples ahead of the time Kafka received them"))
