@@ -59,12 +59,17 @@ test-unit: setup
 lint: setup
 	$(BIN)/ruff check producers streams schemas kafka_client sinks gpufleet tests benchmarks
 
-bench: setup
-	$(BIN)/python benchmarks/bench_window_utilization.py
-	$(BIN)/python benchmarks/bench_trace_analysis.py --scale 10
-	$(BIN)/python benchmarks/bench_agent.py
-	$(BIN)/python benchmarks/bench_sink.py
-	$(BIN)/python benchmarks/bench_stream.py
+# Each benchmark's output is kept in benchmarks/results/ (benchmarks/run.py) and docs/benchmarks.md
+# made from those files, so that no figure in the docs is older than its benchmark.
+RUN_BENCH := $(BIN)/python benchmarks/run.py
+bench: setup bench-hta
+	$(RUN_BENCH) trace_analysis -- $(BIN)/python benchmarks/bench_trace_analysis.py --scale 10 --made
+	$(RUN_BENCH) window_utilization -- $(BIN)/python benchmarks/bench_window_utilization.py
+	$(RUN_BENCH) agent -- $(BIN)/python benchmarks/bench_agent.py
+	$(RUN_BENCH) sink -- $(BIN)/python benchmarks/bench_sink.py
+	$(RUN_BENCH) query_server -- $(BIN)/python benchmarks/bench_query_server.py
+	$(RUN_BENCH) stream -- $(BIN)/python benchmarks/bench_stream.py
+	$(BIN)/python benchmarks/write_docs.py
 
 # Holistic Trace Analysis in an environment of its own, only to compare against in benchmarks,
 # with the pandas and NumPy of its time: under pandas 3 and NumPy 2 its critical path and call

@@ -8,7 +8,7 @@ it starts and falls by it when it ends (a copy of 0 us is taken to last 1 us); t
 is count, mean, standard deviation, min, quartiles and max of the function's values after
 each change, zeros left out. Where HTA's figures depend on chance or drift, gpufleet keeps
 the rule HTA means, and equals HTA with these two faults mended (``benchmarks/hta_reference.py``
-runs it so; the README has the evidence):
+runs it so; docs/trace-analysis.md has the evidence):
 
 * **Equal times in the file's order.** HTA sorts the starts and ends with pandas' default,
   unstable sort, so copies that start or end in the same microsecond are counted in an

@@ -157,7 +157,7 @@ def synthetic_job_trace(path: Path, seed: int = 1, steps: int = 6, kernels_per_s
 
     ``min_dur``: the shortest kernel. HTA rounds a kernel of under 1 us to an interval that
     ends before it starts, and then its figures depend on how an unstable sort orders equal
-    start times (see the README): the traces compared with HTA have none. ``slower``: kernel
+    start times (see docs/trace-analysis.md): the traces compared with HTA have none. ``slower``: kernel
     name -> factor on its durations (a regression; the random draws stay the same).
     ``cpu_ops``: nested CPU operators around each launch, with shapes and call stacks, as a
     trace recorded with ``record_shapes=True, with_stack=True`` has (most of its events).

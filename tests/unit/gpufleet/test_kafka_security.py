@@ -49,15 +49,16 @@ def test_every_component_has_a_principal_and_admin_needs_no_acl():
     assert set(granted()) == set(PRINCIPALS) - {"admin"}
 
 
-def test_the_readmes_rights_table_is_what_the_brokers_are_given():
-    """The README's table of users (the operator's reference) says what ``rights`` grants:
-    every user, every topic read and written, every group prefix; and its subscriber example
-    uses a group id the secure cluster accepts."""
+def test_the_docs_rights_table_is_what_the_brokers_are_given():
+    """The table of users in docs/security.md (the operator's reference) says what ``rights``
+    grants: every user, every topic read and written, every group prefix; and the subscriber
+    example in docs/operating.md uses a group id the secure cluster accepts."""
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).parents[3] / "README.md").read_text()
-    table = readme[readme.index("| user | reads | writes |"):]
+    docs = Path(__file__).parents[3] / "docs"
+    security = (docs / "security.md").read_text()
+    table = security[security.index("| user | reads | writes |"):]
     table = table[:table.index("\n\n")].splitlines()[2:]
 
     def names(cell: str) -> set[str]:
@@ -75,5 +76,5 @@ def test_the_readmes_rights_table_is_what_the_brokers_are_given():
     assert seen.keys() == granted.keys()
     for user, r in granted.items():
         assert seen[user] == (short(r.reads), short(r.writes), set(r.groups)), user
-    group = re.search(r'"group\.id": "([^"]+)"', readme).group(1)
+    group = re.search(r'"group\.id": "([^"]+)"', (docs / "operating.md").read_text()).group(1)
     assert group.startswith(granted["subscriber"].groups[0])

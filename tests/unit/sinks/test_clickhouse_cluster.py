@@ -1,5 +1,5 @@
 """The cluster form of the DDL: generated for every table and parsed by the embedded engine.
-No ClickHouse cluster runs here, so the statements are not executed (README says so)."""
+No ClickHouse cluster runs here, so the statements are not executed (docs/operating.md says so)."""
 
 import re
 
