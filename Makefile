@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 JARS   := docker/kafka/libs/.fetched
 
-.PHONY: setup demo test test-unit lint bench bench-hta chromium slurm torch-env proto clean
+.PHONY: setup demo test test-unit lint bench bench-fleet bench-hta chromium slurm torch-env proto clean
 
 setup: $(BIN)/.installed $(JARS)
 
@@ -69,6 +69,14 @@ bench: setup bench-hta
 	$(RUN_BENCH) sink -- $(BIN)/python benchmarks/bench_sink.py
 	$(RUN_BENCH) query_server -- $(BIN)/python benchmarks/bench_query_server.py
 	$(RUN_BENCH) stream -- $(BIN)/python benchmarks/bench_stream.py
+	$(BIN)/python benchmarks/write_docs.py
+
+# The fleet's benchmarks: several workers and sinks on a 3-broker cluster, and a half-hour soak of
+# random kills (about 45 minutes in all).
+bench-fleet: setup
+	$(RUN_BENCH) fleet -- $(BIN)/python benchmarks/bench_fleet.py
+	$(RUN_BENCH) sink_kafka -- $(BIN)/python benchmarks/bench_sink_kafka.py
+	$(RUN_BENCH) soak -- $(BIN)/python benchmarks/soak.py --minutes 32 --fault-every-s 60 --seed 30
 	$(BIN)/python benchmarks/write_docs.py
 
 # Holistic Trace Analysis in an environment of its own, only to compare against in benchmarks,

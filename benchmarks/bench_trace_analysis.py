@@ -1,11 +1,13 @@
 """gpufleet's trace analysis against Holistic Trace Analysis 0.5.0 on the same trace files.
 
-For each trace: wall time, CPU time and peak memory (max RSS of a fresh process) of
-`gpufleet analyze` (every analysis it makes) and of HTA running the analyses both have (temporal
-breakdown, comm/comp overlap, idle breakdown, launch statistics, kernel breakdown, memory
-bandwidth summary, GPU user annotations, launch queue length and time blocked on a full
-queue), and both sets of numbers side by side. HTA runs from its own virtualenv (``make bench-hta``
-creates benchmarks/.venv-hta): it is never a dependency of gpufleet.
+For each trace: wall time, CPU time and peak memory (max RSS of a fresh process) of reading
+alone (decompressing and parsing into the columns the analysers are fed: the limit), of
+`gpufleet analyze` (every analysis it makes, also as a multiple of reading alone) and of HTA
+running the analyses both have (temporal breakdown, comm/comp overlap, idle breakdown, launch
+statistics, kernel breakdown, memory bandwidth summary, GPU user annotations, launch queue
+length and time blocked on a full queue), and both sets of numbers side by side. HTA runs from
+its own virtualenv (``make bench-hta`` creates benchmarks/.venv-hta): it is never a dependency
+of gpufleet.
 
     python benchmarks/bench_trace_analysis.py [--scale 10] [--synthetic STEPS] [--dense-steps STEPS]
                                               [--repeat 3] [TRACE ...]
@@ -56,7 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "traces"
 HTA_PYTHON = ROOT / "benchmarks" / ".venv-hta" / "bin" / "python"
 sys.path.insert(0, str(ROOT))  # the field names of two summaries, from small modules:
-from trace_programs import FIGURES, HTA, HTA_CP, HTA_SEQ, OURS, OURS_CP, OURS_SEQ
+from trace_programs import FIGURES, HTA, HTA_CP, HTA_SEQ, OURS, OURS_CP, OURS_SEQ, READ
 
 from streams.traces.memory_copies import HTA_FIGURES as MEMORY_FIGURES
 from streams.traces.queue_length import HTA_FIGURES as QUEUE_FIGURES
@@ -211,8 +213,17 @@ def main() -> None:
 def analysis_lines(trace: Path, repeat: int, have_hta: bool, tmp: Path, ours_start: Runs, hta_start: Runs) -> str:
     """Every analysis both have, each side's time and memory, and their figures side by side."""
     size = trace.stat().st_size / 2**20
-    ours, hta = alternately(OURS, HTA, trace, repeat, have_hta, tmp)
-    line = f"{trace.name[:60]} ({size:.1f} MiB)\n  gpufleet:  {ours}"
+    reads, ours, hta = Runs(), Runs(), Runs()
+    for _ in range(repeat):  # alternately, so that all three see the same machine
+        reads.add(*measure(sys.executable, READ, trace, ROOT))
+        ours.add(*measure(sys.executable, OURS, trace, ROOT))
+        if have_hta:
+            hta.add(*measure(str(HTA_PYTHON), HTA, trace, tmp))
+    line = f"{trace.name[:60]} ({size:.1f} MiB)\n  reading:   {reads}\n  gpufleet:  {ours}"
+    if not (reads.error or ours.error):
+        beyond = (ours.wall - ours_start.wall) / max(reads.wall - ours_start.wall, 1e-9)
+        line += (f"\n  every analysis: {ours.wall / reads.wall:5.2f}x the time of reading alone"
+                 + (f" ({beyond:.2f}x beyond start-up)" if reads.wall - ours_start.wall > 0.05 else ""))
     if not have_hta:
         return line
     line += f"\n  HTA 0.5.0: {hta}"

@@ -8,13 +8,15 @@ that no figure in the docs is older than the run that measured it.
 from __future__ import annotations
 
 import datetime
+import os
 import platform
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
+# (GPUFLEET_BENCH_RESULTS: elsewhere, for the test of this script)
+RESULTS = Path(os.environ.get("GPUFLEET_BENCH_RESULTS") or ROOT / "benchmarks" / "results")
 
 
 def main() -> int:
@@ -43,8 +45,6 @@ def main() -> int:
 
 
 def _cpus() -> int:
-    import os
-
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 0
 
 

@@ -5,6 +5,16 @@ JSON line."""
 
 from __future__ import annotations
 
+# Reading alone: decompress and parse into the columns the analysers are fed (the limit an
+# analysis over those columns can approach).
+READ = r"""
+import json, sys
+from producers.read_trace import no_cycle_collection, read_trace
+with no_cycle_collection():
+    t = read_trace(sys.argv[1])
+print(json.dumps({"events": len(t.events)}))
+"""
+
 OURS = r"""
 import json, sys
 from gpufleet.analyze import analyze_file

@@ -24,17 +24,26 @@ ABOUT = {
     "query_server": "The sink's query server: a second analyst's SELECT 1 while another query runs to its limit.",
     "stream": "The whole worker on a real broker: samples a second against bare consume and decode, and the "
               "alert latency.",
+    "fleet": "Several workers on a 3-broker cluster: two workers against one, a worker or the leading broker "
+             "killed, the window state's changelog bytes, a restore (`make bench-fleet`).",
+    "sink_kafka": "One sink against the worker on the agents' messages, through a real broker "
+                  "(`make bench-fleet`).",
+    "soak": "Half an hour of random SIGKILLs to brokers, workers, sinks, the notifier and the enforcer, and the "
+            "oracle's check that every GPU-second, sample, alert and action ended where it should, once "
+            "(`make bench-fleet`).",
 }
+MADE_BY = {"fleet": "make bench-fleet", "sink_kafka": "make bench-fleet", "soak": "make bench-fleet"}
 
 
-def main() -> None:
-    files = sorted(RESULTS.glob("*.txt"), key=lambda p: (list(ABOUT).index(p.stem) if p.stem in ABOUT else 99, p.stem))
+def main(results: Path = RESULTS, doc: Path = DOC) -> None:
+    files = sorted(results.glob("*.txt"), key=lambda p: (list(ABOUT).index(p.stem) if p.stem in ABOUT else 99, p.stem))
     out = ["# Benchmarks", "",
            ("Made by `make bench` (`benchmarks/write_docs.py`) from what each benchmark printed "
            "(`benchmarks/results/`): nothing here is typed by hand. Ratios are taken within one run, "
            "the baseline measured beside the candidate; these machines are shared and noisy, so read "
            "the medians and the spread."), ""]
-    out += [f"- [{p.stem.replace('_', ' ')}](#{p.stem.replace('_', '-')})" for p in files]
+    out += [f"- [{name.replace('_', ' ')}](#{name.replace('_', '-')})"
+            for name in [p.stem for p in files] + [n for n in ABOUT if not (results / f"{n}.txt").exists()]]
     for p in files:
         text = p.read_text()
         head, _, body = text.partition("\n\n")
@@ -42,8 +51,11 @@ def main() -> None:
         out += ["", f"## {p.stem.replace('_', ' ')}", "", ABOUT.get(p.stem, ""), "",
                 (f"`{meta.get('command', '?')}` at {meta.get('commit', '?')}, {meta.get('date', '?')} "
                 f"({meta.get('machine', '?')})"), "", "```", body.rstrip(), "```"]
-    DOC.write_text("\n".join(out) + "\n")
-    print(f"wrote {DOC.relative_to(ROOT)} from {len(files)} results")
+    for name in (n for n in ABOUT if not (results / f"{n}.txt").exists()):
+        out += ["", f"## {name.replace('_', ' ')}", "", ABOUT[name], "",
+                f"No result yet: run `{MADE_BY.get(name, 'make bench')}`."]
+    doc.write_text("\n".join(out) + "\n")
+    print(f"wrote {doc} from {len(files)} results")
 
 
 if __name__ == "__main__":
