@@ -4,7 +4,9 @@ Each group of commands is a module of ``gpufleet.commands``: its parser and what
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -49,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader went away (``| head``): stop quietly, as cat and grep do
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit's flush
+        return 141  # 128 + SIGPIPE
     except SystemExit as exc:  # a command that ends itself with a message: the same one line
         if not isinstance(exc.code, str):
             raise

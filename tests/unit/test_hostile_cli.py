@@ -295,3 +295,21 @@ def test_a_mistake_gets_one_clear_line_never_a_traceback(outcomes, case):
     if status:
         last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
         assert last.startswith("gpufleet") and words.lower() in last.lower(), out[-1000:]
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path):
+    """``gpufleet ... | head -1``: the rest of the output has nowhere to go; like cat and grep,
+    the command stops with SIGPIPE's status and no message (it printed 'Broken pipe', status 1)."""
+    import subprocess
+    import sys
+
+    from tests.support.traces import synthetic_job_trace
+
+    trace = synthetic_job_trace(tmp_path / "t.json")
+    # ten copies of a 15 kB analysis: more than a pipe holds, so the writer meets the closed end
+    proc = subprocess.Popen([sys.executable, "-m", "gpufleet", "analyze", "--json", *[str(trace)] * 10],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.read(1) == b"{"
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=120)
+    assert (proc.returncode, err.decode()) == (141, "")
