@@ -64,6 +64,7 @@ lint: setup
 RUN_BENCH := $(BIN)/python benchmarks/run.py
 bench: setup bench-hta
 	$(RUN_BENCH) trace_analysis -- $(BIN)/python benchmarks/bench_trace_analysis.py --scale 10 --made
+	$(RUN_BENCH) trace_stage -- $(BIN)/python benchmarks/bench_trace_stage.py
 	$(RUN_BENCH) window_utilization -- $(BIN)/python benchmarks/bench_window_utilization.py
 	$(RUN_BENCH) agent -- $(BIN)/python benchmarks/bench_agent.py
 	$(RUN_BENCH) sink -- $(BIN)/python benchmarks/bench_sink.py
