@@ -4,25 +4,19 @@ same Prometheus metrics as the other components."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import threading
 
 from confluent_kafka import Producer
 
+from gpufleet.local_kafka import free_port
 from kafka_client.config import producer_config
 from kafka_client.consume_loop import ConsumeLoop
 from kafka_client.metrics import ComponentMetrics
 from schemas.topics import ENFORCEMENT
 from tests.support.integration import wait_until
 from tests.support.metrics import scrape, value
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_consume_error_is_counted_and_logged(kafka, prefix, caplog):

@@ -3,10 +3,9 @@ own /metrics, while samples (and one undecodable message) flow through the real 
 
 from __future__ import annotations
 
-import socket
-
 from confluent_kafka import Producer
 
+from gpufleet.local_kafka import free_port
 from kafka_client.config import producer_config
 from kafka_client.metrics import serve
 from producers.publish_kafka import Publisher
@@ -19,12 +18,6 @@ from tests.support.metrics import scrape, value
 from tests.support.samples import BASE_MS
 
 TICKS = 80  # the first window closes (watermark = newest - 10 s)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 
