@@ -12,7 +12,9 @@ from pathlib import Path
 from producers.read_trace import TraceError, no_cycle_collection, read_trace
 from schemas.topics import trace_id_for
 from streams.traces.analyze import TraceAnalyzer, findings_records, trace_analysis_record
+from streams.traces.batch import EventBatch
 from streams.traces.collectives import stragglers
+from streams.traces.kernel_breakdown import KernelBreakdown
 from streams.traces.kernel_type import short_kernel_name
 
 
@@ -44,8 +46,8 @@ def _analyze(path: str | Path, workflow_id: str = "", trace_id: str | None = Non
     analyzer = TraceAnalyzer(critical_path=critical_path, infer_syncs=trace.sync_events == 0,
                              kernel_sequences=kernel_sequences)
     with no_cycle_collection():
-        for e in trace.events:
-            analyzer.add(e)
+        for columns in trace.events.column_chunks():
+            analyzer.add_batch(EventBatch(*columns))
         result = analyzer.result(trace.gpu_name)
     record = trace_analysis_record(
         result, trace_id=trace_id or trace_id_for(path, workflow_id),
@@ -79,7 +81,7 @@ def analyze_profile(paths: list[str | Path]) -> tuple[list[dict], dict[tuple[str
         if analyzer is None:
             raise TraceError(record["error"])
         records.append(record)
-        for (kind, name), (launches, time_us) in analyzer.kernels.per_kernel().items():
+        for (kind, name), (launches, time_us) in analyzer.analyses[KernelBreakdown].per_kernel().items():
             row = kernels.setdefault((kind, name), [0, 0.0])
             row[0] += launches
             row[1] += time_us

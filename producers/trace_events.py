@@ -147,6 +147,26 @@ class EventList(Sequence):
                         e.update(x)
                 yield e
 
+    def column_chunks(self, size: int = CHUNK) -> Iterator[tuple[list, ...]]:
+        """The events in order, ``size`` at a time, as columns: ``(kind, cat, name, ts, dur,
+        stream, device, correlation, tid, extras)``, each a list but ``extras`` (the rare fields,
+        by position in the chunk). What the trace analysis is fed (``streams.traces.batch``)."""
+        r = self._rows
+        columns = (r.cat, r.name, r.ts, r.dur, r.stream, r.device, r.correlation, r.tid)
+        extras, kinds, order = r.extras, _KINDS, self._order
+        for first in range(0, len(order), size):
+            chunk = order[first:first + size]
+            if len(chunk) == 1:
+                values = [[column[chunk[0]]] for column in columns]
+            else:
+                pick = itemgetter(*chunk)
+                values = [list(pick(column)) for column in columns]
+            kind = [kinds[k] for k in (map(r.kind.__getitem__, chunk))]
+            chunk_extras = {}
+            if extras:
+                chunk_extras = {pos: extras[i] for pos, i in enumerate(chunk) if i in extras}
+            yield (kind, *values, chunk_extras)
+
     def __getitem__(self, index):
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]

@@ -1,32 +1,31 @@
-"""One rank's trace analysis: feeds time-ordered events to each analyser and gathers the results.
+"""One rank's trace analysis: feeds time-ordered events to each analysis and gathers the results.
 
-The same object serves the command line (``gpufleet analyze``, fed from a file) and the
-stream worker (fed from ``KernelEvent`` records, its state checkpointed with
-``to_state``/``from_state``). Events are dicts with ``kind, cat, name, ts, dur, stream,
-correlation`` (``end`` is derived when absent), in start order.
+The same object serves the command line (``gpufleet analyze``, fed a file's events a batch of
+columns at a time) and the stream worker (fed the ``KernelEvent`` s a message batch brings, its
+state checkpointed with ``to_state``/``from_state``). Every analysis follows one protocol
+(``streams.traces.analysis``) and is listed once, in ``ANALYSES``; the analyzer itself only
+counts events and joins each GPU-side event to the CUDA runtime call that launched it (by
+correlation id), which most analyses read.
 
-State: the analysers' own (per stream at most) and the CUDA runtime calls whose GPU event
-has not arrived yet; a call is dropped when its GPU event arrives or ``pending_horizon_us``
-after it started.
+State: the analyses' own (per stream at most) and the runtime calls whose GPU event has not
+arrived yet; a call is dropped when its GPU event arrives or ``pending_horizon_us`` after it
+started.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 
 from schemas.gpu_peaks import peak_tflops
+from streams.traces.analysis import Finished, Options
 from streams.traces.annotations import GpuAnnotations
 from streams.traces.antipatterns import AntipatternCollector
+from streams.traces.batch import EventBatch
 from streams.traces.collectives import Collectives
-from streams.traces.coverage import Coverage
 from streams.traces.critical_path import CriticalPath
-from streams.traces.idle_breakdown import IdleBreakdown, StreamIdle
-from streams.traces.kernel_breakdown import (
-    COMMUNICATION_BIT,
-    COMPUTATION_BIT,
-    MEMORY_BIT,
-    KernelBreakdown,
-)
+from streams.traces.idle_breakdown import IdleBreakdown
+from streams.traces.kernel_breakdown import KernelBreakdown, kernel_bit
 from streams.traces.kernel_sequences import KernelSequences
 from streams.traces.launch_stats import Call, LaunchStats
 from streams.traces.memory_copies import MemoryCopies
@@ -39,6 +38,13 @@ from streams.traces.temporal_breakdown import TemporalBreakdown
 # A GPU event starting this long after its runtime call is not joined to it.
 PENDING_HORIZON_US = 10_000_000
 
+# Every analysis of a trace (``streams.traces.analysis.TraceAnalysis``), in the order of their
+# entries in the result.
+ANALYSES: tuple[type, ...] = (
+    Steps, TemporalBreakdown, IdleBreakdown, LaunchStats, KernelBreakdown, MemoryCopies, Collectives,
+    OperatorRoofline, GpuAnnotations, QueueLength, AntipatternCollector,
+)
+
 
 class TraceAnalyzer:
     def __init__(self, pending_horizon_us: float = PENDING_HORIZON_US, critical_path: bool = False,
@@ -47,177 +53,115 @@ class TraceAnalyzer:
         frequent kernel sequences of these operator names. Both need every CPU operator
         (``read_trace(..., cpu_ops=True)``) and are not checkpointed: for a whole trace at once.
         ``infer_syncs``: the trace has no synchronisation events (``TraceRead.sync_events``)."""
+        self.options = Options(pending_horizon_us)
+        self.analyses = {cls: cls.create(self.options) for cls in ANALYSES}
+        self._wire()
         self.critical = CriticalPath(infer_syncs) if critical_path else None
         self.sequences = KernelSequences(kernel_sequences, pending_horizon_us) if kernel_sequences else None
         self._whole_trace = [a for a in (self.critical, self.sequences) if a is not None]
-        self.temporal = TemporalBreakdown()
-        self.idle = IdleBreakdown()
-        self.launch = LaunchStats()
-        self.kernels = KernelBreakdown()
-        self.copies = MemoryCopies()
-        self.collectives = Collectives()
-        self.roofline = OperatorRoofline()
-        self.annotations = GpuAnnotations()
-        self.queues = QueueLength(pending_horizon_us)
-        self.per_step = Steps()
-        self.antipatterns = AntipatternCollector()
         self.horizon = pending_horizon_us
         self.events = 0
         self.gpu_events = 0
         self.unmatched_gpu_events = 0
         self.out_of_order = 0
-        self.steps: set[str] = set()  # names of the ProfilerStep annotations seen
         self._last_ts: float | None = None
         self._calls: dict[int, Call] = {}
         self._call_order: deque[tuple[float, int]] = deque()
 
+    def _wire(self) -> None:
+        self._feed = tuple(a.add for a in self.analyses.values())
+        self._labellers = tuple(a.label_calls for a in self.analyses.values() if hasattr(a, "label_calls"))
+
     def add(self, event: dict) -> None:
-        """One event, in start-time order."""
-        ts = event["ts"]
-        if "end" not in event:
-            event = {**event, "end": ts + event["dur"]}
-        if self._last_ts is not None and ts < self._last_ts:
-            self.out_of_order += 1
-        else:
-            self._last_ts = ts
-        self.events += 1
-        for analyser in self._whole_trace:
-            analyser.add(event)
-        corr = event["correlation"]
-        if event["stream"] < 0:
-            self._add_cpu(event, ts, corr)
-            return
-        self.gpu_events += 1
-        if event["kind"] == "annotation":  # projected onto a stream (HTA counts it as a kernel too)
-            self.annotations.add(event)
-        call = self._calls.pop(corr, None) if corr >= 0 else None
-        if call is None:
-            self.unmatched_gpu_events += 1
-        self.temporal.add(ts, event["end"])
-        bit = self.kernels.add(event)
-        if bit == MEMORY_BIT:
-            self.copies.add(event)
-        elif bit == COMMUNICATION_BIT:
-            self.collectives.add(event)
-        if call is not None:  # (every launch the queue waits for is a call the analyzer holds)
-            if call.op is not None:
-                self.roofline.add_gpu(event, call.op)
-            if call.step is not None:
-                self.per_step.add_gpu(event, call.step, bit == COMPUTATION_BIT)
-            self.queues.add_gpu(event)
-            self.launch.add(call, event)
-        self.idle.add(event, None if call is None else call.ts)
-        self.antipatterns.add_gpu(event, call)
+        """One event, in start-time order (a batch of one: ``add_batch`` is the way to feed many)."""
+        self.add_batch(EventBatch.of_records([event]))
 
-    def _add_cpu(self, event: dict, ts: float, corr: int) -> None:
-        """A CPU-side event: an operator, an annotation, a runtime call."""
-        kind, op = event["kind"], None
-        if kind == "runtime":
-            if self.roofline.open:
-                op = self.roofline.add_cpu(event)  # the operator the call was made from
-            self.queues.add_cpu(event)
-        elif kind == "cpu_op" and event.get("flops"):
-            self.roofline.add_cpu(event)
-        elif kind == "annotation":
-            self.annotations.add(event)
-        if corr >= 0:
-            step = self.per_step.current  # the step the call is made in
-            step = step[0] if step is not None and ts < step[2] else None
-            self._calls[corr] = Call(event["name"], ts, event["dur"], op, step)
-            self._call_order.append((ts, corr))
-            self._evict(ts)
-        if event["name"].startswith("ProfilerStep#"):  # an annotation (cpu_op in older traces)
-            self.steps.add(event["name"])
-            self.per_step.add_cpu(event)
-        self.antipatterns.add_cpu(event)
+    def add_events(self, events: Iterable[dict], size: int = 4096) -> None:
+        """Events in start-time order, as dicts, ``size`` at a time."""
+        chunk: list[dict] = []
+        for e in events:
+            chunk.append(e)
+            if len(chunk) == size:
+                self.add_batch(EventBatch.of_records(chunk))
+                chunk = []
+        if chunk:
+            self.add_batch(EventBatch.of_records(chunk))
 
-    def _evict(self, now: float) -> None:
-        order, calls = self._call_order, self._calls
-        while order and order[0][0] < now - self.horizon:
-            ts, corr = order.popleft()
-            call = calls.get(corr)
-            if call is not None and call.ts == ts:
-                del calls[corr]
+    def add_batch(self, batch: EventBatch) -> None:
+        """The next events of the trace, in start-time order."""
+        for label in self._labellers:
+            label(batch)
+        self._join(batch)
+        for add in self._feed:
+            add(batch)
+        for analysis in self._whole_trace:
+            for e in batch.rows():
+                analysis.add(e)
+
+    def _join(self, b: EventBatch) -> None:
+        """Counts the events and joins each GPU-side one to its runtime call (``EventBatch.join``)."""
+        calls, order, horizon = self._calls, self._call_order, self.horizon
+        ops, steps = b.labels.get("op", _NONE), b.labels.get("step", _NONE)
+        last, out_of_order = self._last_ts, 0
+        gpu, joined, unmatched = [], [], 0
+        for i, (ts, stream, corr) in enumerate(zip(b.ts, b.stream, b.correlation)):
+            if last is not None and ts < last:
+                out_of_order += 1
+            else:
+                last = ts
+            if stream < 0:
+                if corr >= 0:
+                    calls[corr] = Call(b.name[i], ts, b.dur[i], ops.get(i), steps.get(i))
+                    order.append((ts, corr))
+                    while order and order[0][0] < ts - horizon:  # calls whose GPU event never came
+                        old_ts, old = order.popleft()
+                        call = calls.get(old)
+                        if call is not None and call.ts == old_ts:
+                            del calls[old]
+                continue
+            call = calls.pop(corr, None) if corr >= 0 else None
+            if call is None:
+                unmatched += 1
+            gpu.append(i)
+            joined.append(call)
+        self._last_ts = last
+        self.out_of_order += out_of_order
+        self.events += len(b)
+        self.gpu_events += len(gpu)
+        self.unmatched_gpu_events += unmatched
+        b.join(gpu, joined, [])
+        b.bits = list(map(kernel_bit, b.g_name))
 
     def result(self, gpu_name: str | None = None) -> dict:
         """The figures of the events so far; ``gpu_name`` (the trace's GPU) gives the roofline its peaks."""
-        t = self.temporal.result(*self.kernels.computation_and_communication())
-        return {
-            "events": self.events,
-            "gpu_events": self.gpu_events,
-            "gpu_events_without_launch": self.unmatched_gpu_events,
-            "profiler_steps": len(self.steps),
-            "temporal": {
-                "kernel_time_us": t.kernel_us,
-                "idle_time_us": t.idle_us,
-                "compute_time_us": t.compute_us,
-                "non_compute_time_us": t.non_compute_us,
-                "idle_pct": t.pct(t.idle_us),
-                "compute_pct": t.pct(t.compute_us),
-                "non_compute_pct": t.pct(t.non_compute_us),
-            },
-            "overlap": {
-                "communication_time_us": t.communication_us,
-                "comp_comm_overlap_us": t.comp_comm_overlap_us,
-                "comp_comm_overlap_pct": t.overlap_pct,
-            },
-            "idle_by_stream": self.idle.result(),
-            "launch": self.launch.result(),
-            **self.kernels.result(),
-            "memory_copies": self.copies.result(),
-            "collectives": self.collectives.result(),
-            "operators": self.roofline.result(gpu_name),
-            "gpu_annotations": self.annotations.result(),
-            "queue_lengths": self.queues.result(),
-            "steps": self.per_step.result(),
-            "antipatterns": self.antipatterns.summary(),
-            **({"critical_path": self.critical.result()} if self.critical is not None else {}),
-            **({"kernel_sequences": self.sequences.result()} if self.sequences is not None else {}),
-        }
+        out = {"events": self.events, "gpu_events": self.gpu_events,
+               "gpu_events_without_launch": self.unmatched_gpu_events}
+        finished = Finished(gpu_name, self.analyses)
+        for analysis in self.analyses.values():
+            out.update(analysis.result(finished))
+        if self.critical is not None:
+            out["critical_path"] = self.critical.result()
+        if self.sequences is not None:
+            out["kernel_sequences"] = self.sequences.result()
+        return out
 
     # -- checkpoints (JSON-able) -------------------------------------------------------
     def to_state(self) -> dict:
-        return {
-            "coverage": {"all": self.temporal.all.to_state()},
-            "idle": {str(s): [v.host_wait, v.kernel_wait, v.other] for s, v in self.idle.streams.items()},
-            "prev_end": {str(s): e for s, e in self.idle._prev_end.items()},
-            "launch": {k: getattr(self.launch, k) for k in LAUNCH_COUNTERS},
+        state = {
             "counters": [self.events, self.gpu_events, self.unmatched_gpu_events, self.out_of_order, self._last_ts],
             "calls": [[corr, c.name, c.ts, c.dur, c.op, c.step] for corr, c in self._calls.items()],
             "horizon": self.horizon,
-            "antipatterns": self.antipatterns.to_state(),
-            "kernels": self.kernels.to_state(),
-            "copies": self.copies.to_state(),
-            "collectives": self.collectives.to_state(),
-            "roofline": self.roofline.to_state(),
-            "annotations": self.annotations.to_state(),
-            "queues": self.queues.to_state(),
-            "per_step": self.per_step.to_state(),
-            "steps": sorted(self.steps),
         }
+        for analysis in self.analyses.values():
+            state.update(analysis.to_state())
+        return state
 
     @classmethod
     def from_state(cls, state: dict) -> TraceAnalyzer:
         a = cls(state["horizon"])
-        a.temporal.all = Coverage.from_state(state["coverage"]["all"])
-        for s, (h, k, o) in state["idle"].items():
-            a.idle.streams[int(s)] = StreamIdle(h, k, o)
-        a.idle._prev_end = {int(s): e for s, e in state["prev_end"].items()}
-        for k, v in state["launch"].items():
-            setattr(a.launch, k, v)
+        a.analyses = {c: c.from_state(state, a.options) for c in ANALYSES}
+        a._wire()
         a.events, a.gpu_events, a.unmatched_gpu_events, a.out_of_order, a._last_ts = state["counters"]
-        a.antipatterns = AntipatternCollector.from_state(state["antipatterns"])
-        if "kernels" in state:  # a session checkpointed before the kernel breakdown: it counts from here
-            a.kernels = KernelBreakdown.from_state(state["kernels"])
-            a.copies = MemoryCopies.from_state(state["copies"])
-            a.collectives = Collectives.from_state(state["collectives"])
-            a.roofline = OperatorRoofline.from_state(state["roofline"])
-            a.annotations = GpuAnnotations.from_state(state["annotations"])
-            a.queues = QueueLength.from_state(state["queues"])
-            a.per_step = Steps.from_state(state["per_step"])
-            a.steps = set(state["steps"])
-        else:
-            a.kernels = KernelBreakdown.from_temporal_coverage(state["coverage"])
         for corr, name, ts, dur, *rest in sorted(state["calls"], key=lambda c: c[2]):
             op, step = (rest + [None, None])[:2]  # (calls checkpointed before the roofline and steps have neither)
             a._calls[corr] = Call(name, ts, dur, op, step)
@@ -225,15 +169,13 @@ class TraceAnalyzer:
         return a
 
 
-LAUNCH_COUNTERS = ("launches", "cpu_us", "gpu_us", "delay_us", "max_delay_us", "short_kernels",
-                   "short_kernel_gpu_us", "runtime_outliers", "delay_outliers")
+_NONE: dict = {}
 
 
-def analyze_events(events) -> dict:
+def analyze_events(events: Iterable[dict]) -> dict:
     """Analyse an iterable of time-ordered events of one rank."""
     analyzer = TraceAnalyzer()
-    for e in events:
-        analyzer.add(e)
+    analyzer.add_events(events)
     return analyzer.result()
 
 

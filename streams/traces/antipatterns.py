@@ -11,6 +11,9 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from streams.traces.analysis import Finished, Options
+from streams.traces.batch import EventBatch
+
 if TYPE_CHECKING:
     from streams.traces.launch_stats import Call
 
@@ -71,56 +74,65 @@ class AntipatternCollector(msgspec.Struct):
     compute_kernel_us: float = 0.0
 
     # -- feeding ---------------------------------------------------------------------------
-    def add_cpu(self, e: dict) -> None:
-        name = e["name"]
-        if e["kind"] == "runtime":
-            if name in SYNC_CALLS:
-                self.sync_calls += 1
-                self.sync_us += e["dur"]
-        elif "DataLoader" in name and e["kind"] == "cpu_op":
-            self.dataloader_seen = True
-            _cov_add(self.dataloader, e["ts"], e["ts"] + e["dur"])
-            _cov_add(self.dataloader_or_gpu, e["ts"], e["ts"] + e["dur"])
+    @classmethod
+    def create(cls, options: Options) -> AntipatternCollector:
+        return cls()
 
-    def add_gpu(self, e: dict, call: Call | None) -> None:
-        ts, end = e["ts"], e["end"]
-        self._busy(ts, end)
-        _cov_add(self.dataloader_or_gpu, ts, end)
-        kind = e["kind"]
-        if kind == "kernel":
-            if e["cat"] in ("kernel", "Kernel"):
-                self._kernel(e, call)
-        elif kind == "memcpy":
-            if call is None:
-                return
-            name = e["name"]
-            if call.name == "cudaMemcpy":
-                nbytes = e.get("bytes") or 0
-                same_device = "DtoD" in name
-                small_upload = "HtoD" in name and nbytes <= SMALL_HTOD_BYTES
-                if not (same_device or small_upload):
-                    self.sync_memcpy += 1
-                    self.sync_memcpy_us += call.dur
-            elif call.name == "cudaMemcpyAsync" and "Pageable" in name:
-                self.pageable_async += 1
-                self.pageable_async_us += e["dur"]
-                self.pageable_async_bytes += e.get("bytes") or 0
-        elif kind == "memset" and call is not None and call.name == "cudaMemset":
-            self.sync_memset += 1
-            self.sync_memset_us += call.dur
+    def add(self, batch: EventBatch) -> None:
+        """The batch's events, CPU- and GPU-side, in start order (the busy time and the input
+        pipeline's union with it are followed through both)."""
+        calls, extras, gpu, j = batch.calls, batch.extras, batch.gpu, 0
+        for kind, cat, name, ts, end, dur, stream in zip(batch.kind, batch.cat, batch.name, batch.ts, batch.end,
+                                                         batch.dur, batch.stream):
+            if stream < 0:
+                if kind == "runtime":
+                    if name in SYNC_CALLS:
+                        self.sync_calls += 1
+                        self.sync_us += dur
+                elif "DataLoader" in name and kind == "cpu_op":
+                    self.dataloader_seen = True
+                    _cov_add(self.dataloader, ts, end)
+                    _cov_add(self.dataloader_or_gpu, ts, end)
+                continue
+            call = calls[j]
+            self._busy(ts, end)
+            _cov_add(self.dataloader_or_gpu, ts, end)
+            if kind == "kernel":
+                if cat in ("kernel", "Kernel"):
+                    self._kernel(name, ts, end, dur, stream, call)
+            elif call is not None and (kind == "memcpy" or kind == "memset"):
+                self._copy(kind, name, dur, extras.get(gpu[j], _NONE), call)
+            j += 1
 
-    def _kernel(self, e: dict, call: Call | None) -> None:
+    def _copy(self, kind: str, name: str, dur: float, extras: dict, call: Call) -> None:
+        """A copy or set and its runtime call: synchronous ones, and asynchronous ones from pageable memory."""
+        if kind == "memset":
+            if call.name == "cudaMemset":
+                self.sync_memset += 1
+                self.sync_memset_us += call.dur
+        elif call.name == "cudaMemcpy":
+            nbytes = extras.get("bytes") or 0
+            same_device = "DtoD" in name
+            small_upload = "HtoD" in name and nbytes <= SMALL_HTOD_BYTES
+            if not (same_device or small_upload):
+                self.sync_memcpy += 1
+                self.sync_memcpy_us += call.dur
+        elif call.name == "cudaMemcpyAsync" and "Pageable" in name:
+            self.pageable_async += 1
+            self.pageable_async_us += dur
+            self.pageable_async_bytes += extras.get("bytes") or 0
+
+    def _kernel(self, name: str, ts: float, end: float, dur: float, stream: int, call: Call | None) -> None:
         """A kernel: the compute time, its share in matrix multiplies (on tensor cores or not),
         and the train of short launches on its stream it extends or ends."""
-        dur = e["dur"]
         self.compute_kernel_us += dur
-        matmul, tensor_core = _matmul_kind(e["name"])
+        matmul, tensor_core = _matmul_kind(name)
         if matmul:
             self.matmul_us += dur
             if tensor_core:
                 self.matmul_tensor_core_us += dur
         short = call is not None and call.dur <= SHORT_CALL_US and dur < call.dur
-        self._train(e["stream"], e["ts"], e["end"], short)
+        self._train(stream, ts, end, short)
 
     def _train(self, stream: int, ts: float, end: float, short: bool) -> None:
         run = self.runs.get(stream)
@@ -174,9 +186,12 @@ class AntipatternCollector(msgspec.Struct):
             pos = stop
 
     # -- results -----------------------------------------------------------------------------
+    def result(self, finished: Finished) -> dict:
+        return {"antipatterns": self.summary()}
+
     def summary(self) -> dict:
         """Evidence numbers (closes the open GPU interval and open trains on a copy)."""
-        c = AntipatternCollector.from_state(self.to_state())
+        c = AntipatternCollector.restore(self.snapshot())
         if c.first_ts is not None:
             c._histogram(c.group_start, c.group_end)
         for run in c.runs.values():
@@ -222,18 +237,28 @@ class AntipatternCollector(msgspec.Struct):
         return out
 
     def to_state(self) -> dict:
+        return {"antipatterns": self.snapshot()}
+
+    def snapshot(self) -> dict:
         state = msgspec.to_builtins(self)  # new lists and dicts: a snapshot, not a view
         state["runs"] = {str(k): v for k, v in state["runs"].items()}
         return state
 
     @classmethod
-    def from_state(cls, state: dict) -> AntipatternCollector:
+    def from_state(cls, state: dict, options: Options) -> AntipatternCollector:
+        return cls.restore(state["antipatterns"])
+
+    @classmethod
+    def restore(cls, state: dict) -> AntipatternCollector:
         c = cls(**{name: state[name] for name in cls.__struct_fields__})
         c.runs = {int(k): list(v) for k, v in state["runs"].items()}
         c.buckets = list(state["buckets"])
         c.dataloader = list(state["dataloader"])
         c.dataloader_or_gpu = list(state["dataloader_or_gpu"])
         return c
+
+
+_NONE: dict = {}
 
 
 def _cov_add(cov: list[float], ts: float, end: float) -> None:

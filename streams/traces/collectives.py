@@ -18,6 +18,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from streams.traces.analysis import Finished, Options
+from streams.traces.batch import EventBatch
+from streams.traces.kernel_breakdown import COMMUNICATION_BIT
+
 # Launches kept per collective name and rank: the state stays bounded on very long traces.
 MAX_LAUNCHES = 20_000
 
@@ -28,23 +32,31 @@ class Collectives:
     def __init__(self) -> None:
         self.durations: dict[str, list[float]] = {}
 
-    def add(self, event: dict) -> None:
-        """One collective (a GPU event of kernel type COMMUNICATION), in start-time order."""
-        name = event["name"]
-        launches = self.durations.setdefault(name, [])
-        if len(launches) < MAX_LAUNCHES:  # (the later launches of a very long trace are not compared)
-            launches.append(float(event["end"] - event["ts"]))
+    @classmethod
+    def create(cls, options: Options) -> Collectives:
+        return cls()
 
-    def result(self) -> list[dict]:
-        return [{"name": name, "durations_us": list(d)} for name, d in sorted(self.durations.items())]
+    def add(self, batch: EventBatch) -> None:
+        """The batch's collectives (GPU-side events of kernel type COMMUNICATION), in start-time order."""
+        if COMMUNICATION_BIT not in batch.bits:
+            return
+        durations = self.durations
+        for name, ts, end, bit in zip(batch.g_name, batch.g_ts, batch.g_end, batch.bits):
+            if bit == COMMUNICATION_BIT:
+                launches = durations.setdefault(name, [])
+                if len(launches) < MAX_LAUNCHES:  # (the later launches of a very long trace are not compared)
+                    launches.append(float(end - ts))
+
+    def result(self, finished: Finished) -> dict:
+        return {"collectives": [{"name": name, "durations_us": list(d)} for name, d in sorted(self.durations.items())]}
 
     def to_state(self) -> dict:
-        return {"durations": self.durations}
+        return {"collectives": {"durations": self.durations}}
 
     @classmethod
-    def from_state(cls, state: dict) -> Collectives:
+    def from_state(cls, state: dict, options: Options) -> Collectives:
         c = cls()
-        c.durations = {name: list(d) for name, d in state["durations"].items()}
+        c.durations = {name: list(d) for name, d in state.get("collectives", {"durations": {}})["durations"].items()}
         return c
 
 

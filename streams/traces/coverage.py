@@ -3,6 +3,8 @@ breakdown, the kernel breakdown's unions by type and each step's busy time."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class Coverage:
     """Length of the union of intervals fed in start order."""
@@ -23,6 +25,19 @@ class Coverage:
             self.start, self.end = ts, end
         elif end > self.end:
             self.end = end
+
+    def add_all(self, starts: Iterable[float], ends: Iterable[float]) -> None:
+        """Intervals in start order, as ``add`` of each (one loop, the fields in locals)."""
+        first, start, end, closed = self.first, self.start, self.end, self.closed
+        for ts, stop in zip(starts, ends):
+            if first is None:
+                first, start, end = ts, ts, stop
+            elif ts > end:
+                closed += end - start
+                start, end = ts, stop
+            elif stop > end:
+                end = stop
+        self.first, self.start, self.end, self.closed = first, start, end, closed
 
     def to_state(self) -> list:
         return [self.first, self.start, self.end, self.closed]

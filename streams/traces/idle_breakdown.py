@@ -12,6 +12,9 @@ from collections import defaultdict
 
 import msgspec
 
+from streams.traces.analysis import Finished, Options
+from streams.traces.batch import EventBatch
+
 KERNEL_WAIT_US = 30
 IDLE_CATEGORIES = ("host_wait", "kernel_wait", "other")
 KERNEL_CATS = frozenset({"kernel", "Kernel", "gpu_memset", "Memset", "gpu_memcpy", "Memcpy"})
@@ -38,23 +41,41 @@ class IdleBreakdown(msgspec.Struct):
     streams: dict[int, StreamIdle] = msgspec.field(default_factory=lambda: defaultdict(StreamIdle))
     _prev_end: dict[int, float] = msgspec.field(default_factory=dict)
 
-    def add(self, event: dict, runtime_ts: float | None) -> None:
-        """A GPU event in start order, with the start of the runtime call that launched it (if known)."""
-        if event["cat"] not in KERNEL_CATS:
-            return
-        stream = event["stream"]
-        prev_end = self._prev_end.get(stream)
-        self._prev_end[stream] = event["end"]
-        idle = self.streams[stream]
-        if prev_end is None:
-            return
-        gap = event["ts"] - prev_end
-        if runtime_ts is not None and runtime_ts > prev_end:
-            idle.host_wait += gap
-        elif gap < self.kernel_wait_us:
-            idle.kernel_wait += gap
-        else:
-            idle.other += gap
+    @classmethod
+    def create(cls, options: Options) -> IdleBreakdown:
+        return cls()
 
-    def result(self) -> dict[int, dict]:
-        return {s: self.streams[s].as_dict() for s in sorted(self.streams)}
+    def add(self, batch: EventBatch) -> None:
+        """The batch's kernels, copies and sets in start order, each with the start of the runtime
+        call that launched it (where known)."""
+        streams, prev_ends, kernel_wait_us = self.streams, self._prev_end, self.kernel_wait_us
+        for cat, stream, ts, end, call in zip(batch.g_cat, batch.g_stream, batch.g_ts, batch.g_end, batch.calls):
+            if cat not in KERNEL_CATS:
+                continue
+            prev_end = prev_ends.get(stream)
+            prev_ends[stream] = end
+            idle = streams[stream]
+            if prev_end is None:
+                continue
+            gap = ts - prev_end
+            if call is not None and call.ts > prev_end:
+                idle.host_wait += gap
+            elif gap < kernel_wait_us:
+                idle.kernel_wait += gap
+            else:
+                idle.other += gap
+
+    def result(self, finished: Finished) -> dict:
+        return {"idle_by_stream": {s: self.streams[s].as_dict() for s in sorted(self.streams)}}
+
+    def to_state(self) -> dict:
+        return {"idle": {str(s): [v.host_wait, v.kernel_wait, v.other] for s, v in self.streams.items()},
+                "prev_end": {str(s): e for s, e in self._prev_end.items()}}
+
+    @classmethod
+    def from_state(cls, state: dict, options: Options) -> IdleBreakdown:
+        b = cls()
+        for s, (h, k, o) in state["idle"].items():
+            b.streams[int(s)] = StreamIdle(h, k, o)
+        b._prev_end = {int(s): e for s, e in state["prev_end"].items()}
+        return b

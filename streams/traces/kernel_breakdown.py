@@ -23,8 +23,11 @@ totals and the grouping are HTA's.
 from __future__ import annotations
 
 import math
-from itertools import combinations
+from functools import lru_cache
+from itertools import combinations, compress
 
+from streams.traces.analysis import Finished, Options
+from streams.traces.batch import EventBatch
 from streams.traces.coverage import Coverage
 from streams.traces.kernel_type import KernelType, kernel_type
 from streams.traces.stats import quantile
@@ -48,32 +51,34 @@ class KernelBreakdown:
         self.unions = {mask: Coverage() for mask in MASKS}
         # kernel name -> [type bit (0: not one of TYPES), launches, total, min, max, sum of squares]
         self.kernels: dict[str, list] = {}
-        self._wire()
 
-    def _wire(self) -> None:
-        # type bit -> the ``add`` of each union that holds the type (per event: one lookup, no mask tests)
-        self._adders = {0: (), **{bit: tuple(u.add for m, u in self.unions.items() if m & bit) for bit in BIT.values()}}
+    @classmethod
+    def create(cls, options: Options) -> KernelBreakdown:
+        return cls()
 
-    def add(self, event: dict) -> int:
-        """One GPU event (``stream >= 0``), in start-time order; returns its type's bit (``BIT``;
-        0 for none of ``TYPES``), for the analyses that split by type too."""
-        name, ts, end = event["name"], event["ts"], event["end"]
-        dur = end - ts
-        k = self.kernels.get(name)
-        if k is None:
-            k = self.kernels[name] = [BIT.get(kernel_type(name), 0), 1, dur, dur, dur, dur * dur]
-        else:
-            k[1] += 1
-            k[2] += dur
-            if dur < k[3]:  # noqa: PLR1730 - per GPU event: a comparison costs less than a call of min()
-                k[3] = dur
-            if dur > k[4]:  # noqa: PLR1730
-                k[4] = dur
-            k[5] += dur * dur
-        bit = k[0]
-        for add in self._adders[bit]:
-            add(ts, end)
-        return bit
+    def add(self, batch: EventBatch) -> None:
+        """The batch's GPU-side events (``stream >= 0``), in start-time order, with their types'
+        bits (``batch.bits``: ``kernel_bit``)."""
+        kernels = self.kernels
+        for name, ts, end, bit in zip(batch.g_name, batch.g_ts, batch.g_end, batch.bits):
+            dur = end - ts
+            k = kernels.get(name)
+            if k is None:
+                kernels[name] = [bit, 1, dur, dur, dur, dur * dur]
+            else:
+                k[1] += 1
+                k[2] += dur
+                if dur < k[3]:  # noqa: PLR1730 - per GPU event: a comparison costs less than a call of min()
+                    k[3] = dur
+                if dur > k[4]:  # noqa: PLR1730
+                    k[4] = dur
+                k[5] += dur * dur
+        bits = batch.bits
+        if not any(bits):
+            return
+        for mask, union in self.unions.items():
+            chosen = [b & mask for b in bits]  # (each union: the events of its types, in start order)
+            union.add_all(compress(batch.g_ts, chosen), compress(batch.g_end, chosen))
 
     # -- results -----------------------------------------------------------------------------
     def computation_and_communication(self) -> tuple[float, float, float]:
@@ -100,7 +105,7 @@ class KernelBreakdown:
             exact[mask] = total
         return exact
 
-    def result(self) -> dict:
+    def result(self, finished: Finished) -> dict:
         exact = self.type_times()
         total = sum(exact.values())
         kernel_types = [
@@ -124,29 +129,29 @@ class KernelBreakdown:
 
     # -- checkpoints (JSON-able) ---------------------------------------------------------------
     def to_state(self) -> dict:
-        return {"unions": {str(m): u.to_state() for m, u in self.unions.items()},
-                "kernels": self.kernels}
+        return {"kernels": {"unions": {str(m): u.to_state() for m, u in self.unions.items()},
+                            "kernels": self.kernels}}
 
     @classmethod
-    def from_temporal_coverage(cls, coverage: dict) -> KernelBreakdown:
-        """A breakdown that counts from here, of a trace session checkpointed before it existed:
-        with the unions of computation, communication and either that the temporal breakdown
-        kept then (``coverage``: its ``compute``, ``communication``, ``either``), which are now
-        this breakdown's."""
+    def from_state(cls, state: dict, options: Options) -> KernelBreakdown:
         b = cls()
-        comp, comm = COMPUTATION_BIT, COMMUNICATION_BIT
-        for mask, name in ((comp, "compute"), (comm, "communication"), (comp | comm, "either")):
-            b.unions[mask] = Coverage.from_state(coverage[name])
-        b._wire()
+        if "kernels" not in state:
+            # A session checkpointed before the kernel breakdown counts from here, with the unions of
+            # computation, communication and either that the temporal breakdown kept then (its
+            # ``coverage``: ``compute``, ``communication``, ``either``), which are now this breakdown's.
+            comp, comm = COMPUTATION_BIT, COMMUNICATION_BIT
+            for mask, name in ((comp, "compute"), (comm, "communication"), (comp | comm, "either")):
+                b.unions[mask] = Coverage.from_state(state["coverage"][name])
+            return b
+        b.unions = {int(m): Coverage.from_state(u) for m, u in state["kernels"]["unions"].items()}
+        b.kernels = {name: list(k) for name, k in state["kernels"]["kernels"].items()}
         return b
 
-    @classmethod
-    def from_state(cls, state: dict) -> KernelBreakdown:
-        b = cls()
-        b.unions = {int(m): Coverage.from_state(u) for m, u in state["unions"].items()}
-        b._wire()
-        b.kernels = {name: list(k) for name, k in state["kernels"].items()}
-        return b
+
+@lru_cache(maxsize=65_536)
+def kernel_bit(name: str) -> int:
+    """The bit (``BIT``) of a GPU event's kernel type; 0 for none of ``TYPES``."""
+    return BIT.get(kernel_type(name), 0)
 
 
 def grouped_rows(stats: dict[str, list], limit: int, ratio: float = DURATION_RATIO) -> list[dict]:

@@ -31,6 +31,9 @@ from __future__ import annotations
 import heapq
 import math
 
+from streams.traces.analysis import Finished, Options
+from streams.traces.batch import EventBatch
+from streams.traces.kernel_breakdown import MEMORY_BIT
 from streams.traces.stats import quantile
 
 # Each figure of a kind's bandwidth summary and its name in HTA's (pandas' describe()).
@@ -88,25 +91,37 @@ class MemoryCopies:
     def __init__(self) -> None:
         self.kinds: dict[str, _Kind] = {}
 
-    def add(self, event: dict) -> None:
-        """One memory copy or set (a GPU event of kernel type MEMORY), in start-time order (the
-        file's order among equal starts)."""
-        key = memory_kind(event["name"])
+    @classmethod
+    def create(cls, options: Options) -> MemoryCopies:
+        return cls()
+
+    def add(self, batch: EventBatch) -> None:
+        """The batch's memory copies and sets (GPU-side events of kernel type MEMORY), in start-time
+        order (the file's order among equal starts)."""
+        if MEMORY_BIT not in batch.bits:
+            return
+        extras, gpu, names, starts, ends = batch.extras, batch.gpu, batch.g_name, batch.g_ts, batch.g_end
+        for j, bit in enumerate(batch.bits):
+            if bit == MEMORY_BIT:
+                self._add(names[j], starts[j], ends[j], extras.get(gpu[j], _NONE))
+
+    def _add(self, name: str, ts: float, end: float, extras: dict) -> None:
+        key = memory_kind(name)
         k = self.kinds.get(key)
         if k is None:
             k = self.kinds[key] = _Kind()
-        ts, dur = event["ts"], event["end"] - event["ts"]
+        dur = end - ts
         k.copies += 1
-        k.bytes += event.get("bytes") or 0
+        k.bytes += extras.get("bytes") or 0
         k.time_us += dur
-        bandwidth = event.get("bandwidth_gbps") or 0.0
-        order = event.get("trace_order")
+        bandwidth = extras.get("bandwidth_gbps") or 0.0
+        order = extras.get("trace_order")
         k.ended_before(ts)
         k.step(exact(bandwidth))
         heapq.heappush(k.ends, (ts + (dur if dur != 0 else 1), k.seq if order is None else order, bandwidth))
         k.seq += 1
 
-    def result(self) -> list[dict]:
+    def result(self, finished: Finished) -> dict:
         out = []
         for name, k in sorted(self.kinds.items()):
             values = list(k.values)
@@ -118,17 +133,17 @@ class MemoryCopies:
             out.append({"kind": name, "copies": k.copies, "bytes": k.bytes, "time_us": float(k.time_us),
                         "achieved_gbps": k.bytes / (k.time_us * 1e3) if k.time_us > 0 else None,
                         **_describe(values)})
-        return out
+        return {"memory_copies": out}
 
     # -- checkpoints (JSON-able) ---------------------------------------------------------------
     def to_state(self) -> dict:
-        return {name: [k.copies, k.bytes, k.time_us, k.running / _ONE, k.seq, k.ends, k.values]
-                for name, k in self.kinds.items()}
+        return {"copies": {name: [k.copies, k.bytes, k.time_us, k.running / _ONE, k.seq, k.ends, k.values]
+                           for name, k in self.kinds.items()}}
 
     @classmethod
-    def from_state(cls, state: dict) -> MemoryCopies:
+    def from_state(cls, state: dict, options: Options) -> MemoryCopies:
         m = cls()
-        for name, (copies, nbytes, time_us, _running, seq, ends, values) in state.items():
+        for name, (copies, nbytes, time_us, _running, seq, ends, values) in state.get("copies", {}).items():
             k = m.kinds[name] = _Kind()
             k.copies, k.bytes, k.time_us, k.seq = copies, nbytes, time_us, seq
             k.ends = [tuple(e) for e in ends]
@@ -136,6 +151,9 @@ class MemoryCopies:
             k.running = sum(exact(bandwidth) for _, _, bandwidth in k.ends)  # (exact: not the float stored)
             k.values = list(values)
         return m
+
+
+_NONE: dict = {}
 
 
 def _describe(values: list[float]) -> dict:

@@ -18,6 +18,8 @@ State: per operator name its totals, and per CPU thread the operators still open
 from __future__ import annotations
 
 from schemas.gpu_peaks import peak_memory_gbps, peak_tflops
+from streams.traces.analysis import Finished, Options
+from streams.traces.batch import EventBatch
 
 # What an operator should reach: the time at stake is what it would save at this share of its roof.
 ROOF_TARGET = 0.7
@@ -30,39 +32,74 @@ class OperatorRoofline:
         # name -> [calls, flops, bytes (0 where unknown), calls with bytes, GPU time, {precision: flops}]
         self.ops: dict[str, list] = {}
 
-    def add_cpu(self, event: dict) -> str | None:
-        """A CPU-side event; for a runtime call, the operator it was made from (or None)."""
-        flops = event.get("flops")
-        tid = event.get("tid", -1)
-        if flops:
-            stack = self.open.setdefault(tid, [])
-            _close(stack, event["ts"])
-            stack.append([event["ts"] + event["dur"], event["name"]])
-            op = self.ops.get(event["name"])
-            if op is None:
-                op = self.ops[event["name"]] = [0, 0, 0, 0, 0.0, {}]
-            op[0] += 1
-            op[1] += flops
-            if event.get("op_bytes"):
-                op[2] += event["op_bytes"]
-                op[3] += 1
-            precision = event.get("precision") or "unknown"
-            op[5][precision] = op[5].get(precision, 0) + flops
-            return None
-        if event["kind"] != "runtime":
-            return None
+    @classmethod
+    def create(cls, options: Options) -> OperatorRoofline:
+        return cls()
+
+    label = "op"
+
+    def label_calls(self, batch: EventBatch) -> None:
+        """The operators of the batch that count their FLOPs, and for each runtime call the
+        operator it was made from (``batch.labels["op"]``)."""
+        extras = batch.extras
+        counted = [i for i, x in extras.items() if x.get("flops")]
+        if not counted and not self.open:
+            return  # (no operator open, none opening: the rows need not be looked at)
+        ops: dict[int, str] = {}
+        kinds, names, starts, durs, tids = batch.kind, batch.name, batch.ts, batch.dur, batch.tid
+        for i, stream in enumerate(batch.stream):
+            if stream >= 0:
+                continue
+            kind = kinds[i]
+            if kind == "runtime":
+                if self.open:
+                    op = self._call(tids[i], starts[i])
+                    if op is not None:
+                        ops[i] = op
+            elif kind == "cpu_op":
+                x = extras.get(i)
+                if x is not None and x.get("flops"):
+                    self._operator(names[i], starts[i], durs[i], tids[i], x)
+        batch.labels["op"] = ops
+
+    def _operator(self, name: str, ts: float, dur: float, tid: int, x: dict) -> None:
+        """An operator that counts its FLOPs: opened on its thread, counted."""
+        flops = x["flops"]
+        stack = self.open.setdefault(tid, [])
+        _close(stack, ts)
+        stack.append([ts + dur, name])
+        op = self.ops.get(name)
+        if op is None:
+            op = self.ops[name] = [0, 0, 0, 0, 0.0, {}]
+        op[0] += 1
+        op[1] += flops
+        if x.get("op_bytes"):
+            op[2] += x["op_bytes"]
+            op[3] += 1
+        precision = x.get("precision") or "unknown"
+        op[5][precision] = op[5].get(precision, 0) + flops
+
+    def _call(self, tid: int, ts: float) -> str | None:
+        """A runtime call: the innermost operator open on its thread."""
         stack = self.open.get(tid)
         if not stack:
             return None
-        _close(stack, event["ts"])
+        _close(stack, ts)
         return stack[-1][1] if stack else None
 
-    def add_gpu(self, event: dict, op: str | None) -> None:
-        """A GPU event and the operator its launch was made from."""
-        if op is not None:
-            self.ops[op][4] += event["end"] - event["ts"]
+    def add(self, batch: EventBatch) -> None:
+        """The batch's GPU-side events launched from inside an operator: its GPU time."""
+        ops = self.ops
+        if not ops:
+            return
+        for call, ts, end in zip(batch.calls, batch.g_ts, batch.g_end):
+            if call is not None and call.op is not None:
+                ops[call.op][4] += end - ts
 
-    def result(self, gpu_name: str | None) -> list[dict]:
+    def result(self, finished: Finished) -> dict:
+        return {"operators": self.rows(finished.gpu_name)}
+
+    def rows(self, gpu_name: str | None) -> list[dict]:
         rows = []
         bandwidth = peak_memory_gbps(gpu_name)
         for name, (calls, flops, nbytes, with_bytes, gpu_us, precisions) in self.ops.items():
@@ -94,11 +131,14 @@ class OperatorRoofline:
 
     # -- checkpoints (JSON-able) ---------------------------------------------------------------
     def to_state(self) -> dict:
-        return {"open": {str(t): s for t, s in self.open.items() if s}, "ops": self.ops}
+        return {"roofline": {"open": {str(t): s for t, s in self.open.items() if s}, "ops": self.ops}}
 
     @classmethod
-    def from_state(cls, state: dict) -> OperatorRoofline:
+    def from_state(cls, state: dict, options: Options) -> OperatorRoofline:
         r = cls()
+        state = state.get("roofline")
+        if state is None:  # (a session checkpointed before the roofline)
+            return r
         r.open = {int(t): [list(x) for x in s] for t, s in state["open"].items()}
         r.ops = {name: list(op) for name, op in state["ops"].items()}
         return r

@@ -18,6 +18,8 @@ applied (about the operations in flight).
 
 from __future__ import annotations
 
+from streams.traces.analysis import Finished, Options
+from streams.traces.batch import EventBatch
 from streams.traces.stats import quantile
 
 LAUNCH_CALLS = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cudaMemcpyAsync",
@@ -76,23 +78,33 @@ class QueueLength:
         self.pending: dict[int, float] = {}  # correlation of a launch not yet matched -> its start
         self.horizon = horizon_us
 
-    def add_cpu(self, event: dict) -> None:
-        """A runtime call."""
-        if event["correlation"] >= 0 and event["name"] in LAUNCH_CALLS:
-            self.pending[event["correlation"]] = event["ts"]
+    @classmethod
+    def create(cls, options: Options) -> QueueLength:
+        return cls(options.horizon_us)
 
-    def add_gpu(self, event: dict) -> None:
-        """A GPU event whose runtime call is known (the caller looks it up)."""
-        launched = self.pending.pop(event["correlation"], None)
+    def add(self, batch: EventBatch) -> None:
+        """The batch's launch calls, and its GPU-side events whose runtime call is known."""
+        pending, calls, j = self.pending, batch.calls, 0
+        for kind, name, ts, stream, corr in zip(batch.kind, batch.name, batch.ts, batch.stream, batch.correlation):
+            if stream < 0:
+                if kind == "runtime" and corr >= 0 and name in LAUNCH_CALLS:
+                    pending[corr] = ts
+                continue
+            if calls[j] is not None:
+                self._started(corr, stream, ts)
+            j += 1
+
+    def _started(self, corr: int, stream: int, ts: float) -> None:
+        launched = self.pending.pop(corr, None)
         if launched is None:
             return  # not launched by a launch call
-        s = self.streams.get(event["stream"])
+        s = self.streams.get(stream)
         if s is None:
-            s = self.streams[event["stream"]] = _Stream()
+            s = self.streams[stream] = _Stream()
         s.launches.append(launched)
-        s.starts.append(event["ts"])
+        s.starts.append(ts)
         if len(s.starts) > BUFFER_LIMIT:
-            s.apply(self._settled_before(event["ts"]))
+            s.apply(self._settled_before(ts))
 
     def _settled_before(self, now: float) -> float:
         """The time before which every change is known: that of the oldest launch not matched yet
@@ -103,7 +115,7 @@ class QueueLength:
             del pending[corr]
         return min(now, min(pending.values(), default=now))
 
-    def result(self) -> list[dict]:
+    def result(self, finished: Finished) -> dict:
         out = []
         for stream, s in sorted(self.streams.items()):
             copy = _Stream()
@@ -112,16 +124,20 @@ class QueueLength:
             copy.apply(None)
             out.append({"stream": stream, **_describe(copy.seen),
                         "blocked_us": sum(t for v, t in copy.held.items() if v >= FULL_QUEUE)})
-        return out
+        return {"queue_lengths": out}
 
     # -- checkpoints (JSON-able) ---------------------------------------------------------------
     def to_state(self) -> dict:
-        return {"streams": {str(k): [s.queue, s.last_ts, list(s.seen.items()), list(s.held.items()), s.launches,
-                                     s.starts] for k, s in self.streams.items()},
-                "pending": list(self.pending.items()), "horizon": self.horizon}
+        return {"queues": {
+            "streams": {str(k): [s.queue, s.last_ts, list(s.seen.items()), list(s.held.items()), s.launches,
+                                 s.starts] for k, s in self.streams.items()},
+            "pending": list(self.pending.items()), "horizon": self.horizon}}
 
     @classmethod
-    def from_state(cls, state: dict) -> QueueLength:
+    def from_state(cls, state: dict, options: Options) -> QueueLength:
+        state = state.get("queues")
+        if state is None:  # (a session checkpointed before the queue lengths)
+            return cls(options.horizon_us)
         q = cls(state["horizon"])
         for k, (queue, last_ts, seen, held, launches, starts) in state["streams"].items():
             s = q.streams[int(k)] = _Stream()

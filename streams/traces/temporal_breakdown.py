@@ -1,6 +1,6 @@
 """Temporal breakdown and communication/computation overlap of one rank's GPU time.
 
-Consumes GPU events (``stream >= 0``) in start-time order and keeps O(1) state: the open
+Consumes the GPU-side events (``stream >= 0``) of each batch in start-time order and keeps O(1) state: the open
 merged interval and the covered time so far (a ``Coverage``) of all GPU events. The unions of
 computation kernels, of communication kernels and of both (overlap = comp + comm - union) are
 the kernel breakdown's, which keeps them for its own split by type: the result reads them there.
@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import msgspec
 
+from streams.traces.analysis import Finished, Options
+from streams.traces.batch import EventBatch
 from streams.traces.coverage import Coverage
+from streams.traces.kernel_breakdown import KernelBreakdown
 
 
 class TemporalResult(msgspec.Struct, frozen=True):
@@ -37,11 +40,42 @@ class TemporalBreakdown:
     def __init__(self) -> None:
         self.all = Coverage()
 
-    def add(self, ts: float, end: float) -> None:
-        """One GPU event (``stream >= 0``), in start-time order."""
-        self.all.add(ts, end)
+    @classmethod
+    def create(cls, options: Options) -> TemporalBreakdown:
+        return cls()
 
-    def result(self, compute: float, comm: float, either: float) -> TemporalResult:
+    def add(self, batch: EventBatch) -> None:
+        self.all.add_all(batch.g_ts, batch.g_end)
+
+    def result(self, finished: Finished) -> dict:
+        t = self.breakdown(*finished.analyses[KernelBreakdown].computation_and_communication())
+        return {
+            "temporal": {
+                "kernel_time_us": t.kernel_us,
+                "idle_time_us": t.idle_us,
+                "compute_time_us": t.compute_us,
+                "non_compute_time_us": t.non_compute_us,
+                "idle_pct": t.pct(t.idle_us),
+                "compute_pct": t.pct(t.compute_us),
+                "non_compute_pct": t.pct(t.non_compute_us),
+            },
+            "overlap": {
+                "communication_time_us": t.communication_us,
+                "comp_comm_overlap_us": t.comp_comm_overlap_us,
+                "comp_comm_overlap_pct": t.overlap_pct,
+            },
+        }
+
+    def to_state(self) -> dict:
+        return {"coverage": {"all": self.all.to_state()}}
+
+    @classmethod
+    def from_state(cls, state: dict, options: Options) -> TemporalBreakdown:
+        t = cls()
+        t.all = Coverage.from_state(state["coverage"]["all"])
+        return t
+
+    def breakdown(self, compute: float, comm: float, either: float) -> TemporalResult:
         """The breakdown, with the time covered by computation kernels, by communication kernels
         and by either (the kernel breakdown's unions of the same GPU events)."""
         kernel = self.all.span

@@ -1,0 +1,116 @@
+"""A run of one rank's trace events in start order, as columns: what every trace analysis is fed.
+
+``gpufleet analyze`` cuts a whole trace into batches (``producers.trace_events.EventList.
+column_chunks``); the worker's trace stage makes one of the kernel events a message batch
+brings for a trace (``KernelEventColumns`` as they come, older ``KernelEvent`` records by
+``of_records``). An analysis reads the columns it needs, a batch at a time, with no object per
+event: the columns are Python lists, which a loop over ``zip`` reads faster than anything else
+CPython offers for values that are looked at once or twice each.
+
+Columns (one value per event): ``kind`` (the ``KernelEvent`` kinds), ``cat``, ``name``, ``ts``,
+``end``, ``dur``, ``stream`` (-1 on the CPU side), ``device``, ``correlation``, ``tid``; the
+rare fields (a copy's ``bytes``, ``bandwidth_gbps``, ``memcpy_kind``, ``trace_order``; an
+operator's ``flops``, ``precision``, ``op_bytes``; a sync's wait) in ``extras``, by row.
+
+The trace analysis (``TraceAnalyzer``) adds what it joins: the GPU-side rows (``gpu``), each
+one's runtime call (``calls``: a ``Call`` or None) and kernel type (``bits``), and their values
+of the columns the GPU-side analyses read (``g_ts``, ``g_end``, ``g_dur``, ``g_name``, ``g_cat``,
+``g_kind``, ``g_stream``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from operator import add, itemgetter
+from typing import Any
+
+# The fields of a KernelEvent that are columns; the others optional ones are extras.
+COLUMNS = ("kind", "cat", "name", "ts", "dur", "stream", "device", "correlation", "tid")
+EXTRAS = ("bytes", "bandwidth_gbps", "memcpy_kind", "trace_order", "flops", "precision", "op_bytes",
+          "wait_on_stream", "wait_on_record")
+
+
+class EventBatch:
+    __slots__ = (
+        "bits",
+        "calls",
+        "cat",
+        "correlation",
+        "device",
+        "dur",
+        "end",
+        "extras",
+        "g_cat",
+        "g_dur",
+        "g_end",
+        "g_kind",
+        "g_name",
+        "g_stream",
+        "g_ts",
+        "gpu",
+        "kind",
+        "labels",
+        "name",
+        "stream",
+        "tid",
+        "ts",
+    )
+
+    def __init__(self, kind: list[str], cat: list, name: list[str], ts: list, dur: list, stream: list[int],
+                 device: list[int], correlation: list[int], tid: list[int], extras: dict[int, dict] | None = None,
+                 ) -> None:
+        self.kind, self.cat, self.name, self.ts, self.dur = kind, cat, name, ts, dur
+        self.stream, self.device, self.correlation, self.tid = stream, device, correlation, tid
+        self.end = list(map(add, ts, dur))
+        self.extras = extras or {}
+        self.labels: dict[str, dict[int, Any]] = {}  # what analyses say of runtime calls, by row (``Labels``)
+        self.gpu: list[int] = []
+        self.calls: list = []
+        self.bits: list[int] = []
+        self.g_ts = self.g_end = self.g_dur = self.g_name = self.g_cat = self.g_kind = self.g_stream = ()
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    @classmethod
+    def of_records(cls, records: Iterable[dict]) -> EventBatch:
+        """A batch of event dicts (``KernelEvent`` records, or ``EventList``'s dicts)."""
+        records = list(records)
+        columns = [[r.get(c, -1) for r in records] for c in COLUMNS]  # (device, tid: -1 when absent)
+        extras = {}
+        for i, r in enumerate(records):
+            x = {k: r[k] for k in EXTRAS if r.get(k) is not None}
+            if x:
+                extras[i] = x
+        return cls(*columns, extras)
+
+    def rows(self) -> Iterator[dict]:
+        """Each event as a dict (``KernelEvent``'s fields, ``end`` too): for the analyses that
+        follow a trace event by event and need most of its fields (the critical path)."""
+        extras = self.extras
+        for i, values in enumerate(zip(self.kind, self.cat, self.name, self.ts, self.dur, self.end, self.stream,
+                                       self.device, self.correlation, self.tid)):
+            e = dict(zip(_ROW_KEYS, values))
+            if extras:
+                x = extras.get(i)
+                if x is not None:
+                    e.update(x)
+            yield e
+
+    def join(self, gpu: list[int], calls: list, bits: list[int]) -> None:
+        """The GPU-side rows, their runtime calls and kernel types, and their values of the
+        columns the GPU-side analyses read."""
+        self.gpu, self.calls, self.bits = gpu, calls, bits
+        if not gpu:
+            return
+        if len(gpu) == 1:
+            i = gpu[0]
+            self.g_ts, self.g_end, self.g_dur, self.g_name = [self.ts[i]], [self.end[i]], [self.dur[i]], [self.name[i]]
+            self.g_cat, self.g_kind, self.g_stream = [self.cat[i]], [self.kind[i]], [self.stream[i]]
+            return
+        pick = itemgetter(*gpu)
+        self.g_ts, self.g_end, self.g_dur, self.g_name = pick(self.ts), pick(self.end), pick(self.dur), pick(self.name)
+        self.g_cat, self.g_kind, self.g_stream = pick(self.cat), pick(self.kind), pick(self.stream)
+
+
+_ROW_KEYS = ("kind", "cat", "name", "ts", "dur", "end", "stream", "device", "correlation", "tid")
