@@ -16,8 +16,9 @@ ABOUT = {
                       "process time, CPU and peak memory of each side (medians of alternating runs), every "
                       "compared figure side by side, and how many figures of the order-sensitive summaries "
                       "differ from HTA's own, HTA with a stable sort, and HTA with a stable sort and an exact sum.",
-    "trace_stage": "The worker's trace stage per kernel event: a trace's KernelEvent messages decoded and applied "
-                   "to its session, a batch at a time, against decoding alone.",
+    "trace_stage": "The worker's trace stage per kernel event: a trace's messages decoded and applied to its "
+                   "session, a batch at a time, against decoding alone; KernelEventColumns (what the agents send) "
+                   "against one KernelEvent message per event (older agents).",
     "window_utilization": "The worker's event-time windows: samples a second through decode, validation and "
                           "aggregation, columns against one record per sample.",
     "agent": "The host agent's tick: CPU and NVML calls per GPU per tick with the fake NVML, and what reading "

@@ -1,4 +1,5 @@
-"""Publishes a profiler trace file as ``KernelEvent`` records, then a ``TraceEnd`` marker.
+"""Publishes a profiler trace file as ``KernelEventColumns`` messages (its events in start
+order, up to ``EVENTS_PER_MESSAGE`` a message, column by column), then a ``TraceEnd`` marker.
 
 A damaged file publishes what was valid before the damage, a ``TraceEnd`` saying the trace
 is partial, and a dead-letter record with the reason; an unreadable file publishes the
@@ -42,7 +43,9 @@ def publish_trace(
         publisher.publish(KERNEL_EVENTS, [end], topic=topic, schema="TraceEnd")
         return end
 
-    n = publisher.publish(KERNEL_EVENTS, kernel_event_records(trace, trace_id, workflow_id), topic=topic)
+    publisher.publish(KERNEL_EVENTS, kernel_event_columns(trace, trace_id, workflow_id), topic=topic,
+                      schema="KernelEventColumns")
+    n = len(trace.events)
     end = {"trace_id": trace_id, "workflow_id": workflow_id, "rank": trace.rank, "events": n,
            "events_read": trace.events_seen, "source": str(path), "partial": trace.partial,
            "error": trace.error, "last_step_dropped": trace.last_step_dropped,
@@ -64,6 +67,52 @@ def kernel_event_records(trace: TraceRead, trace_id: str, workflow_id: str) -> I
         record.update(trace_id=trace_id, workflow_id=workflow_id, rank=trace.rank, seq=seq,
                       ts=int(e["ts"]), dur=int(e["dur"]))
         yield record
+
+
+EVENTS_PER_MESSAGE = 1000
+# The names of a message's events (kernel names are C++ templates, up to kilobytes each) are kept
+# under this, well within a broker's default largest message (1 MiB): a message holds fewer events
+# where most have long names of their own.
+STRING_BYTES_PER_MESSAGE = 256 * 1024
+
+
+def kernel_event_columns(trace: TraceRead, trace_id: str, workflow_id: str,
+                         size: int = EVENTS_PER_MESSAGE) -> Iterator[dict]:
+    """The ``KernelEventColumns`` records of a trace read: its events in start order, ``size``
+    at most a record, ``first_seq`` counting from 0."""
+    seq = 0
+    for kind, cat, name, ts, dur, stream, device, correlation, tid, extras in trace.events.column_chunks(size):
+        for lo, hi in _within_string_budget(cat, name):
+            strings: dict[str, int] = {}
+            record = {
+                "trace_id": trace_id, "workflow_id": workflow_id, "rank": trace.rank, "first_seq": seq,
+                "kind": kind[lo:hi],
+                "cat": [strings.setdefault(c or "", len(strings)) for c in cat[lo:hi]],
+                "name": [strings.setdefault(n, len(strings)) for n in name[lo:hi]],
+                "ts": list(map(int, ts[lo:hi])), "dur": list(map(int, dur[lo:hi])), "stream": stream[lo:hi],
+                "device": device[lo:hi], "correlation": correlation[lo:hi], "tid": tid[lo:hi],
+                "extras": [{"row": row - lo, **{f: x.get(f) for f in _OPTIONAL_FIELDS}}
+                           for row, x in sorted(extras.items()) if lo <= row < hi],
+            }
+            record["strings"] = list(strings)
+            seq += hi - lo
+            yield record
+
+
+def _within_string_budget(cat: list, name: list) -> Iterator[tuple[int, int]]:
+    """``[lo, hi)`` ranges of a chunk whose distinct strings stay within ``STRING_BYTES_PER_MESSAGE``
+    (one event a range at least, whatever its name's length)."""
+    lo, seen, used = 0, set(), 0
+    for i, (c, n) in enumerate(zip(cat, name)):
+        new = sum(len(s.encode()) for s in {c or "", n} - seen)
+        if used + new > STRING_BYTES_PER_MESSAGE and i > lo:
+            yield lo, i
+            lo, seen, used = i, set(), sum(len(s.encode()) for s in {c or "", n})
+        else:
+            used += new
+        seen.update((c or "", n))
+    if lo < len(name):
+        yield lo, len(name)
 
 
 def _dead_letter(publisher: Publisher, prefix: str, path: str | Path, reason: str, now: int) -> None:

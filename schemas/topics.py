@@ -73,8 +73,9 @@ DEAD_LETTERS = TopicSpec(
 )
 
 KERNEL_EVENTS = TopicSpec(
-    "gpufleet.kernel-events.v1", "KernelEvent", "trace_id", 8, other_schemas=("TraceEnd",),
-    doc="Profiler trace events of one rank in start order, then a TraceEnd marker; keyed by trace.",
+    "gpufleet.kernel-events.v1", "KernelEvent", "trace_id", 8, other_schemas=("KernelEventColumns", "TraceEnd"),
+    doc="Profiler trace events of one rank in start order (KernelEventColumns, what the agents send; KernelEvent "
+        "records of older agents), then a TraceEnd marker; keyed by trace.",
 )
 TRACE_ANALYSES = TopicSpec(
     "gpufleet.trace-analyses.v1", "TraceAnalysis", "workflow_id", 4,

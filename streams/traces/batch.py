@@ -84,6 +84,18 @@ class EventBatch:
                 extras[i] = x
         return cls(*columns, extras)
 
+    @classmethod
+    def of_columns(cls, record: dict, skip: int = 0) -> EventBatch:
+        """The events of a ``KernelEventColumns`` record (``columns_error`` found nothing wrong
+        with it), but the first ``skip``."""
+        strings = record["strings"].__getitem__
+        columns = [record[c][skip:] for c in ("kind", "cat", "name", "ts", "dur", "stream", "device", "correlation",
+                                               "tid")]
+        columns[1], columns[2] = list(map(strings, columns[1])), list(map(strings, columns[2]))
+        extras = {x["row"] - skip: {k: v for k, v in x.items() if v is not None and k != "row"}
+                  for x in record["extras"] if x["row"] >= skip}
+        return cls(*columns, extras)
+
     def rows(self) -> Iterator[dict]:
         """Each event as a dict (``KernelEvent``'s fields, ``end`` too): for the analyses that
         follow a trace event by event and need most of its fields (the critical path)."""
@@ -113,4 +125,26 @@ class EventBatch:
         self.g_cat, self.g_kind, self.g_stream = pick(self.cat), pick(self.kind), pick(self.stream)
 
 
+def columns_error(record: dict) -> str | None:
+    """What is wrong with a ``KernelEventColumns`` record that its schema cannot say, or None."""
+    n = len(record["ts"])
+    uneven = [c for c in _COLUMN_FIELDS if len(record[c]) != n]
+    if uneven:
+        return f"KernelEventColumns with {n} events but {len(record[uneven[0]])} values of {uneven[0]}"
+    if n == 0:
+        return "KernelEventColumns with no event"
+    if record["first_seq"] < 0:
+        return f"KernelEventColumns with first_seq {record['first_seq']} (seq counts from 0)"
+    strings = len(record["strings"])
+    for column in ("cat", "name"):
+        low, high = min(record[column]), max(record[column])
+        if low < 0 or high >= strings:
+            return f"KernelEventColumns refers to string {low if low < 0 else high} of {column}, of {strings} strings"
+    rows = [x["row"] for x in record["extras"]]
+    if rows and (min(rows) < 0 or max(rows) >= n):
+        return f"KernelEventColumns has extras for row {min(rows) if min(rows) < 0 else max(rows)} of {n} events"
+    return None
+
+
+_COLUMN_FIELDS = ("kind", "cat", "name", "ts", "dur", "stream", "device", "correlation", "tid")
 _ROW_KEYS = ("kind", "cat", "name", "ts", "dur", "end", "stream", "device", "correlation", "tid")

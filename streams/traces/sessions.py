@@ -2,7 +2,8 @@
 
 Plain logic, no Faust: the worker feeds decoded records per partition and persists the
 states this reports as changed. A trace's session starts with its first event, applies
-events in ``seq`` order (a replay after a crash is skipped, a gap is remembered), and ends
+events in ``seq`` order (``KernelEventColumns`` batches, or ``KernelEvent`` records of older
+agents; a replay after a crash is skipped, a gap is remembered), and ends
 with its ``TraceEnd`` marker, or after ``timeout_ms`` of wall time without events. An ended
 trace leaves a small "done" marker for ``done_retention_ms`` so that a replayed tail does
 not start it again.
@@ -14,6 +15,7 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 
 from streams.traces.analyze import TraceAnalyzer, findings_records, trace_analysis_record
+from streams.traces.batch import EventBatch
 
 
 @dataclass(frozen=True)
@@ -49,8 +51,10 @@ class TraceSessions:
         return a
 
     def apply(self, partition: int, records: list[tuple[str, dict]], now_ms: int) -> SessionResult:
-        """Apply ``(schema name, record)`` pairs of one partition, in offset order."""
+        """Apply ``(schema name, record)`` pairs of one partition, in offset order. A trace's events
+        are analysed a batch at a time: those the records bring for it, up to its end."""
         result = SessionResult()
+        waiting: dict[str, list] = {}  # trace id -> its events not yet analysed (batches and KernelEvent records)
         for name, r in records:
             tid = r["trace_id"]
             state = self.store.get(tid)
@@ -63,22 +67,40 @@ class TraceSessions:
                 self.store[tid] = state
             state["updated_ms"] = now_ms
             result.changed.add(tid)
-            if name == "KernelEvent":
-                seq = r["seq"]
-                if seq < state["next_seq"]:
-                    result.replayed += 1
-                    continue
-                state["missing"] += seq - state["next_seq"]
-                state["next_seq"] = seq + 1
-                self._analyzer(tid, state).add(r)
-            else:  # TraceEnd
+            if name == "TraceEnd":
+                self._analyse(tid, state, waiting.pop(tid, ()))
                 state["missing"] += max(0, r["events"] - state["next_seq"])
                 self._finish(tid, state, now_ms, result, end=r)
+                continue
+            first, n = (r["seq"], 1) if name == "KernelEvent" else (r["first_seq"], len(r["ts"]))
+            if first + n <= state["next_seq"]:
+                result.replayed += 1
+                continue
+            skip = max(0, state["next_seq"] - first)  # (events of a batch seen before a crash)
+            state["missing"] += max(0, first - state["next_seq"])
+            state["next_seq"] = first + n
+            waiting.setdefault(tid, []).append(r if name == "KernelEvent" else EventBatch.of_columns(r, skip))
+        for tid, events in waiting.items():
+            self._analyse(tid, self.store[tid], events)
         for tid in result.changed:
             state = self.store[tid]
             if not state.get("done"):
                 state["analyzer"] = self._analyzer(tid, state).to_state()
         return result
+
+    def _analyse(self, tid: str, state: dict, events: list) -> None:
+        """Feed a trace's waiting events to its analyser: runs of KernelEvent records as one batch each."""
+        analyzer, records = self._analyzer(tid, state), []
+        for e in events:
+            if isinstance(e, EventBatch):
+                if records:
+                    analyzer.add_batch(EventBatch.of_records(records))
+                    records = []
+                analyzer.add_batch(e)
+            else:
+                records.append(e)
+        if records:
+            analyzer.add_batch(EventBatch.of_records(records))
 
     def expire(self, now_ms: int) -> SessionResult:
         """End traces silent for longer than the timeout; forget old done markers."""

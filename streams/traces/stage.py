@@ -26,6 +26,7 @@ from streams.profiling.root_cause import profile_result
 from streams.settings import StreamSettings
 from streams.stage_io import by_partition, topic_of
 from streams.stage_state import StageState
+from streams.traces.batch import columns_error
 from streams.traces.sessions import TraceSessions
 
 log = logging.getLogger(__name__)
@@ -86,8 +87,8 @@ class TraceStage:
         records = []
         for i, name, record in ok:
             if not KERNEL_EVENTS.carries(name):
-                errors.append((i, f"expected KernelEvent or TraceEnd, got {name}"))
-            elif reason := ids_error(record):
+                errors.append((i, f"expected KernelEventColumns, KernelEvent or TraceEnd, got {name}"))
+            elif reason := ids_error(record) or (columns_error(record) if name == "KernelEventColumns" else None):
                 errors.append((i, reason))
             else:
                 records.append((name, record))

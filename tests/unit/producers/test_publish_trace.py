@@ -25,7 +25,9 @@ def test_skipped_items_are_dead_lettered_with_the_reason_and_the_rest_published(
     publisher = RecordingPublisher()
     end = publish_trace(path, "wf", publisher)
     kinds = [name for _, name, _ in publisher.sent]
-    assert kinds == ["KernelEvent", "KernelEvent", "DeadLetter", "TraceEnd"] and end["events"] == 2
+    assert kinds == ["KernelEventColumns", "DeadLetter", "TraceEnd"] and end["events"] == 2
+    columns = publisher.sent[0][2]
+    assert [columns["strings"][i] for i in columns["name"]] == ["cudaLaunchKernel", "gemm"]
     (letter,) = [r for topic, name, r in publisher.sent if topic == DEAD_LETTERS.name]
     assert letter["reason"] == ("trace items skipped: 1 item that is not an event was skipped; the first is "
                                 "item 2 of traceEvents: 'not an event' is a string, not an event object")
@@ -39,3 +41,40 @@ def test_a_trace_with_nothing_usable_is_dead_lettered_and_ends_empty(tmp_path):
     end = publish_trace(path, "wf", publisher)
     assert [name for _, name, _ in publisher.sent] == ["DeadLetter", "TraceEnd"]
     assert end["events"] == 0 and end["partial"] and "no usable event: 2 items that are not an event" in end["error"]
+
+
+def test_a_traces_events_travel_as_columns_that_give_them_back_in_order(tmp_path):
+    """The columns of every message, in seq order, are the trace's events as read; each message
+    holds at most EVENTS_PER_MESSAGE events."""
+    from producers.publish_trace import EVENTS_PER_MESSAGE
+    from producers.read_trace import read_trace
+    from streams.traces.batch import EventBatch, columns_error
+    from tests.support.overlapping_copies import overlapping_copies_trace
+
+    path = overlapping_copies_trace(tmp_path / "t.json")  # copies (bytes, bandwidth, file order) among kernels
+    publisher = RecordingPublisher()
+    end = publish_trace(path, "wf", publisher)
+    messages = [r for _, name, r in publisher.sent if name == "KernelEventColumns"]
+    expected = list(read_trace(path).events)
+    assert len(messages) == -(-len(expected) // EVENTS_PER_MESSAGE) > 1 and end["events"] == len(expected)
+    assert [m["first_seq"] for m in messages] == list(range(0, len(expected), EVENTS_PER_MESSAGE))
+    assert all(columns_error(m) is None for m in messages)
+    got = [e for m in messages for e in EventBatch.of_columns(m).rows()]
+    fields = ("kind", "cat", "name", "ts", "dur", "end", "stream", "device", "correlation", "tid", "bytes",
+              "bandwidth_gbps", "trace_order")
+    assert [[e.get(f) for f in fields] for e in got] == [[e.get(f) for f in fields] for e in expected]
+
+
+def test_a_message_of_long_distinct_names_holds_fewer_events(tmp_path, monkeypatch):
+    """Kernel names of kilobytes each, all different: the messages stay within the string budget
+    and together carry every event, seq following seq."""
+    import producers.publish_trace as publish
+
+    monkeypatch.setattr(publish, "STRING_BYTES_PER_MESSAGE", 10_000)
+    events = [kernel(f"k{i}_" + "x" * 3000, 10 * i, 5) for i in range(10)]
+    publisher = RecordingPublisher()
+    publish_trace(write_trace(tmp_path / "t.json", events), "wf", publisher)
+    messages = [r for _, name, r in publisher.sent if name == "KernelEventColumns"]
+    assert [len(m["ts"]) for m in messages] == [3, 3, 3, 1]
+    assert all(sum(len(s) for s in m["strings"]) <= 10_000 for m in messages)
+    assert [m["first_seq"] for m in messages] == [0, 3, 6, 9]

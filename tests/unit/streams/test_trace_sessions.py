@@ -9,10 +9,6 @@ from tests.support.kernel_events import end, kernel_events
 CFG = TraceSessionConfig(timeout_ms=1000, done_retention_ms=5000)
 
 
-
-
-
-
 def test_marker_ends_the_trace_with_the_offline_result():
     store: dict = {}
     sessions = TraceSessions(CFG, store)
@@ -111,3 +107,61 @@ def test_the_worker_gives_the_offline_record_for_a_trace_of_overlapping_copies_b
     assert any(m["kind"] == "Memcpy DtoD" and m["bw_samples"] > 100 for m in offline["memory_copies"])
     for field in ("memory_copies", "queue_lengths", "idle_by_stream", "kernel_time_us", "gpu_events"):
         assert streamed[field] == offline[field], field
+
+
+@pytest.mark.parametrize("size", [1, 7, 1000])
+def test_the_worker_gives_the_offline_record_for_column_messages_of_any_size_and_a_replay(tmp_path, size):
+    """A trace published as KernelEventColumns messages of ``size`` events, through Avro, the
+    worker restarted from its changelog halfway and the messages around the cut sent again
+    cut differently (a replay that straddles what was seen): every field of the stream's record
+    is ``gpufleet analyze``'s."""
+    from gpufleet.analyze import analyze_file
+    from producers.publish_trace import kernel_event_columns
+    from producers.read_trace import read_trace
+    from schemas.codec import Codec
+    from tests.support.traces import synthetic_job_trace
+
+    codec = Codec()
+    path = synthetic_job_trace(tmp_path / "t.json")  # streams, NCCL, steps, copies
+
+    def wire(n):
+        return [codec.decode(codec.encode("KernelEventColumns", r))
+                for r in kernel_event_columns(trace, "wf/t.json", "wf", size=n)]
+
+    trace = read_trace(path)
+    messages = wire(size)
+    marker = end(events=len(trace.events))
+    marker[1].update(rank=trace.rank, source=str(path), events_read=trace.events_seen, gpu_name=trace.gpu_name,
+                     flops=trace.flops or None)
+    store: dict = {}
+    half = len(messages) // 2
+    r = TraceSessions(CFG, store).apply(0, messages[:half + 1], now_ms=1)
+    store = json.loads(json.dumps(store))  # the changelog, read back by a new worker
+    seen = store["wf/t.json"]["next_seq"]
+    again = [m for m in wire(5) if m[1]["first_seq"] + len(m[1]["ts"]) > seen - 12]  # from before the cut
+    r = TraceSessions(CFG, store).apply(0, again + [marker], now_ms=1)
+    (streamed,) = r.analyses
+    offline = analyze_file(path, workflow_id="wf", trace_id="wf/t.json")
+    assert r.replayed >= 2 and not streamed["partial"] and streamed["error"] is None
+    assert {k: v for k, v in streamed.items() if k != "analyzed_at"} == \
+        {k: v for k, v in offline.items() if k != "analyzed_at"}
+
+
+def test_column_messages_that_do_not_hold_together_are_refused_with_the_reason():
+    from streams.traces.batch import columns_error
+
+    good = {"first_seq": 0, "strings": ["kernel", "gemm"], "kind": ["kernel"] * 2, "cat": [0, 0], "name": [1, 1],
+            "ts": [1, 2], "dur": [1, 1], "stream": [7, 7], "device": [0, 0], "correlation": [1, 2], "tid": [-1, -1],
+            "extras": [{"row": 1, "bytes": 8}]}
+    assert columns_error(good) is None
+    cases = {
+        "dur": ({"dur": [1]}, "KernelEventColumns with 2 events but 1 values of dur"),
+        "name": ({"name": [1, 2]}, "KernelEventColumns refers to string 2 of name, of 2 strings"),
+        "cat": ({"cat": [-1, 0]}, "KernelEventColumns refers to string -1 of cat, of 2 strings"),
+        "row": ({"extras": [{"row": 2}]}, "KernelEventColumns has extras for row 2 of 2 events"),
+        "seq": ({"first_seq": -3}, "KernelEventColumns with first_seq -3 (seq counts from 0)"),
+        "empty": ({k: [] for k in ("kind", "cat", "name", "ts", "dur", "stream", "device", "correlation", "tid")},
+                  "KernelEventColumns with no event"),
+    }
+    for change, reason in cases.values():
+        assert columns_error({**good, **change}) == reason
