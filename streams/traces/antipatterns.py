@@ -6,7 +6,6 @@ keeps O(streams) state plus a fixed-size utilisation histogram; its ``summary()`
 from __future__ import annotations
 
 import re
-from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -32,12 +31,18 @@ TENSOR_CORE_RE = re.compile(
 )
 
 
-@lru_cache(maxsize=65_536)
 def _matmul_kind(name: str) -> tuple[bool, bool]:
     """(a GEMM or convolution kernel, on tensor cores). Kernel names are long C++ templates
     and a trace repeats a few hundred of them thousands of times: match each once."""
     matmul = MATMUL_RE.search(name) is not None
-    return matmul, matmul and TENSOR_CORE_RE.search(name) is not None
+    kind = _MATMUL_KINDS[name] = (matmul, matmul and TENSOR_CORE_RE.search(name) is not None)
+    if len(_MATMUL_KINDS) > 65_536:
+        _MATMUL_KINDS.clear()
+        _MATMUL_KINDS[name] = kind
+    return kind
+
+
+_MATMUL_KINDS: dict[str, tuple[bool, bool]] = {}
 
 
 class AntipatternCollector(msgspec.Struct):
@@ -79,30 +84,90 @@ class AntipatternCollector(msgspec.Struct):
         return cls()
 
     def add(self, batch: EventBatch) -> None:
-        """The batch's events, CPU- and GPU-side, in start order (the busy time and the input
-        pipeline's union with it are followed through both)."""
-        calls, extras, gpu, j = batch.calls, batch.extras, batch.gpu, 0
-        for kind, cat, name, ts, end, dur, stream in zip(batch.kind, batch.cat, batch.name, batch.ts, batch.end,
-                                                         batch.dur, batch.stream):
-            if stream < 0:
-                if kind == "runtime":
-                    if name in SYNC_CALLS:
-                        self.sync_calls += 1
-                        self.sync_us += dur
-                elif "DataLoader" in name and kind == "cpu_op":
-                    self.dataloader_seen = True
-                    _cov_add(self.dataloader, ts, end)
-                    _cov_add(self.dataloader_or_gpu, ts, end)
+        """The batch's events, CPU- and GPU-side, in start order: each concern over the rows it reads."""
+        names, kinds, durs, streams = batch.name, batch.kind, batch.dur, batch.stream
+        for i in [i for i, name in enumerate(names) if name in SYNC_CALLS]:
+            if streams[i] < 0 and kinds[i] == "runtime":
+                self.sync_calls += 1
+                self.sync_us += durs[i]
+        loaders = [i for i, name in enumerate(names) if "DataLoader" in name]
+        loaders = [i for i in loaders if streams[i] < 0 and kinds[i] == "cpu_op"]
+        self._busy_time(batch, sorted(batch.gpu + loaders) if loaders else batch.gpu)
+        self._kernels(batch)
+        calls, extras, gpu = batch.calls, batch.extras, batch.gpu
+        for j, kind in enumerate(batch.g_kind):
+            if (kind == "memcpy" or kind == "memset") and calls[j] is not None:
+                self._copy(kind, batch.g_name[j], batch.g_dur[j], extras.get(gpu[j], _NONE), calls[j])
+
+    def _busy_time(self, batch: EventBatch, rows: list[int]) -> None:
+        """The GPU's busy time (its gaps and the utilisation histogram) and its union with the
+        input pipeline's time (DataLoader ranges on the CPU), over ``rows`` in start order."""
+        starts, ends, streams = batch.ts, batch.end, batch.stream
+        first, group_start, group_end = self.first_ts, self.group_start, self.group_end
+        union = self.dataloader_or_gpu
+        seen, union_start, union_end, union_closed = union
+        for i in rows:
+            ts, end = starts[i], ends[i]
+            if streams[i] < 0:  # a DataLoader range
+                self.dataloader_seen = True
+                _cov_add(self.dataloader, ts, end)
+            elif first is None:
+                first, group_start, group_end = ts, ts, end
+                self.first_ts = first
+            elif ts > group_end:
+                gap = ts - group_end
+                if gap >= GAP_US:
+                    self.gaps += 1
+                    self.gap_us += gap
+                # (most closed groups fall in one bucket: added here, as _histogram would)
+                width, buckets = self.bucket_us, self.buckets
+                k = int((group_start - first) // width)
+                if group_start < group_end <= first + (k + 1) * width and k < len(buckets) \
+                        and group_end - first <= width * HIST_BUCKETS:  # (a rounded kernel may end before it starts)
+                    buckets[k] += group_end - group_start
+                else:
+                    self._histogram(group_start, group_end)
+                group_start, group_end = ts, end
+            elif end > group_end:
+                group_end = end
+            if not seen:
+                seen, union_start, union_end, union_closed = 1.0, ts, end, 0.0
+            elif ts > union_end:
+                union_closed += union_end - union_start
+                union_start, union_end = ts, end
+            elif end > union_end:
+                union_end = end
+        self.group_start, self.group_end = group_start, group_end
+        union[:] = [seen, union_start, union_end, union_closed]
+
+    def _kernels(self, batch: EventBatch) -> None:
+        """The kernels: the compute time, its share in matrix multiplies (on tensor cores or not),
+        and the trains of short launches on each stream."""
+        runs, matmul_kinds = self.runs, _MATMUL_KINDS
+        for kind, cat, name, ts, end, dur, stream, call in zip(batch.g_kind, batch.g_cat, batch.g_name, batch.g_ts,
+                                                               batch.g_end, batch.g_dur, batch.g_stream, batch.calls):
+            if kind != "kernel" or (cat != "kernel" and cat != "Kernel"):
                 continue
-            call = calls[j]
-            self._busy(ts, end)
-            _cov_add(self.dataloader_or_gpu, ts, end)
-            if kind == "kernel":
-                if cat in ("kernel", "Kernel"):
-                    self._kernel(name, ts, end, dur, stream, call)
-            elif call is not None and (kind == "memcpy" or kind == "memset"):
-                self._copy(kind, name, dur, extras.get(gpu[j], _NONE), call)
-            j += 1
+            self.compute_kernel_us += dur
+            matmul = matmul_kinds.get(name)
+            if matmul is None:
+                matmul = _matmul_kind(name)
+            if matmul[0]:
+                self.matmul_us += dur
+                if matmul[1]:
+                    self.matmul_tensor_core_us += dur
+            run = runs.get(stream)
+            if run is None:
+                run = runs[stream] = [0, 0.0, end]
+            if call is not None and call.dur <= SHORT_CALL_US and dur < call.dur:  # a short launch
+                if run[0] > 0:
+                    run[1] += max(0.0, ts - run[2])
+                run[0] += 1
+            elif run[0]:
+                self._close_train(run)
+            else:
+                run[1] = 0.0
+            run[2] = end
 
     def _copy(self, kind: str, name: str, dur: float, extras: dict, call: Call) -> None:
         """A copy or set and its runtime call: synchronous ones, and asynchronous ones from pageable memory."""
@@ -122,50 +187,12 @@ class AntipatternCollector(msgspec.Struct):
             self.pageable_async_us += dur
             self.pageable_async_bytes += extras.get("bytes") or 0
 
-    def _kernel(self, name: str, ts: float, end: float, dur: float, stream: int, call: Call | None) -> None:
-        """A kernel: the compute time, its share in matrix multiplies (on tensor cores or not),
-        and the train of short launches on its stream it extends or ends."""
-        self.compute_kernel_us += dur
-        matmul, tensor_core = _matmul_kind(name)
-        if matmul:
-            self.matmul_us += dur
-            if tensor_core:
-                self.matmul_tensor_core_us += dur
-        short = call is not None and call.dur <= SHORT_CALL_US and dur < call.dur
-        self._train(stream, ts, end, short)
-
-    def _train(self, stream: int, ts: float, end: float, short: bool) -> None:
-        run = self.runs.get(stream)
-        if run is None:
-            run = self.runs[stream] = [0, 0.0, end]
-        if short:
-            if run[0] > 0:
-                run[1] += max(0.0, ts - run[2])
-            run[0] += 1
-        else:
-            self._close_train(run)
-        run[2] = end
-
     def _close_train(self, run: list[float]) -> None:
         if run[0] >= TRAIN_LENGTH:
             self.trains += 1
             self.train_kernels += int(run[0])
             self.train_idle_us += run[1]
         run[0], run[1] = 0, 0.0
-
-    def _busy(self, ts: float, end: float) -> None:
-        if self.first_ts is None:
-            self.first_ts, self.group_start, self.group_end = ts, ts, end
-            return
-        if ts > self.group_end:
-            gap = ts - self.group_end
-            if gap >= GAP_US:
-                self.gaps += 1
-                self.gap_us += gap
-            self._histogram(self.group_start, self.group_end)
-            self.group_start, self.group_end = ts, end
-        elif end > self.group_end:
-            self.group_end = end
 
     def _histogram(self, start: float, end: float) -> None:
         """Add covered time [start, end) to buckets of ``bucket_us`` from the first event,

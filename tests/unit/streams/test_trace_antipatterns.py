@@ -213,3 +213,19 @@ def test_every_registered_rule_has_its_case_here():
     assert {rule.__name__ for rule in RULES} == set(CASES) | tested_apart
     here = Path(__file__).read_text()
     assert all(f'["{name}"]' in here for name in tested_apart)
+
+
+def test_a_kernel_rounded_to_end_before_it_starts_adds_no_busy_time():
+    """HTA's rounding (start up, end down) can make a kernel shorter than 1 us end before it
+    starts: its interval is empty, and the utilisation histogram takes nothing from it."""
+    from streams.traces.analyze import TraceAnalyzer
+    from streams.traces.antipatterns import AntipatternCollector
+
+    def gpu(ts, dur):
+        return {"kind": "kernel", "cat": "kernel", "name": "k", "ts": ts, "dur": dur, "stream": 7, "device": 0,
+                "correlation": -1, "tid": -1}
+
+    analyzer = TraceAnalyzer()
+    analyzer.add_events([gpu(0, 5), gpu(100, 10), gpu(300, -1), gpu(500, 20), gpu(900, 1)])
+    collector = analyzer.analyses[AntipatternCollector]
+    assert sum(collector.buckets) == 5 + 10 + 20  # the groups closed so far; the -1 us one adds nothing
