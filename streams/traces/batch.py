@@ -76,7 +76,7 @@ class EventBatch:
     def of_records(cls, records: Iterable[dict]) -> EventBatch:
         """A batch of event dicts (``KernelEvent`` records, or ``EventList``'s dicts)."""
         records = list(records)
-        columns = [[r.get(c, -1) for r in records] for c in COLUMNS]  # (device, tid: -1 when absent)
+        columns = [_column(records, c) for c in COLUMNS]
         extras = {}
         for i, r in enumerate(records):
             x = {k: r[k] for k in EXTRAS if r.get(k) is not None}
@@ -123,6 +123,14 @@ class EventBatch:
         pick = itemgetter(*gpu)
         self.g_ts, self.g_end, self.g_dur, self.g_name = pick(self.ts), pick(self.end), pick(self.dur), pick(self.name)
         self.g_cat, self.g_kind, self.g_stream = pick(self.cat), pick(self.kind), pick(self.stream)
+
+
+def _column(records: list[dict], key: str) -> list:
+    """Every record's ``key`` (-1 where a record has none: the device and thread of older records)."""
+    try:
+        return list(map(itemgetter(key), records))
+    except KeyError:
+        return [r.get(key, -1) for r in records]
 
 
 def columns_error(record: dict) -> str | None:
