@@ -7,8 +7,9 @@ import pytest
 
 from gpufleet.analyze import analyze_file, analyze_file_with_findings
 from producers.publish_kafka import Publisher
-from producers.publish_trace import publish_trace
-from schemas.topics import DEAD_LETTERS, FINDINGS, TRACE_ANALYSES
+from producers.publish_trace import kernel_event_columns, kernel_event_records, publish_trace
+from producers.read_trace import read_trace
+from schemas.topics import DEAD_LETTERS, FINDINGS, KERNEL_EVENTS, TRACE_ANALYSES, trace_id_for
 from tests.support.integration import CODEC, read_topic, running_sink, wait_until, worker_process
 from tests.support.traces import SHARED_TRACES, kernel, write_trace
 
@@ -34,16 +35,22 @@ def test_streamed_analysis_equals_the_offline_one(kafka, prefix, tmp_path, chdb_
 
     publisher = Publisher(kafka.bootstrap, CODEC)
     ends = [publish_trace(p, "wf-trace", publisher, topic_prefix=prefix) for p in (RESNET, damaged, unreadable)]
+    # An older agent's trace, a KernelEvent record per event; and a columns message that does not hold together.
+    older = write_trace(tmp_path / "older.json", [kernel("gemm", i * 10, 5, corr=i) for i in range(50)])
+    older_end = _publish_as_records(older, publisher, prefix)
+    bogus = next(kernel_event_columns(read_trace(older), "wf-trace/bogus", "wf-trace"))
+    bogus["dur"] = bogus["dur"][:-1]
+    publisher.publish(KERNEL_EVENTS, [bogus], topic=prefix + KERNEL_EVENTS.name, schema="KernelEventColumns")
     assert publisher.flush() == 0
     assert publisher.failed == 0, publisher.last_error
     assert [e["partial"] for e in ends] == [False, True, True]
 
     with running_sink(kafka.bootstrap, prefix, chdb_client, database):
         with worker_process(kafka.bootstrap, prefix, tmp_path, f"{prefix}worker") as worker:
-            streamed = wait_until(analyses(kafka, prefix, 3), 120, "three trace analyses")
+            streamed = wait_until(analyses(kafka, prefix, 4), 120, "four trace analyses")
             assert worker.poll() is None
         wait_until(lambda: chdb_client.query(
-            f"SELECT count() FROM {database}.trace_analyses FINAL").result_rows[0][0] == 3, 60,
+            f"SELECT count() FROM {database}.trace_analyses FINAL").result_rows[0][0] == 4, 60,
             "the analyses in ClickHouse")
         offline_findings = analyze_file_with_findings(RESNET, "wf-trace")[1]
         wait_until(lambda: chdb_client.query(
@@ -51,7 +58,7 @@ def test_streamed_analysis_equals_the_offline_one(kafka, prefix, tmp_path, chdb_
             parameters={"t": ends[0]["trace_id"]}).result_rows[0][0] == len(offline_findings), 60,
             "the findings in ClickHouse")
 
-    for path, end in zip((RESNET, damaged), ends):
+    for path, end in zip((RESNET, damaged, older), (*ends[:2], older_end)):
         offline = analyze_file(path, workflow_id="wf-trace")
         online = streamed[end["trace_id"]]
         for key in offline:
@@ -64,6 +71,10 @@ def test_streamed_analysis_equals_the_offline_one(kafka, prefix, tmp_path, chdb_
     letters = [r for *_, n, r in read_topic(kafka.bootstrap, prefix + DEAD_LETTERS.name, 1)
                if n == "DeadLetter" and r["stage"] == "trace-ingest"]
     assert sorted(r["source_topic"] for r in letters) == sorted(f"file:{p}" for p in (damaged, unreadable))
+    (refused,) = [r for *_, n, r in read_topic(kafka.bootstrap, prefix + DEAD_LETTERS.name, 1)
+                  if n == "DeadLetter" and r["stage"] == "trace-analysis"]
+    assert refused["reason"] == "KernelEventColumns with 50 events but 49 values of dur"
+    assert "wf-trace/bogus" not in streamed
 
     idle, launches = chdb_client.query(
         f"SELECT idle_time_us, launches FROM {database}.trace_analyses FINAL WHERE trace_id = %(t)s",
@@ -79,6 +90,20 @@ def test_streamed_analysis_equals_the_offline_one(kafka, prefix, tmp_path, chdb_
     for rule, f in offline.items():
         for key in ("severity", "evidence", "gpu_seconds_at_stake", "recommendation", "finding_id"):
             assert online[rule][key] == f[key], (rule, key)
+
+
+def _publish_as_records(path, publisher: Publisher, prefix: str) -> dict:
+    """``path`` as an agent of the release before KernelEventColumns published it: a KernelEvent per event."""
+    trace = read_trace(path)
+    trace_id = trace_id_for(path, "wf-trace")
+    n = publisher.publish(KERNEL_EVENTS, kernel_event_records(trace, trace_id, "wf-trace"),
+                          topic=prefix + KERNEL_EVENTS.name)
+    end = {"trace_id": trace_id, "workflow_id": "wf-trace", "rank": trace.rank, "events": n,
+           "events_read": trace.events_seen, "source": str(path), "partial": False, "error": None,
+           "last_step_dropped": trace.last_step_dropped, "memory_peak_bytes": None, "memory_total_bytes": None,
+           "flops": None, "gpu_name": trace.gpu_name, "published_at": 0, "system": None}
+    publisher.publish(KERNEL_EVENTS, [end], topic=prefix + KERNEL_EVENTS.name, schema="TraceEnd")
+    return end
 
 
 def test_profiles_are_compared_with_the_previous_one_and_across_their_ranks(kafka, prefix, tmp_path, chdb_client,
