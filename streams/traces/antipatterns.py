@@ -122,7 +122,7 @@ class AntipatternCollector(msgspec.Struct):
                 # (most closed groups fall in one bucket: added here, as _histogram would)
                 width, buckets = self.bucket_us, self.buckets
                 k = int((group_start - first) // width)
-                if group_start < group_end <= first + (k + 1) * width and k < len(buckets) \
+                if first <= group_start < group_end <= first + (k + 1) * width and k < len(buckets) \
                         and group_end - first <= width * HIST_BUCKETS:  # (a rounded kernel may end before it starts)
                     buckets[k] += group_end - group_start
                 else:
@@ -203,7 +203,7 @@ class AntipatternCollector(msgspec.Struct):
             self.buckets = [sum(b[i:i + 2]) for i in range(0, len(b), 2)]
             self.bucket_us *= 2
         w = self.bucket_us
-        pos = start
+        pos = max(start, origin)  # (GPU time before the first event's start: events out of order, none to count)
         while pos < end:
             i = int((pos - origin) // w)
             stop = min(end, origin + (i + 1) * w)

@@ -108,8 +108,10 @@ class KernelBreakdown:
     def result(self, finished: Finished) -> dict:
         exact = self.type_times()
         total = sum(exact.values())
+        # (a total of 0 with a type's time above it: intervals that end before they start, kernels
+        # shorter than 1 us rounded, can make the unions' lengths cancel; no share can be given then)
         kernel_types = [
-            {"kernel_type": type_label(mask), "time_us": t, "pct": 100.0 * t / total}
+            {"kernel_type": type_label(mask), "time_us": t, "pct": 100.0 * t / total if total > 0 else 0.0}
             for mask, t in sorted(exact.items(), key=lambda kv: (-kv[1], kv[0])) if t > 0
         ]
         top = []

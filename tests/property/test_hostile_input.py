@@ -28,14 +28,18 @@ from hypothesis import strategies as st
 from producers.read_trace import TraceError, read_trace
 from schemas.codec import SCHEMA_DIR, Codec, CodecError, load_catalog
 from schemas.sample_columns import COLUMNS, blocks_of, samples_checked
+from schemas.validate_ids import ids_error
 from schemas.validate_sample import validate_sample
 from streams.traces.analyze import TraceAnalyzer
+from streams.traces.batch import columns_error
+from streams.traces.sessions import TraceSessionConfig, TraceSessions
 
 SCALE = float(os.environ.get("GPUFLEET_FUZZ_SCALE", "1"))
 VARIANTS = 10  # damaged copies of each structured example
 # Inputs per test: Hypothesis examples, times VARIANTS + 1 where an example is damaged.
-INPUTS = {"bytes": 30_000, "mutations": 30_000, "samples": 25_000, "traces": 20_000}
-EXAMPLES = {"bytes": INPUTS["bytes"], **{k: INPUTS[k] // (VARIANTS + 1) for k in ("mutations", "samples", "traces")}}
+INPUTS = {"bytes": 30_000, "mutations": 30_000, "samples": 25_000, "traces": 20_000, "kernel_events": 3_000}
+EXAMPLES = {"bytes": INPUTS["bytes"], "kernel_events": INPUTS["kernel_events"],
+            **{k: INPUTS[k] // (VARIANTS + 1) for k in ("mutations", "samples", "traces")}}
 
 settings.register_profile("ci", derandomize=True, database=None, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -134,6 +138,65 @@ def decode_or_say_why(data: bytes) -> None:
         assert str(exc)
         return
     check_samples(name, record)
+    check_kernel_events(name, record)
+
+
+def check_kernel_events(name: str, record: dict) -> None:
+    """What the trace stage does with a decoded message on its topic: refused with a reason, or
+    analysed (and the trace ended, so that every analysis gives its result) without a crash."""
+    if name not in ("KernelEventColumns", "KernelEvent"):
+        return
+    reason = ids_error(record) or (columns_error(record) if name == "KernelEventColumns" else None)
+    if reason is not None:
+        assert isinstance(reason, str) and reason
+        return
+    end = {"trace_id": record["trace_id"], "workflow_id": record["workflow_id"], "rank": record["rank"],
+           "events": 1, "events_read": 1, "source": None, "partial": False, "error": None, "last_step_dropped": False,
+           "memory_peak_bytes": None, "memory_total_bytes": None, "flops": None, "gpu_name": None, "published_at": 0,
+           "system": None}
+    result = TraceSessions(TraceSessionConfig(), {}).apply(0, [(name, record), ("TraceEnd", end)], now_ms=0)
+    (analysis,) = result.analyses
+    CODEC.encode("TraceAnalysis", analysis)  # what the stage publishes: on the wire as it is
+    for finding in result.findings:
+        CODEC.encode("Finding", finding)
+
+
+@st.composite
+def kernel_columns(draw):
+    """A KernelEventColumns record whose columns mostly hold together (and sometimes not), with
+    hostile names, times and ids."""
+    n = draw(st.integers(1, 8))
+    fields = {f["name"]: f["type"] for f in RAW["KernelEventColumns"]["fields"]}
+    strings = draw(st.lists(st.one_of(hostile_text, st.sampled_from(
+        ["kernel", "cuda_runtime", "gpu_memcpy", "cudaLaunchKernel", "cudaMemcpyAsync",
+         "Memcpy DtoD (Device -> Device)", "ncclKernel_AllReduce", "ProfilerStep#1", "DataLoader",
+         "gpu_user_annotation", "sm90_gemm"])),
+        min_size=1, max_size=8))
+    index = st.integers(0, len(strings) - 1) if draw(st.integers(0, 9)) else ints
+    record = {k: draw(avro(fields[k])) for k in ("trace_id", "workflow_id", "rank")}
+    record.update(first_seq=draw(st.one_of(st.integers(0, 10), longs)), strings=strings)
+    small = st.one_of(st.integers(-5, 50), longs)
+    column = {"kind": avro(fields["kind"]["items"]), "cat": index, "name": index, "ts": small, "dur": small,
+              "stream": st.one_of(st.integers(-1, 3), ints), "device": ints,
+              "correlation": st.one_of(st.integers(-1, 5), longs), "tid": st.one_of(st.integers(-1, 2), longs)}
+    for k, values in column.items():
+        length = n if draw(st.integers(0, 19)) else draw(st.integers(0, 9))
+        record[k] = draw(st.lists(values, min_size=length, max_size=length))
+    record["extras"] = draw(st.lists(avro(fields["extras"]["items"]), max_size=3))
+    for x in record["extras"]:
+        if draw(st.integers(0, 9)):
+            x["row"] = draw(st.integers(0, n - 1))
+    return record
+
+
+@campaign("kernel_events")
+@given(kernel_columns())
+def test_hostile_kernel_event_columns_are_refused_with_a_reason_or_analysed(record):
+    try:
+        data = CODEC.encode("KernelEventColumns", record)
+    except CodecError:
+        return  # a value the schema cannot carry: never on the wire
+    decode_or_say_why(data)
 
 
 @campaign("bytes")
