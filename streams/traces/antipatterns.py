@@ -207,6 +207,8 @@ class AntipatternCollector(msgspec.Struct):
         while pos < end:
             i = int((pos - origin) // w)
             stop = min(end, origin + (i + 1) * w)
+            if stop <= pos:  # (times beyond what a double holds to the microsecond: no further step)
+                break
             if i >= len(self.buckets):
                 self.buckets.extend([0.0] * (i + 1 - len(self.buckets)))
             self.buckets[i] += stop - pos

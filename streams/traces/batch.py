@@ -143,6 +143,9 @@ def columns_error(record: dict) -> str | None:
         return "KernelEventColumns with no event"
     if record["first_seq"] < 0:
         return f"KernelEventColumns with first_seq {record['first_seq']} (seq counts from 0)"
+    if reason := times_error("KernelEventColumns", min(record["ts"]), max(record["ts"]), min(record["dur"]),
+                             max(record["dur"])):
+        return reason
     strings = len(record["strings"])
     for column in ("cat", "name"):
         low, high = min(record[column]), max(record[column])
@@ -152,6 +155,25 @@ def columns_error(record: dict) -> str | None:
     if rows and (min(rows) < 0 or max(rows) >= n):
         return f"KernelEventColumns has extras for row {min(rows) if min(rows) < 0 else max(rows)} of {n} events"
     return None
+
+
+# A trace's times, in microseconds, are within this of 0 (what the trace reader accepts: every such
+# time is exact as a double, and so is every sum of two of them the analyses make).
+TIME_LIMIT = 2**53
+
+
+def times_error(schema: str, first: int, last: int, shortest: int, longest: int) -> str | None:
+    """What is wrong with the starts (``first`` .. ``last``) and durations of events, or None."""
+    for what, value in (("start", first), ("start", last), ("duration", shortest), ("duration", longest)):
+        if not -TIME_LIMIT < value < TIME_LIMIT:
+            return (f"{schema} with a {what} of {value} us, beyond the ±2**53 us (285 years) a trace's times "
+                    f"are read in")
+    return None
+
+
+def event_error(record: dict) -> str | None:
+    """What is wrong with a ``KernelEvent`` record that its schema cannot say, or None."""
+    return times_error("KernelEvent", record["ts"], record["ts"], record["dur"], record["dur"])
 
 
 _COLUMN_FIELDS = ("kind", "cat", "name", "ts", "dur", "stream", "device", "correlation", "tid")

@@ -26,7 +26,7 @@ from streams.profiling.root_cause import profile_result
 from streams.settings import StreamSettings
 from streams.stage_io import by_partition, topic_of
 from streams.stage_state import StageState
-from streams.traces.batch import columns_error
+from streams.traces.batch import columns_error, event_error
 from streams.traces.sessions import TraceSessions
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ class TraceStage:
         for i, name, record in ok:
             if not KERNEL_EVENTS.carries(name):
                 errors.append((i, f"expected KernelEventColumns, KernelEvent or TraceEnd, got {name}"))
-            elif reason := ids_error(record) or (columns_error(record) if name == "KernelEventColumns" else None):
+            elif reason := ids_error(record) or _events_error(name, record):
                 errors.append((i, reason))
             else:
                 records.append((name, record))
@@ -126,6 +126,13 @@ class TraceStage:
             "request_id": request_id, "workflow_id": analysis["workflow_id"], "host": host, "rank": rank,
             "pid": None, "state": "ANALYSED", "reason": analysis.get("error"),
             "trace_id": analysis["trace_id"], "at": now})
+
+
+def _events_error(name: str, record: dict) -> str | None:
+    """What is wrong with the events of a message that its schema cannot say, or None."""
+    if name == "KernelEventColumns":
+        return columns_error(record)
+    return event_error(record) if name == "KernelEvent" else None
 
 
 def register(app: faust.App, settings: StreamSettings, codec: Codec) -> None:

@@ -31,7 +31,7 @@ from schemas.sample_columns import COLUMNS, blocks_of, samples_checked
 from schemas.validate_ids import ids_error
 from schemas.validate_sample import validate_sample
 from streams.traces.analyze import TraceAnalyzer
-from streams.traces.batch import columns_error
+from streams.traces.batch import columns_error, event_error
 from streams.traces.sessions import TraceSessionConfig, TraceSessions
 
 SCALE = float(os.environ.get("GPUFLEET_FUZZ_SCALE", "1"))
@@ -146,7 +146,7 @@ def check_kernel_events(name: str, record: dict) -> None:
     analysed (and the trace ended, so that every analysis gives its result) without a crash."""
     if name not in ("KernelEventColumns", "KernelEvent"):
         return
-    reason = ids_error(record) or (columns_error(record) if name == "KernelEventColumns" else None)
+    reason = ids_error(record) or (columns_error(record) if name == "KernelEventColumns" else event_error(record))
     if reason is not None:
         assert isinstance(reason, str) and reason
         return

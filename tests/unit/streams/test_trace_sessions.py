@@ -148,18 +148,25 @@ def test_the_worker_gives_the_offline_record_for_column_messages_of_any_size_and
 
 
 def test_column_messages_that_do_not_hold_together_are_refused_with_the_reason():
-    from streams.traces.batch import columns_error
+    from streams.traces.batch import columns_error, event_error
 
     good = {"first_seq": 0, "strings": ["kernel", "gemm"], "kind": ["kernel"] * 2, "cat": [0, 0], "name": [1, 1],
             "ts": [1, 2], "dur": [1, 1], "stream": [7, 7], "device": [0, 0], "correlation": [1, 2], "tid": [-1, -1],
             "extras": [{"row": 1, "bytes": 8}]}
     assert columns_error(good) is None
+    assert event_error({"ts": 2**53 - 1, "dur": 5}) is None
+    assert event_error({"ts": 1, "dur": 2**60}) == ("KernelEvent with a duration of 1152921504606846976 us, beyond "
+                                                    "the ±2**53 us (285 years) a trace's times are read in")
     cases = {
         "dur": ({"dur": [1]}, "KernelEventColumns with 2 events but 1 values of dur"),
         "name": ({"name": [1, 2]}, "KernelEventColumns refers to string 2 of name, of 2 strings"),
         "cat": ({"cat": [-1, 0]}, "KernelEventColumns refers to string -1 of cat, of 2 strings"),
         "row": ({"extras": [{"row": 2}]}, "KernelEventColumns has extras for row 2 of 2 events"),
         "seq": ({"first_seq": -3}, "KernelEventColumns with first_seq -3 (seq counts from 0)"),
+        "start": ({"ts": [1, 2**62]}, ("KernelEventColumns with a start of 4611686018427387904 us, beyond the "
+                                       "±2**53 us (285 years) a trace's times are read in")),
+        "duration": ({"dur": [-2**53, 1]}, ("KernelEventColumns with a duration of -9007199254740992 us, beyond "
+                                            "the ±2**53 us (285 years) a trace's times are read in")),
         "empty": ({k: [] for k in ("kind", "cat", "name", "ts", "dur", "stream", "device", "correlation", "tid")},
                   "KernelEventColumns with no event"),
     }
