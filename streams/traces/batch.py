@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator
 from operator import add, itemgetter
 from typing import Any
 
-# The fields of a KernelEvent that are columns; the others optional ones are extras.
+# The fields of a KernelEvent kept as columns, and the optional ones kept as extras (by row).
 COLUMNS = ("kind", "cat", "name", "ts", "dur", "stream", "device", "correlation", "tid")
 EXTRAS = ("bytes", "bandwidth_gbps", "memcpy_kind", "trace_order", "flops", "precision", "op_bytes",
           "wait_on_stream", "wait_on_record")
@@ -89,8 +89,7 @@ class EventBatch:
         """The events of a ``KernelEventColumns`` record (``columns_error`` found nothing wrong
         with it), but the first ``skip``."""
         strings = record["strings"].__getitem__
-        columns = [record[c][skip:] for c in ("kind", "cat", "name", "ts", "dur", "stream", "device", "correlation",
-                                               "tid")]
+        columns = [record[c][skip:] for c in COLUMNS]
         columns[1], columns[2] = list(map(strings, columns[1])), list(map(strings, columns[2]))
         extras = {x["row"] - skip: {k: v for k, v in x.items() if v is not None and k != "row"}
                   for x in record["extras"] if x["row"] >= skip}
@@ -136,7 +135,7 @@ def _column(records: list[dict], key: str) -> list:
 def columns_error(record: dict) -> str | None:
     """What is wrong with a ``KernelEventColumns`` record that its schema cannot say, or None."""
     n = len(record["ts"])
-    uneven = [c for c in _COLUMN_FIELDS if len(record[c]) != n]
+    uneven = [c for c in COLUMNS if len(record[c]) != n]
     if uneven:
         return f"KernelEventColumns with {n} events but {len(record[uneven[0]])} values of {uneven[0]}"
     if n == 0:
@@ -176,5 +175,4 @@ def event_error(record: dict) -> str | None:
     return times_error("KernelEvent", record["ts"], record["ts"], record["dur"], record["dur"])
 
 
-_COLUMN_FIELDS = ("kind", "cat", "name", "ts", "dur", "stream", "device", "correlation", "tid")
 _ROW_KEYS = ("kind", "cat", "name", "ts", "dur", "end", "stream", "device", "correlation", "tid")
