@@ -95,13 +95,12 @@ class TraceAnalyzer:
         for add in self._feed:
             add(batch)
         for analysis in self._whole_trace:
-            for e in batch.rows():
-                analysis.add(e)
+            analysis.add(batch)
 
     def _join(self, b: EventBatch) -> None:
         """Counts the events and joins each GPU-side one to its runtime call (``EventBatch.join``)."""
-        calls, order, horizon = self._calls, self._call_order, self.horizon
-        ops, steps = b.labels.get("op", _NONE), b.labels.get("step", _NONE)
+        calls, order, horizon = self._calls, self._call_order, self.options.horizon_us
+        ops, steps = b.labels.get(OperatorRoofline.label, _NONE), b.labels.get(Steps.label, _NONE)
         last, out_of_order = self._last_ts, 0
         gpu, joined, unmatched = [], [], 0
         for i, (ts, stream, corr) in enumerate(zip(b.ts, b.stream, b.correlation)):

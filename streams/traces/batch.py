@@ -96,8 +96,8 @@ class EventBatch:
         return cls(*columns, extras)
 
     def rows(self) -> Iterator[dict]:
-        """Each event as a dict (``KernelEvent``'s fields, ``end`` too): for the analyses that
-        follow a trace event by event and need most of its fields (the critical path)."""
+        """Each event as a dict (``KernelEvent``'s fields, ``end`` too): the batch's events read
+        back as records (no analysis reads them so: each reads the columns)."""
         extras = self.extras
         for i, values in enumerate(zip(self.kind, self.cat, self.name, self.ts, self.dur, self.end, self.stream,
                                        self.device, self.correlation, self.tid)):

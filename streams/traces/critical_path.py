@@ -21,12 +21,12 @@ runtime call, and every GPU operation launched from the step, has a start and an
   the blocking call; a ``Stream Wait Event`` makes the next operation launched on the waiting
   stream follow the one the event was recorded after.
 
-The critical path is the longest path (by weight) of the graph. HTA builds the graph of one
-step in memory and runs networkx over it; here the events arrive in start order and each node's
-longest distance is final when it is made (every edge goes forward in time), so the path is
-found in the same pass as the other analyses: a node keeps its distance and its best
-predecessor, a step is summarised and forgotten once it is over (at most ``IN_FLIGHT`` steps are
-held), and a step of more than ``MAX_NODES`` nodes is given up with a reason.
+The critical path is the longest path (by weight) of the graph. HTA builds a step's graph in
+memory and runs networkx over it; here each node's longest distance is final when it is made
+(every edge goes forward in time), so the path is found in one pass over the batches' columns,
+event by event in start order: a node keeps its distance and best predecessor, a step is
+summarised and forgotten once over (``IN_FLIGHT`` steps held at most), and a step of more than
+``MAX_NODES`` nodes is given up with a reason.
 
 **CUDA graphs.** A ``cudaGraphLaunch`` puts many kernels on the GPU under one correlation id.
 HTA 0.5.0 fails on a step of graphs (its launch queue counts only kernel launch calls); here
@@ -41,7 +41,9 @@ import heapq
 from array import array
 from bisect import bisect_left
 from collections import Counter
+from itertools import count
 
+from streams.traces.batch import EventBatch
 from streams.traces.kernel_type import KernelType, kernel_type, short_kernel_name
 
 BLOCKING_CALLS = frozenset({"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventQuery",
@@ -51,6 +53,7 @@ IN_FLIGHT = 2  # steps held at once: a step's GPU work may still run while the n
 MAX_NODES = 2_000_000  # ~40 bytes a node: a step past this is given up, not held
 TOP = 10
 RECENT_LAUNCHES = 1024  # per stream, to find the operation an event was recorded after
+_NO_EXTRAS: dict = {}
 
 # The time a step's annotation holds outside its operators: the training loop's own Python
 STEP_CODE = "ProfilerStep (the step's code between operators)"
@@ -85,7 +88,7 @@ class _Region:
         self.launched: dict[int, tuple[list[float], list[int]]] = {}  # stream -> launch times, end nodes
         self.calls: dict[int, tuple[int, float]] = {}  # correlation -> (start node, ts) of the call
         self.records: dict[int, float] = {}  # cudaEventRecord correlation -> ts
-        self.syncs: dict[int, dict] = {}  # correlation of a blocking call -> its GPU sync event
+        self.syncs: dict[int, tuple] = {}  # correlation of a blocking call -> (name, stream, waited stream, record)
         self.copies: dict[int, int] = {}  # correlation of a copy call -> end node of its copy
         self.waits: dict[int, list[tuple[float, int, float]]] = {}  # stream -> (call ts, recorded stream, record ts)
         self.seq = 0
@@ -132,8 +135,7 @@ class _Region:
         while pending and pending[0][0] <= ts:
             self.end_cpu(*heapq.heappop(pending))
 
-    def add_cpu(self, e: dict, tid: int) -> None:
-        ts, corr, name = e["ts"], e["correlation"], e["name"]
+    def add_cpu(self, name: str, ts: float, dur: float, corr: int, tid: int) -> None:
         self.advance(ts)
         label = self.label(name)
         start = self.node(ts)
@@ -153,7 +155,7 @@ class _Region:
             if name == "cudaEventRecord":
                 self.records[corr] = ts
         self.seq -= 1  # (of two ends at the same time, the event that started later ends first)
-        heapq.heappush(self.pending, (ts + e["dur"], self.seq, tid, label, corr, name in BLOCKING_CALLS))
+        heapq.heappush(self.pending, (ts + dur, self.seq, tid, label, corr, name in BLOCKING_CALLS))
 
     def end_cpu(self, ts: float, _seq: int, tid: int, label: int, corr: int, blocking: bool) -> None:
         end = self.node(ts)
@@ -174,15 +176,15 @@ class _Region:
         else:
             th.last, th.last_top = -1, end
 
-    def sync_into(self, sync: dict, end: int) -> None:
-        name = sync["name"]
+    def sync_into(self, sync: tuple, end: int) -> None:
+        name, stream, wait_on_stream, wait_on_record = sync
         if name == "Context Sync":
             for last in self.stream_last.values():
                 self.sync_edge(last, end)
         elif name == "Stream Sync":
-            self.sync_edge(self.stream_last.get(sync["stream"]), end)
+            self.sync_edge(self.stream_last.get(stream), end)
         elif name == "Event Sync":
-            self.sync_edge(self.recorded_after(sync), end)
+            self.sync_edge(self.recorded_after(wait_on_stream, wait_on_record), end)
 
     def inferred_sync(self, corr: int, name: str, end: int) -> None:
         """A blocking call the profiler wrote no synchronisation event for (traces before
@@ -195,11 +197,11 @@ class _Region:
             for last in self.stream_last.values():
                 self.sync_edge(last, end)
 
-    def recorded_after(self, sync: dict) -> int | None:
+    def recorded_after(self, stream: int, record: int) -> int | None:
         """The end node of the operation a CUDA event was recorded after: the latest launched on
-        the recorded stream before the ``cudaEventRecord`` call."""
-        record_ts = self.records.get(sync.get("wait_on_record", -1))
-        return None if record_ts is None else self.launched_before(sync.get("wait_on_stream", -1), record_ts)
+        the recorded ``stream`` before the ``cudaEventRecord`` call (correlation ``record``)."""
+        record_ts = self.records.get(record)
+        return None if record_ts is None else self.launched_before(stream, record_ts)
 
     def launched_before(self, stream: int, ts: float) -> int | None:
         """The end node of the latest operation launched on ``stream`` before ``ts``."""
@@ -210,11 +212,10 @@ class _Region:
         return launched[1][i - 1] if i else None
 
     # -- GPU ------------------------------------------------------------------------------
-    def add_gpu(self, e: dict, call: tuple[int, float]) -> None:
-        ts, stream = e["ts"], e["stream"]
+    def add_gpu(self, kind: str, name: str, ts: float, dur: float, stream: int, corr: int, call: tuple) -> None:
         self.advance(ts)
-        label = self.label(e["name"], stream)
-        start, end = self.node(ts), self.node(ts + e["dur"])
+        label = self.label(name, stream)
+        start, end = self.node(ts), self.node(ts + dur)
         launch_node, launch_ts = call
         # It could start once launched, the operation before it on its stream done, and the
         # events it waits for recorded: it follows whichever came last (the GPU's side on a tie).
@@ -229,10 +230,10 @@ class _Region:
             self.edge(prev, start, ts - self.ts[prev], GAP, -1)
         else:  # the stream was idle at the launch
             self.edge(launch_node, start, ts - launch_ts, LAUNCH, -1)
-        self.edge(start, end, e["dur"], GPU, label)
+        self.edge(start, end, dur, GPU, label)
         self.stream_last[stream] = end
-        if e["kind"] == "memcpy":
-            self.copies[e["correlation"]] = end
+        if kind == "memcpy":
+            self.copies[corr] = end
         times, ends = self.launched.setdefault(stream, ([], []))
         if times and launch_ts < times[-1]:  # (launches on a stream start in order; a trace that says not is cut here)
             del times[:], ends[:]
@@ -254,15 +255,16 @@ class _Region:
         found = (self.launched_before(recorded_stream, record_ts) for _call_ts, recorded_stream, record_ts in due)
         return [end for end in found if end is not None]
 
-    def add_sync(self, e: dict, sync: dict) -> None:
+    def add_sync(self, corr: int, sync: tuple) -> None:
         """A GPU-side synchronisation event of a call made in this region."""
-        if sync["name"] == "Stream Wait Event":
-            record_ts = self.records.get(sync.get("wait_on_record", -1))
-            call = self.calls.get(e["correlation"])
+        name, stream, wait_on_stream, wait_on_record = sync
+        if name == "Stream Wait Event":
+            record_ts = self.records.get(wait_on_record)
+            call = self.calls.get(corr)
             if record_ts is not None and call is not None:
-                self.waits.setdefault(e["stream"], []).append((call[1], sync.get("wait_on_stream", -1), record_ts))
+                self.waits.setdefault(stream, []).append((call[1], wait_on_stream, record_ts))
         else:
-            self.syncs[e["correlation"]] = sync
+            self.syncs[corr] = sync
 
     # -- the path -------------------------------------------------------------------------
     def summary(self) -> dict:
@@ -320,15 +322,14 @@ class CriticalPath:
         self.skipped: list[str] = []
         self.on: Counter = Counter()
 
-    def _region_at(self, e: dict) -> _Region | None:
-        name, ts = e["name"], e["ts"]
+    def _region_at(self, kind: str, name: str, ts: float, dur: float) -> _Region | None:
         if name.startswith("ProfilerStep#"):
             if not self.stepped:  # the region before the first step is not a step: dropped
                 self.stepped = True
                 self.regions.clear()
                 self.by_call.clear()
-            self._open(_Region(name, ts, ts + e["dur"], self.infer_syncs))
-            return self.regions[-1] if e["kind"] == "cpu_op" else None  # (an annotation is not an operator)
+            self._open(_Region(name, ts, ts + dur, self.infer_syncs))
+            return self.regions[-1] if kind == "cpu_op" else None  # (an annotation is not an operator)
         if not self.stepped and not self.regions:
             self._open(_Region("(whole trace)", ts, float("inf"), self.infer_syncs))
         region = self.regions[-1] if self.regions else None
@@ -350,37 +351,36 @@ class CriticalPath:
         self.on.update(summary.pop("_on", {}))
         self.done.append(summary)
 
-    def add(self, e: dict) -> None:
-        try:
-            self._add(e)
-        except _TooBig:  # the step is given up: what it held is let go now, not at its end
-            for region in self.regions:
-                if region.too_big:
-                    region.release()
-            self.by_call = {c: r for c, r in self.by_call.items() if not r.too_big}
-
-    def _add(self, e: dict) -> None:
-        kind = e["kind"]
-        if e["stream"] < 0 and kind != "sync":
-            if e["dur"] <= 0 or (kind != "cpu_op" and kind != "runtime" and not e["name"].startswith("ProfilerStep#")):
-                return
-            region = self._region_at(e)
-            if region is None or region.too_big:
-                return
-            region.add_cpu(e, e["tid"])
-            if e["correlation"] >= 0:
-                self.by_call[e["correlation"]] = region
-            return
-        region = self.by_call.get(e["correlation"])
-        if region is None or region.too_big:
-            return
-        if kind == "sync":
-            region.add_sync(e, {"name": e["name"], "stream": e["stream"], "wait_on_stream": e.get("wait_on_stream", -1),
-                                "wait_on_record": e.get("wait_on_record", -1)})
-        elif kind in GPU_KINDS:
-            call = region.calls.get(e["correlation"])
-            if call is not None:
-                region.add_gpu(e, call)
+    def add(self, b: EventBatch) -> None:
+        """The next events of the trace, in start order: one by one (a path is sequential), over
+        the batch's columns."""
+        extras, by_call = b.extras, self.by_call
+        for i, kind, name, ts, dur, stream, corr, tid in zip(count(), b.kind, b.name, b.ts, b.dur, b.stream,
+                                                             b.correlation, b.tid):
+            try:
+                if stream < 0 and kind != "sync":  # a CPU operator, runtime call or step annotation
+                    if dur > 0 and (kind == "cpu_op" or kind == "runtime" or name.startswith("ProfilerStep#")):
+                        region = self._region_at(kind, name, ts, dur)
+                        if region is not None and not region.too_big:
+                            region.add_cpu(name, ts, dur, corr, tid)
+                            if corr >= 0:
+                                by_call[corr] = region
+                    continue
+                region = by_call.get(corr)
+                if region is None or region.too_big:
+                    continue
+                if kind == "sync":
+                    x = extras.get(i, _NO_EXTRAS)
+                    region.add_sync(corr, (name, stream, x.get("wait_on_stream", -1), x.get("wait_on_record", -1)))
+                elif kind in GPU_KINDS:
+                    call = region.calls.get(corr)
+                    if call is not None:
+                        region.add_gpu(kind, name, ts, dur, stream, corr, call)
+            except _TooBig:  # the step is given up: what it held is let go now, not at its end
+                for region in self.regions:
+                    if region.too_big:
+                        region.release()
+                self.by_call = by_call = {c: r for c, r in by_call.items() if not r.too_big}
 
     def result(self) -> dict:
         """Every step's path and their sum; the regions still open are closed (the trace is over)."""

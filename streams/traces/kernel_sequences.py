@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from streams.traces.batch import EventBatch
+
 MIN_LENGTH = 3
 TOP = 10
 
@@ -77,24 +79,32 @@ class KernelSequences:
         self.by_call: dict[int, list[_Match]] = {}  # correlation -> the matches its call was made in
         self.call_order: deque[tuple[float, int]] = deque()  # (ts, correlation) of the calls in by_call
 
-    def add(self, e: dict) -> None:
-        if e["stream"] >= 0:
-            matches = self.by_call.pop(e["correlation"], None) if e["correlation"] >= 0 else None
-            for m in matches or ():
-                m.gpu.append(e["name"])
-                m.gpu_us += e["dur"]
-                m.calls -= 1
-                if m.ended and not m.calls:
-                    m.op.fold(m)
-            return
-        if e["kind"] == "sync":  # a device-wide sync event: on no stream, launched by no operator
-            return
-        ts, name = e["ts"], e["name"]
+    def add(self, b: EventBatch) -> None:
+        """The next events of the trace, in start order: one by one (an operator's sequence is
+        what its calls launched, in order), over the batch's columns."""
+        for kind, name, ts, dur, stream, corr, tid in zip(b.kind, b.name, b.ts, b.dur, b.stream, b.correlation, b.tid):
+            if stream >= 0:
+                if corr >= 0:
+                    self._launched(corr, name, dur)
+            elif kind != "sync":  # (a device-wide sync event: on no stream, launched by no operator)
+                self._cpu(name, ts, dur, corr, tid)
+
+    def _launched(self, corr: int, name: str, dur: float) -> None:
+        """A GPU event: it belongs to the matches its runtime call was made in."""
+        for m in self.by_call.pop(corr, ()):
+            m.gpu.append(name)
+            m.gpu_us += dur
+            m.calls -= 1
+            if m.ended and not m.calls:
+                m.op.fold(m)
+
+    def _cpu(self, name: str, ts: float, dur: float, corr: int, tid: int) -> None:
+        """A CPU event (operator, annotation or runtime call): it ends what ended before it on its
+        thread, and is charged to the open matches it was made in."""
         self._expire(ts)
-        stack = self.stacks.setdefault(e["tid"], [])
+        stack = self.stacks.setdefault(tid, [])
         while stack and stack[-1][0] <= ts:
             self._end(stack.pop()[2])
-        corr = e["correlation"]
         inherited = stack[-1][1] if stack else [None] * len(self.operators)
         if corr >= 0:
             calling = [m for m in inherited if m is not None]
@@ -110,9 +120,9 @@ class KernelSequences:
                 if inherited[i] is None:  # (a match inside a match is deeper: never counted)
                     if own is inherited:
                         own = list(inherited)
-                    own[i] = _Match(op, name, len(stack), e["dur"])
+                    own[i] = _Match(op, name, len(stack), dur)
                     opened.append(own[i])
-        stack.append((ts + e["dur"], own, opened))
+        stack.append((ts + dur, own, opened))
 
     def _expire(self, now: float) -> None:
         """Calls made more than the horizon ago with no GPU event: nothing to wait for."""

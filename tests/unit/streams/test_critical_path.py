@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from gpufleet.analyze import analyze_file_with_findings, run
 from producers.read_trace import read_trace
 from streams.traces import critical_path as trace_critical_path
+from streams.traces.batch import EventBatch
 from streams.traces.critical_path import STEP_CODE, CriticalPath
 from streams.traces.kernel_type import short_kernel_name
 from tests.support.traces import (
@@ -32,11 +33,12 @@ HTA_DATA = Path(__file__).resolve().parents[2] / "data" / "hta"
 PARTS = ("cpu_us", "gpu_compute_us", "communication_us", "launch_overhead_us", "kernel_gap_us")
 
 
-def critical_path(path: Path) -> dict:
+def critical_path(path: Path, batch: int = 4096) -> dict:
+    """The trace's critical paths, its events fed ``batch`` at a time."""
     trace = read_trace(path, cpu_ops=True)
     cp = CriticalPath(infer_syncs=trace.sync_events == 0)
-    for e in trace.events:
-        cp.add(e)
+    for columns in trace.events.column_chunks(batch):
+        cp.add(EventBatch(*columns))
     return cp.result()
 
 
@@ -194,8 +196,8 @@ def test_a_step_too_big_to_hold_is_given_up_with_the_reason(tmp_path, monkeypatc
     events += [runtime("cudaLaunchKernel", 300 + 10 * i, 2, corr=i + 1) for i in range(20)]
     trace = read_trace(write_trace(tmp_path / "t.json", events), cpu_ops=True)
     cp = CriticalPath()
-    for e in trace.events:
-        cp.add(e)
+    for columns in trace.events.column_chunks():
+        cp.add(EventBatch(*columns))
     (region,) = cp.regions
     assert region.too_big and len(region.ts) == 0 and not region.calls and not cp.by_call  # nothing held
     result = cp.result()
@@ -214,8 +216,8 @@ def test_steps_are_summarised_as_they_end_and_forgotten(tmp_path):
     trace = read_trace(write_trace(tmp_path / "t.json", events), cpu_ops=True)
     cp = CriticalPath()
     held = 0
-    for e in trace.events:
-        cp.add(e)
+    for columns in trace.events.column_chunks(1):
+        cp.add(EventBatch(*columns))
         held = max(held, len(cp.regions))
     result = cp.result()
     assert held == 2
@@ -277,14 +279,17 @@ def random_step(draw) -> list[dict]:
     return events
 
 
-@given(random_step())
+@given(random_step(), st.integers(1, 12))
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_a_path_is_made_of_its_parts_and_fits_in_its_step(tmp_path, events):
+def test_a_path_is_made_of_its_parts_and_fits_in_its_step(tmp_path, events, batch):
     """Whatever the step: the path's parts add up to it; it is at least as long as any kernel
     (a kernel alone is a path) and no longer than the time from the step's first node to its
-    last (every edge goes forward in time and weighs at most the time it spans)."""
+    last (every edge goes forward in time and weighs at most the time it spans). However the
+    events are batched, the path is the same."""
     path = write_trace(tmp_path / "t.json", events)
-    steps = critical_path(path)["steps"]
+    whole = critical_path(path)
+    assert critical_path(path, batch) == whole
+    steps = whole["steps"]
     assert len(steps) == 1
     step = steps[0]
     assert sum(step[k] for k in PARTS) == pytest.approx(step["path_us"])

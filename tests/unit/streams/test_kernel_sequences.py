@@ -13,6 +13,7 @@ from gpufleet.analyze import analyze_file, run
 from producers.read_trace import read_trace
 from streams.traces import kernel_sequences as trace_kernel_sequences
 from streams.traces.analyze import PENDING_HORIZON_US
+from streams.traces.batch import EventBatch
 from streams.traces.kernel_sequences import KernelSequences
 from tests.support.traces import (
     SHARED_TRACES,
@@ -26,10 +27,11 @@ from tests.support.traces import (
 HTA_DATA = Path(__file__).resolve().parents[2] / "data" / "hta"
 
 
-def sequences(path: Path, operators: list[str]) -> dict:
+def sequences(path: Path, operators: list[str], batch: int = 4096) -> dict:
+    """The operators' sequences in the trace, its events fed ``batch`` at a time."""
     ks = KernelSequences(operators, PENDING_HORIZON_US)
-    for e in read_trace(path, cpu_ops=True).events:
-        ks.add(e)
+    for columns in read_trace(path, cpu_ops=True).events.column_chunks(batch):
+        ks.add(EventBatch(*columns))
     return ks.result()
 
 
@@ -44,7 +46,7 @@ def test_every_sequence_equals_hta(name, tmp_path, monkeypatch):
     backward, in-place adds, linear layers, addmm): the same sequences, counts and times, or
     none where HTA finds none. The built trace has aten::linear_backward deeper in another
     thread (HTA counts only the matches at the smallest depth) and operators that start in the
-    same microsecond as their parent."""
+    same microsecond as their parent. However the events are batched, the result is the same."""
     monkeypatch.setattr(trace_kernel_sequences, "TOP", 1000)
     if name == "kernel-sequences":
         path = kernel_sequence_trace(tmp_path / "kernel-sequences.json")
@@ -54,6 +56,7 @@ def test_every_sequence_equals_hta(name, tmp_path, monkeypatch):
             pytest.skip(f"{path} is not here (shared/traces sits beside the checkout)")
     hta = json.loads((HTA_DATA / f"{name}.json").read_text())["kernel_sequences"]
     ours = sequences(path, list(hta))
+    assert sequences(path, list(hta), batch=1) == sequences(path, list(hta), batch=7) == ours
     found = 0
     for operator, rows in hta.items():
         expected = {r["pattern"]: (r["count"], r["GPU kernel duration (us)"], r["CPU op duration (us)"])
@@ -146,8 +149,9 @@ def test_calls_that_launch_nothing_hold_nothing_for_long(tmp_path):
         events.append({**runtime("cudaGetDevice", t + 2, 1, 100 * n + 50), "tid": 1})
     ks = KernelSequences(["aten::mm"], PENDING_HORIZON_US)
     held = 0
-    for e in read_trace(write_trace(tmp_path / "t.json", sorted(events, key=lambda e: e["ts"])), cpu_ops=True).events:
-        ks.add(e)
+    trace = read_trace(write_trace(tmp_path / "t.json", sorted(events, key=lambda e: e["ts"])), cpu_ops=True)
+    for columns in trace.events.column_chunks(1):
+        ks.add(EventBatch(*columns))
         held = max(held, len(ks.by_call))
     assert held <= 12  # a horizon's worth of cudaGetDevice calls, not all 50
     assert as_hta(ks.result()["aten::mm"]) == {"aten::mm|a|b|c": (50, 50 * 15, 50 * 40)}
