@@ -59,7 +59,6 @@ class TraceAnalyzer:
         self.critical = CriticalPath(infer_syncs) if critical_path else None
         self.sequences = KernelSequences(kernel_sequences, pending_horizon_us) if kernel_sequences else None
         self._whole_trace = [a for a in (self.critical, self.sequences) if a is not None]
-        self.horizon = pending_horizon_us
         self.events = 0
         self.gpu_events = 0
         self.unmatched_gpu_events = 0
@@ -128,7 +127,7 @@ class TraceAnalyzer:
         self.events += len(b)
         self.gpu_events += len(gpu)
         self.unmatched_gpu_events += unmatched
-        b.join(gpu, joined, [])
+        b.join(gpu, joined)
         b.bits = list(map(kernel_bit, b.g_name))
 
     def result(self, gpu_name: str | None = None) -> dict:
@@ -149,7 +148,7 @@ class TraceAnalyzer:
         state = {
             "counters": [self.events, self.gpu_events, self.unmatched_gpu_events, self.out_of_order, self._last_ts],
             "calls": [[corr, c.name, c.ts, c.dur, c.op, c.step] for corr, c in self._calls.items()],
-            "horizon": self.horizon,
+            "horizon": self.options.horizon_us,
         }
         for analysis in self.analyses.values():
             state.update(analysis.to_state())

@@ -108,10 +108,10 @@ class EventBatch:
                     e.update(x)
             yield e
 
-    def join(self, gpu: list[int], calls: list, bits: list[int]) -> None:
-        """The GPU-side rows, their runtime calls and kernel types, and their values of the
-        columns the GPU-side analyses read."""
-        self.gpu, self.calls, self.bits = gpu, calls, bits
+    def join(self, gpu: list[int], calls: list) -> None:
+        """The GPU-side rows, their runtime calls, and their values of the columns the GPU-side
+        analyses read (the analyzer sets their kernel types, ``bits``, from ``g_name``)."""
+        self.gpu, self.calls = gpu, calls
         if not gpu:
             return
         if len(gpu) == 1:

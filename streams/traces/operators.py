@@ -40,7 +40,7 @@ class OperatorRoofline:
 
     def label_calls(self, batch: EventBatch) -> None:
         """The operators of the batch that count their FLOPs, and for each runtime call the
-        operator it was made from (``batch.labels["op"]``)."""
+        operator it was made from (``batch.labels[label]``)."""
         extras = batch.extras
         counted = [i for i, x in extras.items() if x.get("flops")]
         if not counted and not self.open:
@@ -60,7 +60,7 @@ class OperatorRoofline:
                 x = extras.get(i)
                 if x is not None and x.get("flops"):
                     self._operator(names[i], starts[i], durs[i], tids[i], x)
-        batch.labels["op"] = ops
+        batch.labels[self.label] = ops
 
     def _operator(self, name: str, ts: float, dur: float, tid: int, x: dict) -> None:
         """An operator that counts its FLOPs: opened on its thread, counted."""

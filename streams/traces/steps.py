@@ -32,7 +32,7 @@ class Steps:
 
     def label_calls(self, batch: EventBatch) -> None:
         """The batch's profiler steps, and for each runtime call the step it was made in
-        (``batch.labels["step"]``)."""
+        (``batch.labels[label]``)."""
         current, names, starts = self.current, batch.name, batch.ts
         if current is None and not any(name.startswith("ProfilerStep#") for name in names):
             return  # (no step open, none opening)
@@ -50,7 +50,7 @@ class Steps:
                 if name not in self.steps and len(self.steps) < MAX_STEPS:
                     self.steps[name] = [ts, dur, 0, Coverage(), Coverage()]
         self.current = current
-        batch.labels["step"] = steps
+        batch.labels[self.label] = steps
 
     def add(self, batch: EventBatch) -> None:
         """The batch's GPU-side events launched in a step, and whether each is a computation kernel."""
