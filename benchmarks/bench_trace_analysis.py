@@ -66,15 +66,6 @@ from streams.traces.queue_length import HTA_FIGURES as QUEUE_FIGURES
 PACKAGES = ("gpufleet", "producers", "streams", "sinks", "schemas", "kafka_client")
 
 
-
-
-
-
-
-
-
-
-
 # The same programs up to their imports: what a run costs before it reads anything.
 OURS_STARTUP = OURS.split("r = analyze_file")[0] + "print('{}')\n"
 HTA_STARTUP = HTA.split("d = tempfile.mkdtemp()")[0] + "print('{}')\n"
@@ -84,16 +75,37 @@ def measure(python: str, code: str, trace: Path, cwd: Path, *extra: str,
             ) -> tuple[dict | None, float, float, float, str]:
     """Run ``code`` on ``trace`` in a fresh interpreter: (result, wall s, CPU s, peak RSS MiB, error)."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen([python, "-c", code, str(trace), str(ROOT / "benchmarks"), *extra],
+    proc = subprocess.Popen([python, "-c", PEAK + code, str(trace), str(ROOT / "benchmarks"), *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
     _, status, usage = os.wait4(proc.pid, 0)  # the outputs are a line each: the pipes cannot fill
     elapsed = time.perf_counter() - t0
     out, err = proc.stdout.read(), proc.stderr.read()
     cpu = usage.ru_utime + usage.ru_stime
-    peak_mib = usage.ru_maxrss / 1024  # Linux: kilobytes
+    err, peak_kib = peak_of(err, usage.ru_maxrss)  # Linux: kilobytes
+    peak_mib = peak_kib / 1024
     if status != 0:
         return None, elapsed, cpu, peak_mib, err.strip().splitlines()[-1] if err.strip() else f"exit {status}"
     return json.loads(out.strip().splitlines()[-1]), elapsed, cpu, peak_mib, ""
+
+
+# A child's peak memory, as it writes it when it exits (even on an error): the high-water mark of
+# its own address space since exec (``VmHWM``). Its ``ru_maxrss`` is no measure of it: Linux keeps a
+# process's high-water mark across exec, so every child's would start from this process's size at
+# the fork (~24 MiB, above the ~17 MiB gpufleet's whole run takes on a small trace).
+PEAK = (
+    "import atexit as _a, sys as _s\n"
+    "_a.register(lambda: _s.stderr.write("
+    "'\\n' + next(l for l in open('/proc/self/status') if l.startswith('VmHWM:'))))\n"
+)
+
+
+def peak_of(err: str, maxrss_kib: int) -> tuple[str, int]:
+    """The child's stderr without its peak line, and its peak in KiB (``maxrss_kib`` where it
+    wrote none: no /proc)."""
+    head, sep, tail = err.rpartition("\nVmHWM:")
+    if not sep:
+        return err, maxrss_kib
+    return head, int(tail.split()[0])
 
 
 def scaled_trace(source: Path, factor: int, dest: Path) -> Path:
