@@ -1,9 +1,10 @@
 """Temporal breakdown and communication/computation overlap of one rank's GPU time.
 
-Consumes the GPU-side events (``stream >= 0``) of each batch in start-time order and keeps O(1) state: the open
-merged interval and the covered time so far (a ``Coverage``) of all GPU events. The unions of
-computation kernels, of communication kernels and of both (overlap = comp + comm - union) are
-the kernel breakdown's, which keeps them for its own split by type: the result reads them there.
+Consumes the GPU-side events (``stream >= 0``) of each batch in start-time order and keeps O(1)
+state: the open merged interval and the covered time so far (a ``Coverage``) of all GPU events.
+The unions of computation kernels, of communication kernels and of both (overlap = comp + comm -
+union) are the kernel breakdown's, which keeps them for its own split by type: the result reads
+them there.
 Semantics of HTA 0.5.0: touching intervals merge; kernel time = last end - first start.
 """
 
