@@ -36,6 +36,16 @@ class Allocation(msgspec.Struct, frozen=True, kw_only=True):
     cluster: str | None = None
     started_ms: int | None = None  # when the scheduler gave it its resources
     ended_ms: int | None = None  # when it gave them back (set on the allocations that ended)
+    # The facts the scheduler could not be asked (``producers.slurm_facts.FACTS``: "qos", "end", ...),
+    # and why: the enforcement ladders hold a job whose exemptions depend on one of them.
+    unknown: tuple[str, ...] = ()
+    problem: str | None = None
+    # How it ended (the epilog's): COMPLETED, CANCELLED (by whom), TIMEOUT, FAILED (exit code),
+    # PREEMPTED, NODE_FAIL, OUT_OF_MEMORY, ...
+    end_state: str | None = None
+    exit_code: int | None = None
+    exit_signal: int | None = None
+    cancelled_by: str | None = None
 
 
 class Allocations(msgspec.Struct, frozen=True):

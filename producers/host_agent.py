@@ -336,14 +336,19 @@ class HostAgent:
             "scheduler_job_id": info.scheduler_job_id, "attribution": info.source,
             "model": info.model, "cluster": self.settings.cluster, "scheduler_qos": info.qos,
             "scheduler_partition": info.partition, "scheduler": None, "job_name": None, "time_limit_s": None,
-            "nodes": None, "allocated_at": None,
+            "nodes": None, "allocated_at": None, "scheduler_unknown": [], "scheduler_problem": None,
+            "end_state": None, "exit_code": None, "exit_signal": None, "cancelled_by": None,
         }
         if job is not None:  # the scheduler's word wins over what the processes' environment says
             event.update(owner=job.owner or info.owner, team=job.team or info.team, scheduler_job_id=job.job_id,
                          scheduler_qos=job.qos or info.qos, scheduler_partition=job.partition or info.partition,
                          cluster=self.settings.cluster or job.cluster, scheduler=job.scheduler, job_name=job.name,
                          time_limit_s=job.time_limit_s, nodes=job.nodes, allocated_at=job.started_ms,
-                         attribution=f"allocation:{job.scheduler}")
+                         attribution=f"allocation:{job.scheduler}", scheduler_unknown=list(job.unknown),
+                         scheduler_problem=job.problem)
+            if kind == "ENDED":
+                event.update(end_state=job.end_state, exit_code=job.exit_code, exit_signal=job.exit_signal,
+                             cancelled_by=job.cancelled_by)
         return event
 
 

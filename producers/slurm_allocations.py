@@ -3,18 +3,25 @@
 Slurm runs the prolog (``gpufleet slurm prolog``) as root when it gives a job resources on a
 node, and the epilog (``gpufleet slurm epilog``) when it takes them back. Both read the job
 from their environment (``SLURM_JOB_ID``, ``SLURM_JOB_USER``, ``SLURM_JOB_ACCOUNT``,
-``SLURM_JOB_PARTITION``, ``SLURM_JOB_GPUS``: the node's indexes of the job's GPUs) and ask
-``squeue`` for what the environment lacks (name, QoS, time limit, start and end times). They
-write into one directory, which the agent reads every tick (``SlurmAllocations``)::
+``SLURM_JOB_PARTITION``, ``SLURM_JOB_GPUS``: the node's indexes of the job's GPUs) and ask the
+controller for what the environment lacks (``producers.slurm_facts``: QoS, name, time limit,
+the array it belongs to, start and end times; in the epilog, how it ended), in a form no job
+name can break. What they could not learn is named in the record (``Allocation.unknown``) and
+written to standard error (slurmd's log). They write into one directory, which the agent reads
+every tick (``SlurmAllocations``)::
 
     <dir>/0, <dir>/1, ...      one file per GPU index holding the ids of the jobs on it, one a
                                line: dcgm-exporter's HPC job mapping (--hpc-job-mapping-dir)
     <dir>/.jobs/<id>.json      the job's allocation on this node (the prolog)
-    <dir>/.ended/<id>.json     the same with its end time (the epilog), until the agent has
-                               spooled the job's end
+    <dir>/.ended/<id>.json     the same with its end (the epilog), until the agent has spooled
+                               the job's end
+
+Times are the scheduler's (its StartTime and EndTime), never the script's clock: a time it
+could not give stays unknown. An array task is the workflow ``slurm-<array>_<task>`` (as
+``squeue`` shows it), its raw id the ``job_id``.
 
 A prolog that fails drains the node in Slurm, so neither ever fails the job: what goes wrong is
-written to standard error (slurmd's log) and the script exits 0.
+written to standard error and the script exits 0.
 """
 
 from __future__ import annotations
@@ -23,50 +30,30 @@ import fcntl
 import logging
 import os
 import re
-import subprocess
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import msgspec
 
 from producers.allocations import SLURM, Allocation, Allocations
+from producers.slurm_facts import JobFacts, SlurmReader
 from schemas.validate_ids import SLURM_JOB_ID
 
 log = logging.getLogger(__name__)
 
 JOBS, ENDED = ".jobs", ".ended"
-_SEP = "\x1f"  # between squeue's fields: no job name or account holds it
-_FIELDS = ("name", "qos", "time_limit", "start", "end", "nodes", "state")
-_FORMAT = _SEP.join(("%j", "%q", "%l", "%S", "%e", "%N", "%T"))
+# An end the scheduler gives this far past the node's clock is taken as it is (the controller's
+# and the node's clocks differ by a little); further, it cannot be an end and is unknown.
+END_SKEW_MS = 5_000
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(Allocation)
 
-Squeue = Callable[[str], dict[str, str] | None]
-
-
-def run_squeue(job_id: str, timeout_s: float = 5.0) -> dict[str, str] | None:
-    """What ``squeue`` says of the job (name, QoS, time limit, start, end, nodes, state); None
-    where it cannot say (no squeue here, the controller away: the record keeps what the
-    environment gave)."""
-    try:
-        out = subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", _FORMAT], capture_output=True,
-                             text=True, timeout=timeout_s, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        log.warning("squeue for job %s: %s", job_id, exc)
-        return None
-    line = out.stdout.strip().splitlines()[:1]
-    if out.returncode != 0 or not line:
-        log.warning("squeue for job %s: %s", job_id, out.stderr.strip() or "no such job")
-        return None
-    values = line[0].split(_SEP)
-    return dict(zip(_FIELDS, values)) if len(values) == len(_FIELDS) else None
-
 
 def slurm_time_ms(text: str | None) -> int | None:
-    """A time as Slurm prints it (``2026-12-02T03:11:10``, local time), in epoch milliseconds;
-    None for ``Unknown``, ``N/A`` and the like."""
+    """A time as Slurm prints it by default (``2026-12-02T03:11:10``, local time), in epoch
+    milliseconds; None for ``Unknown``, ``N/A`` and the like."""
     if not text:
         return None
     try:
@@ -75,44 +62,49 @@ def slurm_time_ms(text: str | None) -> int | None:
         return None
 
 
-def time_limit_s(text: str | None) -> int | None:
-    """A time limit as ``squeue`` prints it (``UNLIMITED``, ``5:00``, ``1:00:00``,
-    ``2-00:00:00``), in seconds; None where there is none."""
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+(?::\d+){0,2})", (text or "").strip())
-    if not m:
-        return None
-    seconds = 0
-    for part in m.group(2).split(":"):
-        seconds = seconds * 60 + int(part)
-    return int(m.group(1) or 0) * 86400 + seconds
-
-
-def allocation_from_environment(env: Mapping[str, str], squeue: Squeue | None = run_squeue) -> Allocation:
-    """The job a prolog or epilog runs for, from its environment and ``squeue``. ValueError
-    where the environment names no job."""
+def allocation_from_environment(env: Mapping[str, str], reader: SlurmReader | None = None,
+                                ended: bool = False) -> Allocation:
+    """The job a prolog (or, ``ended``, an epilog) runs for, from its environment and the
+    scheduler. ValueError where the environment names no job."""
     job = env.get("SLURM_JOB_ID", "")
-    if not SLURM_JOB_ID.fullmatch(job):
+    if not SLURM_JOB_ID.fullmatch(job) or "_" in job:
         raise ValueError(f"SLURM_JOB_ID {job!r} is not a Slurm job id")
     gpus = env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES") or ""
-    known = (squeue(job) if squeue else None) or {}
+    facts = (reader or SlurmReader()).read(job, ended=ended)
+    unknown = list(facts.unknown)
+    # The environment slurmd gives is the job's own: it wins, and makes a fact squeue lost known.
+    owner = env.get("SLURM_JOB_USER") or facts.user
+    team = env.get("SLURM_JOB_ACCOUNT") or facts.account
+    partition = env.get("SLURM_JOB_PARTITION") or facts.partition
+    for fact, value in (("user", owner), ("account", team), ("partition", partition)):
+        if value is not None and fact in unknown:
+            unknown.remove(fact)
+    _disagree(facts, env)
+    for why in facts.problems:
+        log.warning("job %s: %s", job, why)
+    display = facts.display_id or job
     return Allocation(
-        scheduler=SLURM, job_id=job, workflow_id=f"slurm-{job}",
+        scheduler=SLURM, job_id=job, workflow_id=f"slurm-{display}",
         gpus=tuple(g.strip() for g in gpus.split(",") if g.strip()),
-        owner=env.get("SLURM_JOB_USER") or None, team=env.get("SLURM_JOB_ACCOUNT") or None,
-        partition=env.get("SLURM_JOB_PARTITION") or None,
-        qos=env.get("SLURM_JOB_QOS") or _known(known.get("qos")),
-        name=env.get("SLURM_JOB_NAME") or _known(known.get("name")),
-        time_limit_s=time_limit_s(known.get("time_limit")),
-        nodes=env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or _known(known.get("nodes")),
+        owner=owner, team=team, partition=partition, qos=env.get("SLURM_JOB_QOS") or facts.qos,
+        name=env.get("SLURM_JOB_NAME") or facts.name, time_limit_s=facts.time_limit_s,
+        nodes=env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or facts.nodes,
         cluster=env.get("SLURM_CLUSTER_NAME") or None,
-        started_ms=slurm_time_ms(known.get("start")),
-        ended_ms=slurm_time_ms(known.get("end")) if known.get("state") not in (None, "RUNNING", "CONFIGURING",
-                                                                                  "PENDING") else None,
+        started_ms=facts.started_ms, ended_ms=facts.ended_ms if ended else None,
+        unknown=tuple(f for f in unknown if ended or f not in ("end", "end_state")),
+        problem="; ".join(facts.problems)[:1000] or None,
+        end_state=facts.end_state if ended else None, exit_code=facts.exit_code if ended else None,
+        exit_signal=facts.exit_signal if ended else None, cancelled_by=facts.cancelled_by if ended else None,
     )
 
 
-def _known(value: str | None) -> str | None:
-    return None if value in (None, "", "(null)", "N/A", "n/a") else value
+def _disagree(facts: JobFacts, env: Mapping[str, str]) -> None:
+    """The environment and the controller should agree; where they do not, say so."""
+    for fact, key in (("user", "SLURM_JOB_USER"), ("account", "SLURM_JOB_ACCOUNT"),
+                      ("partition", "SLURM_JOB_PARTITION")):
+        said, known = env.get(key), getattr(facts, fact)
+        if said and known and said != known:
+            facts.problems.append(f"{key} is {said!r} but squeue says {known!r}: the environment's is kept")
 
 
 class SlurmDirectory:
@@ -124,24 +116,31 @@ class SlurmDirectory:
     # -- written by the prolog and the epilog (as root, one job at a time per call) ----------
 
     def started(self, allocation: Allocation, now_ms: int) -> None:
-        """The prolog's record: the job's allocation, and its id in each of its GPUs' files."""
-        if allocation.started_ms is None:
-            allocation = msgspec.structs.replace(allocation, started_ms=now_ms)
+        """The prolog's record: the job's allocation, and its id in each of its GPUs' files.
+        A start the scheduler did not give stays unknown (the agent then charges the job from
+        its first sample, and says so)."""
         self._write(JOBS, allocation)
         for gpu in allocation.gpus:
             self._map(gpu, allocation.job_id, add=True)
 
     def ended(self, allocation: Allocation, now_ms: int) -> Allocation:
-        """The epilog's record: the job's end (the scheduler's end time where it gave one, else
-        now), kept until the agent has spooled it; its GPUs' files no longer name it."""
+        """The epilog's record: the job's end as the scheduler gave it (unknown where it gave
+        none, or one no end can be: in the future, or before the start), kept until the agent
+        has spooled it; its GPUs' files no longer name it."""
         recorded = self._read(self.path / JOBS / f"{allocation.job_id}.json")
-        if recorded is not None:  # what the prolog knew, with what the epilog knows better
-            allocation = msgspec.structs.replace(recorded, ended_ms=allocation.ended_ms,
-                                                 gpus=allocation.gpus or recorded.gpus)
-        end = allocation.ended_ms if allocation.ended_ms is not None and allocation.ended_ms <= now_ms else now_ms
-        if allocation.started_ms is not None:
-            end = max(end, allocation.started_ms)
-        allocation = msgspec.structs.replace(allocation, ended_ms=end)
+        if recorded is not None:
+            allocation = merged(recorded, allocation)
+        end = allocation.ended_ms
+        why = None
+        if end is not None and end > now_ms + END_SKEW_MS:
+            why = f"the scheduler's end of job {allocation.job_id} is {(end - now_ms) / 1000:g} s in the future"
+        elif end is not None and allocation.started_ms is not None and end < allocation.started_ms:
+            why = f"the scheduler's end of job {allocation.job_id} is before its start"
+        if why is not None:
+            log.warning("%s: its end is unknown", why)
+            allocation = msgspec.structs.replace(
+                allocation, ended_ms=None, unknown=tuple(dict.fromkeys((*allocation.unknown, "end"))),
+                problem="; ".join(p for p in (allocation.problem, why) if p))
         self._write(ENDED, allocation)
         (self.path / JOBS / f"{allocation.job_id}.json").unlink(missing_ok=True)
         for gpu in allocation.gpus:
@@ -190,6 +189,21 @@ class SlurmDirectory:
             return []
         out = [self._read(self.path / folder / name) for name in names]
         return [a for a in out if a is not None and f"{a.job_id}.json" in names]
+
+
+def merged(prolog: Allocation, epilog: Allocation) -> Allocation:
+    """The prolog's record with what the epilog knows better (the end, how it ended) and what
+    the epilog learnt that the prolog could not: a fact is unknown only if neither knew it."""
+    known = {f: getattr(epilog, f) for f in ("owner", "team", "partition", "qos", "name", "time_limit_s",
+                                              "started_ms", "nodes") if getattr(prolog, f) is None}
+    unknown = [f for f in prolog.unknown if f in epilog.unknown]
+    unknown += [f for f in epilog.unknown if f in ("end", "end_state")]
+    problem = "; ".join(dict.fromkeys(p for p in (prolog.problem, epilog.problem) if p)) or None
+    return msgspec.structs.replace(
+        prolog, **{f: v for f, v in known.items() if v is not None}, gpus=epilog.gpus or prolog.gpus,
+        ended_ms=epilog.ended_ms, end_state=epilog.end_state, exit_code=epilog.exit_code,
+        exit_signal=epilog.exit_signal, cancelled_by=epilog.cancelled_by,
+        unknown=tuple(dict.fromkeys(unknown)), problem=problem[:1000] if problem else None)
 
 
 RACY_NS = 2_000_000_000

@@ -45,13 +45,16 @@ def _record(args: argparse.Namespace, ended: bool) -> int:
     from producers.slurm_allocations import SlurmDirectory, allocation_from_environment
 
     try:
-        allocation = allocation_from_environment(os.environ)
+        allocation = allocation_from_environment(os.environ, ended=ended)
         directory = SlurmDirectory(args.dir)
         now = int(time.time() * 1000)
         if ended:
             directory.ended(allocation, now)
         else:
             directory.started(allocation, now)
+        if allocation.unknown:  # (each reason was logged as it was found)
+            print(f"gpufleet slurm {'epilog' if ended else 'prolog'}: job {allocation.job_id}: the scheduler did not "
+                  f"say its {', '.join(allocation.unknown)}; recorded as unknown", file=sys.stderr)
     except Exception as exc:  # noqa: BLE001 - a failing prolog or epilog drains the node: say why, never fail
         print(f"gpufleet slurm {'epilog' if ended else 'prolog'}: {type(exc).__name__}: {exc}", file=sys.stderr)
     return 0

@@ -11,8 +11,10 @@ workflow (``climb``): it decides on event time alone, from the workflow's state,
 decides alike, and the steps taken are kept in the state (``WorkflowState.ladders``) so that
 none is taken twice. What it decides are ``EnforcementEvent`` records: FIRST_WARNING,
 SECOND_WARNING and ACTION_DUE; EXEMPT (never acted on, and why); HELD (the action is due but the
-data is stale or partial, or an id the command needs is missing); CANCELLED (the alert resolved
-after a warning). ``gpufleet enforce`` runs the action of an ACTION_DUE (``gpufleet.enforcer``).
+data is stale or partial, or an id the command needs is missing; or, before any step, a fact one
+of the ladder's exemptions reads is unknown: the job may be exempt, so nothing is done, not even
+a warning, until the fact is known); CANCELLED (the alert resolved after a warning).
+``gpufleet enforce`` runs the action of an ACTION_DUE (``gpufleet.enforcer``).
 
 Plain logic: dicts and the state in, records out.
 """
@@ -150,6 +152,12 @@ def _climb_one(state: WorkflowState, window: dict, ladder: Ladder, now_ms: int) 
                                               "closed": False, "held": False}
     if taken["closed"]:
         return []
+    unknown = _unknown_facts(ladder, state)
+    if unknown:  # the job may be exempt: no step at all while a fact an exemption reads is unknown
+        if taken.get("held_unknown") != unknown:
+            taken["held_unknown"] = unknown
+            return [_event(ladder, state, window, taken, HELD, window["window_end"], now_ms, reason=unknown)]
+        return []
     start = since
     if state.first_sample_at >= 0:
         start = max(since, state.first_sample_at + round(ladder.grace_after_start_min * 60_000))
@@ -178,6 +186,30 @@ def _climb_one(state: WorkflowState, window: dict, ladder: Ladder, now_ms: int) 
         out.append(_event(ladder, state, window, taken, step, due, now_ms, action_at=action_at,
                           reason=_why(ladder, window, step, action_at) + _advice(state, step)))
     return out
+
+
+# A ladder's exemptions and the facts they read: (fact as the scheduler names it, the state's field,
+# whether only a scheduler's job has it).
+_EXEMPTION_FACTS = (("exempt_owners", "user", "owner", False), ("exempt_teams", "account", "team", False),
+                    ("exempt_qos", "qos", "scheduler_qos", True), ("exempt_partitions", "partition",
+                                                                   "scheduler_partition", True))
+
+
+def _unknown_facts(ladder: Ladder, state: WorkflowState) -> str | None:
+    """Why the ladder cannot tell whether the job is exempt: a fact one of its exemptions reads
+    that the job's state does not have (the scheduler could not be asked, or an older agent did
+    not say). None when every such fact is known."""
+    missing = []
+    for exemption, fact, attribute, scheduled in _EXEMPTION_FACTS:
+        if not getattr(ladder, exemption) or getattr(state, attribute) is not None:
+            continue
+        if fact in state.unknown_facts or not scheduled or state.scheduler_job_id is not None:
+            missing.append(fact)
+    if not missing:
+        return None
+    why = f" ({state.scheduler_problem})" if state.scheduler_problem else ""
+    return (f"ladder {ladder.name} has exemptions by {', '.join(missing)}, and the scheduler did not say "
+            f"its {', '.join(missing)}{why}: nothing is done until it is known")
 
 
 def _exemption(ladder: Ladder, state: WorkflowState, window: dict) -> str | None:

@@ -13,7 +13,8 @@ the life cycle (``stage_windows``) ``hosts``, ``ending``; ``ended`` and ``end_re
 ``summarize_workflow``          ``job`` (the totals of its closed windows)
 ``raise_alerts``                ``alerts`` (each detector's life cycle), ``wasted_s``
 ``auto_profile``, ``root_cause`` ``auto_profiled_at``, and the profile of an alert in ``alerts``
-the life cycle, again           ``scheduler_job_id``, ``cluster``, ``cmdline``, ``scheduler_qos``/``_partition``
+the life cycle, again           ``scheduler_job_id``, ``cluster``, ``cmdline``, ``scheduler_qos``/``_partition``,
+                                ``unknown_facts`` and ``scheduler_problem`` (what the scheduler could not say)
 ``enforcement_ladder``          ``ladders`` (each ladder's steps taken in the current episode)
 ==============================  ===================================================================
 
@@ -58,6 +59,10 @@ class WorkflowState(msgspec.Struct, kw_only=True):
     scheduler_qos: str | None = None
     scheduler_partition: str | None = None
     ladders: dict[str, dict] = {}
+    # What the scheduler could not be asked (``WorkflowEvent.scheduler_unknown``) and why: facts the
+    # enforcement ladders do not act without.
+    unknown_facts: list[str] = []
+    scheduler_problem: str | None = None
 
 
 class _Written(msgspec.Struct):
@@ -100,9 +105,11 @@ def hear(state: WorkflowState, event: dict) -> None:
     """One life-cycle event (``WorkflowEvent``) into its workflow's state: what the scheduler
     says of the job (what the enforcement ladders look at), which hosts it runs on, and
     whether the last one said it ended."""
-    for field in ("scheduler_job_id", "cluster", "scheduler_qos", "scheduler_partition"):
+    for field in ("scheduler_job_id", "cluster", "scheduler_qos", "scheduler_partition", "scheduler_problem"):
         if event.get(field):
             setattr(state, field, event[field])
+    if event.get("scheduler_unknown"):
+        state.unknown_facts = sorted(set(state.unknown_facts) | set(event["scheduler_unknown"]))
     if event.get("cmdline"):
         state.cmdline = event["cmdline"][:300]
     hosts = set(state.hosts)

@@ -8,36 +8,51 @@ import pytest
 
 from producers.allocations import Allocation, gpus_of
 from producers.gpu_reading import GpuReading
-from producers.slurm_allocations import (
-    SlurmAllocations,
-    SlurmDirectory,
-    allocation_from_environment,
-    slurm_time_ms,
-    time_limit_s,
-)
+from producers.slurm_allocations import SlurmAllocations, SlurmDirectory, allocation_from_environment
+from producers.slurm_facts import JobFacts, time_limit_s
 
 ENV = {"SLURM_JOB_ID": "4242", "SLURM_JOB_USER": "ana", "SLURM_JOB_ACCOUNT": "vision", "SLURM_JOB_PARTITION": "gpu",
        "SLURM_JOB_GPUS": "2,3", "CUDA_VISIBLE_DEVICES": "2,3", "SLURM_NODELIST": "node-7", "SLURM_CLUSTER_NAME": "east"}
 
 
-def squeue(answer: dict[str, str] | None):
-    return lambda job: answer
+class Reader:
+    """What the scheduler says of the job (``producers.slurm_facts``), as a test sets it."""
+
+    def __init__(self, **facts) -> None:
+        self.facts = facts
+
+    def read(self, job_id: str, ended: bool = False) -> JobFacts:
+        return JobFacts(job_id, **self.facts)
 
 
-def test_the_prolog_reads_the_job_from_its_environment_and_squeue():
-    known = {"name": "train resnet", "qos": "high", "time_limit": "1-00:00:00", "start": "2026-12-02T03:11:10",
-             "end": "2026-12-03T03:11:10", "nodes": "node-7", "state": "RUNNING"}
+def squeue(answer: dict | None):
+    if answer is None:  # the controller could not be asked
+        return Reader(unknown=["user", "account", "partition", "qos", "name", "time_limit", "start", "end",
+                               "end_state"], problems=["squeue is not installed here"])
+    return Reader(**answer)
+
+
+def test_the_prolog_reads_the_job_from_its_environment_and_the_scheduler():
+    known = {"name": "train resnet", "qos": "high", "time_limit_s": 86400, "started_ms": 1_796_000_000_000,
+             "ended_ms": 1_796_086_400_000, "nodes": "node-7", "state": "RUNNING", "display_id": "4242"}
     a = allocation_from_environment(ENV, squeue(known))
     assert (a.workflow_id, a.job_id, a.gpus, a.owner, a.team, a.partition) == (
         "slurm-4242", "4242", ("2", "3"), "ana", "vision", "gpu")
     assert (a.name, a.qos, a.time_limit_s, a.nodes, a.cluster) == ("train resnet", "high", 86400, "node-7", "east")
-    assert a.started_ms == slurm_time_ms("2026-12-02T03:11:10")
-    assert a.ended_ms is None  # a running job's EndTime is when its limit would end it
+    assert a.started_ms == 1_796_000_000_000 and a.unknown == ()
+    assert a.ended_ms is None  # a prolog's job has not ended, whatever its projected end
 
 
-def test_without_squeue_the_environment_is_enough():
+def test_without_the_scheduler_the_environment_gives_what_it_has_and_the_rest_is_unknown():
     a = allocation_from_environment({**ENV, "SLURM_JOB_GPUS": ""}, squeue(None))
     assert a.gpus == ("2", "3") and a.qos is None and a.started_ms is None  # CUDA_VISIBLE_DEVICES then
+    assert (a.owner, a.team, a.partition) == ("ana", "vision", "gpu")  # slurmd's environment
+    assert set(a.unknown) == {"qos", "name", "time_limit", "start"} and "not installed" in a.problem
+
+
+def test_an_array_task_is_its_own_workflow_with_its_raw_id():
+    a = allocation_from_environment({**ENV, "SLURM_JOB_ID": "125"}, squeue({"display_id": "123_4"}))
+    assert (a.workflow_id, a.job_id) == ("slurm-123_4", "125")
 
 
 @pytest.mark.parametrize("job", ["", "12; rm -rf /", "../../etc", "1" * 30])
@@ -63,9 +78,10 @@ def test_prolog_and_epilog_leave_what_the_agent_and_dcgm_exporter_read(tmp_path)
     source = SlurmAllocations(tmp_path)
     now = source.read(2_000)
     assert [a.job_id for a in now.current] == ["4242", "7"] and now.ended == ()
-    assert now.current[0].started_ms == 1_000  # squeue could not say: the prolog's time
-    ended = d.ended(allocation_from_environment(ENV, squeue(None)), now_ms=9_000)
-    assert ended.ended_ms == 9_000 and ended.started_ms == 1_000 and ended.owner == "ana"
+    assert now.current[0].started_ms is None  # the scheduler could not say: unknown, never the prolog's clock
+    assert "start" in now.current[0].unknown
+    ended = d.ended(allocation_from_environment(ENV, squeue(None), ended=True), now_ms=9_000)
+    assert ended.ended_ms is None and "end" in ended.unknown and ended.owner == "ana"
     assert not (tmp_path / "2").exists() and (tmp_path / "3").read_text() == "7\n"
     later = source.read(9_500)
     assert [a.job_id for a in later.current] == ["7"] and [a.job_id for a in later.ended] == ["4242"]
@@ -74,16 +90,32 @@ def test_prolog_and_epilog_leave_what_the_agent_and_dcgm_exporter_read(tmp_path)
     assert source.read(9_700).ended == ()
 
 
-def test_the_epilog_takes_the_schedulers_end_time_but_never_one_in_the_future(tmp_path):
+def test_the_epilog_takes_the_schedulers_end_time_but_never_one_that_cannot_be(tmp_path):
     d = SlurmDirectory(tmp_path)
     d.started(Allocation(scheduler="slurm", job_id="1", workflow_id="slurm-1", gpus=("0",), started_ms=1_000), 1_000)
-    ended = d.ended(Allocation(scheduler="slurm", job_id="1", workflow_id="slurm-1", gpus=("0",), ended_ms=5_000),
-                    now_ms=5_400)
-    assert ended.ended_ms == 5_000
+    ended = d.ended(Allocation(scheduler="slurm", job_id="1", workflow_id="slurm-1", gpus=("0",), ended_ms=5_000,
+                               end_state="CANCELLED", cancelled_by="ana"), now_ms=5_400)
+    assert (ended.ended_ms, ended.started_ms, ended.end_state, ended.cancelled_by) == (5_000, 1_000, "CANCELLED", "ana")
     d.started(Allocation(scheduler="slurm", job_id="2", workflow_id="slurm-2", gpus=("0",), started_ms=1_000), 1_000)
     ended = d.ended(Allocation(scheduler="slurm", job_id="2", workflow_id="slurm-2", gpus=("0",), ended_ms=99_000),
                     now_ms=6_000)
-    assert ended.ended_ms == 6_000
+    assert ended.ended_ms is None and ended.unknown == ("end",) and "in the future" in ended.problem
+    d.started(Allocation(scheduler="slurm", job_id="3", workflow_id="slurm-3", gpus=("0",), started_ms=8_000), 8_000)
+    ended = d.ended(Allocation(scheduler="slurm", job_id="3", workflow_id="slurm-3", gpus=("0",), ended_ms=7_000),
+                    now_ms=9_000)
+    assert ended.ended_ms is None and "before its start" in ended.problem
+
+
+def test_what_the_prolog_could_not_learn_and_the_epilog_did_is_known_at_the_end(tmp_path):
+    d = SlurmDirectory(tmp_path)
+    d.started(allocation_from_environment(ENV, squeue(None)), 1_000)
+    epilog = allocation_from_environment(ENV, squeue({"qos": "exempt", "started_ms": 900, "ended_ms": 5_000,
+                                                      "end_state": "COMPLETED", "exit_code": 0, "exit_signal": 0,
+                                                      "display_id": "4242", "unknown": ["name", "time_limit"]}),
+                                          ended=True)
+    ended = d.ended(epilog, now_ms=5_500)
+    assert (ended.qos, ended.started_ms, ended.ended_ms, ended.end_state) == ("exempt", 900, 5_000, "COMPLETED")
+    assert set(ended.unknown) == {"name", "time_limit"}
 
 
 def test_a_damaged_record_is_skipped_not_fatal(tmp_path, caplog):

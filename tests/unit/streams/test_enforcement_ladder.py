@@ -33,7 +33,8 @@ LADDER = Ladder(name="idle-gpus", detector="idle_allocated", first_warning_min=5
 def job(**fields) -> WorkflowState:
     return WorkflowState(**{"partition": 0, "owner": "alice@example.com", "team": "vision",
                             "scheduler_job_id": "4242", "cluster": "east", "hosts": ["gpu-host-000"],
-                            "first_sample_at": BASE_MS, **fields})
+                            "first_sample_at": BASE_MS, "scheduler_qos": "normal", "scheduler_partition": "gpu",
+                            **fields})
 
 
 def minute(m: int, idle: bool = True, **extra) -> dict:
@@ -98,10 +99,48 @@ def test_dry_run_is_the_default_and_says_so():
     (job(cmdline="python -m ipykernel_launcher -f k.json"), Ladder(name="l"), "an interactive job"),
     (job(scheduler_qos="high"), Ladder(name="l", exempt_qos=("high",)), "quality of service high is exempt"),
     (job(scheduler_partition="debug"), Ladder(name="l", exempt_partitions=("debug",)), "partition debug is exempt"),
+    # a workflow of no scheduler (its processes named it) has no QoS to be unknown
+    (job(scheduler_job_id=None, scheduler_qos=None, team="research"),
+     Ladder(name="l", exempt_qos=("high",), exempt_teams=("research",)), "team research is exempt"),
 ])
 def test_an_exempt_job_never_reaches_the_action(state, ladder, why):
     events = run(state, [(m, True) for m in range(30)], ladder)
     assert steps(events) == [(4, EXEMPT)] and why in events[0][1]["reason"]
+
+
+@pytest.mark.parametrize("state, ladder, fact", [
+    # The prolog could not read the QoS (a job name with a newline broke the old reader): the
+    # job may be exempt, so nothing is done, not even a warning, and the reason is on record.
+    (job(scheduler_qos=None, unknown_facts=["qos"], scheduler_problem="squeue's answer for job 4242 cannot be read"),
+     Ladder(name="l", exempt_qos=("exempt",), command=("scancel", "{scheduler_job_id}"), act=True), "qos"),
+    # An older agent's events name no unknown fact: a scheduler's job without a QoS is unknown all the same.
+    (job(scheduler_qos=None), Ladder(name="l", exempt_qos=("exempt",)), "qos"),
+    (job(scheduler_partition=None, unknown_facts=["partition"]), Ladder(name="l", exempt_partitions=("debug",)),
+     "partition"),
+    (job(owner=None), Ladder(name="l", exempt_owners=("bo",)), "user"),
+    (job(team=None), Ladder(name="l", exempt_teams=("research",)), "account"),
+])
+def test_a_job_whose_exemption_facts_are_unknown_is_held_and_never_acted_on(state, ladder, fact):
+    events = run(state, [(m, True) for m in range(40)], ladder)
+    assert steps(events) == [(4, HELD)], events
+    reason = events[0][1]["reason"]
+    assert f"its {fact}" in reason and "nothing is done until it is known" in reason
+    if state.scheduler_problem:
+        assert state.scheduler_problem in reason
+
+
+def test_a_held_job_climbs_once_its_facts_are_known():
+    state = job(scheduler_qos=None, unknown_facts=["qos"])
+    ladder = Ladder(name="l", exempt_qos=("exempt",), command=("scancel", "{scheduler_job_id}"), act=True)
+    held = run(state, [(m, True) for m in range(6)], ladder)
+    state.scheduler_qos = "normal"  # a later life-cycle event read it
+    later = run(state, [(m, True) for m in range(6, 20)], ladder)
+    assert steps(held) == [(4, HELD)] and steps(later) == [(6, FIRST_WARNING), (9, SECOND_WARNING),
+                                                          (14, ACTION_DUE)]
+    exempt = job(scheduler_qos=None, unknown_facts=["qos"])
+    run(exempt, [(m, True) for m in range(6)], ladder)
+    exempt.scheduler_qos = "exempt"
+    assert steps(run(exempt, [(m, True) for m in range(6, 20)], ladder)) == [(6, EXEMPT)]
 
 
 def test_a_job_with_enough_busy_gpus_is_spared():
