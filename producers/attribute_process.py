@@ -63,8 +63,18 @@ def workflow_of_environment(env: dict[str, str], keys: tuple[str, ...] = Attribu
     a profile request finds the ranks of the workflow the agent reported."""
     for key in keys:
         if env.get(key):
-            return (f"slurm-{env[key]}" if key == "SLURM_JOB_ID" else env[key]), key
+            return (slurm_workflow(env) if key == "SLURM_JOB_ID" else env[key]), key
     return None
+
+
+def slurm_workflow(env: dict[str, str]) -> str:
+    """A Slurm job's workflow: ``slurm-<id>``, or ``slurm-<array>_<task>`` for a task of an
+    array (its raw ``SLURM_JOB_ID`` is the task's own: the one the scheduler's tools show is
+    the array's and the task's), as the prolog names it."""
+    array, task = env.get("SLURM_ARRAY_JOB_ID", ""), env.get("SLURM_ARRAY_TASK_ID", "")
+    if array.isdigit() and task.isdigit():
+        return f"slurm-{array}_{task}"
+    return f"slurm-{env['SLURM_JOB_ID']}"
 
 
 class ProcessAttributor:

@@ -14,6 +14,13 @@ cover its allocation from the scheduler's start to its end: the first sample rea
 the start, and when the epilog says it ended the last one runs to the end time; its ENDED
 event goes out at once, also on the samples topic after those samples, so that the worker can
 close the job's windows without waiting for the fleet's clock.
+
+Exact to the scheduler's word: the samples of allocated GPUs are held ``hold_s`` before they are
+spooled, so that an end or a start the scheduler tells a moment late still cuts them
+(``producers.hold_samples``: each GPU-millisecond charged to one holder); and what the agent must
+remember across a restart is written beside its spool every tick (``producers.agent_checkpoint``),
+so a restarted agent continues its jobs (no second STARTED) and sends the GPU time it did not
+see as ``UnobservedTime``.
 """
 
 from __future__ import annotations
@@ -24,6 +31,9 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from producers import agent_checkpoint
+from producers.agent_checkpoint import Active, Checkpoint, Coverage
+from producers.allocated_samples import READING_FIELDS, final_samples, first_interval
 from producers.allocations import Allocation, Allocations, AllocationSource, holders
 from producers.attribute_process import IDLE, UNATTRIBUTED, ProcessAttributor, ProcessInfo
 from producers.gpu_reading import GpuReading
@@ -35,25 +45,19 @@ from producers.gpu_shares import (
     shares_of,
     sum_or_none,
 )
+from producers.hold_samples import HeldSamples
 from producers.sample_host import HostSampler
 from producers.sample_nvml import NvmlSampler
-from producers.simulate_fleet import Fleet
+from producers.simulate_fleet import SimulatedGpus
 from producers.spool import Spool
 from schemas.codec import Codec
 from schemas.sample_columns import columns_of
 from schemas.topics import GPU_SAMPLES, HOST_SAMPLES, WORKFLOW_EVENTS, TopicSpec, key_of
+
+UNOBSERVED = "UnobservedTime"
 from schemas.validate_sample import UNALLOCATED
 
 log = logging.getLogger(__name__)
-
-_READING_FIELDS = (
-    "utilization_pct", "memory_utilization_pct", "memory_used_bytes", "memory_total_bytes", "power_watts",
-    "temperature_c", "sm_clock_mhz", "power_limit_watts", "energy_joules_total", "sm_clock_max_mhz",
-    "mem_clock_mhz", "mem_clock_max_mhz", "clock_event_reasons", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s",
-    "ecc_uncorrected_volatile", "remapped_rows_uncorrectable", "remapped_rows_pending", "sm_active_pct",
-    "sm_occupancy_pct", "tensor_active_pct", "dram_bw_pct", "mig_gi_id", "mig_ci_id",
-)
-
 
 @dataclass(frozen=True)
 class AgentSettings:
@@ -65,6 +69,11 @@ class AgentSettings:
     cluster: str | None = None  # reported on every workflow event
     # While a profile is captured on this host: the trace's whole-system context, at this rate.
     profile_interval_s: float = 0.1
+    # Allocated GPUs' samples are held this long before they are spooled, so that the scheduler's
+    # end or start, told a moment late (Slurm's epilog runs after the end), still trims them.
+    hold_s: float = 5.0
+    # Remember the jobs across a restart (a file beside the spool), and send what was not seen.
+    checkpoint: bool = True
 
 
 @dataclass
@@ -86,20 +95,6 @@ class _Seen:
     allocation: Allocation | None = None
     gpus: set[str] = field(default_factory=set)
     pids: set[int] = field(default_factory=set)
-
-
-class SimulatedGpus:
-    """``--source sim``: this host's GPUs of a simulated fleet, ticking in real time."""
-
-    def __init__(self, fleet: Fleet, host: str, start_ms: int) -> None:
-        self.fleet, self.host, self.start_ms, self.ticks = fleet, host, start_ms, 0
-        if not any(g.host == host for w in fleet.workflows for g in w.gpus):
-            raise ValueError(f"the simulated fleet has no host {host!r}")
-
-    def samples(self, interval_ms: int) -> list[dict]:
-        out = [s for s in self.fleet.samples_at(self.ticks, self.start_ms, interval_ms) if s["host"] == self.host]
-        self.ticks += 1
-        return out
 
 
 class HostAgent:
@@ -131,17 +126,25 @@ class HostAgent:
         self.memory_peaks: Callable[[float], dict[int, tuple[int, int]]] = lambda now: {}
         self.metrics = None  # a producers.agent_metrics.AgentMetrics, told of each tick
         self.hurry: Callable[[], None] = lambda: None  # spooled a job's end: send it now (the forwarder's)
+        self.held = HeldSamples(round(settings.hold_s * 1000) if allocations is not None else 0)
+        restored = agent_checkpoint.load(spool.dir, settings.host) if settings.checkpoint else None
+        self.coverage = Coverage(settings.host, restored)
+        for wf, a in (restored.active if restored else {}).items():  # they run on: no second STARTED
+            self.active[wf] = _Active(a.info, set(a.gpus), set(a.pids), last_heartbeat_ms=a.last_heartbeat_ms,
+                                      allocation=a.allocation)
 
     def _put(self, spec: TopicSpec, record: dict, schema: str | None = None) -> None:
         self.spool.append(self.settings.topic_prefix + spec.name, key_of(spec, record),
                           self.codec.encode(schema or spec.schema, record))
 
     def tick(self, interval_s: float | None = None) -> int:
-        """Sample once and spool the records; returns how many GPU samples were spooled.
+        """Sample once and spool the records; returns how many GPU samples this tick made.
         ``interval_s``: the time this tick stands for (the settings' interval by default)."""
         started = time.perf_counter()
         now = int(self.clock() * 1000)
         interval = round((interval_s or self.settings.interval_s) * 1000)
+        if self.coverage.observing_since is None:
+            self.coverage.observing_since = now - interval
         allocated = self.allocations.read(now) if self.allocations is not None else None
         ended: list[tuple[Allocation, list[dict]]] = []
         if self.simulated is not None:
@@ -151,7 +154,7 @@ class HostAgent:
             readings = self.nvml.tick()
             samples, seen = self._from_readings(readings, now, interval, allocated)
             if allocated is not None:
-                ended = self._final_samples(readings, allocated, now)
+                ended = final_samples(readings, allocated, self._last_tick_ms, now, self.settings.host, self.active)
         host = self.host_sampler.sample(
             now, interval, self.settings.host, {wf: x.pids for wf, x in seen.items()},
             spool_dropped_total=self.spool.dropped)
@@ -164,28 +167,94 @@ class HostAgent:
             s.setdefault("host_iowait_pct", host["iowait_pct"])
         for observe in self.observers:
             observe(samples, host)
-        # One record per workflow and tick in the spool; the forwarder merges a send's worth of
-        # them into one message per workflow (benchmarks/bench_stream.py: the worker's cost is per message).
-        for block in columns_of(samples + [s for _, last in ended for s in last]):
-            self._put(GPU_SAMPLES, block, schema="GpuSampleColumns")
-        self._put(HOST_SAMPLES, host)
-        for event in self._lifecycle(seen, now):
-            self._put(WORKFLOW_EVENTS, event)
-        for allocation, _ in ended:
-            event = self._ended(allocation)
-            self._put(WORKFLOW_EVENTS, event)
-            self._put(GPU_SAMPLES, event, schema=WORKFLOW_EVENTS.schema)  # after its last samples, in order
+        unobserved = [] if allocated is None else self.coverage.gaps(allocated.current, allocated.ended, samples,
+                                                                      self._charging, now)
+        # The scheduler's ends and starts cut what is held (each GPU-ms charged to one holder),
+        # then what has been held long enough is spooled.
+        finals = [(a, self.held.ended(a.workflow_id, a.ended_ms if a.ended_ms is not None else now) + last)
+                  for a, last in ended]
+        for a, _ in ended:
+            self._past_end(a, now)
+        for job, uuids in self._starting(allocated, seen):
+            self.held.started(uuids, job.started_ms)
+        self.held.add(now, samples)
+        released = self.held.release(now)
+        self._spool(released, unobserved, host, self._lifecycle(seen, now), finals)
         self.spool.flush()
+        self._cover(released, finals, allocated)
         if ended:
             self.allocations.forget(a for a, _ in ended)  # spooled: the epilog's record has done its work
             self.hurry()
         self._last_tick_ms = now
         self._charging = {a.job_id for a in allocated.current} if allocated is not None else set()
+        if self.settings.checkpoint:
+            self._save(now)
         self.ticks += 1
         self.samples += len(samples)
         if self.metrics is not None:
             self.metrics.ticked(samples, time.perf_counter() - started)
         return len(samples)
+
+    def _spool(self, released: list[dict], unobserved: list[dict], host: dict, events: list[dict],
+               finals: list[tuple[Allocation, list[dict]]]) -> None:
+        # One record per workflow and tick in the spool; the forwarder merges a send's worth of
+        # them into one message per workflow (benchmarks/bench_stream.py: the worker's cost is per message).
+        for block in columns_of(released):
+            self._put(GPU_SAMPLES, block, schema="GpuSampleColumns")
+        for record in unobserved:
+            self._put(GPU_SAMPLES, record, schema=UNOBSERVED)
+        self._put(HOST_SAMPLES, host)
+        for event in events:
+            self._put(WORKFLOW_EVENTS, event)
+        for allocation, last in finals:
+            for block in columns_of(last):
+                self._put(GPU_SAMPLES, block, schema="GpuSampleColumns")
+            event = self._ended(allocation)
+            self._put(WORKFLOW_EVENTS, event)
+            self._put(GPU_SAMPLES, event, schema=WORKFLOW_EVENTS.schema)  # after its last samples, in order
+
+    def stop(self) -> None:
+        """Spool what is held (the agent stops: its samples stand for the time they were taken)."""
+        released = self.held.release_all()
+        for block in columns_of(released):
+            self._put(GPU_SAMPLES, block, schema="GpuSampleColumns")
+        self.spool.flush()
+        self._cover(released, [], None)
+        if self.settings.checkpoint and self._last_tick_ms is not None:
+            self._save(self._last_tick_ms)
+
+    def _starting(self, allocated: Allocations | None, seen: dict[str, _Seen]) -> list[tuple[Allocation, set[str]]]:
+        """The jobs charged for the first time this tick whose start the scheduler gave, with
+        their GPUs: what was held as nobody's there since their start is theirs."""
+        if allocated is None:
+            return []
+        return [(a, seen[a.workflow_id].gpus) for a in allocated.current
+                if a.job_id not in self._charging and a.started_ms is not None and a.workflow_id in seen]
+
+    def _past_end(self, job: Allocation, now: int) -> None:
+        """Say what an end told later than the hold could not trim: samples already spooled past it."""
+        charged, end = self.coverage.charged.get(job.workflow_id), job.ended_ms
+        if charged is not None and end is not None and charged.until > end:
+            past = (charged.until - end) * charged.gpus
+            self.held.charged_past_end_ms += past
+            log.warning("%s: its end (%d) was read %.1f s after it, past the %g s the agent holds samples: %.0f "
+                        "GPU-ms were charged past it", job.workflow_id, end, (now - end) / 1000, self.settings.hold_s,
+                        past)
+
+    def _cover(self, released: list[dict], finals: list[tuple[Allocation, list[dict]]],
+               allocated: Allocations | None) -> None:
+        jobs = {a.workflow_id: a for a in allocated.current} if allocated is not None else {
+            wf: x.allocation for wf, x in self.active.items() if x.allocation is not None}
+        self.coverage.cover(released, jobs)
+        for allocation, _ in finals:
+            self.coverage.forget(allocation.workflow_id)
+
+    def _save(self, now: int) -> None:
+        active = {wf: Active(info=x.info, gpus=sorted(x.gpus), pids=sorted(x.pids),
+                             last_heartbeat_ms=x.last_heartbeat_ms, allocation=x.allocation)
+                  for wf, x in self.active.items()}
+        agent_checkpoint.save(self.spool.dir, Checkpoint(host=self.settings.host, tick_ms=now, active=active,
+                                                         charged=self.coverage.charged))
 
     def _from_readings(self, readings: list[GpuReading], now: int, interval: int,
                        allocated: Allocations | None) -> tuple[list[dict], dict[str, _Seen]]:
@@ -208,10 +277,10 @@ class HostAgent:
                 owner = job.owner if job is not None else info.owner if info else None
                 team = job.team if job is not None else info.team if info else None
                 samples.append({
-                    **{f: getattr(r, f) for f in _READING_FIELDS},
+                    **{f: getattr(r, f) for f in READING_FIELDS},
                     "event_time": now, "host": self.settings.host,
                     "interval_ms": interval if job is None or job.job_id in self._charging
-                    else _first_interval(job, self._last_tick_ms, now, interval),
+                    else first_interval(job, self._last_tick_ms, now, interval),
                     "gpu_index": r.index, "gpu_uuid": r.uuid, "gpu_model": r.name, "workflow_id": wf,
                     "owner": owner, "team": team,
                     "utilization_pct": r.utilization_pct if r.utilization_pct is not None else 0.0,
@@ -272,30 +341,6 @@ class HostAgent:
         g.foreign = min(foreign)[1] if foreign else None
         return g
 
-    def _final_samples(self, readings: list[GpuReading], allocated: Allocations, now: int
-                       ) -> list[tuple[Allocation, list[dict]]]:
-        """For each job that ended since the last tick: its GPUs' samples from the last tick to
-        the scheduler's end time (none where the end came before that tick)."""
-        out = []
-        held = holders(allocated.ended, readings)
-        for a in allocated.ended:
-            last = []
-            since = self._last_tick_ms
-            end = a.ended_ms if a.ended_ms is not None else now
-            if since is not None and end > since and a.workflow_id in self.active:
-                for r in readings:
-                    if any(j is a for j in held.get(r.uuid, ())):
-                        last.append({
-                            **{f: getattr(r, f) for f in _READING_FIELDS},
-                            "event_time": end, "interval_ms": min(end - since, now - since), "host": self.settings.host,
-                            "gpu_index": r.index, "gpu_uuid": r.uuid, "gpu_model": r.name, "workflow_id": a.workflow_id,
-                            "owner": a.owner, "team": a.team, "share": 1.0 / len(held[r.uuid]), "process_count": None,
-                            "utilization_pct": r.utilization_pct if r.utilization_pct is not None else 0.0,
-                            "parent_gpu_uuid": r.parent_uuid, "xids": [],
-                        })
-            out.append((a, last))
-        return out
-
     def _lifecycle(self, seen: dict[str, _Seen], now: int) -> list[dict]:
         events = []
         for wf, x in seen.items():
@@ -315,7 +360,9 @@ class HostAgent:
             entry = self.active[wf]
             entry.missing += 1
             if entry.missing >= self.settings.ended_after_ticks:
-                events.append(self._event(wf, "ENDED", entry, now))
+                ended = self._event(wf, "ENDED", entry, now)
+                ended["scheduler"] = None  # the agent saw it go, the scheduler did not say: no scheduler's end
+                events.append(ended)
                 del self.active[wf]
         return events
 
@@ -350,18 +397,3 @@ class HostAgent:
                 event.update(end_state=job.end_state, exit_code=job.exit_code, exit_signal=job.exit_signal,
                              cancelled_by=job.cancelled_by)
         return event
-
-
-def _first_interval(job: Allocation, last_tick: int | None, now: int, interval: int) -> int:
-    """The interval of a job's first sample here: back to the scheduler's start of the
-    allocation, which can lie before the last tick (the prolog runs after the start, and its
-    record is read at the next tick), up to ``BACKFILL_TICKS`` intervals back; just the tick's
-    interval where the agent has no last tick (it started after the job) or the scheduler
-    gave no start."""
-    if job.started_ms is None or last_tick is None:
-        return interval
-    since = now - job.started_ms
-    return since if 0 < since <= BACKFILL_TICKS * interval else interval
-
-
-BACKFILL_TICKS = 10

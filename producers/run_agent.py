@@ -54,6 +54,7 @@ def run_agent(agent: HostAgent, forwarder, stop, drain_timeout_s: float = 30.0,
                 wake.clear()
                 next_tick = clock()  # a capture started: sample it from now on
     finally:
+        agent.stop()  # what it holds is spooled: the samples stand for the time they were taken
         sending.set()
         thread.join(10)
         if not forwarder.drain(drain_timeout_s):

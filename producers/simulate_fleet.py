@@ -266,3 +266,17 @@ def build_fleet(seed: int = 7, hosts: int = 4, gpus_per_host: int = 8, workflows
             **extra,
         ))
     return Fleet(seed, tuple(fleet), free=tuple(gpus[allocated:]), scheduler=scheduler)
+
+
+class SimulatedGpus:
+    """``--source sim``: this host's GPUs of a simulated fleet, ticking in real time."""
+
+    def __init__(self, fleet: Fleet, host: str, start_ms: int) -> None:
+        self.fleet, self.host, self.start_ms, self.ticks = fleet, host, start_ms, 0
+        if not any(g.host == host for w in fleet.workflows for g in w.gpus):
+            raise ValueError(f"the simulated fleet has no host {host!r}")
+
+    def samples(self, interval_ms: int) -> list[dict]:
+        out = [s for s in self.fleet.samples_at(self.ticks, self.start_ms, interval_ms) if s["host"] == self.host]
+        self.ticks += 1
+        return out

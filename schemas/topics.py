@@ -35,7 +35,7 @@ class TopicSpec(msgspec.Struct, frozen=True):
 
 GPU_SAMPLES = TopicSpec(
     "gpufleet.gpu-samples.v1", "GpuSample", "workflow_id", 8,
-    other_schemas=("GpuSampleColumns", "GpuSampleBatch", "PartitionClock", "WorkflowEvent"),
+    other_schemas=("GpuSampleColumns", "GpuSampleBatch", "PartitionClock", "WorkflowEvent", "UnobservedTime"),
     # the broker's time on each record, not the host's: what a sample's event time is judged
     # against (schemas.validate_sample.MAX_AHEAD_OF_KAFKA_MS)
     configs=(("message.timestamp.type", "LogAppendTime"),),
@@ -45,7 +45,8 @@ GPU_SAMPLES = TopicSpec(
         "add a PartitionClock (no key) to every partition now and then: the fleet's event time, "
         "which a partition whose samples stopped follows. A job's end from its scheduler (a "
         "WorkflowEvent ENDED, also on the workflow-events topic) follows the job's last samples "
-        "from the host, so that the worker closes its windows when they are all in.",
+        "from the host, so that the worker closes its windows when they are all in. UnobservedTime: "
+        "GPU time a job held on the host that no sample stands for (its agent was not running).",
 )
 HOST_SAMPLES = TopicSpec(
     "gpufleet.host-samples.v1", "HostSample", "host", 8,

@@ -87,13 +87,13 @@ def cmd_agent(args: argparse.Namespace) -> int:
     from producers.agent_metrics import AgentMetrics
     from producers.attribute_process import AttributionKeys, ProcessAttributor
     from producers.forward_spool import Forwarder
-    from producers.host_agent import AgentSettings, HostAgent, SimulatedGpus
+    from producers.host_agent import AgentSettings, HostAgent
     from producers.profile_agent import ProfileCoordinator, ProfileListener
     from producers.profile_handoff import HandoffError, default_dir
     from producers.publish_kafka import Publisher
     from producers.run_agent import run_agent
     from producers.sample_nvml import NvmlSampler, NvmlUnavailable
-    from producers.simulate_fleet import build_fleet
+    from producers.simulate_fleet import SimulatedGpus, build_fleet
     from producers.spool import Spool
     from schemas.codec import Codec
 

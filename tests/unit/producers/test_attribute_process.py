@@ -77,3 +77,10 @@ def test_the_schedulers_qos_and_partition_are_read_for_the_ladders_exemptions(tm
     a = ProcessAttributor(proc=tmp_path)
     assert (a.attribute(30).qos, a.attribute(30).partition) == ("high", "debug")
     assert (a.attribute(31).qos, a.attribute(31).partition) == (None, None)
+
+
+def test_an_array_tasks_processes_are_the_tasks_workflow(tmp_path):
+    # Slurm gives every task of an array its own raw id; squeue and sacct name it <array>_<task>.
+    make_process(tmp_path, 40, {"SLURM_JOB_ID": "125", "SLURM_ARRAY_JOB_ID": "123", "SLURM_ARRAY_TASK_ID": "4"})
+    info = ProcessAttributor(proc=tmp_path).attribute(40)
+    assert (info.workflow_id, info.scheduler_job_id) == ("slurm-123_4", "125")

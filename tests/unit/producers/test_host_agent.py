@@ -6,8 +6,8 @@ import time
 import pytest
 
 from producers.attribute_process import IDLE, UNATTRIBUTED
-from producers.host_agent import AgentSettings, HostAgent, SimulatedGpus
-from producers.simulate_fleet import build_fleet
+from producers.host_agent import AgentSettings, HostAgent
+from producers.simulate_fleet import SimulatedGpus, build_fleet
 from producers.spool import Spool
 from schemas.sample_columns import rows_of
 from schemas.validate_sample import validate_sample

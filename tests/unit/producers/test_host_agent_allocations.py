@@ -3,6 +3,8 @@ whose each GPU is, what a job that never opens its GPUs is charged, and its end.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from producers.allocations import Allocation
@@ -47,8 +49,9 @@ def job(job_id: str, gpus: tuple[str, ...], started_ms: int, **kw) -> Allocation
                       name=f"job {job_id}", time_limit_s=3600, nodes="node-7", **kw)
 
 
-@pytest.fixture
-def world(tmp_path):
+@pytest.fixture(params=[0.0])
+def world(tmp_path, request):
+    """The agent on four GPUs; its samples held ``request.param`` seconds (0: spooled at once)."""
     proc = tmp_path / "proc"
     make_process(proc, 201, {"SLURM_JOB_ID": "77", "USER": "someone-else"})
     make_process(proc, 101, {"GPUFLEET_WORKFLOW_ID": "wf-a"})
@@ -63,7 +66,8 @@ def world(tmp_path):
     slurm = SlurmDirectory(tmp_path / "slurm")
     clock = Clock()
     spool = Spool(tmp_path / "spool")
-    agent = HostAgent(AgentSettings("node-7", interval_s=1.0, cluster="east"), spool, CODEC, nvml=sampler,
+    agent = HostAgent(AgentSettings("node-7", interval_s=1.0, cluster="east", hold_s=request.param), spool, CODEC,
+                      nvml=sampler,
                       attributor=ProcessAttributor(proc=proc), clock=clock,
                       allocations=SlurmAllocations(tmp_path / "slurm"))
     return agent, spool, slurm, clock
@@ -137,24 +141,111 @@ def test_a_job_is_charged_from_the_schedulers_start_to_its_end(world):
     assert not (slurm.path / ".ended" / "99.json").exists()  # spooled: the epilog's record is done
 
 
-def test_an_agent_started_after_the_job_charges_from_its_own_first_tick(world):
+def test_an_agent_started_after_the_job_charges_from_its_own_first_tick_and_names_the_time_before(world):
     agent, spool, slurm, clock = world
     slurm.started(job("99", ("0", "1"), started_ms=T0 - 3_600_000), now_ms=T0 - 3_600_000)
     clock.ms = T0
     agent.tick()
-    assert {s["interval_ms"] for s in samples_of(spooled(spool), "slurm-99")} == {1_000}
+    records = spooled(spool)
+    assert {s["interval_ms"] for s in samples_of(records, "slurm-99")} == {1_000}
+    gap, = [r for _, name, r in records if name == "UnobservedTime"]
+    assert (gap["workflow_id"], gap["from_time"], gap["to_time"], gap["gpus"], gap["gpu_uuids"]) == (
+        "slurm-99", T0 - 3_600_000, T0 - 1_000, 2.0, ["GPU-0", "GPU-1"])
+    assert "no agent sampled node-7" in gap["reason"] and gap["scheduler_job_id"] == "99"
+    clock.ms = T0 + 1_000
+    agent.tick()
+    assert len([1 for _, name, _ in spooled(spool) if name == "UnobservedTime"]) == 1  # said once
 
 
-def test_an_end_before_the_last_tick_adds_no_sample(world):
+@pytest.mark.parametrize("world", [5.0], indirect=True)
+def test_a_restarted_agent_continues_its_jobs_and_names_the_time_it_did_not_see(world, tmp_path):
+    agent, spool, slurm, clock = world
+    slurm.started(job("99", ("1", "3"), started_ms=T0), now_ms=T0)
+    for t in range(0, 10_000, 1_000):  # 10 s of the job, the last 5 s still held when the agent dies
+        clock.ms = T0 + t
+        agent.tick()
+    covered = agent.coverage.charged["slurm-99"].until
+    assert covered == T0 + 4_000  # (held: the samples of the last 5 s)
+    del agent  # kill -9: nothing held is spooled, nothing more is written
+    clock.ms = T0 + 30_000
+    again = HostAgent(AgentSettings("node-7", interval_s=1.0, cluster="east", hold_s=5.0), spool, CODEC,
+                      nvml=world[0].nvml if False else _sampler(), attributor=ProcessAttributor(proc=tmp_path / "proc"),
+                      clock=clock, allocations=SlurmAllocations(tmp_path / "slurm"))
+    again.tick()
+    records = spooled(spool)
+    events = [r["event"] for _, name, r in records if name == "WorkflowEvent" and r["workflow_id"] == "slurm-99"]
+    assert events == ["STARTED"]  # the restart continues the job: no second STARTED
+    gap, = [r for _, name, r in records if name == "UnobservedTime"]
+    assert (gap["from_time"], gap["to_time"], gap["gpus"]) == (T0 + 4_000, T0 + 29_000, 2.0)
+    assert "was not running" in gap["reason"]
+    # The job ends while the agent is down again: the time to its end is unobserved.
+    clock.ms = T0 + 40_000
+    again.tick(interval_s=10.0)  # (its sample, of 30-40 s, still held when it dies)
+    slurm.ended(job("99", ("1", "3"), started_ms=T0, ended_ms=T0 + 45_000), now_ms=T0 + 45_500)
+    clock.ms = T0 + 60_000
+    third = HostAgent(AgentSettings("node-7", interval_s=1.0, cluster="east", hold_s=5.0), spool, CODEC,
+                      nvml=_sampler(), attributor=ProcessAttributor(proc=tmp_path / "proc"), clock=clock,
+                      allocations=SlurmAllocations(tmp_path / "slurm"))
+    third.tick()
+    third.stop()
+    records = spooled(spool)
+    gaps = [(r["from_time"], r["to_time"]) for _, name, r in records if name == "UnobservedTime"]
+    assert gaps == [(T0 + 4_000, T0 + 29_000), (T0 + 30_000, T0 + 45_000)]
+    charged = sum(s["interval_ms"] * s["share"] for s in samples_of(records, "slurm-99"))
+    unseen = sum((b - a) * 2 for a, b in gaps)
+    assert charged + unseen == 2 * 45_000  # GPUs x its run, from the scheduler's start to its end
+
+
+def _sampler() -> NvmlSampler:
+    sampler = NvmlSampler(FakeNvml([FakeGpu(f"GPU-{i}", util=0, mem_used=0, minor=i) for i in range(4)]))
+    sampler.open()
+    return sampler
+
+
+@pytest.mark.parametrize("world", [5.0], indirect=True)
+def test_an_end_told_after_the_next_tick_still_ends_the_charge_at_the_schedulers_end(world):
+    # Slurm runs the epilog after the job's end: the tick between charged the job past it.
     agent, spool, slurm, clock = world
     slurm.started(job("99", ("1", "3"), started_ms=T0), now_ms=T0)
     agent.tick()
-    clock.ms = T0 + 1_000
-    agent.tick()
-    slurm.ended(job("99", ("1", "3"), started_ms=T0, ended_ms=T0 + 800), now_ms=T0 + 1_500)
-    clock.ms = T0 + 2_000
+    for t in (1_000, 2_000):
+        clock.ms = T0 + t
+        agent.tick()
+    slurm.ended(job("99", ("1", "3"), started_ms=T0, ended_ms=T0 + 1_800, end_state="COMPLETED"), now_ms=T0 + 2_500)
+    clock.ms = T0 + 3_000
     agent.tick()
     records = spooled(spool)
-    assert [s["event_time"] for s in samples_of(records, "slurm-99")] == [T0, T0, T0 + 1_000, T0 + 1_000]
-    assert [r["event_time"] for _, name, r in records if name == "WorkflowEvent" and r["event"] == "ENDED"] == [
-        T0 + 800, T0 + 800]
+    mine = samples_of(records, "slurm-99")
+    assert sorted((s["event_time"], s["interval_ms"]) for s in mine if s["gpu_uuid"] == "GPU-1") == [
+        (T0, 0), (T0 + 1_000, 1_000), (T0 + 1_800, 800)]  # the tick at 2 s cut at the end, 1.8 s
+    assert sum(s["interval_ms"] * s["share"] for s in mine) == 2 * 1_800  # GPUs x its run, never before its start
+    # What was cut off is the GPU's time as nobody's, still held; the end follows the job's samples.
+    ends = [r for _, name, r in records if name == "WorkflowEvent" and r["event"] == "ENDED"]
+    assert [e["event_time"] for e in ends] == [T0 + 1_800] * 2 and ends[0]["end_state"] == "COMPLETED"
+    for t in (4_000, 9_000):
+        clock.ms = T0 + t
+        agent.tick()
+    free = [s for s in samples_of(spooled(spool), UNALLOCATED) if s["gpu_uuid"] == "GPU-1"]
+    assert (T0 + 2_000, 200) in {(s["event_time"], s["interval_ms"]) for s in free}
+    gpu1 = [s for s in samples_of(spooled(spool)) if s["gpu_uuid"] == "GPU-1" and s["event_time"] <= T0 + 3_000]
+    assert sum(s["interval_ms"] for s in gpu1) == 3_000  # every millisecond of the GPU charged once, T0 to 3 s
+
+
+@pytest.mark.parametrize("world", [5.0], indirect=True)
+def test_a_gpu_handed_from_one_job_to_the_next_is_charged_to_one_at_a_time(world):
+    agent, spool, slurm, clock = world
+    slurm.started(job("1", ("1",), started_ms=T0), now_ms=T0)
+    agent.tick()
+    for t in range(1_000, 5_000, 1_000):
+        clock.ms = T0 + t
+        agent.tick()
+        if t == 2_000:  # the first job ends at 1.5 s; the second starts at 1.6 s, told at once
+            slurm.ended(job("1", ("1",), started_ms=T0, ended_ms=T0 + 1_500), now_ms=T0 + 2_100)
+            slurm.started(job("2", ("1",), started_ms=T0 + 1_600), now_ms=T0 + 2_200)
+    agent.stop()
+    gpu1 = [s for s in samples_of(spooled(spool)) if s["gpu_uuid"] == "GPU-1"]
+    spans = sorted((s["event_time"] - s["interval_ms"], s["event_time"], s["workflow_id"]) for s in gpu1)
+    for (_, end, _), (begin, _, _) in itertools.pairwise(spans):
+        assert begin >= end, spans  # no millisecond of the GPU in two samples
+    assert max(e for _, e, wf in spans if wf == "slurm-1") == T0 + 1_500
+    assert min(b for b, _, wf in spans if wf == "slurm-2") == T0 + 1_600
