@@ -45,20 +45,37 @@ def list_workflows(client: Client, database: str, since_minutes: float = 1440) -
 
 
 def workflow_timeline(client: Client, database: str, workflow_id: str) -> tuple[list[str], list[tuple]]:
-    return run_query(client, f"""
+    """The workflow's windows, each with the alert transitions that fall in it (every one the
+    alerts topic holds: ``alert_transitions``), and a last row for transitions after its last
+    window (alerts resolved when it ended)."""
+    columns, rows = run_query(client, f"""
         SELECT formatDateTime(w.window_start, '%%Y-%%m-%%d %%H:%%i') AS window, w.gpu_count AS gpus,
                round(w.utilization_mean_pct, 1) AS util_pct, round(w.utilization_p95_pct, 1) AS p95_pct,
                round(w.memory_peak_fraction * 100, 1) AS mem_peak_pct,
                round(({WASTED.sql.removeprefix("sum(")[:-1]}) / 3600, 3) AS wasted_gpu_hours,
-               arrayStringConcat(arrayMap(a -> concat(a.1, ' ', a.2), a.events), ', ') AS alerts
+               round(w.unobserved_gpu_seconds / 3600, 3) AS unobserved_gpu_hours,
+               toUnixTimestamp64Milli(w.window_start) AS _start, toUnixTimestamp64Milli(w.window_end) AS _end
         FROM {database}.workflow_windows AS w FINAL
-        LEFT JOIN (
-            SELECT window_end, groupArray((detector, status)) AS events
-            FROM {database}.alerts WHERE workflow_id = %(wf)s GROUP BY window_end
-        ) AS a ON a.window_end = w.window_end
         WHERE w.workflow_id = %(wf)s
         ORDER BY w.window_start
     """, {"wf": workflow_id})
+    transitions = client.query(f"""
+        SELECT toUnixTimestamp64Milli(window_end), detector, status
+        FROM {database}.alert_transitions FINAL WHERE workflow_id = %(wf)s
+        ORDER BY window_end, detector, status""", parameters={"wf": workflow_id}).result_rows
+    if not rows:
+        return columns[:-2] + ["alerts"], []
+    start_at, end_at = columns.index("_start"), columns.index("_end")
+    out, i = [], 0
+    for row in rows:
+        mine = []
+        while i < len(transitions) and transitions[i][0] <= row[end_at]:
+            mine.append(f"{transitions[i][1]} {transitions[i][2]}")
+            i += 1
+        out.append((*row[:start_at], ", ".join(mine)))
+    if i < len(transitions):  # after its last window: resolved when it ended
+        out.append(("(after)", *[None] * (start_at - 1), ", ".join(f"{d} {s}" for _, d, s in transitions[i:])))
+    return columns[:start_at] + ["alerts"], out
 
 
 _BUCKET_SUMS = ", ".join(f"sum(w.{b}_{unit}) AS {b}_{unit}" for b in (

@@ -142,3 +142,26 @@ def samples_of(name: str, record: dict) -> list[tuple[dict, str | None]]:
                 reason = f"sample {i} of the batch: {reason}"
         out.append((s, reason))
     return out
+
+
+# An agent reports a gap when it starts again; one longer than this is no agent's outage but a
+# clock or unit error (the longest Slurm job a site allows is weeks, not months).
+MAX_UNOBSERVED_MS = 31 * 86_400_000
+MAX_GPUS_PER_HOST = 1024  # (MIG instances of 16 GPUs of 7 each, with room)
+
+
+def unobserved_error(r: dict) -> str | None:
+    """None when an ``UnobservedTime`` record can be used, else what is wrong with it: times
+    outside the sample bounds or backwards, a span longer than ``MAX_UNOBSERVED_MS``, a count
+    of GPUs no host has."""
+    begin, end, gpus = r["from_time"], r["to_time"], r["gpus"]
+    for name, value in (("from_time", begin), ("to_time", end)):
+        if not MIN_EVENT_TIME_MS <= value <= MAX_EVENT_TIME_MS:
+            return f"{name} {value} is outside 2000-01-01..2299-12-31 (expected epoch milliseconds)"
+    if end < begin:
+        return f"unobserved time ends ({end}) before it begins ({begin})"
+    if end - begin > MAX_UNOBSERVED_MS:
+        return f"unobserved time of {(end - begin) / 86_400_000:,.1f} days is longer than any job here (31 days)"
+    if not 0.0 < gpus <= MAX_GPUS_PER_HOST:  # (False for NaN)
+        return f"unobserved time of {gpus} GPUs: a host has 1 to {MAX_GPUS_PER_HOST}"
+    return None

@@ -22,9 +22,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from schemas.goodput_buckets import BUCKETS
+from schemas.goodput_buckets import UNOBSERVED as UNOBSERVED_BUCKET
 from schemas.validate_sample import FREE_CAPACITY
 
-WASTE_BUCKETS = tuple(b for b in BUCKETS if b != "productive")  # every bucket but productive
+# Every bucket but productive, and but unobserved: time no sample stands for is neither used nor wasted.
+WASTE_BUCKETS = tuple(b for b in BUCKETS if b not in ("productive", UNOBSERVED_BUCKET))
 
 
 @dataclass(frozen=True)
@@ -44,9 +46,15 @@ FREE = "workflow_id IN (" + ", ".join(f"'{n}'" for n in sorted(FREE_CAPACITY)) +
 
 ALLOCATED = Term(
     "allocated",
-    "GPU-seconds a job held, in its closed windows: from its first sample to its last, whether the GPU worked or "
-    "not, times the job's share of each GPU. The sum of the goodput buckets (and of windows written before "
-    "goodput, unclassified).", "sum(gpu_seconds)")
+    "GPU-seconds a job held, in its closed windows: from its first sample to its last (from the scheduler's start "
+    "to its end, where a scheduler allocated it), whether the GPU worked or not, seen or not, times the job's "
+    "share of each GPU. The sum of the goodput buckets (and of windows written before goodput, unclassified).",
+    "sum(gpu_seconds)")
+UNOBSERVED = Term(
+    "unobserved",
+    "allocated GPU-seconds no sample stands for: the scheduler says the job held the GPUs, and the host's agent "
+    "was not running (killed, restarting, started after the job). Neither used nor wasted; judged by no alert.",
+    "sum(unobserved_gpu_seconds)")
 UNALLOCATED = Term(
     "unallocated",
     "GPU-seconds no job held: the scheduler gave the GPU to nobody (or, where the agent sees processes only, no "
@@ -65,7 +73,8 @@ WASTED = Term(
     "utilisation, i.e. allocated - productive (for windows written before goodput: none).",
     _sum(*(f"{b}_gpu_seconds" for b in WASTE_BUCKETS)))
 PRODUCTIVE = Term("productive", "allocated GPU-seconds in none of the waste buckets.", "sum(productive_gpu_seconds)")
-GOODPUT = Term("goodput", "productive / allocated (of the windows with buckets), in %.", "")
+GOODPUT = Term("goodput", "productive / observed allocated (allocated - unobserved, of the windows with buckets), "
+               "in %.", "")
 UNUSED = Term(
     "unused",
     "allocated GPU-seconds times the share of time the GPU was not busy (100 % - utilisation): a busy-but-light "
@@ -76,7 +85,8 @@ UTILISATION = Term(
     "the GPU's busy share (NVML utilisation), averaged over the allocated GPU-seconds.",
     "sum(utilization_mean_pct * gpu_seconds) / sum(gpu_seconds)")
 
-TERMS = (CAPACITY, ALLOCATED, UNALLOCATED, STARTUP, IDLE, WASTED, PRODUCTIVE, GOODPUT, UNUSED, UTILISATION)
+TERMS = (CAPACITY, ALLOCATED, UNALLOCATED, STARTUP, IDLE, WASTED, PRODUCTIVE, UNOBSERVED, GOODPUT, UNUSED,
+         UTILISATION)
 
 
 def wasted_seconds(window: dict) -> float:

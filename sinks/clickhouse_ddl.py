@@ -12,7 +12,7 @@ deleted and created again, another cluster) are never mistaken for its own.
 
 from __future__ import annotations
 
-from sinks.ddl_alerts import ALERTS_TABLE, DEAD_LETTERS_TABLE, ENFORCEMENT_TABLE
+from sinks.ddl_alerts import ALERT_TRANSITIONS, ALERTS_TABLE, DEAD_LETTERS_TABLE, ENFORCEMENT_TABLE
 from sinks.ddl_samples import GPU_SAMPLES_TABLE, HOST_SAMPLES_TABLE, ROLLUPS
 from sinks.ddl_traces import (
     FINDINGS_TABLE,
@@ -67,7 +67,7 @@ TABLES: tuple[Table, ...] = (
 
 
 # Objects derived from the tables: created after them, in this order, idempotently.
-DERIVED = (*WORKFLOWS, *ROLLUPS, WASTE_VIEW, *GOODPUT_VIEWS)
+DERIVED = (*WORKFLOWS, *ROLLUPS, *ALERT_TRANSITIONS, WASTE_VIEW, *GOODPUT_VIEWS)
 
 
 def create_statements(database: str) -> list[str]:

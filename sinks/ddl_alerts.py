@@ -110,3 +110,37 @@ ENFORCEMENT_TABLE = Table(
     ORDER BY (workflow_id, alert_id, event_id)
     """,
 )
+
+
+# Every transition of every alert (``alerts`` keeps an episode's latest): what the job's timeline
+# shows, fed by a view from each insert into ``alerts``. A replayed or root-cause-updated
+# transition (the same alert, status and window) replaces its row.
+ALERT_TRANSITIONS_MV = """
+    CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.alert_transitions_mv TO {db}.alert_transitions AS
+    SELECT alert_id, detector, severity, status, notify, workflow_id, owner, team, window_start, window_end, since,
+           message, fired_at, root_cause
+    FROM {db}.alerts
+    """
+ALERT_TRANSITIONS = (
+    """
+    CREATE TABLE IF NOT EXISTS {db}.alert_transitions (
+        alert_id String,
+        detector LowCardinality(String),
+        severity LowCardinality(String),
+        status LowCardinality(String),
+        notify Bool,
+        workflow_id LowCardinality(String),
+        owner LowCardinality(Nullable(String)),
+        team LowCardinality(Nullable(String)),
+        window_start DateTime64(3, 'UTC'),
+        window_end DateTime64(3, 'UTC'),
+        since DateTime64(3, 'UTC'),
+        message String,
+        fired_at DateTime64(3, 'UTC'),
+        root_cause Nullable(String)
+    )
+    ENGINE = ReplacingMergeTree
+    ORDER BY (workflow_id, alert_id, window_end, status)
+    """,
+    ALERT_TRANSITIONS_MV,
+)

@@ -3,7 +3,7 @@ metadata of each (``workflows``, fed by a view from the events) and the ``waste`
 
 from __future__ import annotations
 
-from schemas.goodput_buckets import BUCKETS
+from schemas.goodput_buckets import BUCKETS, OBSERVED_BUCKETS
 from schemas.topics import WORKFLOW_EVENTS, WORKFLOW_SUMMARIES, WORKFLOW_WINDOWS
 from schemas.vocabulary import JOBS, WASTE_BUCKETS
 from sinks.table import Table
@@ -11,9 +11,11 @@ from sinks.table import Table
 # The goodput waterfall (WorkflowWindow v5, WorkflowSummary v2): GPU-seconds, then joules, per bucket.
 GOODPUT_COLUMNS = (
     ("gpu_model", "LowCardinality(Nullable(String))"),
-    *((f"{b}_gpu_seconds", "Float64 DEFAULT 0") for b in BUCKETS),
-    *((f"{b}_joules", "Float64 DEFAULT 0") for b in BUCKETS),
+    *((f"{b}_gpu_seconds", "Float64 DEFAULT 0") for b in OBSERVED_BUCKETS),
+    *((f"{b}_joules", "Float64 DEFAULT 0") for b in OBSERVED_BUCKETS),
 )
+# Its last bucket, unobserved (WorkflowWindow v6, WorkflowSummary v4).
+UNOBSERVED_COLUMNS = (("unobserved_gpu_seconds", "Float64 DEFAULT 0"), ("unobserved_joules", "Float64 DEFAULT 0"))
 
 WORKFLOW_WINDOW_ADDED_COLUMNS = (
     ("active_gpu_seconds", "Float64"),
@@ -47,7 +49,7 @@ WORKFLOW_WINDOWS_TABLE = Table(
     ("workflow_id", "owner", "team", "window_start", "window_end", "sample_count", "gpu_count",
      "gpu_seconds", "utilization_mean_pct", "utilization_min_pct", "utilization_max_pct",
      "memory_used_mean_bytes", "energy_joules", *(name for name, _ in WORKFLOW_WINDOW_ADDED_COLUMNS),
-     "closed_at"),
+     "closed_at", *(name for name, _ in UNOBSERVED_COLUMNS)),
     """
     CREATE TABLE IF NOT EXISTS {db}.{name} (
         workflow_id LowCardinality(String),
@@ -72,7 +74,7 @@ WORKFLOW_WINDOWS_TABLE = Table(
     -- window completed by late samples comes again with a higher version, which wins.
     ENGINE = """ + WORKFLOW_WINDOWS_ENGINE + """
     """,
-    added_columns=WORKFLOW_WINDOW_ADDED_COLUMNS,
+    added_columns=(*WORKFLOW_WINDOW_ADDED_COLUMNS, *UNOBSERVED_COLUMNS),
 )
 
 
@@ -128,13 +130,26 @@ SUMMARY_V3_COLUMNS = (
                    "source String, gpu_hours_freed Float64))")),
 )
 
+# WorkflowSummary v4: what the scheduler says of the job (the unobserved bucket is in GOODPUT_COLUMNS).
+SUMMARY_V4_COLUMNS = (
+    *UNOBSERVED_COLUMNS,
+    ("scheduler", "LowCardinality(Nullable(String))"),
+    ("scheduler_job_id", "Nullable(String)"),
+    ("allocated_at", "Nullable(DateTime64(3, 'UTC'))"),
+    ("ended_at", "Nullable(DateTime64(3, 'UTC'))"),
+    ("end_state", "LowCardinality(Nullable(String))"),
+    ("exit_code", "Nullable(Int32)"),
+    ("exit_signal", "Nullable(Int32)"),
+    ("cancelled_by", "LowCardinality(Nullable(String))"),
+)
+
 WORKFLOW_SUMMARIES_TABLE = Table(
     "workflow_summaries", WORKFLOW_SUMMARIES,
     ("workflow_id", "owner", "team", "first_window_start", "last_window_end", "end_reason", "windows",
      "max_gpus", "gpu_seconds", "active_gpu_seconds", "wasted_gpu_seconds", "zero_util_gpu_seconds",
      "throttled_gpu_seconds", "utilization_mean_pct", "memory_peak_fraction", "energy_joules", "xid_count",
      *(name for name, _ in GOODPUT_COLUMNS), "alerts_fired", "tensor_active_mean_pct", "model_mfu_pct", "right_size",
-     "summarized_at"),
+     "summarized_at", *(name for name, _ in SUMMARY_V4_COLUMNS)),
     """
     CREATE TABLE IF NOT EXISTS {db}.{name} (
         workflow_id String,
@@ -163,7 +178,7 @@ WORKFLOW_SUMMARIES_TABLE = Table(
     ENGINE = ReplacingMergeTree(last_window_end)
     ORDER BY workflow_id
     """,
-    added_columns=(*GOODPUT_COLUMNS, *SUMMARY_V3_COLUMNS),
+    added_columns=(*GOODPUT_COLUMNS, *SUMMARY_V3_COLUMNS, *SUMMARY_V4_COLUMNS),
     prepare=lambda r: {**r, "right_size": [tuple(x[k] for k in RIGHT_SIZE_FIELDS) for x in r.get("right_size") or []]},
 )
 
@@ -230,7 +245,7 @@ WASTE_VIEW = (
 
 
 def _goodput_view(name: str, period: str) -> str:
-    sums = ",\n           ".join(f"sum({c}) AS {c}" for c, _ in GOODPUT_COLUMNS[1:])
+    sums = ",\n           ".join(f"sum({c}) AS {c}" for c, _ in (*GOODPUT_COLUMNS[1:], *UNOBSERVED_COLUMNS))
     return f"""
     CREATE OR REPLACE VIEW {{db}}.{name} AS
     SELECT {period}(w.window_start) AS period, ifNull(w.team, '') AS team, ifNull(w.owner, '') AS owner,
@@ -238,8 +253,7 @@ def _goodput_view(name: str, period: str) -> str:
            ifNull(m.cluster, '') AS cluster, w.workflow_id AS workflow_id,
            sum(w.gpu_seconds) AS gpu_seconds,
            -- windows written before goodput (WorkflowWindow v4 and earlier) have no buckets
-           sum(w.gpu_seconds - (w.unhealthy_gpu_seconds + w.startup_gpu_seconds + w.idle_gpu_seconds
-               + w.input_bound_gpu_seconds + w.low_util_gpu_seconds + w.productive_gpu_seconds))
+           sum(w.gpu_seconds - ({" + ".join(f"w.{b}_gpu_seconds" for b in BUCKETS)}))
                AS unclassified_gpu_seconds,
            sum(ifNull(w.energy_joules, 0)) AS energy_joules,
            {sums}

@@ -37,7 +37,7 @@ from schemas.vocabulary import WASTE_BUCKETS
 
 LABELS = {"unhealthy": "unhealthy (XID, ECC, throttled)", "startup": "start-up", "idle": "idle while allocated",
           "input_bound": "input-bound", "low_util": "low utilisation", "productive": "productive",
-          "unclassified": "unclassified (before goodput)"}
+          "unobserved": "unobserved (no agent sampled)", "unclassified": "unclassified (before goodput)"}
 JOULES_PER_KWH = 3.6e6
 
 
@@ -160,7 +160,9 @@ class Waterfall:
 
     @property
     def goodput_pct(self) -> float:
-        classified = self.allocated.gpu_seconds - self.buckets["unclassified"].gpu_seconds
+        """Productive of the observed, classified GPU-seconds (``schemas.vocabulary.GOODPUT``)."""
+        classified = (self.allocated.gpu_seconds - self.buckets["unclassified"].gpu_seconds
+                      - self.buckets["unobserved"].gpu_seconds)
         return 100.0 * self.buckets["productive"].gpu_seconds / classified if classified > 0 else 0.0
 
 
@@ -185,7 +187,8 @@ def render_waterfall(w: Waterfall, rates: Rates, title: str) -> str:
     total = w.allocated
     head = [f"{'bucket':<32}", f"{'GPU-hours':>10}", f"{'share':>7}", *energy_head(rates)]
     lines = [title, "  ".join(head), "  ".join("-" * len(h) for h in head)]
-    rows = [(LABELS[name], b) for name, b in w.buckets.items() if name != "unclassified" or b.gpu_seconds]
+    rows = [(LABELS[name], b) for name, b in w.buckets.items()
+            if name not in ("unclassified", "unobserved") or b.gpu_seconds]
     for label, b in [*rows, ("allocated", total)]:
         share = 100.0 * b.gpu_seconds / total.gpu_seconds if total.gpu_seconds else 0.0
         lines.append("  ".join([f"{label:<32}", f"{b.gpu_seconds / 3600:>10,.2f}", f"{share:>6.1f}%",
@@ -204,7 +207,9 @@ def render_waterfall(w: Waterfall, rates: Rates, title: str) -> str:
     wasted = sum(w.buckets[b].gpu_seconds for b in WASTE_BUCKETS)
     lines.append(f"wasted: {wasted / 3600:,.2f} GPU-hours, the allocated that did no productive work "
                  "(every bucket but productive: docs/vocabulary.md)")
-    lines.append(f"goodput: {w.goodput_pct:.1f}% of the allocated GPU-hours did productive work")
+    unseen = w.buckets["unobserved"].gpu_seconds
+    lines.append(f"goodput: {w.goodput_pct:.1f}% of the allocated GPU-hours did productive work"
+                 + (f" (of those observed: {unseen / 3600:,.2f} GPU-hours no agent sampled)" if unseen else ""))
     return "\n".join(lines)
 
 
@@ -256,11 +261,30 @@ def efficiency_line(summary: dict) -> str:
     utilisation. Lower case and without quotes: Slurm's accounting stores it so."""
     w = summary_waterfall(summary)
     total = max(w.allocated.gpu_seconds, 1e-9)
-    losses = sorted(((v.gpu_seconds, b) for b, v in w.buckets.items() if b != "productive" and v.gpu_seconds > 0),
+    losses = sorted(((v.gpu_seconds, b) for b, v in w.buckets.items() if b in WASTE_BUCKETS and v.gpu_seconds > 0),
                     reverse=True)
     loss = f"largest loss {LABELS[losses[0][1]]} {100 * losses[0][0] / total:.1f}%" if losses else "no loss"
+    ended = f", ended {ended_as(summary)}" if summary.get("end_state") else ""
     return (f"gpufleet: {w.allocated.gpu_seconds / 3600:.2f} gpu-hours, goodput {w.goodput_pct:.1f}%, {loss}, "
-            f"mean gpu utilisation {summary['utilization_mean_pct']:.1f}%").lower()
+            f"mean gpu utilisation {summary['utilization_mean_pct']:.1f}%{ended}").lower()
+
+
+def ended_as(summary: dict) -> str:
+    """How the scheduler says the job ended: "CANCELLED by ana", "FAILED (exit code 3)", "TIMEOUT"."""
+    state = summary["end_state"]
+    if state == "CANCELLED" and summary.get("cancelled_by"):
+        return f"{state} by {summary['cancelled_by']}"
+    if state in ("FAILED", "OUT_OF_MEMORY") and (summary.get("exit_code") or summary.get("exit_signal")):
+        return f"{state} (exit code {summary.get('exit_code') or 0}" + (
+            f", signal {summary['exit_signal']})" if summary.get("exit_signal") else ")")
+    return state
+
+
+def _ms(value) -> int | None:
+    """A time as a summary holds it: epoch ms from the wire, a datetime from ClickHouse."""
+    if value is None or isinstance(value, int):
+        return value
+    return int(value.timestamp() * 1000)
 
 
 def job_report(summary: dict, rates: Rates | None = None, cluster: str = "") -> tuple[str, str]:
@@ -269,13 +293,17 @@ def job_report(summary: dict, rates: Rates | None = None, cluster: str = "") -> 
     the GPU-hours went, what went wrong and what to try."""
     rates = rates or Rates()
     w = summary_waterfall(summary, rates, cluster)
-    end = datetime.fromtimestamp(summary["last_window_end"] / 1000, UTC)
-    start = datetime.fromtimestamp(summary["first_window_start"] / 1000, UTC)
-    hours = (summary["last_window_end"] - summary["first_window_start"]) / 3_600_000
+    began, ended = _ms(summary.get("allocated_at")), _ms(summary.get("ended_at"))
+    scheduled = began is not None and ended is not None  # the scheduler's start and end, to the second it gives
+    first, last = (began, ended) if scheduled else (summary["first_window_start"], summary["last_window_end"])
+    start, end = datetime.fromtimestamp(first / 1000, UTC), datetime.fromtimestamp(last / 1000, UTC)
+    hours = (last - first) / 3_600_000
+    clock = "%Y-%m-%d %H:%M:%S" if scheduled else "%Y-%m-%d %H:%M"
     lines = [
         f"gpufleet job report: {summary['workflow_id']}",
         f"owner {summary.get('owner') or '-'}, team {summary.get('team') or '-'}; ended: {summary['end_reason']}",
-        f"ran {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC ({hours:.2f} h) on up to {summary['max_gpus']} GPU(s)"
+        f"ran {start:{clock}} to {end:{clock}} UTC ({hours:.2f} h"
+        + (f", as {summary.get('scheduler')} says" if scheduled else "") + f") on up to {summary['max_gpus']} GPU(s)"
         + (f" ({summary['gpu_model']})" if summary.get("gpu_model") else ""),
         f"mean GPU utilisation {summary['utilization_mean_pct']:.1f}%"
         + (f", memory peak {100 * summary['memory_peak_fraction']:.0f}%" if summary.get("memory_peak_fraction")

@@ -26,6 +26,10 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
         "EXCHANGE TABLES {db}.workflow_windows AND {db}.workflow_windows__versioned",
         "DROP TABLE {db}.workflow_windows__versioned",
     )),
+    (3, "alert_transitions holds every transition; the alerts stored before it, each its latest", (
+        ("INSERT INTO {db}.alert_transitions SELECT alert_id, detector, severity, status, notify, workflow_id, owner, "
+         "team, window_start, window_end, since, message, fired_at, root_cause FROM {db}.alerts FINAL"),
+    )),
 )
 
 MIGRATIONS_TABLE = """

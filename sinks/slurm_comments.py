@@ -64,7 +64,10 @@ class SlurmComments:
         except CodecError as exc:
             self.loop.dead_letter(str(exc), m)
             return
-        job = slurm_job_of(summary.get("workflow_id", "")) if name == WORKFLOW_SUMMARIES.schema else None
+        job = None
+        if name == WORKFLOW_SUMMARIES.schema:  # the raw id where the summary has it (an array task's own)
+            raw = summary.get("scheduler_job_id") if summary.get("scheduler") == "slurm" else None
+            job = raw or slurm_job_of(summary.get("workflow_id", ""))
         if job is None:
             return  # not a Slurm job's
         line = efficiency_line(summary)

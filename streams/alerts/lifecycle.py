@@ -2,11 +2,14 @@
 
 Plain logic over a JSON-able state (kept in the workflow's entry of the worker's changelog
 table, so a restarted worker neither loses nor repeats an alert). A violation must hold for
-its detector's minimum duration (event time) before the alert fires; it resolves on the
-first clean window; after resolving it cannot fire again within the cooldown; and an owner
-is told about the same workflow and detector at most once per ``notify_every_s`` (the
-anchors' e-mail rule is once per violation per 7 days; the default here is 24 h).
-Every transition yields an ``Alert`` record; ``notify`` says whether to message the owner.
+its detector's minimum duration (event time) before the alert fires; it resolves on the first
+clean window. A violation that comes back within ``reopen_within_s`` of the resolution (and
+holds its minimum duration again) continues the same episode: the same alert id, FIRING again,
+recorded, with no second message; after that, it is a new episode. An owner is told about the
+same workflow and detector at most once per ``notify_every_s`` (the anchors' e-mail rule is once
+per violation per 7 days; the default here is 24 h). Every transition yields an ``Alert``
+record; ``notify`` says whether to message the owner. When the workflow ends, every alert still
+firing resolves with the reason (``resolve``).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ EPISODE_KEYS = ("profile_request_id", "profile_ranks", "root_cause", "findings",
 
 @dataclass(frozen=True)
 class LifecycleConfig:
-    cooldown_s: float = 900.0
+    reopen_within_s: float = 3600.0  # a violation back this soon after the resolution: the same episode
     notify_every_s: float = 86_400.0
 
 
@@ -32,32 +35,69 @@ def step(
     state: dict, detector: str, violation: Violation | None, window: dict, wasted_so_far_s: float,
     config: LifecycleConfig, now_ms: int,
 ) -> tuple[dict, dict | None]:
-    """Advance one (workflow, detector) by a closed window; returns (new state, alert or None)."""
+    """Advance one (workflow, detector) by a closed window; returns (new state, alert or None).
+
+    The state: ``status`` (pending, firing, resolved), ``since`` (the episode's start: its alert
+    id), ``pending_since`` (where the condition that may fire began; a pending of a resolved
+    episode continues it), ``resolved_at``, ``notified_at``, ``last_violation``."""
     status = state.get("status")
     end = window["window_end"]
+    if status == "pending" and "pending_since" not in state:  # as releases before reopening wrote it
+        state = {**state, "pending_since": state["since"]}
     if violation is None:
         if status == "firing":
             new = {**state, "status": "resolved", "resolved_at": end}
             return new, _alert(new, detector, RESOLVED, state["last_violation"], window, wasted_so_far_s,
                                notify=False, now_ms=now_ms)
-        if status == "pending":
-            return {k: v for k, v in state.items() if k not in ("status", "since")}, None
-        return state, None
+        return interrupt(state), None  # a return that did not hold: the episode stays resolved
     last = _as_dict(violation)
     if status == "firing":
         return {**state, "last_violation": last}, None
-    if status == "resolved" and end - state["resolved_at"] < config.cooldown_s * 1000:
-        return state, None  # cooling down
-    if status != "pending":  # a new episode
-        state = {k: v for k, v in state.items() if k not in EPISODE_KEYS}
-    since = state["since"] if status == "pending" else window["window_start"]
-    if end - since < violation.min_duration_s * 1000:
-        return {**state, "status": "pending", "since": since, "last_violation": last}, None
+    if status == "resolved":
+        if window["window_start"] - state["resolved_at"] < config.reopen_within_s * 1000:
+            state = {**state, "status": "pending", "pending_since": window["window_start"]}  # the same episode
+        else:  # a new episode
+            state = {k: v for k, v in state.items() if k not in (*EPISODE_KEYS, "resolved_at", "since")}
+    if state.get("status") != "pending":
+        state = {**state, "status": "pending", "pending_since": window["window_start"]}
+    if end - state["pending_since"] < violation.min_duration_s * 1000:
+        return {**state, "last_violation": last}, None
+    again = "resolved_at" in state
+    since = state["since"] if again else state["pending_since"]
     last_notified = state.get("notified_at")
-    notify = last_notified is None or end - last_notified >= config.notify_every_s * 1000
-    new = {**state, "status": "firing", "since": since, "last_violation": last,
+    notify = not again and (last_notified is None or end - last_notified >= config.notify_every_s * 1000)
+    new = {k: v for k, v in state.items() if k not in ("pending_since", "resolved_at")}
+    new = {**new, "status": "firing", "since": since, "last_violation": last,
            "notified_at": end if notify else last_notified}
-    return new, _alert(new, detector, FIRING, last, window, wasted_so_far_s, notify=notify, now_ms=now_ms)
+    alert = _alert(new, detector, FIRING, last, window, wasted_so_far_s, notify=notify, now_ms=now_ms,
+                   again_since=state["pending_since"] if again else None)
+    return new, alert
+
+
+def interrupt(state: dict) -> dict:
+    """A window in which nothing was seen (the agent was not running): a condition building up
+    starts again; a firing or resolved alert stays as it is."""
+    if state.get("status") != "pending":
+        return state
+    back = {k: v for k, v in state.items() if k != "pending_since"}
+    return {**back, "status": "resolved"} if "resolved_at" in state else {
+        k: v for k, v in back.items() if k not in ("status", "since")}
+
+
+def resolve(state: dict, detector: str, workflow_id: str, reason: str, at_ms: int, wasted_so_far_s: float,
+            now_ms: int) -> tuple[dict, dict | None]:
+    """The workflow ended (``reason``): a firing alert resolves at ``at_ms``, saying so; a
+    pending one is dropped. Returns (new state, alert or None)."""
+    if state.get("status") != "firing":
+        return interrupt(state), None
+    new = {**state, "status": "resolved", "resolved_at": at_ms}
+    last = state.get("last_alert") or {}
+    window = {"workflow_id": workflow_id, "window_start": at_ms, "window_end": at_ms, "owner": last.get("owner"),
+              "team": last.get("team")}
+    alert = _alert(new, detector, RESOLVED, state["last_violation"], window, wasted_so_far_s, notify=False,
+                   now_ms=now_ms)
+    alert["message"] = f"Resolved: the workflow ended ({reason}); {detector.replace('_', ' ')} no longer applies."
+    return new, alert
 
 
 def _as_dict(v: Violation) -> dict:
@@ -72,12 +112,15 @@ def _period(since_ms: int, end_ms: int) -> str:
 
 
 def _alert(state: dict, detector: str, status: str, v: dict, window: dict, wasted_so_far_s: float,
-           notify: bool, now_ms: int) -> dict:
+           notify: bool, now_ms: int, again_since: int | None = None) -> dict:
     wf = window["workflow_id"]
     message = v["message"]
     if status == FIRING:  # the whole period the rule judged, not only the window that completed it
-        message = (f"{_period(state['since'], window['window_end'])}: {message[:1].lower()}{message[1:]}"
-                   f" {wasted_so_far_s / 3600:.2f} GPU-hours wasted by the job so far.")
+        period = _period(again_since if again_since is not None else state["since"], window["window_end"])
+        message = (("Again, soon after it resolved: " + period[:1].lower() + period[1:] if again_since
+                    is not None else period)
+                   + f": {message[:1].lower()}{message[1:]} {wasted_so_far_s / 3600:.2f} GPU-hours wasted by the job "
+                     "so far.")
     else:
         message = f"Resolved: {detector.replace('_', ' ')} no longer holds for workflow {wf}."
     return {

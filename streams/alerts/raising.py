@@ -3,6 +3,13 @@
 The state (each detector's life cycle, and the GPU-seconds the job has wasted so far) lives
 in the workflow's entry of the worker's window-state table, so it is checkpointed with the
 windows themselves.
+
+What is judged is what the waterfall counts (``streams.windows.goodput``): a window with no
+sample (its GPU time unobserved: the agent was not running) is judged by no detector, and a
+condition that was building up (pending) starts again after it; a window holding start-up time
+is not judged by the detectors of how the GPUs are used (``USAGE``), since the waterfall counts
+those seconds as start-up, not as idle or low utilisation. When the workflow ends, every alert
+still firing resolves with the reason (``end_alerts``).
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ from msgspec.structs import replace
 
 from schemas.vocabulary import wasted_seconds
 from streams.alerts.detectors import DETECTORS, DetectorConfig, detect
-from streams.alerts.lifecycle import LifecycleConfig, step
+from streams.alerts.lifecycle import LifecycleConfig, interrupt, resolve, step
 from streams.windows.workflow_state import WorkflowState
 
 
@@ -67,14 +74,24 @@ def load_detector_config(path) -> tuple[DetectorConfig, dict[str, DetectorConfig
     return default, teams
 
 
+# The detectors of how the GPUs are used: the seconds the waterfall counts as start-up are start-up to them.
+USAGE = frozenset({"low_utilization", "idle_allocated", "partial_use", "imbalance", "memory_underuse", "input_bound"})
+
+
 def raise_alerts(state: WorkflowState, window: dict, config: AlertConfig, now_ms: int) -> list[dict]:
     """Advance every detector's life cycle by ``window``; return the alerts that transition."""
     lifecycles = state.alerts
     state.wasted_s += wasted_seconds(window)  # as every report counts it (schemas.vocabulary)
-    violations = detect(_with_job_totals(state, window), config.detectors_for(window.get("team")))
+    observed = window.get("sample_count", 1) > 0
+    starting = (window.get("startup_gpu_seconds") or 0.0) > 0
+    violations = detect(_with_job_totals(state, window), config.detectors_for(window.get("team"))) if observed else {}
     out = []
     for fn in DETECTORS:
         name = fn.__name__
+        if not observed or (starting and name in USAGE):
+            if not observed and name in lifecycles:
+                lifecycles[name] = interrupt(lifecycles[name])  # nothing seen: nothing builds up
+            continue
         v = violations.get(name)
         if v is not None and config.min_duration_s is not None:
             v = replace(v, min_duration_s=config.min_duration_s)
@@ -86,6 +103,22 @@ def raise_alerts(state: WorkflowState, window: dict, config: AlertConfig, now_ms
             lifecycles[name] = new
         else:
             lifecycles.pop(name, None)
+    return out
+
+
+def end_alerts(state: WorkflowState, workflow_id: str, reason: str, at_ms: int, now_ms: int) -> list[dict]:
+    """The workflow ended (``reason``) at ``at_ms``: each of its alerts still firing resolves,
+    saying why; a condition building up is dropped."""
+    out = []
+    for name in list(state.alerts):
+        new, alert = resolve(state.alerts[name], name, workflow_id, reason, at_ms, state.wasted_s, now_ms)
+        if alert is not None:
+            new["last_alert"] = alert
+            out.append(alert)
+        if new:
+            state.alerts[name] = new
+        else:
+            state.alerts.pop(name)
     return out
 
 

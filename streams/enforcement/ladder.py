@@ -136,12 +136,32 @@ def climb(state: WorkflowState, window: dict, ladders: tuple[Ladder, ...], now_m
     return out
 
 
+def stand_down(state: WorkflowState, workflow_id: str, ladders: tuple[Ladder, ...], reason: str, at_ms: int,
+               now_ms: int) -> list[dict]:
+    """The workflow ended: each ladder that warned it and did not act stands down (CANCELLED),
+    so that no action falls due for a job that is gone."""
+    out = []
+    window = {"workflow_id": workflow_id, "gpu_count": (state.job or {}).get("max_gpus", 0), "window_end": at_ms}
+    for ladder in ladders:
+        taken = state.ladders.get(ladder.name)
+        if not taken or not taken["warned"] or taken.get("cancelled"):
+            continue
+        due = ACTION_DUE in taken["steps"]
+        if taken["closed"] and not due:
+            continue  # exempt, or stood down already
+        taken["closed"] = taken["cancelled"] = True
+        out.append(_event(ladder, state, window, taken, CANCELLED, at_ms, now_ms,
+                          reason=f"the workflow ended ({reason})" + (": the action due is not run" if due
+                                                                     else " before the action")))
+    return out
+
+
 def _climb_one(state: WorkflowState, window: dict, ladder: Ladder, now_ms: int) -> list[dict]:
     life = state.alerts.get(ladder.detector) or {}
     taken = state.ladders.get(ladder.name)
     if life.get("status") != "firing":
         if taken and taken["warned"] and not taken["closed"]:  # warned, and the alert resolved: stand down
-            taken["closed"] = True
+            taken["closed"] = taken["cancelled"] = True
             return [_event(ladder, state, window, taken, CANCELLED, window["window_end"], now_ms,
                            reason=f"the {ladder.detector.replace('_', ' ')} alert resolved before the action")]
         return []

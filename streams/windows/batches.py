@@ -36,11 +36,13 @@ class WindowConfig:
 @dataclass(frozen=True)
 class Incoming:
     """A block of samples (``schemas.sample_columns``) with where it came from: its message's
-    offset and its index among the blocks of that message."""
+    offset and its index among the blocks of that message; or, ``unobserved``, an
+    ``UnobservedTime`` record (GPU time of the job no sample stands for)."""
 
     offset: int
     record: Record
     index: int = 0
+    unobserved: bool = False
 
     @classmethod
     def row(cls, offset: int, sample: Record, index: int = 0) -> Incoming:
@@ -83,6 +85,12 @@ def late_reason(times: list[int], start: int, size: int, wf: str, watermark: int
             f"of workflow {wf}, more than the update horizon ({horizon} ms) behind the watermark {watermark} "
             f"of partition {partition}: no window takes {'it' if len(times) == 1 else 'them'} (a true measurement, "
             f"kept in gpu_samples by the sink)")
+
+
+def unobserved_late_reason(span: Record, start: int, size: int, watermark: int, horizon: int) -> str:
+    return (f"unobserved time of workflow {span['workflow_id']} on {span['host']} from {span['from_time']} to "
+            f"{span['to_time']} falls in window [{start}, {start + size}), more than the update horizon "
+            f"({horizon} ms) behind the watermark {watermark}: no window takes it")
 
 
 def future_reason(times: list[int], wf: str, now: int, skew: int) -> str:

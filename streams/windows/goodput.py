@@ -17,7 +17,9 @@ the windows), and goes to exactly one bucket, the first that applies:
 ``productive``  the rest
 ==============  ===========================================================================
 
-So the buckets of a window, and of a workflow, sum to its GPU-seconds exactly. With each
+So the buckets of a window, and of a workflow, sum to its GPU-seconds exactly. Beside them,
+``unobserved``: the time the scheduler says the job held its GPUs and no sample came (its
+agent was not running), which is part of the GPU-seconds and of no other bucket. With each
 bucket the energy its samples used: from the GPU's energy counter where it reports one (the
 counter's rise since the GPU's previous sample, times the workflow's share), else its power
 times its weight; idle power is charged to whoever holds the allocation, like its time.
@@ -35,12 +37,13 @@ from operator import mul
 
 import msgspec
 
-from schemas.goodput_buckets import BUCKETS, JOULES_FIELDS, SECONDS_FIELDS
+from schemas.goodput_buckets import BUCKETS, JOULES_FIELDS, OBSERVED_BUCKETS, SECONDS_FIELDS
 from streams.alerts.detectors import DetectorConfig, input_bound
 from streams.windows.efficiency import THROTTLE_MASK
 from streams.windows.workflow_state import WorkflowState
 
-UNHEALTHY, STARTUP, IDLE, INPUT_BOUND, LOW_UTIL, PRODUCTIVE = range(len(BUCKETS))
+UNHEALTHY, STARTUP, IDLE, INPUT_BOUND, LOW_UTIL, PRODUCTIVE = range(len(OBSERVED_BUCKETS))
+UNOBSERVED = len(OBSERVED_BUCKETS)  # no sample decides it: ``UnobservedTime`` adds to it (``add_unobserved``)
 
 
 class GoodputConfig(msgspec.Struct, frozen=True):
@@ -58,7 +61,13 @@ def new_goodput() -> dict:
         # workflow first got busy, which a later sample can tell: [ms at 0 %, J, ms above, J]
         "quiet": {},
         "metered": False,  # an energy counter measured some of it
+        "unobserved_ms": 0.0,  # GPU-ms held that no sample stands for (UnobservedTime)
     }
+
+
+def add_unobserved(g: dict, gpu_ms: float) -> None:
+    """GPU-milliseconds the job held that no sample stands for."""
+    g["unobserved_ms"] = g.get("unobserved_ms", 0.0) + gpu_ms
 
 
 def _power_joules(c: dict, w: list[float]) -> list[float]:
@@ -173,6 +182,7 @@ def goodput_fields(g: dict, window: dict, state: WorkflowState, config: GoodputC
     and input-bound where the live input-bound detector judges the window so."""
     ms, j = [0.0] * len(BUCKETS), [0.0] * len(BUCKETS)
     ms[UNHEALTHY], j[UNHEALTHY] = g["ms"][_SICK], g["j"][_SICK]
+    ms[UNOBSERVED] = g.get("unobserved_ms", 0.0)  # (accumulators of older releases have none)
     end = state.first_sample_at + config.startup_max_s * 1000
     if state.busy_since is not None:
         end = min(end, state.busy_since)

@@ -76,9 +76,12 @@ def by_window(c: Record, size_ms: int) -> list[tuple[int, Record]]:
 
 def to_window(workflow_id: str, state: WorkflowState, start: int, acc: dict, size_ms: int, closed_at: int,
               version: int = 1, goodput: GoodputConfig = DEFAULT_GOODPUT) -> Record:
-    """The ``WorkflowWindow`` record of one accumulator."""
+    """The ``WorkflowWindow`` record of one accumulator. Its GPU-seconds are the observed and the
+    unobserved ones; its utilisation is of the observed alone (a window of unobserved time only
+    has none: 0, and no sample)."""
     interval = acc["interval_ms"]
     buckets = acc.get("goodput")
+    unobserved = buckets.get("unobserved_ms", 0.0) if buckets else 0.0
     energy = acc["energy_j"] if acc["energy_n"] else None
     if buckets is not None and buckets["metered"]:  # the counters' measure where the GPUs have one
         energy = sum(buckets["j"]) + sum(v for entry in buckets["quiet"].values() for v in entry[1::2])
@@ -91,10 +94,10 @@ def to_window(workflow_id: str, state: WorkflowState, start: int, acc: dict, siz
         "window_end": start + size_ms,
         "sample_count": acc["n"],
         "gpu_count": len(acc["eff"]["per_gpu"]),  # every GPU a sample came from
-        "gpu_seconds": interval / 1000.0,
+        "gpu_seconds": (interval + unobserved) / 1000.0,
         "utilization_mean_pct": acc["util_weighted"] / interval if interval else 0.0,
-        "utilization_min_pct": float(acc["util_min"]),
-        "utilization_max_pct": float(acc["util_max"]),
+        "utilization_min_pct": float(acc["util_min"] or 0.0),
+        "utilization_max_pct": float(acc["util_max"] or 0.0),
         "memory_used_mean_bytes": acc["mem_sum"] / acc["mem_n"] if acc["mem_n"] else None,
         "energy_joules": energy,
         **efficiency_fields(acc["eff"]),

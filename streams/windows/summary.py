@@ -72,6 +72,23 @@ def correct(state: WorkflowState, before: dict | None, after: dict) -> None:
     job["xids"] += after["xid_count"] - before["xid_count"]
 
 
+def end_of(state: WorkflowState, scheduler: str) -> str:
+    """How the scheduler says the job ended, in words: "slurm: CANCELLED by ana", "slurm:
+    TIMEOUT (its time limit)", "slurm: FAILED with exit code 3", "slurm: COMPLETED"."""
+    what = state.end_state
+    if what is None:
+        return f"its scheduler ({scheduler}) ended it"
+    if what == "CANCELLED" and state.cancelled_by:
+        what += f" by {state.cancelled_by}"
+    elif what == "TIMEOUT":
+        what += " (it reached its time limit)"
+    elif what == "FAILED" and state.exit_code:
+        what += f" with exit code {state.exit_code}"
+    elif state.exit_signal and what in ("FAILED", "CANCELLED", "OUT_OF_MEMORY"):
+        what += f" (signal {state.exit_signal})"
+    return f"{scheduler}: {what}"
+
+
 def summary(workflow_id: str, state: WorkflowState, reason: str, now_ms: int) -> dict | None:
     """The ``WorkflowSummary`` of a workflow's totals (None if no window of it ever closed)."""
     job = state.job
@@ -87,4 +104,8 @@ def summary(workflow_id: str, state: WorkflowState, reason: str, now_ms: int) ->
         "memory_peak_fraction": job["mem_peak"], "energy_joules": job["energy_j"], "xid_count": job["xids"],
         "alerts_fired": sorted(job["fired"]), "tensor_active_mean_pct": activity_mean(job, "tensor"),
         "model_mfu_pct": activity_mean(job, "mfu"), "right_size": recommend(job), "summarized_at": now_ms,
+        # what the scheduler says of it (WorkflowSummary v4)
+        "scheduler": state.scheduler, "scheduler_job_id": state.scheduler_job_id, "allocated_at": state.allocated_at,
+        "ended_at": state.ended_at, "end_state": state.end_state, "exit_code": state.exit_code,
+        "exit_signal": state.exit_signal, "cancelled_by": state.cancelled_by,
     }

@@ -21,6 +21,8 @@ and persists what it reports as changed. Design:
   ``version`` (``BatchResult.updated``; ClickHouse keeps the highest): a host that comes back
   after an outage and sends its spooled backlog completes its windows instead of losing them.
   Later than the horizon they are refused with the reason, never dropped silently.
+* ``UnobservedTime`` (a job's GPU time no sample stands for) goes to the windows it covers like
+  samples (late ones too), into their ``unobserved`` bucket, and moves no clock.
 * State is one ``WorkflowState`` per workflow in a caller-provided mapping (the Faust table).
   Each holds the offset (and block of that message) it was updated through, so a batch
   replayed after a crash (at-least-once delivery) is not applied twice; the partition's
@@ -36,6 +38,7 @@ from collections.abc import Callable, Iterable, MutableMapping
 
 from schemas.sample_columns import size as samples_in
 from schemas.validate_sample import NOT_WORKFLOWS
+from streams.windows import unobserved
 from streams.windows.batches import (
     BatchResult,
     Incoming,
@@ -45,16 +48,15 @@ from streams.windows.batches import (
     history_key,
     late_reason,
     start_of_key,
+    unobserved_late_reason,
 )
-from streams.windows.record import (
-    add_block,
-    by_window,
-    new_acc,
-    to_window,
-)
-from streams.windows.workflow_state import WorkflowState
+from streams.windows.goodput import add_unobserved
+from streams.windows.record import add_block, by_window, new_acc, to_window
+from streams.windows.workflow_state import WorkflowState, repair_future
 
 log = logging.getLogger(__name__)
+
+OPEN, LATE = "open", "late"  # where ``_place`` put what it was given
 
 
 def _wall_clock_ms() -> int:
@@ -121,16 +123,9 @@ class WindowAggregator:
         self._kept[partition] = kept
 
     def _repair(self, wf: str, state: WorkflowState, limit: int, partition: int) -> None:
-        """A state whose clock was moved into the future by a sample written before future
-        times were refused: its future windows are dropped, its clock set back to the newest
-        window it keeps."""
-        future = [start for start in state.windows if int(start) > limit]
-        for start in future:
-            del state.windows[start]
-        kept = [int(start) + self.config.size_ms - 1 for start in state.windows]
-        if state.job:
-            kept.append(state.job["last"] - 1)
-        state.max_event_time = max(kept, default=-1)
+        """A state whose clock a sample written before future times were refused moved into the
+        future (``workflow_state.repair_future``), mended and persisted."""
+        future = repair_future(state, limit, self.config.size_ms)
         log.warning("partition %d: workflow %s had event times in the future (beyond %d); dropped its "
                     "windows starting %s and set its clock back to %d", partition, wf, limit,
                     ", ".join(future) or "(none)", state.max_event_time)
@@ -221,6 +216,7 @@ class WindowAggregator:
         size = cfg.size_ms
         lateness = cfg.allowed_lateness_ms
         future = self.clock() + cfg.max_future_skew_ms
+        goodput = cfg.goodput
         newest = self._max_event_time[partition]
         index = self._open[partition]
         idle = self._idle[partition]
@@ -235,41 +231,31 @@ class WindowAggregator:
                 state = self.state_of(wf, partition, c["owner"], c["team"])
                 idle.add(wf)
             elif (item.offset, item.index) <= (state.last_offset, state.last_index):
-                result.replayed += samples_in(c)  # applied before a restart; at-least-once replay
+                result.replayed += 0 if item.unobserved else samples_in(c)  # applied before a restart: a replay
                 continue
             state.last_offset, state.last_index = item.offset, item.index
             self.store[wf] = state
             result.changed.add(wf)
             watermark = newest - lateness if newest >= 0 else None
+            if item.unobserved:
+                self._unobserved(partition, item, state, watermark, future, closed_at, reopened, result)
+                continue
             for start, part in by_window(c, size):
                 times = part["event_time"]
                 if max(times) > future:
                     result.refused.append((item, future_reason(times, wf, future - cfg.max_future_skew_ms,
                                                          cfg.max_future_skew_ms)))
                     continue
-                if watermark is not None and start + size <= watermark:
-                    if start + size <= watermark - cfg.update_horizon_ms:
-                        result.refused.append((item, late_reason(times, start, size, wf, watermark, partition,
-                                                           cfg.update_horizon_ms)))
-                    else:
-                        self._add_late(partition, wf, state, start, part, closed_at, reopened)
-                    continue
-                if state.ended:  # it came back after it ended: a new life
-                    state.ended = state.ending = False
+                if state.ended and not (watermark is not None and start + size <= watermark):
+                    state.ended = state.ending = False  # it came back after it ended: a new life
                     state.end_reason = None
-                key = str(start)
-                acc = state.windows.get(key)
-                if acc is None:
-                    if self.history.get(history_key(wf, start)) is not None:
-                        # Closed already, on a clock since rebuilt lower (a quiet partition follows
-                        # the fleet's clock, which no state keeps): it stays closed, and takes these
-                        # samples as a new version.
-                        self._add_late(partition, wf, state, start, part, closed_at, reopened)
-                        continue
-                    acc = state.windows[key] = new_acc()
-                    index.setdefault(start + size, set()).add(wf)
-                    idle.discard(wf)
-                add_block(acc, part, state, cfg.goodput)
+                placed = self._place(partition, wf, state, start, watermark, closed_at, reopened,
+                                     lambda acc, part=part, state=state: add_block(acc, part, state, goodput))
+                if placed is None:
+                    result.refused.append((item, late_reason(times, start, size, wf, watermark, partition,
+                                                             cfg.update_horizon_ms)))
+                if placed != OPEN:
+                    continue
                 t = max(times)
                 state.max_event_time = max(state.max_event_time, t)
                 newest = max(newest, t)
@@ -293,8 +279,47 @@ class WindowAggregator:
             self._close(partition, newest - lateness, closed_at, result)
         return result
 
-    def _add_late(self, partition: int, wf: str, state: WorkflowState, start: int, part: Record, closed_at: int,
-                  reopened: dict[str, Record | None]) -> None:
+    def _place(self, partition: int, wf: str, state: WorkflowState, start: int, watermark: int | None,
+               closed_at: int, reopened: dict[str, Record | None], add: Callable[[dict], None]) -> str | None:
+        """``add`` to ``wf``'s window starting at ``start``: the open one (opened if need be:
+        ``OPEN``), or the closed one within the update horizon, emitted again (``LATE``). None
+        where the window is past the horizon: nothing is added."""
+        size = self.config.size_ms
+        if watermark is not None and start + size <= watermark:
+            if start + size <= watermark - self.config.update_horizon_ms:
+                return None
+            self._add_late(partition, wf, state, start, add, closed_at, reopened)
+            return LATE
+        key = str(start)
+        acc = state.windows.get(key)
+        if acc is None:
+            if self.history.get(history_key(wf, start)) is not None:
+                # Closed already, on a clock since rebuilt lower (a quiet partition follows the fleet's
+                # clock, which no state keeps): it stays closed, and takes these as a new version.
+                self._add_late(partition, wf, state, start, add, closed_at, reopened)
+                return LATE
+            acc = state.windows[key] = new_acc()
+            self._open[partition].setdefault(start + size, set()).add(wf)
+            self._idle[partition].discard(wf)
+        add(acc)
+        return OPEN
+
+    def _unobserved(self, partition: int, item: Incoming, state: WorkflowState, watermark: int | None,
+                    future: int, closed_at: int, reopened: dict[str, Record | None], result: BatchResult) -> None:
+        """An ``UnobservedTime`` span into the windows it covers; it moves no clock: no sample came."""
+        span, cfg = item.record, self.config
+        if span["to_time"] > future:
+            result.refused.append((item, future_reason([span["to_time"]], span["workflow_id"],
+                                                       future - cfg.max_future_skew_ms, cfg.max_future_skew_ms)))
+            return
+        for start, gpu_ms in unobserved.by_window(span, cfg.size_ms):
+            if self._place(partition, span["workflow_id"], state, start, watermark, closed_at, reopened,
+                           lambda acc, gpu_ms=gpu_ms: add_unobserved(acc["goodput"], gpu_ms)) is None:
+                result.refused.append((item, unobserved_late_reason(span, start, cfg.size_ms, watermark,
+                                                                    cfg.update_horizon_ms)))
+
+    def _add_late(self, partition: int, wf: str, state: WorkflowState, start: int, add: Callable[[dict], None],
+                  closed_at: int, reopened: dict[str, Record | None]) -> None:
         """Late samples of a closed window within the horizon: added to the window as kept
         since it closed, or to a new one if it never closed (all its samples came late)."""
         key = history_key(wf, start)
@@ -309,7 +334,9 @@ class WindowAggregator:
             reopened[key] = (None if closed["version"] == 0 else
                              to_window(wf, state, start, closed["acc"], self.config.size_ms, closed_at,
                                        closed["version"], self.config.goodput))
-        add_block(closed["acc"], part, state, self.config.goodput)
+        if "goodput" not in closed["acc"]:
+            closed["acc"]["goodput"] = new_acc()["goodput"]
+        add(closed["acc"])
         self.history[key] = closed
 
     def _close(self, partition: int, watermark: int, closed_at: int, result: BatchResult) -> None:

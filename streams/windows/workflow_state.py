@@ -14,7 +14,9 @@ the life cycle (``stage_windows``) ``hosts``, ``ending``; ``ended`` and ``end_re
 ``raise_alerts``                ``alerts`` (each detector's life cycle), ``wasted_s``
 ``auto_profile``, ``root_cause`` ``auto_profiled_at``, and the profile of an alert in ``alerts``
 the life cycle, again           ``scheduler_job_id``, ``cluster``, ``cmdline``, ``scheduler_qos``/``_partition``,
-                                ``unknown_facts`` and ``scheduler_problem`` (what the scheduler could not say)
+                                ``unknown_facts`` and ``scheduler_problem`` (what the scheduler could not say),
+                                ``scheduler``, ``allocated_at``, ``ended_at``, ``end_state`` and the exit
+                                (the scheduler's start, end and how the job ended)
 ``enforcement_ladder``          ``ladders`` (each ladder's steps taken in the current episode)
 ==============================  ===================================================================
 
@@ -63,6 +65,15 @@ class WorkflowState(msgspec.Struct, kw_only=True):
     # enforcement ladders do not act without.
     unknown_facts: list[str] = []
     scheduler_problem: str | None = None
+    # The scheduler's word on the job's life (``hear``): who allocated it, when, when it took the
+    # resources back and how the job ended.
+    scheduler: str | None = None
+    allocated_at: int | None = None
+    ended_at: int | None = None
+    end_state: str | None = None
+    exit_code: int | None = None
+    exit_signal: int | None = None
+    cancelled_by: str | None = None
 
 
 class _Written(msgspec.Struct):
@@ -110,6 +121,16 @@ def hear(state: WorkflowState, event: dict) -> None:
             setattr(state, field, event[field])
     if event.get("scheduler_unknown"):
         state.unknown_facts = sorted(set(state.unknown_facts) | set(event["scheduler_unknown"]))
+    if event.get("scheduler"):
+        state.scheduler = event["scheduler"]
+        if event.get("allocated_at") is not None:  # (every host's prolog tells the same start)
+            state.allocated_at = min(event["allocated_at"], state.allocated_at or event["allocated_at"])
+        if event["event"] == "ENDED":
+            if "end" not in (event.get("scheduler_unknown") or ()):
+                state.ended_at = max(event["event_time"], state.ended_at or event["event_time"])
+            for field in ("end_state", "exit_code", "exit_signal", "cancelled_by"):
+                if event.get(field) is not None:
+                    setattr(state, field, event[field])
     if event.get("cmdline"):
         state.cmdline = event["cmdline"][:300]
     hosts = set(state.hosts)
@@ -122,3 +143,17 @@ def hear(state: WorkflowState, event: dict) -> None:
         hosts.add(event["host"])
         state.ending = False
     state.hosts = sorted(hosts)
+
+
+def repair_future(state: WorkflowState, limit: int, size_ms: int) -> list[str]:
+    """Drop the windows of ``state`` that start after ``limit`` (a sample written before future
+    times were refused opened them) and set its clock back to the newest window it keeps; the
+    starts dropped."""
+    future = [start for start in state.windows if int(start) > limit]
+    for start in future:
+        del state.windows[start]
+    kept = [int(start) + size_ms - 1 for start in state.windows]
+    if state.job:
+        kept.append(state.job["last"] - 1)
+    state.max_event_time = max(kept, default=-1)
+    return future

@@ -64,6 +64,7 @@ def window(**overrides) -> dict:
         "low_util_gpu_seconds": 60.0, "productive_gpu_seconds": 60.0,
         **dict.fromkeys(("unhealthy_joules", "startup_joules", "idle_joules", "input_bound_joules"), 0.0),
         "low_util_joules": 9000.0, "productive_joules": 21000.0,
+        "unobserved_gpu_seconds": 0.0, "unobserved_joules": 0.0,
         "closed_at": BASE_MS + 75_000,
     }
     record.update(overrides)

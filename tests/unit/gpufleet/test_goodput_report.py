@@ -10,7 +10,7 @@ import pytest
 from gpufleet.goodput_report import fleet_goodput, render_groups
 from gpufleet.workflows import workflow_summary
 from producers.simulate_fleet import build_fleet
-from schemas.goodput_buckets import BUCKETS
+from schemas.goodput_buckets import BUCKETS, OBSERVED_BUCKETS
 from schemas.sample_columns import columns_of
 from sinks.clickhouse_ddl import WORKFLOW_EVENTS_TABLE, WORKFLOW_WINDOWS_TABLE
 from sinks.job_report import JOULES_PER_KWH, RatesError, job_report, load_rates, render_waterfall
@@ -76,8 +76,9 @@ def test_the_fleet_waterfall_is_the_planted_truth_with_its_cost_and_carbon(fleet
             joules[bucket] += j
             cost[bucket] += s / 3600 * price
             grams[bucket] += j / JOULES_PER_KWH * grid
-    assert set(seconds) == set(BUCKETS)
-    for b in BUCKETS:
+    assert set(seconds) == set(OBSERVED_BUCKETS)  # (unobserved: no agent was down)
+    assert total.buckets["unobserved"].gpu_seconds == 0.0
+    for b in OBSERVED_BUCKETS:
         got = total.buckets[b]
         assert got.gpu_seconds == pytest.approx(seconds[b], abs=1e-6), b
         assert got.joules == pytest.approx(joules[b], rel=1e-9), b

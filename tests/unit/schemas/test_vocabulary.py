@@ -17,10 +17,11 @@ def test_the_docs_table_is_the_modules():
     assert markdown_table() in (ROOT / "docs" / "vocabulary.md").read_text()
 
 
-def test_wasted_is_every_bucket_but_productive():
-    assert set(WASTE_BUCKETS) == set(BUCKETS) - {"productive"}
+def test_wasted_is_every_bucket_but_productive_and_unobserved():
+    # Time no sample stands for is neither used nor wasted: nothing is known of it.
+    assert set(WASTE_BUCKETS) == set(BUCKETS) - {"productive", "unobserved"}
     window = {f"{b}_gpu_seconds": float(i + 1) for i, b in enumerate(BUCKETS)}
-    assert wasted_seconds(window) == sum(range(1, len(BUCKETS)))  # productive is the last bucket
+    assert wasted_seconds(window) == sum(range(1, len(BUCKETS) - 1))  # productive, unobserved: the last two
     assert wasted_seconds({"gpu_seconds": 60.0}) == 0.0  # a window written before goodput: unclassified
 
 

@@ -41,11 +41,12 @@ def test_tables_are_created_idempotently(writer):
     writer.ensure_tables()  # second time: no error, nothing changes
     names = {r[0] for r in writer.client.query(f"SHOW TABLES FROM {writer.database}").result_rows}
     derived = {"workflows", "workflows_mv", "gpu_hours_hourly", "gpu_hours_hourly_mv", "gpu_hours_daily",
-               "gpu_hours_daily_mv", "waste", "goodput_hourly", "goodput_daily", "schema_migrations"}
+               "gpu_hours_daily_mv", "waste", "goodput_hourly", "goodput_daily", "schema_migrations",
+               "alert_transitions", "alert_transitions_mv"}
     applied = writer.client.query(
         f"SELECT version FROM {writer.database}.schema_migrations FINAL ORDER BY version"
     ).result_rows
-    assert applied == [(1,), (2,)]  # once each, though ensure_tables ran twice
+    assert applied == [(1,), (2,), (3,)]  # once each, though ensure_tables ran twice
     assert names == {t.name for t in TABLES} | derived
 
 
@@ -90,7 +91,27 @@ def test_a_database_of_the_previous_release_is_migrated(chdb_client, database):
     assert writer.insert(WORKFLOW_EVENTS_TABLE, [Row(0, 0, event)]) == []
     assert chdb_client.query(f"SELECT model, cluster FROM {db}.workflows").result_rows == [("llama-8b", "east")]
     assert chdb_client.query(f"SELECT version FROM {db}.schema_migrations ORDER BY version").result_rows == [
-        (1,), (2,)]
+        (1,), (2,), (3,)]
+
+
+def test_the_alerts_of_the_previous_release_join_the_transitions(chdb_client, database):
+    """Before alert_transitions, alerts kept each episode's latest transition only: migration 3
+    copies those, and every later transition comes through the view."""
+    from sinks.clickhouse_ddl import ALERTS_TABLE
+    from tests.support.alerts import alert
+
+    chdb_client.command(f"CREATE DATABASE {database}")
+    chdb_client.command(ALERTS_TABLE.ddl.format(db=database, name="alerts"))
+    old = {**alert("a1", "FIRING", True, "nlp", "ana"), "window_end": BASE_MS}
+    chdb_client.insert(f"{database}.alerts", [[old[c] if c != "findings" else [] for c in ALERTS_TABLE.columns[:17]]
+                                              + [0, 0]], column_names=[*ALERTS_TABLE.columns[:17], "kafka_partition",
+                                                                       "kafka_offset"])
+    writer = ClickHouseWriter(chdb_client, database)
+    writer.ensure_tables()
+    later = {**old, "status": "RESOLVED", "window_end": BASE_MS + 60_000}
+    assert writer.insert(ALERTS_TABLE, [Row(0, 1, later)]) == []
+    rows = chdb_client.query(f"SELECT status FROM {database}.alert_transitions FINAL ORDER BY window_end").result_rows
+    assert rows == [("FIRING",), ("RESOLVED",)]
 
 
 def test_windows_of_the_previous_release_move_to_the_versioned_table(chdb_client, database):

@@ -1,12 +1,13 @@
-"""The alert life cycle over sequences of windows: min duration, resolve, cooldown, rate limit, restarts."""
+"""The alert life cycle over sequences of windows: min duration, resolve, one episode through short
+interruptions, rate limit, restarts, the workflow's end."""
 
 import json
 
 from streams.alerts.detectors import DetectorConfig, detect
-from streams.alerts.lifecycle import FIRING, RESOLVED, LifecycleConfig, step
+from streams.alerts.lifecycle import FIRING, RESOLVED, LifecycleConfig, resolve, step
 from tests.support.samples import BASE_MS, window
 
-CFG = LifecycleConfig(cooldown_s=900, notify_every_s=86_400)
+CFG = LifecycleConfig(reopen_within_s=3600, notify_every_s=86_400)
 MIN = 60_000
 
 
@@ -43,14 +44,41 @@ def test_a_short_dip_does_not_fire():
     assert alerts == []
 
 
-def test_cooldown_then_rate_limit():
-    _, alerts = run([10.0] * 10 + [80.0] + [10.0] * 30)
+def test_a_violation_back_soon_after_it_resolved_is_the_same_episode_with_no_second_message():
+    # On Alibaba's serving trace the idle alert resolved after each short burst and fired again:
+    # a median of 21 episodes per replica in a day. Bursts within the hour are one episode now.
+    _, alerts = run([10.0] * 10 + [80.0] + [10.0] * 10 + [80.0] * 2 + [10.0] * 10)
     statuses = [(m, a["status"], a["notify"]) for m, a in alerts]
-    # Fires in window 9, resolves in window 10 (ends at minute 11); the violation returns at once but
-    # the 15-minute cooldown holds it until the window ending at minute 26; from window 25 it needs
-    # 10 windows: fires again in window 34, within 24 h of the first message: no new message.
-    assert statuses == [(9, FIRING, True), (10, RESOLVED, False), (34, FIRING, False)]
-    assert alerts[2][1]["alert_id"] != alerts[0][1]["alert_id"]
+    # Fires in window 9, resolves in window 10; back at once, it holds its 10 minutes again and
+    # fires in window 20 (the same episode: no message), resolves in 21, fires again in 32.
+    assert statuses == [(9, FIRING, True), (10, RESOLVED, False), (20, FIRING, False), (21, RESOLVED, False),
+                        (32, FIRING, False)]
+    assert len({a["alert_id"] for _, a in alerts}) == 1 and all(a["since"] == BASE_MS for _, a in alerts)
+    assert alerts[2][1]["message"].startswith("Again, soon after it resolved: for the 10 min since 00:11 UTC")
+
+
+def test_a_return_that_does_not_hold_changes_nothing_and_later_ones_are_new_episodes():
+    state, alerts = run([10.0] * 10 + [80.0] + [10.0] * 3 + [80.0])
+    assert [a["status"] for _, a in alerts] == [FIRING, RESOLVED] and state["status"] == "resolved"
+    # More than the hour after it resolved: a new episode, and (within a day of the first) no message.
+    state, later = run([10.0] * 10, state=state, start_minute=80)
+    (_, again), = later
+    assert again["alert_id"] == f"low_utilization:wf-a:{BASE_MS + 80 * MIN}" and not again["notify"]
+    _, much_later = run([80.0] * 62 + [10.0] * 10, state=state, start_minute=2000)
+    assert [(a["status"], a["notify"]) for _, a in much_later] == [(RESOLVED, False), (FIRING, True)]  # a day on
+
+
+def test_the_workflows_end_resolves_a_firing_alert_with_the_reason():
+    state, alerts = run([10.0] * 12)
+    state, resolved = resolve(state, "low_utilization", "wf-a", "slurm: CANCELLED by ana", BASE_MS + 13 * MIN,
+                              3600.0, now_ms=0)
+    assert resolved["status"] == RESOLVED and resolved["alert_id"] == alerts[0][1]["alert_id"]
+    assert resolved["window_end"] == BASE_MS + 13 * MIN and not resolved["notify"]
+    assert "the workflow ended (slurm: CANCELLED by ana)" in resolved["message"]
+    assert resolve(state, "low_utilization", "wf-a", "x", BASE_MS + 14 * MIN, 0.0, now_ms=0)[1] is None
+    pending, _ = run([10.0] * 5)
+    dropped, nothing = resolve(pending, "low_utilization", "wf-a", "x", BASE_MS, 0.0, now_ms=0)
+    assert nothing is None and "status" not in dropped
 
 
 def test_a_restarted_worker_repeats_nothing():

@@ -79,8 +79,8 @@ def test_the_root_cause_stays_on_the_episode_and_a_new_episode_starts_without_it
     # A result landing after the resolution updates the resolved alert, and nobody is messaged.
     late = apply_profile_result(state, result_of(request, "host-b", 1), now_ms=21)
     assert late["status"] == "RESOLVED" and not late["notify"]
-    # After the cooldown the same detector fires a new episode: clean.
-    later = BASE_MS + 60 * MINUTE
+    # More than the hour after it resolved, the same detector fires a new episode: clean.
+    later = BASE_MS + 120 * MINUTE
     again = raise_alerts(state, window(window_start=later, window_end=later + MINUTE, utilization_mean_pct=9.0),
                          CONFIG, now_ms=30)
     (fired,) = [a for a in again if a["detector"] == "low_utilization"]

@@ -87,7 +87,7 @@ def test_a_schedulers_end_closes_the_jobs_windows_and_summarises_it_at_once(stag
 
 def test_a_job_on_two_hosts_ends_when_both_have_ended_it(stage):
     for host in ("gpu-host-000", "gpu-host-001"):
-        stage._hear(0, {**ended("slurm-2", 0, host)[1], "event": "STARTED"})
+        stage.step._hear(0, {**ended("slurm-2", 0, host)[1], "event": "STARTED"})
     apply(stage, [*blocks("slurm-2", 0, 90), ended("slurm-2", 90, "gpu-host-000")])
     assert of(stage, "workflow-summaries.v1") == []
     assert [w["window_start"] - BASE_MS for w in of(stage, "workflow-windows.v1")] == [0]
@@ -163,7 +163,7 @@ def test_summaries_decided_by_the_timer_are_sent_under_the_stages_lock(stage, mo
     monkeypatch.setattr(stage, "assigned", lambda: [0])
     apply(stage, blocks("wf-over", 0, 30))
     apply(stage, blocks("wf-on", 30, 120), first_offset=100)  # wf-over's windows close
-    stage._hear(0, {**ended("wf-over", 30, scheduler=None)[1]})  # its hosts said it ended
+    stage.step._hear(0, {**ended("wf-over", 30, scheduler=None)[1]})  # its hosts said it ended
     held.clear()
     asyncio.run(stage.partition_clocks())
     summaries = [locked for name, locked in held if name.endswith("workflow-summaries.v1")]

@@ -1,0 +1,150 @@
+"""The window stage's decisions, called directly (``streams.windows.step``: state and a batch in,
+records out, no app and no broker): time no sample stands for, start-up that no alert judges,
+and a workflow's end, which resolves its alerts and stands its ladders down."""
+
+from __future__ import annotations
+
+import pytest
+
+from schemas.goodput_buckets import BUCKETS
+from schemas.sample_columns import columns_of
+from schemas.topics import ALERTS, ENFORCEMENT, WORKFLOW_SUMMARIES, WORKFLOW_WINDOWS
+from streams.alerts.detectors import DetectorConfig
+from streams.alerts.raising import AlertConfig
+from streams.enforcement.ladder import Ladder
+from streams.settings import StreamSettings
+from streams.windows.batches import WindowConfig
+from streams.windows.goodput import GoodputConfig
+from streams.windows.step import Decoded, WindowStep
+from tests.support.samples import BASE_MS, sample
+
+QUICK = DetectorConfig(idle_min_s=60.0, partial_min_s=60.0, low_util_min_s=60.0)
+LADDER = Ladder(name="idle", detector="idle_allocated", first_warning_min=1, second_warning_min=2, action_min=10,
+                command=("scancel", "{scheduler_job_id}"), act=True)
+
+
+def make(startup_max_s: float = 900.0, ladders=()) -> tuple[WindowStep, dict]:
+    settings = StreamSettings(bootstrap="-", alerts=AlertConfig(detectors=QUICK), workflow_ended_s=120.0,
+                              window=WindowConfig(goodput=GoodputConfig(startup_max_s=startup_max_s,
+                                                                        detectors=QUICK)),
+                              enforcement=tuple(ladders))
+    store: dict = {}
+    return WindowStep(settings, store, {}, clock=lambda: BASE_MS + 10**9), store
+
+
+class Feed:
+    """A partition's messages, offset after offset."""
+
+    def __init__(self, step: WindowStep) -> None:
+        self.step, self.offset, self.sent = step, 0, []
+
+    def __call__(self, *records: tuple[str, dict], now: int | None = None):
+        batch = []
+        for i, (name, record) in enumerate(records):
+            batch.append(Decoded(i, name, record, self.offset))
+            self.offset += 1
+        out = self.step.samples(0, batch, now or BASE_MS + 10**8)
+        self.sent += out.records
+        return out
+
+    def of(self, spec) -> list[dict]:
+        return [r for s, r in self.sent if s is spec]
+
+
+def ticks(wf: str, first_s: int, last_s: int, util: float = 0.0, gpus: int = 2) -> list[tuple[str, dict]]:
+    samples = [sample(workflow_id=wf, owner="ana", team="vision", event_time=BASE_MS + t * 1000, utilization_pct=util,
+                      gpu_uuid=f"GPU-{g}", gpu_index=g) for t in range(first_s, last_s) for g in range(gpus)]
+    return [("GpuSampleColumns", b) for b in columns_of(samples)]
+
+
+def unobserved(wf: str, from_s: float, to_s: float, gpus: float = 2.0, **extra) -> tuple[str, dict]:
+    return ("UnobservedTime", {"workflow_id": wf, "host": "gpu-host-000", "owner": "ana", "team": "vision",
+                               "scheduler_job_id": "7", "from_time": BASE_MS + int(from_s * 1000),
+                               "to_time": BASE_MS + int(to_s * 1000), "gpus": gpus, "gpu_uuids": ["GPU-0", "GPU-1"],
+                               "reason": "the agent on gpu-host-000 was not running", "event_time": BASE_MS, **extra})
+
+
+def event(wf: str, kind: str, at_s: float, **extra) -> tuple[str, dict]:
+    return ("WorkflowEvent", {
+        "workflow_id": wf, "event": kind, "event_time": BASE_MS + int(at_s * 1000), "host": "gpu-host-000",
+        "owner": "ana", "team": "vision", "gpu_uuids": ["GPU-0", "GPU-1"], "pids": [],
+        "attribution": "allocation:slurm", "scheduler_job_id": "7", "scheduler": "slurm", "allocated_at": BASE_MS,
+        "scheduler_unknown": [], **extra})
+
+
+def buckets(w: dict) -> float:
+    return sum(w[f"{b}_gpu_seconds"] for b in BUCKETS)
+
+
+def test_time_no_sample_stands_for_is_its_own_bucket_and_judged_by_no_alert():
+    step, _ = make(startup_max_s=0.0)
+    feed = Feed(step)
+    feed(*ticks("slurm-7", 0, 100, util=80.0))
+    # The agent was down from 100 s to 250 s (it says so when it starts again), then the job idles.
+    feed(unobserved("slurm-7", 100, 250), *ticks("slurm-7", 250, 400, util=0.0))
+    feed(*ticks("wf-other", 400, 500, util=50.0))  # the partition's clock moves on: every window closes
+    windows = {w["window_start"] - BASE_MS: w for w in feed.of(WORKFLOW_WINDOWS) if w["workflow_id"] == "slurm-7"}
+    assert sum(w["unobserved_gpu_seconds"] for w in windows.values()) == pytest.approx(2 * 150.0)
+    assert windows[180_000]["unobserved_gpu_seconds"] == 120.0 and windows[180_000]["sample_count"] == 0
+    assert windows[180_000]["gpu_seconds"] == 120.0 and windows[180_000]["utilization_mean_pct"] == 0.0
+    for w in windows.values():
+        assert buckets(w) == pytest.approx(w["gpu_seconds"])
+    assert sum(w["gpu_seconds"] for w in windows.values()) == pytest.approx(2 * 400.0)  # GPUs x its life
+    # The idle alert counts only the idle time it saw: from 250 s, not from the agent's outage.
+    fired, = [a for a in feed.of(ALERTS) if a["detector"] == "idle_allocated" and a["status"] == "FIRING"]
+    assert fired["since"] >= BASE_MS + 240_000
+
+
+def test_a_replayed_unobserved_span_counts_once_and_a_hostile_one_is_a_dead_letter():
+    step, store = make()
+    feed = Feed(step)
+    feed(*ticks("slurm-7", 0, 30, util=80.0), unobserved("slurm-7", 30, 50))
+    step.samples(0, [Decoded(0, *unobserved("slurm-7", 30, 50), offset=30)], BASE_MS + 10**8)  # replayed
+    assert store["slurm-7"].windows[str(BASE_MS)]["goodput"]["unobserved_ms"] == 2 * 20_000
+    for bad, why in [({"to_time": BASE_MS - 1}, "ends"), ({"gpus": float("nan")}, "GPUs"), ({"gpus": 1e9}, "GPUs"),
+                     ({"workflow_id": "x\ny"}, "U+000A"), ({"to_time": BASE_MS + 40 * 86_400_000}, "days")]:
+        out = feed(unobserved("slurm-7", 0, 10, **bad))
+        assert [why in reason for _, reason in out.dead] == [True], (bad, out.dead)
+
+
+def test_no_alert_is_judged_inside_start_up_the_waterfall_and_the_alerts_agree():
+    # Issue 40, on Alibaba's trace: 114 idle alerts fired on a workflow's first window while the
+    # waterfall counted the same seconds as start-up.
+    step, _ = make(startup_max_s=180.0)
+    feed = Feed(step)
+    feed(*ticks("slurm-7", 0, 400, util=0.0), *ticks("wf-other", 400, 500, util=50.0))
+    windows = [w for w in feed.of(WORKFLOW_WINDOWS) if w["workflow_id"] == "slurm-7"]
+    startup_end = max(w["window_end"] for w in windows if w["startup_gpu_seconds"] > 0)
+    alerts = [a for a in feed.of(ALERTS) if a["workflow_id"] == "slurm-7"]
+    assert alerts and all(a["since"] >= startup_end for a in alerts), (startup_end, alerts)
+
+
+def test_the_end_resolves_every_firing_alert_and_the_summary_carries_the_schedulers_end():
+    step, store = make(startup_max_s=0.0, ladders=[LADDER])
+    feed = Feed(step)
+    step.life_cycle(0, [Decoded(0, *event("slurm-7", "STARTED", 0))], BASE_MS)
+    feed(*ticks("slurm-7", 0, 300, util=0.0))
+    assert any(a["status"] == "FIRING" for a in feed.of(ALERTS))
+    assert [e["step"] for e in feed.of(ENFORCEMENT)] == ["FIRST_WARNING", "SECOND_WARNING"]
+    end = event("slurm-7", "ENDED", 300.5, end_state="CANCELLED", cancelled_by="ana", exit_code=0, exit_signal=15)
+    feed(*ticks("slurm-7", 300, 301, util=0.0), end)
+    summary, = feed.of(WORKFLOW_SUMMARIES)
+    assert summary["ended_at"] == BASE_MS + 300_500 and summary["allocated_at"] == BASE_MS
+    assert (summary["end_state"], summary["cancelled_by"], summary["scheduler"]) == ("CANCELLED", "ana", "slurm")
+    assert summary["end_reason"] == "slurm: CANCELLED by ana"
+    firing = {a["alert_id"] for a in feed.of(ALERTS) if a["status"] == "FIRING"}
+    resolved = [a for a in feed.of(ALERTS) if a["status"] == "RESOLVED"]
+    assert firing == {a["alert_id"] for a in resolved}  # every one resolves, once
+    assert all("the workflow ended (slurm: CANCELLED by ana)" in a["message"] and a["window_end"] == BASE_MS + 300_500
+               for a in resolved)
+    assert [e["step"] for e in feed.of(ENFORCEMENT)][-1] == "CANCELLED"
+    assert all(life.get("status") != "firing" for life in store["slurm-7"].alerts.values())
+
+
+def test_a_workflow_whose_samples_stop_for_good_ends_and_its_alerts_resolve():
+    step, _ = make(startup_max_s=0.0)
+    feed = Feed(step)
+    feed(*ticks("wf-gone", 0, 300, util=0.0))
+    feed(*ticks("wf-other", 300, 600, util=50.0))  # 300 s later, past workflow_ended_s = 120 s
+    resolved = [a for a in feed.of(ALERTS) if a["workflow_id"] == "wf-gone" and a["status"] == "RESOLVED"]
+    assert resolved and all("its samples stopped" in a["message"] for a in resolved)
