@@ -127,3 +127,35 @@ def profile_split(client: Client, database: str, workflow_id: str) -> dict | Non
     exposed = min(non_compute, max(0.0, comm - overlap))  # communication not under compute
     return {"traces": traces, "compute": compute / span, "exposed_communication": exposed / span,
             "other": (non_compute - exposed) / span, "launch_overhead": idle / span}
+
+
+def slurm_job(client: Client, database: str, job_id: str) -> tuple[str | None, list[tuple]]:
+    """What ``gpufleet job JOB_ID`` shows: the workflow of a Slurm job or array task (``123`` or
+    ``123_4``; a task's raw id names it too), or, where ``JOB_ID`` is an array's, None and its
+    tasks: (workflow, raw job id, GPU-hours, goodput %, how it ended) each."""
+    if "_" in job_id:
+        return f"slurm-{job_id}", []
+    rows = client.query(f"""
+        SELECT workflow_id, argMax(scheduler_job_id, event_time) FROM {database}.workflow_events
+        WHERE workflow_id = %(wf)s OR startsWith(workflow_id, %(tasks)s) OR scheduler_job_id = %(raw)s
+        GROUP BY workflow_id ORDER BY workflow_id""",
+        parameters={"wf": f"slurm-{job_id}", "tasks": f"slurm-{job_id}_", "raw": job_id}).result_rows
+    tasks = [wf for wf, _ in rows if wf.startswith(f"slurm-{job_id}_")]
+    if tasks:
+        return None, array_tasks(client, database, tasks, dict(rows))
+    if any(wf == f"slurm-{job_id}" for wf, _ in rows):
+        return f"slurm-{job_id}", []
+    alias = [wf for wf, raw in rows if raw == job_id]
+    return (alias[0] if len(alias) == 1 else f"slurm-{job_id}"), []
+
+
+def array_tasks(client: Client, database: str, tasks: list[str], raw: dict[str, str]) -> list[tuple]:
+    totals = {r[0]: r[1:] for r in client.query(f"""
+        SELECT workflow_id, round(sum(gpu_seconds) / 3600, 3),
+               round(100 * sum(productive_gpu_seconds) / nullIf(sum(gpu_seconds - unobserved_gpu_seconds), 0), 1)
+        FROM {database}.workflow_windows FINAL WHERE workflow_id IN %(tasks)s GROUP BY workflow_id""",
+        parameters={"tasks": tasks}).result_rows}
+    ends = dict(client.query(f"""
+        SELECT workflow_id, ifNull(end_state, end_reason) FROM {database}.workflow_summaries FINAL
+        WHERE workflow_id IN %(tasks)s""", parameters={"tasks": tasks}).result_rows)
+    return [(wf, raw.get(wf), *totals.get(wf, (0.0, None)), ends.get(wf, "running")) for wf in tasks]

@@ -46,8 +46,9 @@ def add(sub) -> None:
     rates_args(p)
     p.set_defaults(func=cmd_workflow)
 
-    p = sub.add_parser("job", help="a Slurm job's report: the same as `gpufleet workflow slurm-<id>`")
-    p.add_argument("job_id", help="the Slurm job id")
+    p = sub.add_parser("job", help="a Slurm job's report: the same as `gpufleet workflow slurm-<id>`; an array "
+                                   "task by its own id (123_4, or its raw id), an array's id lists its tasks")
+    p.add_argument("job_id", help="the Slurm job id, or an array task's (123_4)")
     clickhouse_args(p)
     rates_args(p)
     p.set_defaults(func=cmd_job)
@@ -128,11 +129,18 @@ def cmd_workflow(args: argparse.Namespace) -> int:
 
 
 def cmd_job(args: argparse.Namespace) -> int:
+    from gpufleet.sql import format_table
+    from gpufleet.workflows import slurm_job
     from schemas.validate_ids import SLURM_JOB_ID
 
     if not SLURM_JOB_ID.fullmatch(args.job_id):
         raise UsageError(f"{args.job_id!r} is not a Slurm job id (digits, or an array task's 123_4)")
-    args.workflow_id = f"slurm-{args.job_id}"
+    workflow, tasks = slurm_job(query_client(args), args.database, args.job_id)
+    if workflow is None:
+        print(f"job {args.job_id} is an array of {len(tasks)} task(s); `gpufleet job {args.job_id}_<task>` shows one:")
+        print(format_table(["workflow", "job_id", "gpu_hours", "goodput_pct", "ended"], tasks))
+        return 0
+    args.workflow_id = workflow
     return cmd_workflow(args)
 
 

@@ -77,3 +77,28 @@ def test_a_profiled_jobs_productive_hours_are_split_by_what_its_profile_shows(ch
     assert writer.insert(WORKFLOW_WINDOWS_TABLE, [Row(0, 1, window(workflow_id="wf-q"))]) == []
     plain, _ = workflow_summary(chdb_client, database, "wf-q")
     assert plain["profile_split"] is None and "split as its profiles" not in job_report(plain)[0]
+
+
+def test_a_slurm_job_an_array_task_and_an_array_by_their_own_ids(chdb_client, database):
+    """`gpufleet job 6_0` is the array task's (its workflow slurm-6_0), so is its raw id 7;
+    `gpufleet job 6` lists the array's tasks (6 is also the last task's raw id, as Slurm numbers them)."""
+    from gpufleet.workflows import slurm_job
+    from sinks.clickhouse_ddl import WORKFLOW_EVENTS_TABLE
+
+    writer = ClickHouseWriter(chdb_client, database)
+    writer.ensure_tables()
+    jobs = {"slurm-6_0": "7", "slurm-6_1": "6", "slurm-9": "9"}
+    events = [{"workflow_id": wf, "event": "STARTED", "event_time": BASE_MS, "host": "h", "owner": "ana",
+               "team": "nlp", "gpu_uuids": [], "pids": [], "attribution": "allocation:slurm", "scheduler_job_id": raw}
+              for wf, raw in jobs.items()]
+    assert writer.insert(WORKFLOW_EVENTS_TABLE, [Row(0, i, e) for i, e in enumerate(events)]) == []
+    half = {"gpu_seconds": 3600.0, "productive_gpu_seconds": 1800.0, "low_util_gpu_seconds": 1800.0}
+    windows = [Row(0, i, window(workflow_id=wf, **half)) for i, wf in enumerate(jobs)]
+    assert writer.insert(WORKFLOW_WINDOWS_TABLE, windows) == []
+    assert slurm_job(chdb_client, database, "6_0") == ("slurm-6_0", [])
+    assert slurm_job(chdb_client, database, "7") == ("slurm-6_0", [])  # a task's raw id
+    assert slurm_job(chdb_client, database, "9") == ("slurm-9", [])
+    workflow, tasks = slurm_job(chdb_client, database, "6")
+    assert workflow is None and [(t[0], t[1], t[2], t[3]) for t in tasks] == [
+        ("slurm-6_0", "7", 1.0, 50.0), ("slurm-6_1", "6", 1.0, 50.0)]
+    assert slurm_job(chdb_client, database, "12") == ("slurm-12", [])  # nothing known: the report says so
