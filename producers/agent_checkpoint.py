@@ -134,15 +134,21 @@ class Coverage:
                                     now)
                 if record is not None:
                     out.append(record)
-        for job in current:
+        before = restored.charged if restored else {}
+        for job in (*current, *ended):
             wf = job.workflow_id
-            if job.job_id in charging or wf in self.charged or job.started_ms is None or wf not in first:
-                continue
-            since = max(job.started_ms, restored.tick_ms if restored else job.started_ms)
-            until = min(first[wf], self.observing_since if self.observing_since is not None else first[wf])
-            weight = sum(s["share"] for s in samples if s["workflow_id"] == wf)
-            uuids = [s["gpu_uuid"] for s in samples if s["workflow_id"] == wf]
-            record = unobserved(wf, self.host, job, weight, uuids, since, until,
+            if job.job_id in charging or wf in self.charged or wf in before or job.started_ms is None:
+                continue  # charged already, or no start to count from
+            observing = self.observing_since if self.observing_since is not None else now
+            if job.ended_ms is None:  # running: to where this run's samples of it begin, if it began before
+                if wf not in first:
+                    continue
+                until = min(first[wf], observing)
+                weight = sum(s["share"] for s in samples if s["workflow_id"] == wf)
+                uuids = [s["gpu_uuid"] for s in samples if s["workflow_id"] == wf]
+            else:  # begun and ended with no agent sampling it: all of it
+                until, weight, uuids = min(job.ended_ms, observing), float(len(job.gpus)), list(job.gpus)
+            record = unobserved(wf, self.host, job, weight, uuids, job.started_ms, until,
                                 f"no agent sampled {self.host} since the job began", now)
             if record is not None:
                 out.append(record)

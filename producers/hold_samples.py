@@ -9,8 +9,9 @@ samples are cut when an end or a start becomes known:
 
 - a job's samples after its end are cut to end there; what is cut off is the GPU's
   ``unallocated`` time;
-- ``unallocated`` samples after a job's start on the GPUs it was given are cut to end there
-  (the job's first sample reaches back to its start: ``host_agent``).
+- ``unallocated`` samples after a job's start on the GPUs it was given (and the job's own,
+  where its processes named it before its allocation was read) are cut to end there (the job's
+  first sample reaches back to its start: ``host_agent``).
 
 A sample covers ``(event_time - interval_ms, event_time]``; a cut one ends at the cut. Samples
 held when the agent dies are never spooled: the time they stood for is counted as the job's
@@ -85,13 +86,14 @@ class HeldSamples:
             samples[:] = kept
         return out
 
-    def started(self, gpu_uuids: set[str], start_ms: int) -> None:
-        """A job's start on ``gpu_uuids``: what held samples counted as nobody's there after it
-        is cut off (the job's first sample stands for it)."""
+    def started(self, workflow_id: str, gpu_uuids: set[str], start_ms: int) -> None:
+        """A job's start on ``gpu_uuids``: what held samples counted there after it, as nobody's
+        or as the job's by its processes alone (before its allocation was read), is cut off:
+        the job's first sample stands for it."""
         for _, samples in self._ticks:
             kept = []
             for s in samples:
-                if s["workflow_id"] == UNALLOCATED and s["gpu_uuid"] in gpu_uuids:
+                if s["workflow_id"] in (UNALLOCATED, workflow_id) and s["gpu_uuid"] in gpu_uuids:
                     s = _cut(s, start_ms)[0]
                 if s is not None:
                     kept.append(s)

@@ -176,7 +176,7 @@ class HostAgent:
         for a, _ in ended:
             self._past_end(a, now)
         for job, uuids in self._starting(allocated, seen):
-            self.held.started(uuids, job.started_ms)
+            self.held.started(job.workflow_id, uuids, job.started_ms)
         self.held.add(now, samples)
         released = self.held.release(now)
         self._spool(released, unobserved, host, self._lifecycle(seen, now), finals)
