@@ -42,7 +42,6 @@ from sinks.consume_to_clickhouse import ClickHouseSink
 from sinks.job_report import BUCKETS, LABELS, Rates, render_waterfall
 from sinks.write_clickhouse import ClickHouseWriter, connect, default_dsn
 from streams.enforcement.ladder import Ladder, load_ladders
-from streams.windows.goodput import GoodputConfig
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +49,11 @@ WORKER_GROUP = "gpufleet-worker"
 SINK_GROUP = "gpufleet-clickhouse-sink"
 ENFORCER_GROUP = "gpufleet-enforcer"
 DATABASE = "gpufleet"
-# The demo's ladder: warn after 5 and 10 simulated minutes of GPUs held at 0 %, act at 15; a
-# dry run, so what it would run is recorded, nothing is.
+# Start-up in the demo: a workflow whose GPUs did no work is starting up for its first 3 simulated
+# minutes, then idle (15 minutes by default: a demo of half an hour would show no idle job's alert).
+DEMO_STARTUP_S = 180.0
+# The demo's ladder: warn after 5 and 10 simulated minutes of GPUs held at 0 % (after start-up:
+# no alert judges start-up), act at 15; a dry run, so what it would run is recorded, nothing is.
 DEMO_POLICY = """
 [[ladder]]
 name = "idle-gpus"
@@ -124,7 +126,8 @@ def _line(text: str) -> None:
 SUMMARY_SQL = f"""
 SELECT w.workflow_id AS workflow, any(w.owner) AS owner, any(w.team) AS team,
        max(w.gpu_count) AS gpus, count() AS windows,
-       round(sum(w.utilization_mean_pct * w.gpu_seconds) / sum(w.gpu_seconds), 1) AS util_pct,
+       round(sum(w.utilization_mean_pct * (w.gpu_seconds - w.unobserved_gpu_seconds))
+             / sum(w.gpu_seconds - w.unobserved_gpu_seconds), 1) AS util_pct,
        round({ALLOCATED.sql} / 3600, 2) AS gpu_hours,
        round({WASTED.sql} / 3600, 2) AS wasted_gpu_hours,
        anyIf(a.alerts, a.alerts > 0) AS alerts
@@ -156,7 +159,7 @@ def goodput_against_planted(client, fleet, start_ms: int) -> str:
                              ).result_rows[0][0]
     ticks = max(0, (closed_to - start_ms) // 1000)
     measured, _ = fleet_goodput(client, DATABASE, "fleet", "all")
-    truth = fleet.planted(ticks, start_ms, 1000, GoodputConfig().startup_max_s)
+    truth = fleet.planted(ticks, start_ms, 1000, DEMO_STARTUP_S)
     planted = {b: sum(w.get(b, (0.0, 0.0))[0] for w in truth.values()) for b in BUCKETS}
     allocated = sum(planted.values()) or 1.0
     lines = [render_waterfall(measured, Rates(), "Measured:"), "",
@@ -197,7 +200,8 @@ def untouched_against_planted(client, fleet, ticks: int) -> str:
 def enforcement_against_planted(client, fleet, start_ms: int, ladder: Ladder) -> str:
     """What the ladder did, the GPU-hours its actions would have freed (what the workflows it
     acted on held in the closed windows from the action on), and beside them the time the
-    simulator planted idle after the action point (each idle job, at 0 % from its first tick)."""
+    simulator planted idle after the action point (each idle job, at 0 % from its first tick, is
+    idle from the end of start-up on, when the ladder's clock starts)."""
     closed_to = client.query(f"SELECT toUnixTimestamp64Milli(max(window_end)) FROM {DATABASE}.workflow_windows"
                              ).result_rows[0][0]
     steps = client.query(f"SELECT step, count() FROM {DATABASE}.enforcement FINAL GROUP BY step ORDER BY step"
@@ -208,7 +212,7 @@ def enforcement_against_planted(client, fleet, start_ms: int, ladder: Ladder) ->
                 WHERE workflow_id = e.workflow_id AND window_start >= e.due_at) AS freed
         FROM {DATABASE}.enforcement AS e FINAL WHERE e.step IN ('ACTED', 'WOULD_ACT') ORDER BY e.workflow_id
         """).result_rows
-    action_ms = round(ladder.action_min * 60_000)
+    action_ms = round((DEMO_STARTUP_S + ladder.action_min * 60) * 1000)  # the ladder's clock starts after start-up
     planted = sum(len(w.gpus) * max(0, closed_to - (start_ms + action_ms)) / 1000
                   for w in fleet.workflows if w.profile in (IDLE, UNTOUCHED))
     freed = sum(seconds or 0.0 for *_, seconds in acted)
@@ -246,7 +250,7 @@ def run_demo(opts: DemoOptions) -> int:
         # Without --bootstrap the worker finds the local cluster, as its own user where it is secure.
         worker = subprocess.Popen(
             [sys.executable, "-m", "gpufleet", "--data-dir", str(data_dir), "--log-level", "info",
-             "worker", "--app-id", WORKER_GROUP, "--enforcement", str(policy)],
+             "worker", "--app-id", WORKER_GROUP, "--enforcement", str(policy), "--startup-max-s", str(DEMO_STARTUP_S)],
             stdout=worker_log.open("wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
         print(f"  worker pid {worker.pid} (log {worker_log})")

@@ -33,7 +33,8 @@ def list_workflows(client: Client, database: str, since_minutes: float = 1440) -
         SELECT w.workflow_id AS workflow, any(w.owner) AS owner, any(w.team) AS team,
                max(w.gpu_count) AS gpus,
                round(argMax(w.utilization_mean_pct, w.window_end), 1) AS util_now_pct,
-               round(sum(w.utilization_mean_pct * w.gpu_seconds) / sum(w.gpu_seconds), 1) AS util_pct,
+               round(sum(w.utilization_mean_pct * (w.gpu_seconds - w.unobserved_gpu_seconds))
+                     / sum(w.gpu_seconds - w.unobserved_gpu_seconds), 1) AS util_pct,
                round({ALLOCATED.sql} / 3600, 3) AS gpu_hours,
                round({WASTED.sql} / 3600, 3) AS wasted_gpu_hours,
                arrayStringConcat(arraySort(any(f.detectors)), ', ') AS firing_alerts
@@ -95,7 +96,8 @@ def workflow_summary(client: Client, database: str, workflow_id: str) -> tuple[d
                    min(w.window_start) AS first_window_start, max(w.window_end) AS last_window_end,
                    'still running' AS end_reason, count() AS windows, max(w.gpu_count) AS max_gpus,
                    sum(w.gpu_seconds) AS gpu_seconds,
-                   sum(w.utilization_mean_pct * w.gpu_seconds) / sum(w.gpu_seconds) AS utilization_mean_pct,
+                   sum(w.utilization_mean_pct * (w.gpu_seconds - w.unobserved_gpu_seconds))
+                       / sum(w.gpu_seconds - w.unobserved_gpu_seconds) AS utilization_mean_pct,
                    max(w.memory_peak_fraction) AS memory_peak_fraction, sum(w.energy_joules) AS energy_joules,
                    any(w.gpu_model) AS gpu_model, CAST([], 'Array(String)') AS alerts_fired,
                    sum(w.tensor_active_mean_pct * w.gpu_seconds) / sum(w.gpu_seconds) AS tensor_active_mean_pct,

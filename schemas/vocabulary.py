@@ -82,8 +82,8 @@ UNUSED = Term(
     "sum(wasted_gpu_seconds)")
 UTILISATION = Term(
     "utilisation",
-    "the GPU's busy share (NVML utilisation), averaged over the allocated GPU-seconds.",
-    "sum(utilization_mean_pct * gpu_seconds) / sum(gpu_seconds)")
+    "the GPU's busy share (NVML utilisation), averaged over the allocated GPU-seconds samples stand for.",
+    "sum(utilization_mean_pct * (gpu_seconds - unobserved_gpu_seconds)) / sum(gpu_seconds - unobserved_gpu_seconds)")
 
 TERMS = (CAPACITY, ALLOCATED, UNALLOCATED, STARTUP, IDLE, WASTED, PRODUCTIVE, UNOBSERVED, GOODPUT, UNUSED,
          UTILISATION)

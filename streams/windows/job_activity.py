@@ -14,7 +14,8 @@ def add_activity(job: dict, window: dict, sign: int) -> None:
     for key, field, weight in ACTIVITY:
         value = window.get(field)
         if value is not None:
-            w = window[weight] if weight else (window["window_end"] - window["window_start"]) / 1000
+            w = (window[weight] - (window.get("unobserved_gpu_seconds") or 0.0) if weight
+                 else (window["window_end"] - window["window_start"]) / 1000)
             pair = job.setdefault(key, [0.0, 0.0])
             pair[0] += sign * value * w
             pair[1] += sign * w

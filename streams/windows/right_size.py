@@ -36,8 +36,10 @@ ALLOCATOR_MEMORY = "the framework allocator's peak (PyTorch max_memory_allocated
 
 
 def recommend(job: dict) -> list[dict]:
-    """The ``RightSize`` records of a job's totals (possibly none: it fits what it has)."""
-    seconds, gpus = job.get("gpu_seconds", 0.0), job.get("max_gpus", 0)
+    """The ``RightSize`` records of a job's totals (possibly none: it fits what it has), judged on
+    the GPU-seconds its samples stand for (the unobserved ones say nothing of its use)."""
+    seconds = job.get("gpu_seconds", 0.0) - job.get("unobserved_gpu_seconds", 0.0)
+    gpus = job.get("max_gpus", 0)
     if seconds <= 0 or gpus <= 0:
         return []
     out = []

@@ -16,6 +16,11 @@ _SUMS = ("gpu_seconds", "active_gpu_seconds", "wasted_gpu_seconds", "zero_util_g
          "throttled_gpu_seconds", *SECONDS_FIELDS, *JOULES_FIELDS)
 
 
+def observed(window: dict) -> float:
+    """A window's GPU-seconds that samples stand for."""
+    return window["gpu_seconds"] - (window.get("unobserved_gpu_seconds") or 0.0)
+
+
 def accumulate(state: WorkflowState, window: dict, alerts: list[dict]) -> None:
     """Add a closed window (and the alerts it raised) to the job's totals."""
     if state.job is None:
@@ -33,7 +38,7 @@ def accumulate(state: WorkflowState, window: dict, alerts: list[dict]) -> None:
         job[k] = job.get(k, 0.0) + window.get(k, 0.0)  # totals begun before goodput lack its keys
     if window.get("gpu_model"):
         job["model"] = window["gpu_model"]
-    job["util_weighted"] += window["utilization_mean_pct"] * window["gpu_seconds"]
+    job["util_weighted"] += window["utilization_mean_pct"] * observed(window)
     add_activity(job, window, 1)
     if window.get("energy_joules") is not None:
         job["energy_j"] = (job["energy_j"] or 0.0) + window["energy_joules"]
@@ -59,8 +64,8 @@ def correct(state: WorkflowState, before: dict | None, after: dict) -> None:
     for k in _SUMS:
         job[k] = job.get(k, 0.0) + after.get(k, 0.0) - before.get(k, 0.0)
     job["max_gpus"] = max(job["max_gpus"], after["gpu_count"])
-    job["util_weighted"] += (after["utilization_mean_pct"] * after["gpu_seconds"]
-                             - before["utilization_mean_pct"] * before["gpu_seconds"])
+    job["util_weighted"] += (after["utilization_mean_pct"] * observed(after)
+                             - before["utilization_mean_pct"] * observed(before))
     add_activity(job, before, -1)
     add_activity(job, after, 1)
     if after.get("energy_joules") is not None:
@@ -94,7 +99,7 @@ def summary(workflow_id: str, state: WorkflowState, reason: str, now_ms: int) ->
     job = state.job
     if not job:
         return None
-    seconds = job["gpu_seconds"]
+    seconds = job["gpu_seconds"] - job.get("unobserved_gpu_seconds", 0.0)  # the utilisation of what was seen
     return {
         "workflow_id": workflow_id, "owner": state.owner, "team": state.team,
         "first_window_start": job["first"], "last_window_end": job["last"], "end_reason": reason,

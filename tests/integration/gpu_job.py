@@ -18,6 +18,7 @@ def main() -> int:
     p.add_argument("--open", choices=["all", "first", "none"], required=True, help="which of its GPUs it opens")
     p.add_argument("--util", type=float, default=80.0)
     p.add_argument("--seconds", type=float, required=True)
+    p.add_argument("--exit", type=int, default=0, help="the exit code it ends with (a failed job: not 0)")
     args = p.parse_args()
     gpus = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
     opened = {"all": gpus, "first": gpus[:1], "none": []}[args.open]
@@ -30,7 +31,7 @@ def main() -> int:
         os.replace(tmp, entry)
     signal.sigtimedwait({signal.SIGTERM}, args.seconds)  # the job's work: until its time is up or it is cancelled
     entry.unlink(missing_ok=True)
-    return 0
+    return args.exit
 
 
 if __name__ == "__main__":

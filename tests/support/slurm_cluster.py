@@ -2,9 +2,11 @@
 AdminComment), slurmctld and slurmd, all under a temporary directory with their own ports,
 running gpufleet's shipped prolog and epilog (``docker/slurm``). The node has GPUs as GRES
 backed by character device files made for it with ``mknod``; slurmd then gives each job its
-own ``SLURM_JOB_GPUS`` and ``CUDA_VISIBLE_DEVICES``. Needs root and Debian's ``slurm-wlm``,
-``slurmdbd``, ``munge`` and ``mariadb-server`` (``make test`` installs them where it can);
-``missing()`` says what is not there."""
+own ``SLURM_JOB_GPUS`` and ``CUDA_VISIBLE_DEVICES``. Real Unix users (``useradd``, removed
+again by ``stop``) are in its accounting and submit their own jobs (``sbatch(..., user=)``,
+through ``runuser``); the cluster's files are readable by them, as a site's are. Needs root and
+Debian's ``slurm-wlm``, ``slurmdbd``, ``munge`` and ``mariadb-server`` (``make test`` installs
+them where it can); ``missing()`` says what is not there."""
 
 from __future__ import annotations
 
@@ -12,13 +14,14 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "docker" / "slurm"
 DAEMONS = ("munged", "mariadbd", "mariadb-install-db", "slurmdbd", "slurmctld", "slurmd")
-CLIENTS = ("sbatch", "scontrol", "squeue", "scancel", "sacct", "sacctmgr")
+CLIENTS = ("sbatch", "scontrol", "squeue", "scancel", "sacct", "sacctmgr", "useradd", "userdel", "runuser")
 
 
 def missing() -> str | None:
@@ -53,9 +56,11 @@ class SlurmCluster:
         allocations_dir: Path,
         partitions: tuple[str, ...] = ("gpu", "exempt"),
         accounts: tuple[str, ...] = ("vision", "ops"),
+        users: tuple[str, ...] = (),
     ) -> None:
         self.root, self.gpus, self.gpufleet, self.allocations_dir = root, gpus, gpufleet, allocations_dir
-        self.partitions, self.accounts = partitions, accounts
+        self.partitions, self.accounts, self.users = partitions, accounts, users
+        self.created_users: list[str] = []
         self.node = socket.gethostname()
         self.cluster = "gftest"
         self.conf = root / "slurm.conf"
@@ -69,6 +74,14 @@ class SlurmCluster:
         r = self.root
         for d in ("state", "spool", "log", "run", "munge", "db", "dev", "prolog.d", "epilog.d"):
             (r / d).mkdir(parents=True, exist_ok=True)
+        for folder in (r, *r.parents):  # users' clients read slurm.conf and reach munge's socket
+            if folder.stat().st_mode & 0o005 != 0o005 and str(folder).startswith(tempfile.gettempdir()):
+                folder.chmod(folder.stat().st_mode | 0o005)
+        (r / "munge").chmod(0o700)
+        for user in self.users:
+            if subprocess.run(["id", user], capture_output=True, check=False).returncode != 0:
+                self._run([_which("useradd"), "--no-create-home", "--shell", "/bin/sh", user])
+                self.created_users.append(user)
         key = r / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
@@ -86,8 +99,9 @@ class SlurmCluster:
         self._run(["sacctmgr", "-i", "add", "cluster", self.cluster])
         self._run(["sacctmgr", "-i", "add", "qos", "exempt"])
         self._run(["sacctmgr", "-i", "add", "account", ",".join(self.accounts)])
-        self._run(["sacctmgr", "-i", "add", "user", "root", f"account={','.join(self.accounts)}",
-                   "qos=normal,exempt"])
+        for user in ("root", *self.users):
+            self._run(["sacctmgr", "-i", "add", "user", user, f"account={','.join(self.accounts)}",
+                       "qos=normal,exempt"])
         self._daemon([_which("slurmctld"), "-D", "-i", "-f", str(self.conf)], "slurmctld")
         self._daemon([_which("slurmd"), "-D", "-f", str(self.conf)], "slurmd")
         self._wait(lambda: "idle" in self._out(["sinfo", "-h", "-o", "%T"]), 60, "the node to be idle")
@@ -108,6 +122,8 @@ class SlurmCluster:
                 os.kill(int(pid_file.read_text().split()[0]), 15)
             except (OSError, ValueError):
                 pass
+        for user in self.created_users:
+            subprocess.run([_which("userdel"), user], capture_output=True, check=False)
 
     def _install_scripts(self) -> None:
         """gpufleet's prolog and epilog as shipped, with the env file they read beside them."""
@@ -197,9 +213,17 @@ StorageLoc=slurm_acct_db
 
     # -- what tests ask of it -------------------------------------------------------------------
 
-    def sbatch(self, *args: str) -> str:
-        out = self._out(["sbatch", "--parsable", *args])
+    def sbatch(self, *args: str, user: str | None = None) -> str:
+        """A job submitted (as ``user``, where given: a real Unix user's own job); its id."""
+        out = self._out([*self.as_user(user), "sbatch", "--parsable", *args])
         return out.strip().split(";")[0]
+
+    def as_user(self, user: str | None) -> list[str]:
+        """The prefix that runs a client command as ``user`` (nothing: as root)."""
+        return [] if user is None else [_which("runuser"), "-u", user, "--"]
+
+    def scancel(self, job_id: str, user: str | None = None) -> None:
+        self._run([*self.as_user(user), "scancel", job_id])
 
     def job(self, job_id: str) -> dict[str, str]:
         """``scontrol show job`` as a dict of its fields (the one-line form)."""
@@ -213,6 +237,15 @@ StorageLoc=slurm_acct_db
 
     def sacct(self, job_id: str, fields: str) -> str:
         return self._out(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", fields]).strip()
+
+    def accounting(self, job_id: str) -> dict[str, str]:
+        """What accounting says of one job (its raw id), times in epoch seconds."""
+        fields = ("JobIDRaw", "JobID", "State", "ExitCode", "Start", "End", "User", "Account", "Partition", "QOS")
+        out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", ",".join(fields)],
+                             env={**self.env, "SLURM_TIME_FORMAT": "%s"}, capture_output=True, text=True,
+                             timeout=60, check=True).stdout
+        (row,) = [dict(zip(fields, line.split("|"))) for line in out.splitlines() if line.startswith(f"{job_id}|")]
+        return row
 
     def log_tail(self, name: str, lines: int = 40) -> str:
         path = self.root / "log" / name

@@ -154,3 +154,11 @@ def test_the_summary_carries_the_jobs_tensor_activity_and_model_mfu_and_the_repo
     assert record["model_mfu_pct"] == pytest.approx(30.0)  # only the window that had it
     text, _ = job_report(record)
     assert "tensor cores active 25.0%" in text and "model FLOPs utilisation 30.0%" in text
+
+
+def test_time_no_sample_stands_for_says_nothing_of_how_many_gpus_a_job_needs():
+    # 2 GPUs for 100 s, one at 0 % while sampled; 25 s of each unobserved (the agent was down).
+    job = {"gpu_seconds": 200.0, "unobserved_gpu_seconds": 50.0, "zero_util_gpu_seconds": 75.0, "max_gpus": 2,
+           "util_weighted": 80.0 * 75.0}
+    sizes = {r["kind"]: r for r in recommend(job)}
+    assert sizes["gpu_count"]["recommended"] == "1 GPUs"

@@ -1,0 +1,48 @@
+"""The host agent of the Slurm test's node as a process of its own (so that a test can kill it
+with SIGKILL and start it again): gpufleet's agent, reading the Slurm directory the shipped
+prolog and epilog write, its spool and checkpoint in ``--spool``, with the node's fake GPUs
+(``tests.support.slurm_gpus``) at the pynvml boundary. Run as
+``python -m tests.support.slurm_agent --registry R --allocations D --spool S --bootstrap B
+--prefix P --host H --cluster C --gpus N``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from producers.attribute_process import ProcessAttributor
+from producers.forward_spool import Forwarder
+from producers.host_agent import AgentSettings, HostAgent
+from producers.run_agent import run_agent
+from producers.slurm_allocations import SlurmAllocations
+from producers.spool import Spool
+from schemas.codec import Codec
+from tests.support.slurm_gpus import JobGpus, Sampler
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser()
+    for name in ("--registry", "--allocations", "--spool"):
+        p.add_argument(name, type=Path, required=True)
+    for name in ("--bootstrap", "--prefix", "--host", "--cluster"):
+        p.add_argument(name, required=True)
+    p.add_argument("--gpus", type=int, required=True)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sampler = Sampler(JobGpus(args.registry, args.gpus))
+    sampler.open()
+    agent = HostAgent(AgentSettings(args.host, interval_s=1.0, cluster=args.cluster, topic_prefix=args.prefix),
+                      Spool(args.spool), Codec(), nvml=sampler, attributor=ProcessAttributor(),
+                      allocations=SlurmAllocations(args.allocations))
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    run_agent(agent, Forwarder(agent.spool, args.bootstrap, send_every_s=1.0), stop)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
