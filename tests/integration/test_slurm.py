@@ -154,6 +154,45 @@ def published_at(bootstrap: str, topic: str) -> dict[str, int]:
     return out
 
 
+NAMES = ["tab\there", "quote'\"s", "$(id) `id`", "pipe|exempt|N/A", "x" * 300, "é训练" * 40, "a\nb\nc", "\x1f\x1e\x1d",
+         "12|12|N/A|N/A|gf-bo|ops|gpu|normal|UNLIMITED|0|0|RUNNING|None|n"]
+
+
+def test_the_prolog_reads_every_name_a_user_can_give(slurm, shared):
+    """The shipped prolog, on the real Slurm, for a real user's jobs of an exempt QoS with every
+    kind of name (and one of bytes that are no UTF-8): each record has the QoS, the account and
+    the name, and names nothing unknown."""
+    from producers.slurm_allocations import ENDED, JOBS, SlurmAllocations, SlurmDirectory
+
+    def submit(name: str | bytes) -> str:
+        argv = [*slurm.as_user(BO), "sbatch", "--parsable", "-c", "1", "-A", "ops", "--qos", "exempt",
+                "-o", "/dev/null", "--chdir", str(shared), b"--job-name=" + (name if isinstance(name, bytes)
+                                                                            else name.encode()), "--wrap", "sleep 300"]
+        out = subprocess.run(argv, env=slurm.env, capture_output=True, timeout=60, check=True)
+        return out.stdout.decode().strip().split(";")[0]
+
+    ids = {submit(name): name for name in [*NAMES, b"\xff\xfe-bytes"]}
+    directory = SlurmDirectory(slurm.allocations_dir)
+    try:
+        def recorded():
+            got = {a.job_id: a for a in directory.records(JOBS)}
+            return got if set(ids) <= set(got) else None
+
+        records = wait_until(recorded, 60, "every job's prolog record")
+        for job, name in ids.items():
+            a = records[job]
+            assert (a.qos, a.team, a.owner, a.partition, a.unknown) == ("exempt", "ops", BO, "gpu", ()), (name, a)
+            want = name if isinstance(name, str) else name.decode("utf-8", "backslashreplace")
+            assert a.name == want, (a.name, want)
+            assert a.started_ms is not None and a.workflow_id == f"slurm-{job}"
+    finally:
+        for job in ids:
+            slurm.scancel(job)
+        wait_until(lambda: not set(ids) & {a.job_id for a in directory.records(JOBS)}, 60, "their epilogs")
+        source = SlurmAllocations(slurm.allocations_dir)
+        source.forget(directory.records(ENDED))  # (no agent here to spool them)
+
+
 def test_what_slurm_allocated_is_what_gpufleet_measures_alerts_and_acts_on(slurm, shared, kafka, prefix, tmp_path,
                                                                             chdb_client, database):
     agent = Agent(slurm, shared, tmp_path, kafka.bootstrap, prefix)
