@@ -36,7 +36,8 @@ def test_restarted_worker_sends_no_duplicate_notification(kafka, prefix, tmp_pat
     thread, stop, http = start_notifier(kafka.bootstrap, prefix, tmp_path)
     pub = Publisher(kafka.bootstrap, CODEC)
     app_id = f"{prefix}worker"
-    options = ("--detector-min-s", "120", "--idle-partition-s", "2")
+    # A job idle from its start counts as starting for its first minute here (15 in production).
+    options = ("--detector-min-s", "120", "--idle-partition-s", "2", "--startup-max-s", "60")
     try:
         # Alerts fire when window 1 (60-120 s) closes; the episode goes on through tick 400.
         pub.publish(GPU_SAMPLES, [s for t in range(200) for s in fleet.samples_at(t, BASE_MS, 1000)],

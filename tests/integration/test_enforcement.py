@@ -76,7 +76,8 @@ def test_two_warnings_then_the_action_exactly_once(kafka, prefix, tmp_path, chdb
         dataclasses.replace(w, team=team, profile=profile) for w, (team, profile) in zip(fleet.workflows, plan)))
     idle, exempt, trial, busy = (w.workflow_id for w in fleet.workflows)
     topic = prefix + GPU_SAMPLES.name
-    options = ("--enforcement", str(tmp_path / "enforcement.toml"), "--no-periodic-profiles")
+    # A job idle from its start counts as starting for its first minute here (15 in production).
+    options = ("--enforcement", str(tmp_path / "enforcement.toml"), "--no-periodic-profiles", "--startup-max-s", "60")
 
     def publish(first_min: int, last_min: int) -> None:
         run_simulation(fleet, SimulationPlan(start_ms=BASE_MS + first_min * 60_000, ticks=(last_min - first_min) * 60,

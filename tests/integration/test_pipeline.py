@@ -46,7 +46,8 @@ def test_samples_become_windows_and_alerts_in_clickhouse(kafka, prefix, sink, tm
     assert progress.samples == len(published) == TICKS * fleet.gpu_count
 
     # Three minutes of data: let violations fire after one window instead of their 5-10 minutes.
-    with worker_process(kafka.bootstrap, prefix, tmp_path, f"{prefix}worker", "--detector-min-s", "60") as worker:
+    with worker_process(kafka.bootstrap, prefix, tmp_path, f"{prefix}worker", "--detector-min-s", "60",
+                        "--startup-max-s", "60") as worker:
         n_windows = len(fleet.workflows) * WINDOWS
         wait_until(lambda: q(sink, "SELECT count() FROM {db}.workflow_windows FINAL")[0][0] >= n_windows,
                    120, f"{n_windows} windows in ClickHouse")

@@ -30,7 +30,7 @@ def test_stopped_workflows_are_summarised(kafka, prefix, tmp_path, chdb_client, 
 
     with running_sink(kafka.bootstrap, prefix, chdb_client, database):
         with worker_process(kafka.bootstrap, prefix, tmp_path, f"{prefix}worker", "--workflow-ended-s", "60",
-                            "--idle-partition-s", "2", "--detector-min-s", "60") as worker:
+                            "--idle-partition-s", "2", "--detector-min-s", "60", "--startup-max-s", "60") as worker:
             got = wait_until(summaries, 120, "summaries of the stopped workflows")
             assert worker.poll() is None
         wait_until(lambda: chdb_client.query(f"SELECT count() FROM {database}.workflow_summaries FINAL")
