@@ -1,6 +1,6 @@
 """Who may do what on gpufleet's Kafka topics, and the secure local cluster's credentials.
 
-Each component runs as a principal of its own and is granted only what it needs (``RIGHTS``):
+Each component runs as a principal of its own and is granted only what it needs (``rights``):
 
 ============ ==================================================================================
 agent        writes GPU and host samples, workflow events, kernel events, profile statuses and dead

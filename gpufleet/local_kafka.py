@@ -205,7 +205,7 @@ def start(
     time), or the nodes of it that are not running, and wait until every node answers.
 
     ``secure``: a cluster that only speaks SASL_SSL with mutual TLS, where a principal per
-    component may do only what ``gpufleet.kafka_security.RIGHTS`` allow it (on the topics
+    component may do only what ``gpufleet.kafka_security.rights`` allow it (on the topics
     without prefix; ``kafka_security.grant`` adds a prefix's). Its CA, certificates, passwords
     and client property files are made the first time, under ``data_dir/secure``."""
     data_dir = data_dir.resolve()

@@ -325,6 +325,6 @@ class ClickHouseSink:
 
     def _commit(self, messages: list) -> None:
         """Commit the positions after ``messages``; only ever called after their inserts
-        succeeded (``sinks.commit_offsets``: a rebalance or a coordinator that moved is not
+        succeeded (``kafka_client.commit_offsets``: a rebalance or a coordinator that moved is not
         an error)."""
         self.loop.commit(messages)

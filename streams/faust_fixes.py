@@ -31,10 +31,10 @@ offsets:
    the jump are never processed nor read again (a restarted worker lost a stretch of samples
    under the fleet fault test). On topics registered in ``CONTIGUOUS`` (not compacted, no
    transactions: their offsets have no gaps) no gap is recorded; the stream that reads them
-   (``streams.in_order``) seeks back to the first missing offset and applies messages only
+   (``streams.stages.in_order``) seeks back to the first missing offset and applies messages only
    in order, and the commit never passes an offset that was not processed.
 
-5. The commit writes state before it commits offsets (``streams.stage_io.BeforeCommit``),
+5. The commit writes state before it commits offsets (``streams.stages.io.BeforeCommit``),
    but it runs whenever its timer fires, also in the middle of a stage's batch: between the
    batch's changes to a state and the delivery of the records they lead to. A state written
    then would be ahead of its records; a new owner restoring it after a crash skips the batch

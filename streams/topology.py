@@ -1,16 +1,17 @@
-"""The worker's stages and the topics between them, in flow order. Each stage is a module with
-a ``register`` (its agents, timers and tables on the Faust app) beside the plain-function
-logic it calls; ``stage_io`` is what they share.
+"""The worker's stages and the topics between them, in flow order. Each stage is a module of
+``streams.stages`` with a ``register`` (its agents, timers and tables on the Faust app) that
+reads its topics, calls the stage's plain logic and sends what it returns; ``streams.stages.io``
+is what they share.
 
-    gpu-samples ─┐                     ┌─▶ workflow-windows, workflow-summaries
-    workflow-events ─▶ windows ────────┼─▶ alerts, profile-requests (automatic)
-    profile-results ─┘  (windows.stage)└─▶ profile-schedule (what runs where)
-    kernel-events ───▶ traces ─────────▶ trace-analyses, findings, profile-results, profile-statuses
-                        (traces.stage)
-    trace-analyses ──▶ comparison ─────▶ findings (slower than the rank's previous profile; a straggler rank)
-                        (profiling.comparison)
-    profile-schedule ▶ scheduler ──────▶ profile-requests (periodic)
-                        (profiling.stage)
+    gpu-samples ─┐                      ┌─▶ workflow-windows, workflow-summaries
+    workflow-events ─▶ windows ─────────┼─▶ alerts, profile-requests (automatic)
+    profile-results ─┘ (stages.windows) └─▶ profile-schedule (what runs where)
+    kernel-events ───▶ traces ──────────▶ trace-analyses, findings, profile-results, profile-statuses
+                        (stages.traces)
+    trace-analyses ──▶ comparison ──────▶ findings (slower than the rank's previous profile; a straggler rank)
+                        (stages.comparison)
+    profile-schedule ▶ scheduler ───────▶ profile-requests (periodic)
+                        (stages.profile_schedule)
 
 Every stage sends what it cannot use to dead-letters, with the reason.
 """
@@ -21,12 +22,11 @@ import faust
 
 from schemas.codec import Codec
 from streams import faust_fixes
-from streams.profiling import comparison as profile_comparison
-from streams.profiling import stage as scheduler
 from streams.settings import StreamSettings
-from streams.stage_io import METRICS
-from streams.traces import stage as traces
-from streams.windows import stage as windows
+from streams.stages import comparison as profile_comparison
+from streams.stages import profile_schedule as scheduler
+from streams.stages import traces, windows
+from streams.stages.io import METRICS
 
 STAGES = (windows, traces, profile_comparison, scheduler)
 
@@ -36,7 +36,7 @@ LAG_EVERY_S = 5.0
 
 def register(app: faust.App, settings: StreamSettings) -> None:
     """Add every stage's agents, timers and tables to ``app``, and the timer that keeps the
-    worker's consumer lag metric (``stage_io.METRICS``) current."""
+    worker's consumer lag metric (``streams.stages.io.METRICS``) current."""
     codec = Codec()
     for stage in STAGES:
         stage.register(app, settings, codec)

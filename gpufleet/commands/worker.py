@@ -84,7 +84,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from streams.profiling.diff import ComparisonConfig, RegressionConfig
     from streams.profiling.schedule import ScheduleConfig
     from streams.settings import StreamSettings
-    from streams.stage_io import METRICS
+    from streams.stages.io import METRICS
     from streams.windows.batches import WindowConfig
     from streams.windows.goodput import GoodputConfig
 

@@ -3,7 +3,7 @@
 Thresholds are configurable (``DetectorConfig``); the defaults follow the anchors:
 Meta's fleet study (IEEE Micro 2021) flags jobs under 25 % mean utilisation and idle
 allocated GPUs; its e-mail rule sends one message per violation per 7 days. How long a
-condition must hold before anyone is told is the alert life cycle's job (``alert_lifecycle``):
+condition must hold before anyone is told is the alert life cycle's job (``streams.alerts.lifecycle``):
 ``min_duration_s`` below is what each detector asks of it.
 """
 

@@ -15,13 +15,22 @@ still firing resolves with the reason (``end_alerts``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from msgspec.structs import replace
 
 from schemas.vocabulary import wasted_seconds
 from streams.alerts.detectors import DETECTORS, DetectorConfig, detect
 from streams.alerts.lifecycle import LifecycleConfig, interrupt, resolve, step
-from streams.windows.workflow_state import WorkflowState
+
+
+class AlertState(Protocol):
+    """What the alerts keep of a workflow (``streams.windows.workflow_state.WorkflowState`` has
+    it): each detector's life cycle, the GPU-seconds wasted so far, the job's totals."""
+
+    alerts: dict[str, dict]
+    wasted_s: float
+    job: dict | None
 
 
 @dataclass(frozen=True)
@@ -78,7 +87,7 @@ def load_detector_config(path) -> tuple[DetectorConfig, dict[str, DetectorConfig
 USAGE = frozenset({"low_utilization", "idle_allocated", "partial_use", "imbalance", "memory_underuse", "input_bound"})
 
 
-def raise_alerts(state: WorkflowState, window: dict, config: AlertConfig, now_ms: int) -> list[dict]:
+def raise_alerts(state: AlertState, window: dict, config: AlertConfig, now_ms: int) -> list[dict]:
     """Advance every detector's life cycle by ``window``; return the alerts that transition."""
     lifecycles = state.alerts
     state.wasted_s += wasted_seconds(window)  # as every report counts it (schemas.vocabulary)
@@ -106,7 +115,7 @@ def raise_alerts(state: WorkflowState, window: dict, config: AlertConfig, now_ms
     return out
 
 
-def end_alerts(state: WorkflowState, workflow_id: str, reason: str, at_ms: int, now_ms: int) -> list[dict]:
+def end_alerts(state: AlertState, workflow_id: str, reason: str, at_ms: int, now_ms: int) -> list[dict]:
     """The workflow ended (``reason``) at ``at_ms``: each of its alerts still firing resolves,
     saying why; a condition building up is dropped."""
     out = []
@@ -122,7 +131,7 @@ def end_alerts(state: WorkflowState, workflow_id: str, reason: str, at_ms: int, 
     return out
 
 
-def _with_job_totals(state: WorkflowState, window: dict) -> dict:
+def _with_job_totals(state: AlertState, window: dict) -> dict:
     """The window with what the detectors judge over the whole job so far: the memory peak
     (the job's totals, ``state.job``, hold the windows before this one)."""
     peaks = [p for p in ((state.job or {}).get("mem_peak"), window.get("memory_peak_fraction"))

@@ -11,7 +11,7 @@ and the analysis of the same trace, all listed in ``RULES``. Rules:
 * high launch delay; low communication/computation overlap; input-pipeline stalls (GPU
   idle while DataLoader work runs); GEMM/convolution time without tensor-core kernels
   (try AMP/bf16); peak memory over 90 % of the device's; operators that count their FLOPs
-  running under 70 % of their roofline (``trace_operators``);
+  running under 70 % of their roofline (``streams.traces.operators``);
 * from what the host agent saw during a requested profile (``ProfileSystemContext``): a
   starved GPU while the host's or the job's CPUs are saturated (CPU-bound input), or while
   the host waits on I/O (storage-bound input), on the live input-bound detector's thresholds;
@@ -222,7 +222,7 @@ def memory_pressure(e: Evidence) -> dict | None:
 
 
 def operators_below_roof(e: Evidence) -> dict | None:
-    """Operators that count their FLOPs and run under 70 % of their roofline (``trace_operators``)."""
+    """Operators that count their FLOPs and run under 70 % of their roofline (``streams.traces.operators``)."""
     slow = [o for o in e.analysis.get("operators", []) if o["at_stake_us"] > 0 and o["bound"] is not None]
     at_stake = sum(o["at_stake_us"] for o in slow)
     if at_stake < MIN_AT_STAKE_US:

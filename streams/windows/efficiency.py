@@ -1,6 +1,6 @@
 """The efficiency part of a workflow window: where its GPU-seconds went.
 
-Accumulated alongside ``window_utilization`` (same windows, same weights: a sample counts
+Accumulated alongside ``streams.windows.utilization`` (same windows, same weights: a sample counts
 for its interval times the workflow's share of the GPU) and emitted in ``WorkflowWindow``:
 active, wasted and 0 %-utilisation GPU-seconds, the utilisation's median and 95th
 percentile (exact: NVML reports whole percents, kept as a histogram of 101 values), SM and

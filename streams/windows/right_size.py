@@ -1,6 +1,6 @@
 """Right-sizing: what a workflow should ask for next time, from its whole run so far.
 
-From the job's totals (``summarize_workflow``: GPU-seconds, GPU-seconds at 0 %, peak memory,
+From the job's totals (``streams.windows.summary``: GPU-seconds, GPU-seconds at 0 %, peak memory,
 SM and tensor activity, CPU) and the table of GPU models and MIG profiles
 (``schemas/gpu_peaks.json``, with its sources), at most one recommendation of each kind:
 

@@ -4,20 +4,20 @@ changelog and read back, versioned.
 Who writes what:
 
 ==============================  ===================================================================
-``window_utilization``          ``partition``, ``owner``/``team``, ``last_offset``/``last_index``
+``streams.windows.utilization``          ``partition``, ``owner``/``team``, ``last_offset``/``last_index``
                                 (applied through; a replay is skipped), ``max_event_time``,
                                 ``windows`` (the open windows' accumulators, by start)
-the life cycle (``stage_windows``) ``hosts``, ``ending``; ``ended`` and ``end_reason`` when summarised
+the life cycle (``streams.stages.windows``) ``hosts``, ``ending``; ``ended`` and ``end_reason`` when summarised
 ``goodput``                     ``first_sample_at``, ``busy_since`` (start-up ends there),
                                 ``energy_counters`` (each GPU's last energy counter reading)
-``summarize_workflow``          ``job`` (the totals of its closed windows)
+``streams.windows.summary``          ``job`` (the totals of its closed windows)
 ``raise_alerts``                ``alerts`` (each detector's life cycle), ``wasted_s``
 ``auto_profile``, ``root_cause`` ``auto_profiled_at``, and the profile of an alert in ``alerts``
 the life cycle, again           ``scheduler_job_id``, ``cluster``, ``cmdline``, ``scheduler_qos``/``_partition``,
                                 ``unknown_facts`` and ``scheduler_problem`` (what the scheduler could not say),
                                 ``scheduler``, ``allocated_at``, ``ended_at``, ``end_state`` and the exit
                                 (the scheduler's start, end and how the job ended)
-``enforcement_ladder``          ``ladders`` (each ladder's steps taken in the current episode)
+``streams.enforcement.ladder``          ``ladders`` (each ladder's steps taken in the current episode)
 ==============================  ===================================================================
 
 The changelog holds ``{"v": STATE_VERSION, "state": {...}}`` (JSON, by msgspec). Version 0 is

@@ -34,9 +34,9 @@ from streams.alerts.detectors import DetectorConfig
 from streams.alerts.lifecycle import LifecycleConfig
 from streams.alerts.raising import AlertConfig
 from streams.settings import StreamSettings
+from streams.stages.window_step import Decoded, WindowStep
 from streams.windows.batches import WindowConfig
 from streams.windows.goodput import GoodputConfig
-from streams.windows.step import Decoded, WindowStep
 from tests.support.fake_nvml import FakeGpu, FakeNvml, FakeProcess
 from tests.support.proc_tree import make_process
 

@@ -188,7 +188,7 @@ def exposed_metrics() -> dict[str, set[str]]:
     from sinks.consume_alerts import METRICS as NOTIFIER
     from sinks.consume_to_clickhouse import METRICS as SINK
     from streams import topology  # noqa: F401 -- every stage's metrics registered in the worker's registry
-    from streams.stage_io import METRICS as WORKER
+    from streams.stages.io import METRICS as WORKER
 
     added = {"job", "instance", "cluster"}
     out: dict[str, set[str]] = {}

@@ -89,7 +89,7 @@ def test_the_agent_shows_each_gpus_latest_reading_and_no_series_of_a_workflow_go
 
 def test_the_worker_registry_holds_every_stages_metrics():
     from streams import topology  # noqa: F401 -- every stage imported: their metrics registered once
-    from streams.stage_io import METRICS
+    from streams.stages.io import METRICS
 
     names = {f.name for f in METRICS.registry.collect()}
     assert {"gpufleet_worker_samples", "gpufleet_windows_closed", "gpufleet_alerts", "gpufleet_records_in",

@@ -1,6 +1,6 @@
 """A partition's messages are applied in offset order only; a hole is read again."""
 
-from streams.in_order import InOrder
+from streams.stages.in_order import InOrder
 
 
 def test_in_order_messages_are_all_applied():

@@ -14,10 +14,10 @@ import pytest
 
 from schemas.codec import Codec
 from schemas.sample_columns import columns_of
-from streams import stage_state
 from streams.settings import StreamSettings
-from streams.stage_io import BeforeCommit
-from streams.windows.stage import WindowStage
+from streams.stages import state as stage_state
+from streams.stages.io import BeforeCommit
+from streams.stages.windows import WindowStage
 from streams.windows.workflow_state import decode
 from tests.support.samples import BASE_MS, sample
 
@@ -129,7 +129,7 @@ def test_a_batch_without_records_writes_its_state_without_a_flush(stage):
 
 def test_the_trace_stage_sends_its_analysis_before_the_state_that_says_the_trace_is_done(monkeypatch):
     from streams import faust_fixes
-    from streams.traces.stage import TraceStage
+    from streams.stages.traces import TraceStage
     from tests.support.kernel_events import end, kernel_events
 
     app = faust.App("test-trace-ordering", broker="kafka://127.0.0.1:1", store="memory://", autodiscover=False)
@@ -235,7 +235,7 @@ async def a_batch_then_a_commit(stage, writes: Writes) -> asyncio.Task:
     written the states: the task of the commit, waiting on their acknowledgements."""
     from streams import faust_fixes
 
-    # (the stage's state writes its changes when the commit starts: streams.stage_state)
+    # (the stage's state writes its changes when the commit starts: streams.stages.state)
     await stage._apply_samples(0, messages(0, 80, offset=0), now=BASE_MS + 90_000)
     commit = asyncio.create_task(faust_fixes._force_commit_between_batches(CommittingConsumer(stage.app,
                                                                                                stage.events)))
@@ -285,7 +285,7 @@ def test_the_scheduler_sends_its_requests_before_the_state_that_made_them_is_wri
     """The profile scheduler's state says which workflows it asked to profile: written before
     the request is durable, a new owner restoring it would never ask again. Like every stage,
     its changes are written by the commit, after the producer's flush."""
-    from streams.profiling import stage
+    from streams.stages import profile_schedule as stage
 
     app = faust.App("test-schedule-ordering", broker="kafka://127.0.0.1:1", store="memory://", autodiscover=False)
     stage.register(app, StreamSettings(bootstrap="127.0.0.1:1"), Codec())

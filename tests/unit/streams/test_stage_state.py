@@ -1,4 +1,4 @@
-"""The rule every stage's state keeps (``streams.stage_state``): changes and records inside a
+"""The rule every stage's state keeps (``streams.stages.state``): changes and records inside a
 batch only, states written by the commit, once per entry, and dropped with their partitions."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 
 from schemas.codec import Codec
 from schemas.topics import ALERTS
-from streams import stage_state
-from streams.stage_state import OutsideBatch, StageState
+from streams.stages import state as stage_state
+from streams.stages.state import OutsideBatch, StageState
 
 
 @pytest.fixture

@@ -12,11 +12,11 @@ import pytest
 from schemas.codec import Codec
 from schemas.sample_columns import columns_of
 from schemas.validate_sample import IDLE, UNALLOCATED
-from streams import stage_state
 from streams.alerts.detectors import DetectorConfig
 from streams.alerts.raising import AlertConfig
 from streams.settings import StreamSettings
-from streams.windows.stage import WindowStage
+from streams.stages import state as stage_state
+from streams.stages.windows import WindowStage
 from tests.support.samples import BASE_MS, sample
 
 

@@ -1,4 +1,4 @@
-"""The window stage's decisions, called directly (``streams.windows.step``: state and a batch in,
+"""The window stage's decisions, called directly (``streams.stages.window_step``: state and a batch in,
 records out, no app and no broker): time no sample stands for, start-up that no alert judges,
 and a workflow's end, which resolves its alerts and stands its ladders down."""
 
@@ -13,9 +13,9 @@ from streams.alerts.detectors import DetectorConfig
 from streams.alerts.raising import AlertConfig
 from streams.enforcement.ladder import Ladder
 from streams.settings import StreamSettings
+from streams.stages.window_step import Decoded, WindowStep
 from streams.windows.batches import WindowConfig
 from streams.windows.goodput import GoodputConfig
-from streams.windows.step import Decoded, WindowStep
 from tests.support.samples import BASE_MS, sample
 
 QUICK = DetectorConfig(idle_min_s=60.0, partial_min_s=60.0, low_util_min_s=60.0)

@@ -13,9 +13,9 @@ from faust.serializers import codecs
 
 from schemas.goodput_buckets import JOULES_FIELDS, SECONDS_FIELDS
 from schemas.sample_columns import columns_of
+from streams.stages.window_table import STATE_CODEC
 from streams.windows import workflow_state
 from streams.windows.batches import Incoming, WindowConfig
-from streams.windows.state_table import STATE_CODEC
 from streams.windows.utilization import WindowAggregator
 from streams.windows.workflow_state import STATE_VERSION, StateError, WorkflowState
 from tests.support.samples import BASE_MS, sample
@@ -90,7 +90,7 @@ def test_the_window_state_table_and_its_changelog_use_the_versioned_codec():
 
     from schemas.codec import Codec
     from streams.settings import StreamSettings
-    from streams.windows.stage import WindowStage
+    from streams.stages.windows import WindowStage
 
     app = faust.App("test-workflow-state", broker="kafka://127.0.0.1:1", store="memory://", autodiscover=False)
     stage = WindowStage(app, StreamSettings(bootstrap="127.0.0.1:1"), Codec())

@@ -1,6 +1,6 @@
 """What every stage of the worker does the same way with Kafka: send a record, dead-letter a
 message, group a batch by partition, and act just before the consumer commits. A stage sends
-through its ``streams.stage_state.StageState``, which keeps the rule on its state and records."""
+through its ``streams.stages.state.StageState``, which keeps the rule on its state and records."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 the GPU samples (so a workflow's samples, life cycle and profile results meet in this worker).
 
 - **samples** (``window-utilization``): blocks are checked, added to event-time windows
-  (``window_utilization``); a closed window is judged by the detectors, raises or resolves
+  (``streams.windows.utilization``); a closed window is judged by the detectors, raises or resolves
   alerts, adds to the job's totals and may ask for a profile;
 - **life cycle** (``workflow-life-cycle``): the agents' STARTED/HEARTBEAT/ENDED; a workflow
   whose every host said ENDED is ending, and is summarised once its last window closed;
@@ -12,7 +12,7 @@ the GPU samples (so a workflow's samples, life cycle and profile results meet in
   quiet partitions follow.
 
 The states change, and the records they lead to are sent, only inside the stage's batches
-(``streams.stage_state``: the rule every stage keeps, in one place): a state records what it
+(``streams.stages.state``: the rule every stage keeps, in one place): a state records what it
 has applied, and the commit writes it only after the records of every batch so far are
 durable. Partitions that move away are dropped with their unsaved changes.
 """
@@ -44,16 +44,16 @@ from schemas.topics import (
     WORKFLOW_WINDOWS,
 )
 from streams import faust_fixes
-from streams.in_order import InOrder
 from streams.settings import StreamSettings
-from streams.stage_io import METRICS, by_partition, received_ms, topic_of
-from streams.stage_state import StageState
-from streams.windows.state_table import STATE_CODEC, StateType
-from streams.windows.step import Decoded, Output, WindowStep
+from streams.stages.in_order import InOrder
+from streams.stages.io import METRICS, by_partition, received_ms, topic_of
+from streams.stages.state import StageState
+from streams.stages.window_step import Decoded, Output, WindowStep
+from streams.stages.window_table import STATE_CODEC, StateType
 
 log = logging.getLogger(__name__)
 
-# The window stage's own metrics, beside the worker's (``stage_io.METRICS``).
+# The window stage's own metrics, beside the worker's (``streams.stages.io.METRICS``).
 SAMPLES_APPLIED = METRICS.counter("gpufleet_worker_samples", "GPU samples applied to event-time windows")
 WINDOWS_CLOSED = METRICS.counter("gpufleet_windows_closed", "Workflow windows closed")
 ALERTS_RAISED = METRICS.counter("gpufleet_alerts", "Alert transitions, by detector and status",
@@ -143,7 +143,7 @@ class WindowStage:
 
     async def emit(self, partition: int, messages: list, out: Output, now: int, stage: str = STAGE) -> None:
         """Inside a batch: the step's dead letters, then its records in order, then its state
-        changes (written by the next commit, after the records: ``streams.stage_state``)."""
+        changes (written by the next commit, after the records: ``streams.stages.state``)."""
         for index, reason in out.dead:
             await self.state.dead_letter(self.dlq_topic, messages[index], reason, now, stage)
         for spec, record in out.records:
@@ -171,7 +171,7 @@ class WindowStage:
                     await self._apply_samples(partition, messages, now)
 
     async def _in_order(self, partition: int, messages: list) -> list:
-        """The messages to apply now, strictly in offset order (``streams.in_order``): a hole
+        """The messages to apply now, strictly in offset order (``streams.stages.in_order``): a hole
         is read again from where it starts."""
         tp = TP(self.samples_name, partition)
         kept, seek = self.in_order.take(partition, messages, faust_fixes.start_offset(self.app.consumer, tp))

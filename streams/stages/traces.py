@@ -1,8 +1,8 @@
 """The trace stage: kernel events of profiler traces, one session per trace (a rank's trace),
-analysed in one pass as they come (``trace_sessions``, ``analyze_trace``,
-``trace_antipatterns``, ``trace_rules``) -> ``TraceAnalysis`` and ``Finding`` records; for a requested profile
-also its ``ProfileResult`` (back to the window stage, for the alert's root cause) and an
-ANALYSED status for the requester."""
+analysed in one pass as they come (``streams.traces.sessions``, ``streams.traces.analyze``,
+``streams.traces.antipatterns``, ``streams.traces.rules``) -> ``TraceAnalysis`` and ``Finding``
+records; for a requested profile also its ``ProfileResult`` (back to the window stage, for the
+alert's root cause) and an ANALYSED status for the requester."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from schemas.topics import (
 from schemas.validate_ids import ids_error
 from streams.profiling.root_cause import profile_result
 from streams.settings import StreamSettings
-from streams.stage_io import by_partition, topic_of
-from streams.stage_state import StageState
+from streams.stages.io import by_partition, topic_of
+from streams.stages.state import StageState
 from streams.traces.batch import columns_error, event_error
 from streams.traces.sessions import TraceSessions
 
@@ -99,7 +99,7 @@ class TraceStage:
     async def _persist_and_emit(self, result) -> None:
         """The analyses, findings and results, then the sessions' states marked changed: a
         state that says a trace is done makes a new owner skip its events, so the commit writes
-        it only once the analysis is durable (``streams.stage_state``)."""
+        it only once the analysis is durable (``streams.stages.state``)."""
         for analysis in result.analyses:
             log.info("trace %s analysed (%d events%s)", analysis["trace_id"], analysis["events"],
                      ", partial" if analysis["partial"] else "")

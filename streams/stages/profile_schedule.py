@@ -1,6 +1,6 @@
 """The periodic profiling scheduler: one instance for the fleet (its topic has one partition),
 fed by the window stages' reports of what runs where; it asks for a profile of each running
-workflow in turn, within the fleet-wide budget (``schedule_profiles``)."""
+workflow in turn, within the fleet-wide budget (``streams.profiling.schedule``)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from schemas.codec import Codec
 from schemas.topics import DEAD_LETTERS, PROFILE_REQUESTS, PROFILE_SCHEDULE
 from streams.profiling.schedule import FleetSchedule
 from streams.settings import StreamSettings
-from streams.stage_io import by_partition
-from streams.stage_state import StageState
+from streams.stages.io import by_partition
+from streams.stages.state import StageState
 
 log = logging.getLogger(__name__)
 

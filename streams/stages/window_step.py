@@ -2,8 +2,8 @@
 history: the Faust tables' data) and a batch of decoded records in; the records to send, in the
 order to send them, the dead letters and the state entries that changed, out.
 
-``streams.windows.stage`` reads the topics, calls a step inside its batch and sends what it
-returns (records before state: ``streams.stage_state``); everything decided here is tested
+``streams.stages.windows`` reads the topics, calls a step inside its batch and sends what it
+returns (records before state: ``streams.stages.state``); everything decided here is tested
 without a broker or an app (``tests/unit/streams/test_window_step.py``).
 
 - ``samples``: blocks of samples and ``UnobservedTime`` into event-time windows; closed windows

@@ -1,9 +1,9 @@
 """The profile comparison stage: each new ``TraceAnalysis``
 
-* against the previous profile of its workflow's rank (``trace_diff``): a step that got slower
+* against the previous profile of its workflow's rank (``streams.profiling.diff``): a step that got slower
   on the GPU beyond the threshold is a ``profile_regression`` finding that names what grew,
   for the owner and for ``gpufleet opportunities --by regression``;
-* against the other ranks of the same requested profile (``trace_collectives``): the rank
+* against the other ranks of the same requested profile (``streams.traces.collectives``): the rank
   that arrives last at the collectives is a ``straggler_rank`` finding, with the GPU time the
   other ranks wait for it. It is sent again, under the same id, as more ranks arrive.
 
@@ -33,8 +33,8 @@ from streams.profiling.diff import (
     regression_finding,
 )
 from streams.settings import StreamSettings
-from streams.stage_io import by_partition, topic_of
-from streams.stage_state import StageState
+from streams.stages.io import by_partition, topic_of
+from streams.stages.state import StageState
 from streams.traces.collectives import stragglers
 
 log = logging.getLogger(__name__)

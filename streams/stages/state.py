@@ -30,7 +30,7 @@ import faust
 
 from schemas.codec import Codec
 from streams import faust_fixes
-from streams.stage_io import BeforeCommit, send, send_dead_letter
+from streams.stages.io import BeforeCommit, send, send_dead_letter
 
 
 class OutsideBatch(RuntimeError):
