@@ -11,6 +11,7 @@ from pathlib import Path
 
 from producers.read_trace import TraceError, no_cycle_collection, read_trace
 from schemas.topics import trace_id_for
+from streams.alerts.detectors import DEFAULTS, DetectorConfig
 from streams.traces.analyze import TraceAnalyzer, findings_records, trace_analysis_record
 from streams.traces.batch import EventBatch
 from streams.traces.collectives import stragglers
@@ -26,18 +27,20 @@ def analyze_file(path: str | Path, workflow_id: str = "", trace_id: str | None =
 
 def analyze_file_with_findings(
     path: str | Path, workflow_id: str = "", trace_id: str | None = None, critical_path: bool = False,
-    kernel_sequences: list[str] | None = None,
+    kernel_sequences: list[str] | None = None, thresholds: DetectorConfig = DEFAULTS.default,
 ) -> tuple[dict, list[dict]]:
     """The ``TraceAnalysis`` and ``Finding`` records of one file, as the worker makes them;
     with ``critical_path``, the record also holds the steps' critical paths (``critical_path``,
     not a field of the wire record) and the findings what they show; with ``kernel_sequences``
-    (operator names), their frequent kernel sequences (``kernel_sequences``, likewise)."""
-    record, findings, _ = _analyze(path, workflow_id, trace_id, critical_path, kernel_sequences)
+    (operator names), their frequent kernel sequences (``kernel_sequences``, likewise); the
+    input-bound rules on ``thresholds`` (the worker's default, as ``--thresholds`` gives it)."""
+    record, findings, _ = _analyze(path, workflow_id, trace_id, critical_path, kernel_sequences, thresholds)
     return record, findings
 
 
 def _analyze(path: str | Path, workflow_id: str = "", trace_id: str | None = None, critical_path: bool = False,
-             kernel_sequences: list[str] | None = None) -> tuple[dict, list[dict], TraceAnalyzer | None]:
+             kernel_sequences: list[str] | None = None,
+             thresholds: DetectorConfig = DEFAULTS.default) -> tuple[dict, list[dict], TraceAnalyzer | None]:
     try:
         trace = read_trace(path, cpu_ops=critical_path or bool(kernel_sequences))
     except TraceError as exc:
@@ -54,7 +57,7 @@ def _analyze(path: str | Path, workflow_id: str = "", trace_id: str | None = Non
         workflow_id=workflow_id, rank=trace.rank, source=str(path),
         partial=trace.partial, error=trace.error, analyzed_at=now, flops=trace.flops, gpu_name=trace.gpu_name,
     )
-    findings = findings_records(result, record, trace.memory(), now)
+    findings = findings_records(result, record, trace.memory(), now, thresholds)
     if trace.skipped:
         record["skipped"] = trace.skipped  # (not a field of the wire record: the agent dead-letters it)
     if critical_path:
@@ -330,13 +333,14 @@ def status_of(records: list[dict]) -> int:
 
 
 def analyze_paths(paths: list[str], as_json: bool, workflow_id: str = "", critical_path: bool = False,
-                  kernel_sequences: list[str] | None = None) -> tuple[str, list[dict]]:
+                  kernel_sequences: list[str] | None = None,
+                  thresholds: DetectorConfig = DEFAULTS.default) -> tuple[str, list[dict]]:
     """The analyses of ``paths`` as text (or JSON), the job's ranks side by side when they are
     several, and each file's record (``unreadable``: it could not be read; ``partial``: it was
     damaged, its figures cover what was read). ``critical_path``: each step's critical path
     too; ``kernel_sequences``: operator names whose frequent kernel sequences to find."""
     results = [analyze_file_with_findings(p, workflow_id, critical_path=critical_path,
-                                          kernel_sequences=kernel_sequences) for p in paths]
+                                          kernel_sequences=kernel_sequences, thresholds=thresholds) for p in paths]
     job = job_analysis([a for a, _ in results])
     if as_json:
         text = json.dumps({"traces": [{"analysis": a, "findings": f} for a, f in results], "job": job}, indent=1)

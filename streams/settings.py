@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from kafka_client.config import Security
 from schemas.topics import GPU_SAMPLES, KERNEL_EVENTS, TRACE_ANALYSES
+from streams.alerts.detectors import Thresholds
 from streams.alerts.raising import AlertConfig
 from streams.enforcement.ladder import Ladder
 from streams.profiling.auto import AutoProfileConfig
@@ -29,6 +30,9 @@ class StreamSettings:
     topic_prefix: str = ""
     data_dir: str = "data/worker"
     window: WindowConfig = field(default_factory=WindowConfig)
+    # The site's thresholds, default and per team: the one route to every judge (the detectors,
+    # the goodput buckets, the trace rules; the enforcement ladders climb on the detectors' alerts).
+    thresholds: Thresholds = field(default_factory=Thresholds)
     alerts: AlertConfig = field(default_factory=AlertConfig)
     trace_sessions: TraceSessionConfig = field(default_factory=TraceSessionConfig)
     auto_profile: AutoProfileConfig = field(default_factory=AutoProfileConfig)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from gpufleet.commands.common import (
     check_id,
@@ -40,6 +41,8 @@ def add(sub) -> None:
     p.add_argument("--kernel-sequences", action="append", default=[], metavar="OPERATOR",
                    help="the frequent sequences of GPU operations launched by the CPU operators whose "
                         "name contains OPERATOR (repeatable), as HTA's get_frequent_cuda_kernel_sequences")
+    p.add_argument("--thresholds", type=Path, default=None,
+                   help="the worker's thresholds file: its [default] input-bound thresholds judge the traces")
     p.set_defaults(func=cmd_analyze)
 
     p = sub.add_parser("diff", help="what changed between two profiles: per step, by kernel type and kernel",
@@ -128,8 +131,11 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     """The analyses; then one line on standard error for each file that could not be read (status
     2: a file the user gave) or was damaged (status 1: its figures cover what was read)."""
     from gpufleet.analyze import analyze_paths, status_of
+    from streams.alerts.detectors import Thresholds, load_thresholds
 
-    text, records = analyze_paths(args.traces, args.json, args.workflow, args.critical_path, args.kernel_sequences)
+    thresholds = load_thresholds(args.thresholds) if args.thresholds else Thresholds()
+    text, records = analyze_paths(args.traces, args.json, args.workflow, args.critical_path, args.kernel_sequences,
+                                  thresholds.default)
     print(text)
     for r in records:
         if r.get("unreadable"):

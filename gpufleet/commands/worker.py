@@ -32,10 +32,10 @@ def add(sub) -> None:
                         "which is emitted again with a higher version; later ones are dead-lettered")
     p.add_argument("--max-future-skew-s", type=non_negative, default=300.0,
                    help="a sample this far ahead of the worker's clock is dead-lettered (a wrong host clock)")
-    p.add_argument("--low-utilization-pct", type=percent, default=25.0,
-                   help="mean utilisation under this, sustained, raises a warning")
-    p.add_argument("--critical-utilization-pct", type=percent, default=15.0,
-                   help="mean utilisation under this, sustained, raises a critical alert")
+    p.add_argument("--low-utilization-pct", type=percent, default=None,
+                   help="mean utilisation under this, sustained, raises a warning (default 25; or in --thresholds)")
+    p.add_argument("--critical-utilization-pct", type=percent, default=None,
+                   help="mean utilisation under this, sustained, raises a critical alert (default 15)")
     p.add_argument("--workflow-ended-s", type=positive, default=600.0,
                    help="a workflow with no sample for this long (event time) has ended: summarise it")
     p.add_argument("--idle-partition-s", type=positive, default=60.0,
@@ -77,8 +77,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     import faust
 
     from kafka_client.admin import brokers_in, create_topics, ensure_topics, replication_for
-    from streams.alerts.detectors import DetectorConfig
-    from streams.alerts.raising import AlertConfig, load_detector_config
+    from streams.alerts.detectors import DetectorConfig, Thresholds, load_thresholds
+    from streams.alerts.raising import AlertConfig
     from streams.app import changelog_topics, create_app, tune_gc
     from streams.enforcement.ladder import load_ladders
     from streams.profiling.diff import ComparisonConfig, RegressionConfig
@@ -89,12 +89,16 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from streams.windows.goodput import GoodputConfig
 
     # What the user gave, checked before anything is reached or made.
+    flags = (args.low_utilization_pct, args.critical_utilization_pct)
+    if args.thresholds and flags != (None, None):
+        raise Failed("--low-utilization-pct and --critical-utilization-pct are thresholds: set them in the "
+                     f"--thresholds file ({args.thresholds}), as low_util_warn_pct and low_util_critical_pct")
     if args.thresholds:
-        detectors, team_detectors = load_detector_config(args.thresholds)
+        thresholds = load_thresholds(args.thresholds)
     else:
-        detectors = DetectorConfig(low_util_warn_pct=args.low_utilization_pct,
-                                   low_util_critical_pct=min(args.low_utilization_pct, args.critical_utilization_pct))
-        team_detectors = {}
+        warn = 25.0 if args.low_utilization_pct is None else args.low_utilization_pct
+        critical = 15.0 if args.critical_utilization_pct is None else args.critical_utilization_pct
+        thresholds = Thresholds(DetectorConfig(low_util_warn_pct=warn, low_util_critical_pct=min(warn, critical)))
     ladders = load_ladders(args.enforcement) if args.enforcement else ()
     data_dir = args.data_dir / "worker"
     data_dir.mkdir(parents=True, exist_ok=True)  # Faust makes only the last folder of its data directory
@@ -112,7 +116,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
                             max_future_skew_ms=int(args.max_future_skew_s * 1000),
                             update_horizon_ms=int(args.update_horizon_s * 1000),
                             retention_ms=max(3_600_000, int(args.update_horizon_s * 1000)),
-                            goodput=GoodputConfig(startup_max_s=args.startup_max_s, detectors=detectors)),
+                            goodput=GoodputConfig(startup_max_s=args.startup_max_s)),
         workflow_ended_s=args.workflow_ended_s,
         idle_partition_s=args.idle_partition_s,
         partitions=partitions,
@@ -121,7 +125,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         comparison=ComparisonConfig(regressions=RegressionConfig(min_pct=args.regression_pct,
                                                                  min_us=args.regression_min_ms * 1000)),
         replication=replication_for(brokers_in(kafka))[0],
-        alerts=AlertConfig(detectors=detectors, team_detectors=team_detectors, min_duration_s=args.detector_min_s),
+        thresholds=thresholds,
+        alerts=AlertConfig(min_duration_s=args.detector_min_s),
         enforcement=ladders,
         schedule=ScheduleConfig(enabled=args.periodic_profiles, interval_s=args.profile_every_s,
                                 budget_fraction=args.profile_budget, report_s=args.schedule_report_s,

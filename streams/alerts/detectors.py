@@ -36,6 +36,57 @@ class DetectorConfig(msgspec.Struct, frozen=True):
     foreign_min_s: float = 60.0  # another workflow's processes on GPUs the scheduler gave this one
 
 
+class Thresholds(msgspec.Struct, frozen=True):
+    """The site's thresholds: its default and each team's (a team that trains small models may
+    accept 40 % utilisation). One object, from the worker's settings, reaches every judge: the
+    detectors, the goodput waterfall's input-bound and low-utilisation buckets, and the trace
+    rules (which know no team: the default), so a job is judged alike everywhere."""
+
+    default: DetectorConfig = DetectorConfig()
+    teams: dict[str, DetectorConfig] = {}
+
+    def for_team(self, team: str | None) -> DetectorConfig:
+        return self.teams.get(team or "", self.default)
+
+
+DEFAULTS = Thresholds()  # a site that sets none
+
+
+class ThresholdsError(ValueError):
+    """A thresholds file that cannot be used: which file, which setting, what it should be."""
+
+
+def load_thresholds(path) -> Thresholds:
+    """Thresholds from a TOML file: ``[default]`` and ``[teams.<name>]`` tables whose keys are
+    ``DetectorConfig`` fields; a team's table overrides the default's."""
+    import tomllib
+    from pathlib import Path
+
+    try:
+        raw = tomllib.loads(Path(path).read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ThresholdsError(f"{path}: not valid TOML: {exc}") from None
+    teams_raw = raw.get("teams", {})
+    if not isinstance(raw.get("default", {}), dict) or not isinstance(teams_raw, dict):
+        raise ThresholdsError(f"{path}: expected a [default] table and [teams.<name>] tables of thresholds")
+    for team, values in teams_raw.items():
+        if not isinstance(values, dict):
+            raise ThresholdsError(f"{path}: teams.{team} = {values!r}: expected a table, [teams.{team}], of thresholds")
+    known = set(DetectorConfig.__struct_fields__)
+    sections = [("default", raw.get("default", {}))] + [(f"teams.{t}", v) for t, v in teams_raw.items()]
+    for section, values in sections:
+        unknown = set(values) - known
+        if unknown:
+            raise ThresholdsError(f"{path}: unknown thresholds in [{section}]: {', '.join(sorted(unknown))}; "
+                             f"known: {', '.join(sorted(known))}")
+        for name, value in values.items():
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ThresholdsError(f"{path}: [{section}] {name} must be a number of 0 or more, not {value!r}")
+    default = msgspec.convert(raw.get("default", {}), DetectorConfig)
+    teams = {team: msgspec.structs.replace(default, **values) for team, values in teams_raw.items()}
+    return Thresholds(default, teams)
+
+
 class Violation(msgspec.Struct, frozen=True):
     detector: str
     severity: str  # WARNING or CRITICAL

@@ -20,7 +20,7 @@ from typing import Protocol
 from msgspec.structs import replace
 
 from schemas.vocabulary import wasted_seconds
-from streams.alerts.detectors import DETECTORS, DetectorConfig, detect
+from streams.alerts.detectors import DETECTORS, Thresholds, detect
 from streams.alerts.lifecycle import LifecycleConfig, interrupt, resolve, step
 
 
@@ -35,65 +35,26 @@ class AlertState(Protocol):
 
 @dataclass(frozen=True)
 class AlertConfig:
-    detectors: DetectorConfig = field(default_factory=DetectorConfig)
+    """How alerts live (the thresholds they judge by are the worker's one ``Thresholds``)."""
+
     lifecycle: LifecycleConfig = field(default_factory=LifecycleConfig)
     # When set, every detector's minimum duration (for demos and tests at compressed time).
     min_duration_s: float | None = None
-    # Thresholds of particular teams (a team that trains small models may accept 40 % utilisation).
-    team_detectors: dict[str, DetectorConfig] = field(default_factory=dict)
-
-    def detectors_for(self, team: str | None) -> DetectorConfig:
-        return self.team_detectors.get(team or "", self.detectors)
-
-
-class ThresholdsError(ValueError):
-    """A thresholds file that cannot be used: which file, which setting, what it should be."""
-
-
-def load_detector_config(path) -> tuple[DetectorConfig, dict[str, DetectorConfig]]:
-    """Thresholds from a TOML file: ``[default]`` and ``[teams.<name>]`` tables whose keys are
-    ``DetectorConfig`` fields; a team's table overrides the default's."""
-    import tomllib
-    from pathlib import Path
-
-    import msgspec
-
-    try:
-        raw = tomllib.loads(Path(path).read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ThresholdsError(f"{path}: not valid TOML: {exc}") from None
-    teams_raw = raw.get("teams", {})
-    if not isinstance(raw.get("default", {}), dict) or not isinstance(teams_raw, dict):
-        raise ThresholdsError(f"{path}: expected a [default] table and [teams.<name>] tables of thresholds")
-    for team, values in teams_raw.items():
-        if not isinstance(values, dict):
-            raise ThresholdsError(f"{path}: teams.{team} = {values!r}: expected a table, [teams.{team}], of thresholds")
-    known = set(DetectorConfig.__struct_fields__)
-    sections = [("default", raw.get("default", {}))] + [(f"teams.{t}", v) for t, v in teams_raw.items()]
-    for section, values in sections:
-        unknown = set(values) - known
-        if unknown:
-            raise ThresholdsError(f"{path}: unknown thresholds in [{section}]: {', '.join(sorted(unknown))}; "
-                             f"known: {', '.join(sorted(known))}")
-        for name, value in values.items():
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                raise ThresholdsError(f"{path}: [{section}] {name} must be a number of 0 or more, not {value!r}")
-    default = msgspec.convert(raw.get("default", {}), DetectorConfig)
-    teams = {team: replace(default, **values) for team, values in teams_raw.items()}
-    return default, teams
 
 
 # The detectors of how the GPUs are used: the seconds the waterfall counts as start-up are start-up to them.
 USAGE = frozenset({"low_utilization", "idle_allocated", "partial_use", "imbalance", "memory_underuse", "input_bound"})
 
 
-def raise_alerts(state: AlertState, window: dict, config: AlertConfig, now_ms: int) -> list[dict]:
-    """Advance every detector's life cycle by ``window``; return the alerts that transition."""
+def raise_alerts(state: AlertState, window: dict, config: AlertConfig, now_ms: int, *,
+                 thresholds: Thresholds) -> list[dict]:
+    """Advance every detector's life cycle by ``window``, judged by its team's ``thresholds``;
+    return the alerts that transition."""
     lifecycles = state.alerts
     state.wasted_s += wasted_seconds(window)  # as every report counts it (schemas.vocabulary)
     observed = window.get("sample_count", 1) > 0
     starting = (window.get("startup_gpu_seconds") or 0.0) > 0
-    violations = detect(_with_job_totals(state, window), config.detectors_for(window.get("team"))) if observed else {}
+    violations = detect(_with_job_totals(state, window), thresholds.for_team(window.get("team"))) if observed else {}
     out = []
     for fn in DETECTORS:
         name = fn.__name__

@@ -47,7 +47,7 @@ class TraceStage:
         self.dlq_topic = topic(DEAD_LETTERS)
         # One entry per trace; the changelog partition is the trace's source partition.
         self.table = app.Table("trace-state", default=None, partitions=settings.trace_partitions, key_type=str)
-        self.sessions = TraceSessions(settings.trace_sessions, self.table.data)
+        self.sessions = TraceSessions(settings.trace_sessions, self.table.data, settings.thresholds.default)
         self.state = StageState(app, STAGE, codec)
         self.state.table(self.table)
 

@@ -88,7 +88,8 @@ class WindowStep:
                  clock: Callable[[], int] | None = None) -> None:
         self.settings = settings
         self.store = store
-        self.aggregator = WindowAggregator(settings.window, store, history, **({"clock": clock} if clock else {}))
+        self.aggregator = WindowAggregator(settings.window, store, history, **({"clock": clock} if clock else {}),
+                                           thresholds=settings.thresholds)
         self.ended_after_ms = int(settings.workflow_ended_s * 1000)
         self.quiet_ms = int(settings.idle_partition_s * 1000)
 
@@ -240,7 +241,7 @@ class WindowStep:
                 continue  # GPUs no workflow holds: capacity, counted by their windows; nobody to alert
             state = self.store.get(window["workflow_id"])
             if state is not None:  # (a workflow forgotten in this batch has no more alerts)
-                raised = raise_alerts(state, window, self.settings.alerts, now)
+                raised = raise_alerts(state, window, self.settings.alerts, now, thresholds=self.settings.thresholds)
                 accumulate(state, window, raised)
                 alerts += raised
                 requests += auto_profile_requests(state, raised, self.settings.auto_profile, now)

@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from schemas.gpu_peaks import peak_tflops
+from streams.alerts.detectors import DetectorConfig
 from streams.traces.analysis import Finished, Options
 from streams.traces.annotations import GpuAnnotations
 from streams.traces.antipatterns import AntipatternCollector
@@ -245,8 +246,10 @@ def trace_analysis_record(
     }
 
 
-def findings_records(result: dict, analysis: dict, memory: dict | None, detected_at: int) -> list[dict]:
-    """``Finding`` records of a result of :meth:`TraceAnalyzer.result` and its ``TraceAnalysis`` record."""
+def findings_records(result: dict, analysis: dict, memory: dict | None, detected_at: int,
+                     thresholds: DetectorConfig) -> list[dict]:
+    """``Finding`` records of a result of :meth:`TraceAnalyzer.result` and its ``TraceAnalysis`` record,
+    the input-bound rules on ``thresholds``."""
     return [
         {
             "finding_id": f"{analysis['trace_id']}:{f['rule']}",
@@ -257,5 +260,5 @@ def findings_records(result: dict, analysis: dict, memory: dict | None, detected
             "detected_at": detected_at,
         }
         for f in detect_antipatterns(result["antipatterns"], analysis, memory, analysis.get("system"),
-                                     result.get("critical_path"))
+                                     result.get("critical_path"), thresholds)
     ]

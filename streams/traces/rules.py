@@ -14,7 +14,8 @@ and the analysis of the same trace, all listed in ``RULES``. Rules:
   running under 70 % of their roofline (``streams.traces.operators``);
 * from what the host agent saw during a requested profile (``ProfileSystemContext``): a
   starved GPU while the host's or the job's CPUs are saturated (CPU-bound input), or while
-  the host waits on I/O (storage-bound input), on the live input-bound detector's thresholds;
+  the host waits on I/O (storage-bound input), on the live input-bound detector's thresholds
+  (the worker's ``Thresholds``: a trace knows no team, so the site's default);
 * where the critical path was found (``gpufleet analyze --critical-path``): steps whose critical
   path is mostly CPU time, exposed communication, or launch delays and gaps between kernels,
   with the operators that take most of it.
@@ -28,13 +29,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from streams.alerts.detectors import DetectorConfig
+from streams.alerts.detectors import DEFAULTS, DetectorConfig
 from streams.traces.antipatterns import CHUNKS, TRAIN_LENGTH
 
 MIN_CHUNKED_SPAN_US = 100_000  # below this a trace is too short for 30 chunks to say anything
 MIN_AT_STAKE_US = 1_000  # findings worth less GPU time than this are noise
 HOST_CPU_SATURATED_PCT = 90.0
-INPUT_BOUND = DetectorConfig()  # the live input-bound detector's thresholds
 
 
 def _finding(rule: str, severity: str, title: str, evidence: str, at_stake_us: float, fix: str) -> dict:
@@ -53,6 +53,7 @@ class Evidence:
     memory: dict | None = None
     system: dict | None = None
     critical_path: dict | None = None  # a CriticalPath.result(), where it was found
+    thresholds: DetectorConfig = DEFAULTS.default  # the live input-bound detector's
 
     @property
     def kernel_us(self) -> float:
@@ -256,7 +257,7 @@ def _starved(e: Evidence) -> float | None:
     """The share of the trace the GPU was idle, when a requested profile's host context is
     there and the GPU was starved (busy under the live input-bound detector's threshold)."""
     idle_pct = e.analysis["idle_pct"]
-    if e.system is None or idle_pct is None or 100.0 - idle_pct >= INPUT_BOUND.input_bound_util_pct:
+    if e.system is None or idle_pct is None or 100.0 - idle_pct >= e.thresholds.input_bound_util_pct:
         return None
     return idle_pct
 
@@ -274,7 +275,7 @@ def cpu_bound_input(e: Evidence) -> dict | None:
     host_cpu, job_cpu = system["host_cpu_mean_pct"], system["workflow_cpu_mean_pct"]
     per_gpu = None if job_cpu is None else job_cpu / max(1, system["gpus"])
     host_full = host_cpu is not None and host_cpu >= HOST_CPU_SATURATED_PCT
-    job_full = per_gpu is not None and per_gpu >= INPUT_BOUND.input_bound_cpu_per_gpu_pct
+    job_full = per_gpu is not None and per_gpu >= e.thresholds.input_bound_cpu_per_gpu_pct
     if not (host_full or job_full):
         return None
     parts = [f"the GPU idle {idle_pct:.0f} % of the trace"]
@@ -303,7 +304,7 @@ def storage_bound_input(e: Evidence) -> dict | None:
     if idle_pct is None:
         return None
     iowait = e.system["host_iowait_mean_pct"]
-    if iowait is None or iowait < INPUT_BOUND.input_bound_iowait_pct:
+    if iowait is None or iowait < e.thresholds.input_bound_iowait_pct:
         return None
     return _finding(
         "storage_bound_input", "CRITICAL" if idle_pct >= 50 else "WARNING",
@@ -367,8 +368,8 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def detect_antipatterns(s: dict, analysis: dict, memory: dict | None = None,
-                        system: dict | None = None, critical_path: dict | None = None) -> list[dict]:
+def detect_antipatterns(s: dict, analysis: dict, memory: dict | None, system: dict | None,
+                        critical_path: dict | None, thresholds: DetectorConfig) -> list[dict]:
     """The findings of every rule on one trace (see :class:`Evidence` for the arguments)."""
-    evidence = Evidence(s, analysis, memory, system, critical_path)
+    evidence = Evidence(s, analysis, memory, system, critical_path, thresholds)
     return [f for rule in RULES if (f := rule(evidence)) is not None]

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 
+from streams.alerts.detectors import DEFAULTS, DetectorConfig
 from streams.traces.analyze import TraceAnalyzer, findings_records, trace_analysis_record
 from streams.traces.batch import EventBatch
 
@@ -34,8 +35,10 @@ class SessionResult:
 
 
 class TraceSessions:
-    def __init__(self, config: TraceSessionConfig, store: MutableMapping[str, dict]) -> None:
+    def __init__(self, config: TraceSessionConfig, store: MutableMapping[str, dict],
+                 thresholds: DetectorConfig = DEFAULTS.default) -> None:
         self.config = config
+        self.thresholds = thresholds  # the trace rules' (the worker's: the site's default)
         self.store = store
         self._live: dict[str, TraceAnalyzer] = {}  # analysers of open traces, rebuilt from the store on demand
 
@@ -143,7 +146,7 @@ class TraceSessions:
         if end is not None and end.get("memory_peak_bytes") is not None:
             memory = {"peak_bytes": end["memory_peak_bytes"], "total_bytes": end.get("memory_total_bytes")}
         result.analyses.append(record)
-        result.findings.extend(findings_records(analysis, record, memory, now_ms))
+        result.findings.extend(findings_records(analysis, record, memory, now_ms, self.thresholds))
         self._live.pop(tid, None)
         partition = state["partition"]
         state.clear()

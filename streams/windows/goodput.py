@@ -49,7 +49,6 @@ UNOBSERVED = len(OBSERVED_BUCKETS)  # no sample decides it: ``UnobservedTime`` a
 class GoodputConfig(msgspec.Struct, frozen=True):
     busy_pct: float = 1.0  # start-up ends at the first sample this busy
     startup_max_s: float = 900.0  # a workflow that did nothing for 15 minutes is idle, not starting
-    detectors: DetectorConfig = DetectorConfig()  # input-bound and low-utilisation thresholds
 
 
 def new_goodput() -> dict:
@@ -135,7 +134,8 @@ def _classes(d: DetectorConfig) -> tuple[float, float]:
     return min(d.low_util_warn_pct, d.input_bound_util_pct), max(d.low_util_warn_pct, d.input_bound_util_pct)
 
 
-def add_goodput(g: dict, c: dict, w: list[float], state: WorkflowState, config: GoodputConfig) -> None:
+def add_goodput(g: dict, c: dict, w: list[float], state: WorkflowState, config: GoodputConfig,
+                d: DetectorConfig) -> None:
     """The samples of block ``c`` weighing ``w`` each (interval x share, ms). Whatever the
     blocks the samples came in, the result is the same."""
     _mark_started(state, c, config.busy_pct)
@@ -145,7 +145,7 @@ def add_goodput(g: dict, c: dict, w: list[float], state: WorkflowState, config: 
         joules = _metered_joules(c, w, state)
         g["metered"] = True
     sick = _unhealthy(c)
-    first, second = _classes(config.detectors)
+    first, second = _classes(d)
     ms, j = g["ms"], g["j"]
     low, high = min(util), max(util)
     if sick is None and low >= config.busy_pct:
@@ -176,7 +176,7 @@ def add_goodput(g: dict, c: dict, w: list[float], state: WorkflowState, config: 
         j[k] += joules[i]
 
 
-def goodput_fields(g: dict, window: dict, state: WorkflowState, config: GoodputConfig) -> dict:
+def goodput_fields(g: dict, window: dict, state: WorkflowState, config: GoodputConfig, d: DetectorConfig) -> dict:
     """The ``WorkflowWindow`` fields of the buckets (GPU-seconds and joules of each) for the
     window whose other fields are ``window``: start-up as the workflow's state knows it now,
     and input-bound where the live input-bound detector judges the window so."""
@@ -196,7 +196,6 @@ def goodput_fields(g: dict, window: dict, state: WorkflowState, config: GoodputC
             j[IDLE] += zero_j
             below[0] += low_ms
             below[1] += low_j
-    d = config.detectors
     starved = input_bound(window, d) is not None
     # Class 1 is under both thresholds; class 2 under the higher one only: under the
     # input-bound threshold if that is the higher, else under the low-utilisation one.

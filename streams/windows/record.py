@@ -9,6 +9,7 @@ from __future__ import annotations
 from operator import mul
 
 from schemas.sample_columns import take
+from streams.alerts.detectors import DetectorConfig
 from streams.windows.efficiency import add_efficiency, efficiency_fields, new_efficiency
 from streams.windows.goodput import GoodputConfig, add_goodput, goodput_fields, new_goodput
 from streams.windows.workflow_state import WorkflowState
@@ -29,7 +30,7 @@ def new_acc() -> dict:
     }
 
 
-def add_block(acc: dict, c: Record, state: WorkflowState, goodput: GoodputConfig) -> None:
+def add_block(acc: dict, c: Record, state: WorkflowState, goodput: GoodputConfig, thresholds: DetectorConfig) -> None:
     """The samples of block ``c`` (``schemas.sample_columns``), all in this accumulator's window,
     of the workflow whose state is ``state``."""
     # A GPU shared by several workflows counts for each in proportion to its share.
@@ -56,7 +57,7 @@ def add_block(acc: dict, c: Record, state: WorkflowState, goodput: GoodputConfig
     add_efficiency(acc["eff"], c, w, total)
     if "goodput" not in acc:  # a window opened by a release before goodput: from here on
         acc["goodput"], acc["model"] = new_goodput(), None
-    add_goodput(acc["goodput"], c, w, state, goodput)
+    add_goodput(acc["goodput"], c, w, state, goodput, thresholds)
     if acc["model"] is None:
         acc["model"] = c["gpu_model"][0]
 
@@ -75,7 +76,7 @@ def by_window(c: Record, size_ms: int) -> list[tuple[int, Record]]:
 
 
 def to_window(workflow_id: str, state: WorkflowState, start: int, acc: dict, size_ms: int, closed_at: int,
-              version: int = 1, goodput: GoodputConfig = DEFAULT_GOODPUT) -> Record:
+              version: int, goodput: GoodputConfig, thresholds: DetectorConfig) -> Record:
     """The ``WorkflowWindow`` record of one accumulator. Its GPU-seconds are the observed and the
     unobserved ones; its utilisation is of the observed alone (a window of unobserved time only
     has none: 0, and no sample)."""
@@ -104,4 +105,4 @@ def to_window(workflow_id: str, state: WorkflowState, start: int, acc: dict, siz
         "gpu_model": acc.get("model"),
         "closed_at": closed_at,
     }
-    return {**window, **goodput_fields(buckets or new_goodput(), window, state, goodput)}
+    return {**window, **goodput_fields(buckets or new_goodput(), window, state, goodput, thresholds)}

@@ -1,7 +1,7 @@
 """Per-workflow event-time tumbling windows over GPU samples -> ``WorkflowWindow`` dicts.
 
-Plain logic, no Faust: the worker (``streams.topology``) feeds it batches per partition
-and persists what it reports as changed. Design:
+Plain logic: the window stage (``streams.stages.window_step``) feeds it batches per partition and
+persists what it reports as changed; its thresholds are the worker's one ``Thresholds``. Design:
 
 * Samples come in blocks, column by column (``schemas.sample_columns``): a block's samples
   in one window are added with a few builtin calls per column, not one step per sample
@@ -11,10 +11,9 @@ and persists what it reports as changed. Design:
   **watermark** (the highest event time applied on that partition minus the allowed
   lateness) reaches ``start + size``. Samples move it; so does ``advance``, which the worker
   calls for a partition that went quiet (its clock follows the busiest partition's).
-* A sample more than ``max_future_skew_ms`` ahead of the worker's wall clock (a host with a
-  wrong clock, microseconds sent as milliseconds) is refused with the reason and never moves
-  a watermark. A state restored with such a time (written before this check existed) is
-  repaired when its partition is loaded: its future windows are dropped and logged.
+* A sample more than ``max_future_skew_ms`` ahead of the worker's wall clock (a wrong clock,
+  microseconds as milliseconds) is refused with the reason and never moves a watermark; a
+  state restored with such a time is repaired on load (its future windows dropped, logged).
 * Samples whose window has already closed when they arrive are **late**. Within
   ``update_horizon_ms`` behind the watermark they are added to that window, kept since it
   closed in the ``history`` mapping, and the window is emitted again with a higher
@@ -23,11 +22,10 @@ and persists what it reports as changed. Design:
   Later than the horizon they are refused with the reason, never dropped silently.
 * ``UnobservedTime`` (a job's GPU time no sample stands for) goes to the windows it covers like
   samples (late ones too), into their ``unobserved`` bucket, and moves no clock.
-* State is one ``WorkflowState`` per workflow in a caller-provided mapping (the Faust table).
-  Each holds the offset (and block of that message) it was updated through, so a batch
-  replayed after a crash (at-least-once delivery) is not applied twice; the partition's
-  watermark is derived from these states, so it can never run ahead of what the state
-  contains.
+* State is one ``WorkflowState`` per workflow in a caller-provided mapping (the Faust table),
+  holding the offset (and block) it was updated through, so a batch replayed after a crash
+  is not applied twice; a partition's watermark is derived from these states, so it can
+  never run ahead of what the state contains.
 """
 
 from __future__ import annotations
@@ -38,6 +36,7 @@ from collections.abc import Callable, Iterable, MutableMapping
 
 from schemas.sample_columns import size as samples_in
 from schemas.validate_sample import NOT_WORKFLOWS
+from streams.alerts.detectors import DEFAULTS, Thresholds
 from streams.windows import unobserved
 from streams.windows.batches import (
     BatchResult,
@@ -74,8 +73,9 @@ class WindowAggregator:
 
     def __init__(self, config: WindowConfig, store: MutableMapping[str, dict],
                  history: MutableMapping[str, dict] | None = None,
-                 clock: Callable[[], int] = _wall_clock_ms) -> None:
+                 clock: Callable[[], int] = _wall_clock_ms, thresholds: Thresholds = DEFAULTS) -> None:
         self.config = config
+        self.judged = thresholds.for_team  # a team's thresholds, for the goodput buckets
         self.store = store
         self.history = {} if history is None else history
         self.clock = clock
@@ -250,7 +250,8 @@ class WindowAggregator:
                     state.ended = state.ending = False  # it came back after it ended: a new life
                     state.end_reason = None
                 placed = self._place(partition, wf, state, start, watermark, closed_at, reopened,
-                                     lambda acc, part=part, state=state: add_block(acc, part, state, goodput))
+                                     lambda acc, part=part, state=state: add_block(acc, part, state, goodput,
+                                                                                   self.judged(state.team)))
                 if placed is None:
                     result.refused.append((item, late_reason(times, start, size, wf, watermark, partition,
                                                              cfg.update_horizon_ms)))
@@ -271,7 +272,7 @@ class WindowAggregator:
             closed["version"] += 1
             wf, start = key.rpartition("@")[0], start_of_key(key)
             after = to_window(wf, self.store[wf], start, closed["acc"], size, closed_at, closed["version"],
-                              cfg.goodput)
+                              cfg.goodput, self.judged(self.store[wf].team))
             result.updated.append((after, before))
             result.history_changed.add(key)
         self._max_event_time[partition] = newest
@@ -333,7 +334,7 @@ class WindowAggregator:
         if key not in reopened:
             reopened[key] = (None if closed["version"] == 0 else
                              to_window(wf, state, start, closed["acc"], self.config.size_ms, closed_at,
-                                       closed["version"], self.config.goodput))
+                                       closed["version"], self.config.goodput, self.judged(state.team)))
         if "goodput" not in closed["acc"]:
             closed["acc"]["goodput"] = new_acc()["goodput"]
         add(closed["acc"])
@@ -369,9 +370,8 @@ class WindowAggregator:
         state = self.store[wf]
         start = end - self.config.size_ms
         acc = state.windows.pop(str(start))
-        result.closed.append(
-            to_window(wf, state, start, acc, self.config.size_ms, closed_at, goodput=self.config.goodput)
-        )
+        result.closed.append(to_window(wf, state, start, acc, self.config.size_ms, closed_at, 1, self.config.goodput,
+                                       self.judged(state.team)))
         result.changed.add(wf)
         if self.config.update_horizon_ms:
             key = history_key(wf, start)

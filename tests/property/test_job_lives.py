@@ -30,7 +30,7 @@ from producers.spool import Spool
 from schemas.codec import Codec
 from schemas.goodput_buckets import BUCKETS
 from schemas.topics import ALERTS, GPU_SAMPLES, WORKFLOW_EVENTS, WORKFLOW_SUMMARIES, WORKFLOW_WINDOWS
-from streams.alerts.detectors import DetectorConfig
+from streams.alerts.detectors import DetectorConfig, Thresholds
 from streams.alerts.lifecycle import LifecycleConfig
 from streams.alerts.raising import AlertConfig
 from streams.settings import StreamSettings
@@ -144,9 +144,9 @@ def run_life(life: Life, root) -> list[tuple[str, str, dict]]:
 
 
 def through_the_worker(records) -> list:
-    settings = StreamSettings(bootstrap="-", alerts=AlertConfig(detectors=QUICK, lifecycle=LifecycleConfig(
-        reopen_within_s=120.0)), workflow_ended_s=600.0, window=WindowConfig(goodput=GoodputConfig(
-            startup_max_s=30.0, detectors=QUICK)))
+    settings = StreamSettings(bootstrap="-", thresholds=Thresholds(QUICK), alerts=AlertConfig(
+        lifecycle=LifecycleConfig(reopen_within_s=120.0)), workflow_ended_s=600.0,
+        window=WindowConfig(goodput=GoodputConfig(startup_max_s=30.0)))
     step = WindowStep(settings, {}, {}, clock=lambda: T0 + 10**9)
     sent = []
     for offset, (topic, name, record) in enumerate(records):

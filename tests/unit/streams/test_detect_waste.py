@@ -2,7 +2,7 @@
 
 import pytest
 
-from streams.alerts.detectors import DETECTORS, DetectorConfig, detect
+from streams.alerts.detectors import DEFAULTS, DETECTORS, DetectorConfig, detect
 from streams.windows.workflow_state import WorkflowState
 from tests.support.samples import window
 
@@ -59,22 +59,24 @@ def test_thresholds_are_configurable():
 def test_team_thresholds_from_a_file(tmp_path):
     import pytest as _pytest
 
-    from streams.alerts.raising import AlertConfig, load_detector_config, raise_alerts
+    from streams.alerts.detectors import load_thresholds
+    from streams.alerts.raising import AlertConfig, raise_alerts
 
     path = tmp_path / "thresholds.toml"
     path.write_text("[default]\nlow_util_warn_pct = 30.0\n[teams.research]\nlow_util_warn_pct = 10.0\n"
                     "low_util_critical_pct = 5.0\n")
-    default, teams = load_detector_config(path)
+    thresholds = load_thresholds(path)
+    default, teams = thresholds.default, thresholds.teams
     assert default.low_util_warn_pct == 30.0 and teams["research"].low_util_warn_pct == 10.0
     assert teams["research"].idle_min_s == default.idle_min_s  # the rest comes from [default]
-    config = AlertConfig(detectors=default, team_detectors=teams, min_duration_s=0)
+    config = AlertConfig(min_duration_s=0)
     for team, fires in (("research", False), ("vision", True)):
         alerts = raise_alerts(WorkflowState(partition=0), window(team=team, utilization_mean_pct=20.0), config,
-                              now_ms=0)
+                              now_ms=0, thresholds=thresholds)
         assert any(a["detector"] == "low_utilization" for a in alerts) == fires
     path.write_text("[teams.x]\nlow_util_pct = 1\n")
     with _pytest.raises(ValueError, match="unknown thresholds in \\[teams.x\\]: low_util_pct"):
-        load_detector_config(path)
+        load_thresholds(path)
 
 
 def test_memory_underuse_is_judged_over_the_job_so_far():
@@ -90,7 +92,8 @@ def test_memory_underuse_is_judged_over_the_job_so_far():
     def close(minute, peak):
         w = window(window_start=BASE_MS + minute * 60_000, window_end=BASE_MS + (minute + 1) * 60_000,
                    memory_peak_fraction=peak)
-        alerts = [a for a in raise_alerts(state, w, config, now_ms=0) if a["detector"] == "memory_underuse"]
+        alerts = [a for a in raise_alerts(state, w, config, now_ms=0, thresholds=DEFAULTS)
+                  if a["detector"] == "memory_underuse"]
         accumulate(state, w, alerts)
         fired.extend((minute, a["status"]) for a in alerts)
 

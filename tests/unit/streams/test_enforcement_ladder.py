@@ -8,6 +8,7 @@ import copy
 
 import pytest
 
+from streams.alerts.detectors import DEFAULTS
 from streams.alerts.raising import AlertConfig, raise_alerts
 from streams.enforcement.ladder import (
     ACTION_DUE,
@@ -48,7 +49,7 @@ def run(state: WorkflowState, minutes, ladder: Ladder = LADDER, **window_extra) 
     out = []
     for m, idle in minutes:
         w = minute(m, idle, **window_extra)
-        raise_alerts(state, w, AlertConfig(), now_ms=w["window_end"])
+        raise_alerts(state, w, AlertConfig(), now_ms=w["window_end"], thresholds=DEFAULTS)
         state.job = {"max_gpus": 2}
         out += [(m, e) for e in climb(state, w, (ladder,), now_ms=w["window_end"])]
     return out
@@ -150,7 +151,7 @@ def test_a_job_with_enough_busy_gpus_is_spared():
     for m in range(30):  # 1 of 4 GPUs idle: partial use fires, 75 % busy spares it
         w = window(window_start=BASE_MS + m * MIN, window_end=BASE_MS + (m + 1) * MIN, gpu_count=4, idle_gpus=1,
                    hosts=["gpu-host-000"])
-        raise_alerts(state, w, AlertConfig(), now_ms=0)
+        raise_alerts(state, w, AlertConfig(), now_ms=0, thresholds=DEFAULTS)
         out += climb(state, w, (ladder,), now_ms=0)
     assert [e["step"] for e in out] == [EXEMPT] and "75% of its GPUs are busy" in out[0]["reason"]
 
@@ -167,7 +168,7 @@ def test_partial_or_stale_data_holds_the_action_until_a_whole_window():
     assert steps(events) == [(4, FIRST_WARNING), (9, SECOND_WARNING), (14, HELD)]
     assert "no samples from gpu-host-001" in events[-1][1]["reason"]
     w = minute(18, hosts=["gpu-host-000", "gpu-host-001"])
-    raise_alerts(state, w, AlertConfig(), now_ms=0)
+    raise_alerts(state, w, AlertConfig(), now_ms=0, thresholds=DEFAULTS)
     assert [e["step"] for e in climb(state, w, (LADDER,), now_ms=0)] == [ACTION_DUE]
 
 
@@ -204,7 +205,7 @@ def test_a_warning_carries_the_right_size_advice():
     out = []
     for m in range(6):
         w = minute(m)
-        raise_alerts(state, w, AlertConfig(), now_ms=0)
+        raise_alerts(state, w, AlertConfig(), now_ms=0, thresholds=DEFAULTS)
         state.job = {"max_gpus": 4, "gpu_seconds": 240.0 * (m + 1), "zero_util_gpu_seconds": 120.0 * (m + 1),
                      "util_weighted": 0.0, "mem_peak": 0.9, "model": "NVIDIA H100 80GB HBM3"}
         out += climb(state, w, (LADDER,), now_ms=0)

@@ -8,6 +8,7 @@ import pytest
 from gpufleet.analyze import analyze_file_with_findings
 from schemas.codec import Codec
 from schemas.topics import ALERTS, PROFILE_RESULTS, trace_id_of
+from streams.alerts.detectors import DEFAULTS
 from streams.alerts.raising import AlertConfig, raise_alerts
 from streams.profiling.auto import AutoProfileConfig, auto_profile_requests
 from streams.profiling.root_cause import FOLLOWS, apply_profile_result, profile_result
@@ -25,7 +26,7 @@ def low(i: int) -> dict:
 
 def fire(state: dict) -> tuple[dict, dict]:
     """A low-utilisation alert fires and asks for a profile: (the alert, the request)."""
-    alerts = raise_alerts(state, low(0), CONFIG, now_ms=1)
+    alerts = raise_alerts(state, low(0), CONFIG, now_ms=1, thresholds=DEFAULTS)
     (request,) = auto_profile_requests(state, alerts, AutoProfileConfig(), now_ms=1)
     (alert,) = [a for a in alerts if a["detector"] == "low_utilization"]
     return alert, request
@@ -74,7 +75,7 @@ def test_the_root_cause_stays_on_the_episode_and_a_new_episode_starts_without_it
     _, request = fire(state)
     apply_profile_result(state, result_of(request), now_ms=10)
     healthy = window(window_start=BASE_MS + MINUTE, window_end=BASE_MS + 2 * MINUTE, utilization_mean_pct=80.0)
-    (resolved,) = raise_alerts(state, healthy, CONFIG, now_ms=20)
+    (resolved,) = raise_alerts(state, healthy, CONFIG, now_ms=20, thresholds=DEFAULTS)
     assert resolved["status"] == "RESOLVED" and resolved["root_cause"] and resolved["findings"]
     # A result landing after the resolution updates the resolved alert, and nobody is messaged.
     late = apply_profile_result(state, result_of(request, "host-b", 1), now_ms=21)
@@ -82,7 +83,7 @@ def test_the_root_cause_stays_on_the_episode_and_a_new_episode_starts_without_it
     # More than the hour after it resolved, the same detector fires a new episode: clean.
     later = BASE_MS + 120 * MINUTE
     again = raise_alerts(state, window(window_start=later, window_end=later + MINUTE, utilization_mean_pct=9.0),
-                         CONFIG, now_ms=30)
+                         CONFIG, now_ms=30, thresholds=DEFAULTS)
     (fired,) = [a for a in again if a["detector"] == "low_utilization"]
     assert fired["status"] == "FIRING" and fired["root_cause"] is None and fired["findings"] == []
     assert fired["profile_request_id"] is None

@@ -12,8 +12,7 @@ import pytest
 from schemas.codec import Codec
 from schemas.sample_columns import columns_of
 from schemas.validate_sample import IDLE, UNALLOCATED
-from streams.alerts.detectors import DetectorConfig
-from streams.alerts.raising import AlertConfig
+from streams.alerts.detectors import DetectorConfig, Thresholds
 from streams.settings import StreamSettings
 from streams.stages import state as stage_state
 from streams.stages.windows import WindowStage
@@ -23,8 +22,8 @@ from tests.support.samples import BASE_MS, sample
 @pytest.fixture
 def stage(monkeypatch):
     app = faust.App("test-stage-windows", broker="kafka://127.0.0.1:1", store="memory://", autodiscover=False)
-    quick = AlertConfig(detectors=DetectorConfig(idle_min_s=60.0, partial_min_s=60.0))
-    stage = WindowStage(app, StreamSettings(bootstrap="127.0.0.1:1", alerts=quick, workflow_ended_s=120.0),
+    quick = Thresholds(DetectorConfig(idle_min_s=60.0, partial_min_s=60.0))
+    stage = WindowStage(app, StreamSettings(bootstrap="127.0.0.1:1", thresholds=quick, workflow_ended_s=120.0),
                         Codec())
     sent: list[tuple[str, dict]] = []
 

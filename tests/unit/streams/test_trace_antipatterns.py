@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.analyze import analyze_file_with_findings
+from streams.alerts.detectors import DEFAULTS
 from tests.support.traces import cpu_op, kernel, memcpy, memory, runtime, write_trace
 
 MS = 1000
@@ -134,7 +135,7 @@ def with_context(tmp_path, events, system):
 
     result = analyze_events(read_trace(write_trace(tmp_path / "t.json", events)).events)
     record, _ = analyze_file_with_findings(tmp_path / "t.json", "wf")
-    return {f["rule"]: f for f in findings_records(result, {**record, "system": system}, None, 0)}
+    return {f["rule"]: f for f in findings_records(result, {**record, "system": system}, None, 0, DEFAULTS.default)}
 
 
 # Kernels of 3 ms at 7, 17 and 27 ms, each launched just before it starts: over the 23 ms of

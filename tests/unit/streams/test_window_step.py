@@ -9,8 +9,7 @@ import pytest
 from schemas.goodput_buckets import BUCKETS
 from schemas.sample_columns import columns_of
 from schemas.topics import ALERTS, ENFORCEMENT, WORKFLOW_SUMMARIES, WORKFLOW_WINDOWS
-from streams.alerts.detectors import DetectorConfig
-from streams.alerts.raising import AlertConfig
+from streams.alerts.detectors import DetectorConfig, Thresholds
 from streams.enforcement.ladder import Ladder
 from streams.settings import StreamSettings
 from streams.stages.window_step import Decoded, WindowStep
@@ -24,9 +23,8 @@ LADDER = Ladder(name="idle", detector="idle_allocated", first_warning_min=1, sec
 
 
 def make(startup_max_s: float = 900.0, ladders=()) -> tuple[WindowStep, dict]:
-    settings = StreamSettings(bootstrap="-", alerts=AlertConfig(detectors=QUICK), workflow_ended_s=120.0,
-                              window=WindowConfig(goodput=GoodputConfig(startup_max_s=startup_max_s,
-                                                                        detectors=QUICK)),
+    settings = StreamSettings(bootstrap="-", thresholds=Thresholds(QUICK), workflow_ended_s=120.0,
+                              window=WindowConfig(goodput=GoodputConfig(startup_max_s=startup_max_s)),
                               enforcement=tuple(ladders))
     store: dict = {}
     return WindowStep(settings, store, {}, clock=lambda: BASE_MS + 10**9), store
