@@ -8,7 +8,9 @@ read-only sessions on the same directory, and leaves the port and a secret in
 query while the pipeline runs.
 
 Each query runs in a session of its own from a small pool (``sessions``), so one analyst's
-slow query never holds up another's; every session is read-only and bounded
+slow query never holds up another's, and one analyst (``GPUFLEET_ANALYST``, else the Unix user,
+as the client names them) holds at most half the sessions at once: their next query waits for
+one of their own to end while other analysts' run. Every session is read-only and bounded
 (``sinks.write_clickhouse.read_settings``: ClickHouse refuses writes, SET and the table
 functions that reach files or the network, and stops a query at its time, row, result and
 memory limits), and each query is checked first (``gpufleet.sql.check_query``: one statement,
@@ -19,15 +21,16 @@ constant time.
 
 from __future__ import annotations
 
+import getpass
 import hmac
 import json
 import logging
 import os
-import queue
 import secrets
 import threading
 import urllib.error
 import urllib.request
+from collections import Counter
 from dataclasses import dataclass
 from datetime import date, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -73,32 +76,45 @@ class QueryServer:
         from sinks.write_clickhouse import connect
 
         self.path, self.port = Path(path), port
-        self._idle: queue.Queue = queue.Queue()
-        for _ in range(sessions):  # opened now: a bad setting is said at start, not at the first query
-            self._idle.put(connect(f"chdb://{self.path}", read_only=True))
+        # Opened now: a bad setting is said at start, not at the first query.
+        self._idle = [connect(f"chdb://{self.path}", read_only=True) for _ in range(sessions)]
+        self.sessions, self.share = sessions, max(1, sessions // 2)  # the most one analyst holds at once
         self.token = secrets.token_urlsafe(24)
         self._busy = 0
+        self._holding: Counter[str] = Counter()  # analyst -> sessions they hold now
         self._done = threading.Condition()
         self._http: ThreadingHTTPServer | None = None
 
-    def query(self, sql: str, parameters: dict | None = None, wait_s: float = 30.0):
-        """One query in a session of the pool (waiting up to ``wait_s`` for one to be free)."""
+    def query(self, sql: str, parameters: dict | None = None, wait_s: float = 30.0, analyst: str = ""):
+        """One query of ``analyst`` in a session of the pool, waiting up to ``wait_s`` for one to be
+        free and for the analyst to hold fewer than their share."""
         from gpufleet.sql import check_query
 
         check_query(sql)
-        try:
-            client = self._idle.get(timeout=wait_s)
-        except queue.Empty:
-            raise DatabaseError(f"every query session has been busy for {wait_s:g} s; try again") from None
         with self._done:
+            if not self._done.wait_for(lambda: self._idle and self._holding[analyst] < self.share, timeout=wait_s):
+                if self._holding[analyst] >= self.share:
+                    raise DatabaseError(
+                        f"{analyst or 'this analyst'} already runs {self._holding[analyst]} queries, the most one "
+                        f"analyst may run at once on the {self.sessions} query sessions; the next starts when one "
+                        "of them ends")
+                raise DatabaseError(f"every query session has been busy for {wait_s:g} s; try again")
+            client = self._idle.pop()
+            self._holding[analyst] += 1
             self._busy += 1
         try:
             return client.query(sql, parameters=parameters)
         finally:
-            self._idle.put(client)
             with self._done:
+                self._idle.append(client)
+                self._holding[analyst] -= 1
                 self._busy -= 1
                 self._done.notify_all()
+
+    def holding(self, analyst: str) -> int:
+        """The sessions ``analyst`` holds now."""
+        with self._done:
+            return self._holding[analyst]
 
     def start(self) -> QueryServer:
         server = self
@@ -114,7 +130,8 @@ class QueryServer:
                     if not 0 <= length <= MAX_REQUEST_BYTES:
                         raise ValueError(f"a request of {length} bytes (at most {MAX_REQUEST_BYTES})")
                     request = json.loads(self.rfile.read(length))
-                    result = server.query(request["sql"], request.get("parameters"))
+                    result = server.query(request["sql"], request.get("parameters"),
+                                          analyst=self.headers.get(ANALYST_HEADER, "")[:100])
                     self._reply(200, {"columns": list(result.column_names),
                                       "rows": [_encode(list(r)) for r in result.result_rows]})
                 except (ClickHouseError, ValueError, KeyError, TypeError) as exc:  # ClickHouse's own message
@@ -158,6 +175,12 @@ class QueryServer:
 
 
 MAX_REQUEST_BYTES = 1 << 20
+ANALYST_HEADER = "X-Gpufleet-Analyst"  # who asks, as the client names them: for the fair share, not for access
+
+
+def analyst_name() -> str:
+    """Who this process queries as: ``GPUFLEET_ANALYST`` (people who share a Unix account), else the user."""
+    return os.environ.get("GPUFLEET_ANALYST") or getpass.getuser()
 
 
 @dataclass
@@ -177,7 +200,8 @@ class RemoteClient:
     def query(self, sql: str, parameters: dict | None = None) -> RemoteResult:
         request = urllib.request.Request(
             self.url, data=json.dumps({"sql": sql, "parameters": parameters}).encode(),
-            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})
+            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json",
+                     ANALYST_HEADER: analyst_name()})
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 body = json.loads(response.read())

@@ -21,6 +21,9 @@ SYSTEM_ALLOWED = frozenset({"one", "numbers", "numbers_mt", "zeros", "functions"
 # GRANTS, USERS, ...) show other analysts' queries or the server's settings and access.
 SHOW_ALLOWED = ("TABLES", "DATABASES", "CREATE", "COLUMNS", "FULL", "EXTENDED", "INDEX", "INDEXES", "INDICES", "KEYS",
                 "DICTIONARIES")
+# The statements that read, the only kinds the read path passes on. The rest change or stop
+# something even where readonly lets them through (SYSTEM STOP MERGES without a table, SET).
+READ_STATEMENTS = ("SELECT", "WITH", "SHOW", "DESCRIBE", "DESC", "EXPLAIN", "EXISTS")
 # Table functions that read other databases' tables by name or pattern (``merge('system', ...)``
 # reads every system table) or other servers': not needed to analyse gpufleet's tables.
 FUNCTIONS_REFUSED = ("merge", "cluster", "clusterAllReplicas", "remote", "remoteSecure")
@@ -44,8 +47,8 @@ def _code(sql: str) -> str:
 
 def check_query(sql: str) -> str:
     """The one statement a read-path query may be, or ValueError saying why not: empty; more
-    than one statement; KILL (another analyst's query, or the sink's own inserts); a system
-    table outside ``SYSTEM_ALLOWED``."""
+    than one statement; a statement that does not read (``READ_STATEMENTS``: KILL, SYSTEM, SET,
+    OPTIMIZE, ...); a system table outside ``SYSTEM_ALLOWED``."""
     code = _code(sql)
     if not code.strip():
         raise ValueError("an empty query: give one statement, such as SELECT count() FROM gpufleet.gpu_samples")
@@ -55,6 +58,12 @@ def check_query(sql: str) -> str:
     if re.match(r"\s*KILL\b", code, re.IGNORECASE):
         raise ValueError("KILL is refused on the read path: it would stop other analysts' queries or the sink's "
                          "inserts; a query that runs too long stops at its time limit (GPUFLEET_QUERY_MAX_SECONDS)")
+    kind = (re.match(r"[\s(]*(\w*)", code).group(1) or code.strip()[:1]).upper()
+    if kind == "SYSTEM":
+        raise ValueError("SYSTEM statements are refused on the read path: they stop, start, flush or reload the "
+                         "server's own work (merges, logs, caches, replicas), which is its operators' to do")
+    if kind not in READ_STATEMENTS:
+        raise ValueError(f"{kind} is refused on the read path: it reads with {', '.join(READ_STATEMENTS)}")
     show = re.match(r"\s*SHOW\s+(\w+)", code, re.IGNORECASE)
     if show and show.group(1).upper() not in SHOW_ALLOWED:
         raise ValueError(f"SHOW {show.group(1).upper()} is refused on the read path (it shows other analysts' queries "

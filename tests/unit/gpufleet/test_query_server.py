@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -36,7 +37,7 @@ def test_another_process_queries_while_this_one_owns_the_engine(served, tmp_path
 def test_served_queries_are_read_only_and_errors_come_back(served):
     client, database, _ = served
     remote = find_server(client.path)
-    with pytest.raises(DatabaseError, match="readonly"):
+    with pytest.raises(DatabaseError, match="INSERT is refused on the read path"):
         remote.query(f"INSERT INTO {database}.t VALUES (9, now())")
     with pytest.raises(DatabaseError, match="^refused: gpufleet's query path is read-only.*READONLY"):
         remote.query("SELECT * FROM file('/etc/passwd', 'LineAsString')")
@@ -89,6 +90,42 @@ def test_one_analysts_slow_query_holds_up_no_other(limited, served):
         worker.join(30)
         slow_server.stop()
     assert "TIMEOUT_EXCEEDED" in outcome["slow"] or "Timeout exceeded" in outcome["slow"]
+
+
+def test_one_analyst_cannot_hold_every_session(limited, served, monkeypatch):
+    """Four never-ending queries of one analyst take half the four sessions; another analyst's
+    query is answered at once, and the first analyst's others run as theirs end."""
+    import threading
+
+    client, _, _ = served
+    server = QueryServer(client.path, sessions=4).start()  # (opened after the time limit was set)
+    remote = find_server(client.path)
+    monkeypatch.setenv("GPUFLEET_ANALYST", "ana")
+    outcomes: list[str] = []
+
+    def slow():
+        try:
+            remote.query(SLOW)
+        except DatabaseError as exc:
+            outcomes.append(str(exc))
+
+    workers = [threading.Thread(target=slow) for _ in range(4)]
+    try:
+        for w in workers:
+            w.start()
+        deadline = time.monotonic() + 10
+        while server.holding("ana") < server.share and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert server.holding("ana") == server.share == 2
+        monkeypatch.setenv("GPUFLEET_ANALYST", "bo")
+        assert remote.query("SELECT 1").result_rows == [(1,)]
+        # Answered while all four of ana's still run (none ends before its time limit), two waiting.
+        assert sum(w.is_alive() for w in workers) == 4 and server.holding("ana") == 2
+    finally:
+        for w in workers:
+            w.join(30)
+        server.stop()
+    assert len(outcomes) == 4 and all("TIMEOUT_EXCEEDED" in o or "Timeout exceeded" in o for o in outcomes)
 
 
 @pytest.mark.parametrize("sql, says", [

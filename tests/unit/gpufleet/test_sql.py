@@ -73,6 +73,16 @@ BEFORE_CLICKHOUSE = [
     ("SELECT name FROM merge('system', '^settings$')", "merge() is refused"),
     ("SELECT * FROM clusterAllReplicas('default', system.one)", "clusterAllReplicas() is refused"),
     ("   ", "an empty query"),
+    # SYSTEM whole: readonly lets some through without a table (they stop the server's merges).
+    ("SYSTEM STOP MERGES", "SYSTEM statements are refused"),
+    ("SYSTEM STOP TTL MERGES", "SYSTEM statements are refused"),
+    ("system start merges", "SYSTEM statements are refused"),
+    ("/* a comment */ SYSTEM FLUSH LOGS", "SYSTEM statements are refused"),
+    ("SYSTEM DROP DNS CACHE", "SYSTEM statements are refused"),
+    # Only what reads: no statement of another kind reaches ClickHouse at all.
+    ("OPTIMIZE TABLE gpufleet.alerts FINAL", "OPTIMIZE is refused"),
+    ("SET max_execution_time = 0", "SET is refused"),
+    ("USE system", "USE is refused"),
 ]
 
 
@@ -88,7 +98,8 @@ def test_the_read_path_refuses_what_readonly_lets_through(sql, says):
     "SELECT count() FROM gpufleet.gpu_samples WHERE host = 'system.settings; KILL'",  # words in a string
     "SHOW TABLES FROM gpufleet", "SHOW CREATE TABLE gpufleet.gpu_samples", "DESCRIBE gpufleet.alerts",
     "SELECT number FROM system.numbers LIMIT 3", "SELECT * FROM numbers(3) -- ; KILL QUERY",
-    "SELECT merged FROM gpufleet.t",
+    "SELECT merged FROM gpufleet.t", "WITH 1 AS x SELECT x", "(SELECT 1) UNION ALL (SELECT 2)",
+    "EXPLAIN SELECT 1", "EXISTS TABLE gpufleet.alerts", "desc gpufleet.alerts", "SELECT system FROM gpufleet.t",
 ])
 def test_what_an_analyst_writes_passes(sql):
     from gpufleet.sql import check_query
