@@ -234,7 +234,8 @@ def run_demo(opts: DemoOptions) -> int:
     t0 = time.monotonic()
     print(f"gpufleet demo: data under {data_dir} (cleared at the start of each demo)")
     print("starting Kafka ...", flush=True)
-    broker = local_kafka.start(data_dir / "kafka", port=opts.kafka_port, secure=opts.secure)
+    broker = local_kafka.start(data_dir / "kafka", port=opts.kafka_port, secure=opts.secure,
+                               port_option="--kafka-port")
     print(f"  broker on {broker.bootstrap} (log {broker.log_file})"
           + (": SASL_SSL with mutual TLS and ACLs, each component as its own user" if broker.secure else ""))
     worker = None

@@ -86,19 +86,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def client_ports(first: int, brokers: int) -> list[int]:
-    """The client ports of a new cluster asked for with ``--port first``: one per node, in a row
-    (node 1 on ``first``), each free now, else KafkaRunnerError naming the one taken."""
+def client_ports(first: int, brokers: int, option: str = "--port") -> list[int]:
+    """The client ports of a new cluster asked for with ``--port first`` (``option``: the name the
+    command gives it): one per node, in a row (node 1 on ``first``), each free now, else
+    KafkaRunnerError naming the one taken."""
     ports = list(range(first, first + brokers))
     if ports[-1] > 65535:
-        raise KafkaRunnerError(f"--port {first}: {brokers} nodes need ports {first} to {ports[-1]}, past 65535")
+        raise KafkaRunnerError(f"{option} {first}: {brokers} nodes need ports {first} to {ports[-1]}, past 65535")
     for p in ports:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind(("127.0.0.1", p))
             except OSError:
-                raise KafkaRunnerError(f"port {p} is in use: choose another --port (node i listens on "
-                                       f"--port + i - 1)") from None
+                more = f" (node i listens on {option} + i - 1)" if brokers > 1 else ""
+                raise KafkaRunnerError(f"port {p} is in use: choose another {option}{more}") from None
     return ports
 
 
@@ -200,6 +201,7 @@ def start(
     heap: str = "512m",
     timeout: float = 90.0,
     secure: bool = False,
+    port_option: str = "--port",
 ) -> ClusterInfo:
     """Start the cluster of ``brokers`` nodes recorded in ``data_dir`` (created there the first
     time), or the nodes of it that are not running, and wait until every node answers.
@@ -215,7 +217,7 @@ def start(
         if brokers < 1:
             raise KafkaRunnerError(f"a cluster needs at least one broker, not {brokers}")
         if port:
-            client_ports(port, brokers)
+            client_ports(port, brokers, port_option)
         raw = {"cluster_id": cluster_id(), "secure": secure, "nodes": [
             {"node_id": i, "port": (port + i - 1 if port else free_port()), "controller_port": free_port(),
              "pid": 0, **({"internal_port": free_port()} if secure else {})}

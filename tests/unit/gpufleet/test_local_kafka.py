@@ -20,8 +20,11 @@ def test_port_gives_each_node_its_own_client_port_in_a_row_and_says_which_is_tak
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         busy = taken.getsockname()[1]
-        with pytest.raises(KafkaRunnerError, match=f"port {busy} is in use"):
+        with pytest.raises(KafkaRunnerError, match=f"port {busy} is in use: choose another --port \\(node i"):
             client_ports(busy - 1, 3)
+        # The demo's option is --kafka-port: the message names what the user typed.
+        with pytest.raises(KafkaRunnerError, match=f"port {busy} is in use: choose another --kafka-port$"):
+            client_ports(busy, 1, "--kafka-port")
     first = free_port()
     assert client_ports(first, 1) == [first]
     with pytest.raises(KafkaRunnerError, match="past 65535"):
