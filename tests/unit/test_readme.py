@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def tour_commands() -> list[list[str]]:
     text = (ROOT / "README.md").read_text()
-    blocks = re.findall(r"```sh\n(.*?)```", text, re.S)
+    blocks = re.findall(r"```sh\n(.*?)```", text, re.DOTALL)
     # A command goes on while its quotes are open (a query over two lines) or a line ends in a backslash.
     commands, pending = [], ""
     for line in (line for block in blocks for line in block.splitlines()):
