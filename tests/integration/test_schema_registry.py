@@ -42,7 +42,9 @@ def emitted(kafka, tmp_path_factory):
     run_simulation(fleet, plan, Publisher(kafka.bootstrap, CODEC), topic=prefix + GPU_SAMPLES.name)
     data = tmp_path_factory.mktemp("registry-worker")
     topics = {spec: prefix + spec.name for spec in (WORKFLOW_WINDOWS, ALERTS)}
-    with worker_process(kafka.bootstrap, prefix, data, f"{prefix}worker", "--detector-min-s", "60"):
+    # A job idle from its start counts as starting for its first minute here (15 in production).
+    with worker_process(kafka.bootstrap, prefix, data, f"{prefix}worker", "--detector-min-s", "60",
+                        "--startup-max-s", "60"):
         values = {}
         for spec, topic in topics.items():
             want = len(fleet.workflows) * WINDOWS if spec is WORKFLOW_WINDOWS else 1
