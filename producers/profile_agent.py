@@ -3,10 +3,12 @@
 For each request that concerns this host, the coordinator finds the workflow's ranks among
 the processes that enabled the profiling hook (``producers/profile_hook.py`` announces them
 in the profile directory), asks each to capture, and publishes a ``ProfileStatus`` per rank
-as it goes: ACCEPTED, TRACE_PUBLISHED (with the trace id, after the trace went out as
-kernel events for the worker to analyse), or FAILED with the reason -- the workflow does not
-run here, no rank has the hook, the process exited, the hook reported an error, or no trace
-came before the request's deadline. Nothing waits forever.
+as it goes: ACCEPTED, TRACE_PUBLISHED (with the trace id, once the broker has every message of the trace
+for the worker to analyse), or FAILED with the reason -- the workflow does not run here, no
+rank has the hook, the process exited, the hook reported an error, no trace came before the
+request's deadline, or the trace outbox was full. Nothing waits forever. A finished trace
+waits in the outbox (``producers/trace_outbox.py``) until it is delivered: a broker that is
+away, or an agent restarted, loses no trace.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from producers.profile_context import ProfileContext
 from producers.profile_handoff import Handoff
 from producers.publish_kafka import Publisher
 from producers.publish_trace import publish_trace
+from producers.trace_outbox import Pending, TraceOutbox
 from schemas.codec import Codec
 from schemas.dead_letter import dead_letter
 from schemas.topics import DEAD_LETTERS, PROFILE_REQUESTS, PROFILE_STATUSES, trace_id_of
@@ -55,9 +58,16 @@ class ProfileCoordinator:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     # Set when a capture starts: the sampling loop wakes to sample it at the profile's rate.
     started: threading.Event = field(default_factory=threading.Event)
+    # Where finished traces wait until delivered (default: beside the hand-off directory).
+    outbox: TraceOutbox | None = None
+    flush_s: float = 30.0  # how long one delivery attempt waits for the broker
 
     def __post_init__(self) -> None:
         self.handoff = Handoff(self.directory)  # refuses a directory others could have made or write
+        if self.outbox is None:
+            self.outbox = TraceOutbox(self.directory.parent / f"{self.directory.name}-outbox")
+        # trace file -> (the publisher's failures when it was sent, its TraceEnd): sent, not yet known delivered
+        self._in_flight: dict[Path, tuple[int, dict]] = {}
 
     def hooks(self) -> list[dict]:
         """The processes on this host that enabled the hook and are still alive."""
@@ -105,17 +115,15 @@ class ProfileCoordinator:
             trace = self.handoff.trace(c.request["request_id"], c.pid)
             error = self.handoff.error(c.request["request_id"], c.pid) if trace is None else None
             if trace is not None:
-                trace_id = trace_id_of(c.request["request_id"], self.host, c.rank)
                 with self._lock:
                     system = c.context.summary()
-                end = publish_trace(trace, c.request["workflow_id"], self.publisher, self.topic_prefix, trace_id,
-                                    system=system if system["ticks"] else None)
-                if end.get("error") and not end["events"]:
-                    self._status(c.request, "FAILED", rank=c.rank, pid=c.pid,
-                                 reason=f"the trace could not be read: {end['error']}")
-                else:
-                    self._status(c.request, "TRACE_PUBLISHED", rank=c.rank, pid=c.pid, trace_id=trace_id)
-                trace.unlink(missing_ok=True)
+                meta = {"request": c.request, "rank": c.rank, "pid": c.pid,
+                        "system": system if system["ticks"] else None,
+                        "trace_id": trace_id_of(c.request["request_id"], self.host, c.rank)}
+                for lost in self.outbox.put(trace, meta):
+                    self._status(lost.meta["request"], "FAILED", rank=lost.meta["rank"], pid=lost.meta["pid"], reason=(
+                        f"the agent's trace outbox on {self.host} was full (over {self.outbox.max_bytes} bytes of "
+                        "traces the broker had not taken): the oldest was dropped"))
                 c.done = True
             elif error is not None:
                 self._status(c.request, "FAILED", rank=c.rank, pid=c.pid, reason=f"the profiling hook failed: {error}")
@@ -131,7 +139,44 @@ class ProfileCoordinator:
                 c.done = True
         with self._lock:
             self.captures = [c for c in self.captures if not c.done]
+        self.deliver()
         self.publisher.flush(10)
+
+    def deliver(self) -> None:
+        """Send the outbox's traces, oldest first; each leaves it (and its TRACE_PUBLISHED goes out)
+        once the broker has all of its messages. Stops at the first the broker did not take."""
+        pending = self.outbox.pending()
+        for gone in set(self._in_flight) - {p.path for p in pending}:
+            del self._in_flight[gone]  # dropped to keep the outbox within its bound
+        for p in pending:
+            sent = self._in_flight.get(p.path)
+            if sent is not None:
+                if self.publisher.flush(0):
+                    return  # the last attempt is still on its way
+                if self.publisher.failed == sent[0]:
+                    self._delivered(p, sent[1])  # it got there after the attempt's wait
+                    continue
+            before = self.publisher.failed
+            meta = p.meta
+            end = publish_trace(p.path, meta["request"]["workflow_id"], self.publisher, self.topic_prefix,
+                                meta["trace_id"], system=meta["system"])
+            self._in_flight[p.path] = (before, end)
+            if self.publisher.flush(self.flush_s) or self.publisher.failed != before:
+                log.warning("trace %s: the broker has not taken all of it; it stays in the outbox (%s) and is sent "
+                            "again", meta["trace_id"], self.outbox.directory)
+                return
+            self._delivered(p, end)
+
+    def _delivered(self, p: Pending, end: dict) -> None:
+        meta = p.meta
+        if end.get("error") and not end["events"]:
+            self._status(meta["request"], "FAILED", rank=meta["rank"], pid=meta["pid"],
+                         reason=f"the trace could not be read: {end['error']}")
+        else:
+            self._status(meta["request"], "TRACE_PUBLISHED", rank=meta["rank"], pid=meta["pid"],
+                         trace_id=meta["trace_id"])
+        self.outbox.delivered(p)
+        self._in_flight.pop(p.path, None)
 
     def _status(self, request: dict, state: str, rank: int | None = None, pid: int | None = None,
                 reason: str | None = None, trace_id: str | None = None) -> None:

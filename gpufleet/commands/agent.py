@@ -58,6 +58,9 @@ def add(sub) -> None:
                    help="kubernetes: pod labels or annotations naming the team (else the pod's namespace)")
     p.add_argument("--spool-dir", type=Path, default=None, help="default: <data dir>/agent-spool")
     p.add_argument("--spool-max-mb", type=positive_int, default=256)
+    p.add_argument("--trace-spool-max-mb", type=positive_int, default=2048,
+                   help="profiler traces kept until the broker has them (in <spool dir>/traces); past this the "
+                        "oldest is dropped, and its requester told (default 2048)")
     p.add_argument("--profile-dir", type=Path, default=None,
                    help="where training processes with gpufleet's profiling hook meet the agent "
                         "(env GPUFLEET_PROFILE_DIR; default /tmp/gpufleet-profile)")
@@ -95,6 +98,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     from producers.sample_nvml import NvmlSampler, NvmlUnavailable
     from producers.simulate_fleet import SimulatedGpus, build_fleet
     from producers.spool import Spool
+    from producers.trace_outbox import TraceOutbox
     from schemas.codec import Codec
 
     # A simulated host is one of the simulated fleet's, the first by default.
@@ -124,7 +128,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
         workflow=tuple(args.workflow_keys.split(",")), owner=tuple(args.owner_keys.split(",")),
         team=tuple(args.team_keys.split(",")), model=tuple(args.model_keys.split(",")),
     )
-    spool = Spool(args.spool_dir or args.data_dir / "agent-spool", max_bytes=args.spool_max_mb << 20)
+    spool_dir = args.spool_dir or args.data_dir / "agent-spool"
+    spool = Spool(spool_dir, max_bytes=args.spool_max_mb << 20)
     agent = HostAgent(settings, spool, Codec(), nvml=nvml, simulated=simulated, attributor=ProcessAttributor(keys),
                       allocations=allocations)
     agent.metrics = AgentMetrics(spool)
@@ -133,7 +138,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
     # Profile requests for this host's workflows, answered beside the sampling loop.
     try:
         coordinator = ProfileCoordinator(host, Publisher(kafka, Codec()), args.profile_dir or default_dir(),
-                                         topic_prefix=args.topic_prefix)
+                                         topic_prefix=args.topic_prefix,
+                                         outbox=TraceOutbox(spool_dir / "traces", args.trace_spool_max_mb << 20))
     except HandoffError as exc:
         raise UsageError(str(exc)) from None
     for sig in (signal.SIGINT, signal.SIGTERM):  # stop now, not after the wait for the next tick

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from producers.profile_agent import ProfileCoordinator
+from producers.trace_outbox import TraceOutbox
 from schemas.topics import request_of_trace, trace_id_of
 from tests.support.samples import sample
 from tests.support.traces import kernel, runtime, write_trace
@@ -19,6 +20,7 @@ class Recorder:
 
     def __init__(self):
         self.records = []
+        self.failed = 0
 
     def publish(self, spec, records, topic=None, schema=None):
         records = list(records)
@@ -156,3 +158,80 @@ def test_a_request_the_agent_cannot_use_is_a_dead_letter_and_the_next_one_is_ser
     assert "not a gpufleet Avro message" in letters[0]["reason"]
     assert letters[1]["reason"] == "expected ProfileRequest, got GpuSample"
     assert rec.statuses() == [(0, "ACCEPTED", None)]  # the agent went on
+
+
+class AwayBroker(Recorder):
+    """A broker that is away: what is published stays queued (``flush`` says how much), and
+    fails once librdkafka's delivery timeout passes (``expire``); then it comes back."""
+
+    def __init__(self):
+        super().__init__()
+        self.away, self.queued = True, 0
+
+    def publish(self, spec, records, topic=None, schema=None):
+        records = list(records)
+        if self.away:
+            self.queued += len(records)
+            return len(records)
+        return super().publish(spec, records, topic, schema)
+
+    def flush(self, timeout=None):
+        return self.queued
+
+    def expire(self):
+        self.failed, self.queued = self.failed + self.queued, 0
+
+
+def captured_trace(tmp_path, process, c, request_id="od-1"):
+    announce(tmp_path, process.pid, rank=0)
+    c.handle(request(request_id=request_id))
+    write_trace(tmp_path / f"trace-{request_id}-{process.pid}.json", [
+        runtime("cudaLaunchKernel", 0, 5, corr=1), kernel("sgemm", 10, 100, corr=1)])
+
+
+def test_a_trace_the_broker_did_not_take_stays_in_the_outbox_through_a_restart(tmp_path, process):
+    handoff, outbox_dir = tmp_path / "handoff", tmp_path / "outbox"
+    handoff.mkdir(mode=0o700)
+    broker = AwayBroker()
+    broker.away = False
+    c = ProfileCoordinator("h1", broker, handoff, outbox=TraceOutbox(outbox_dir), flush_s=0)
+    captured_trace(handoff, process, c)
+    broker.away = True  # the broker goes away while the trace is captured
+    c.check()
+    assert not (handoff / f"trace-od-1-{process.pid}.json").exists()  # out of the hand-off ...
+    assert len(c.outbox.pending()) == 1  # ... and kept until delivered
+    assert [s for _, s, _ in broker.statuses()] == ["ACCEPTED"] and broker.queued > 0
+    c.check()  # still queued: not sent again on top of itself
+    queued = broker.queued
+    assert queued == broker.flush() and not any(name == "TraceEnd" for _, name, _ in broker.records)
+    broker.expire()  # the delivery timeout passed: those messages failed
+
+    # The agent restarts (a new coordinator on the same outbox); the broker is back.
+    broker.away = False
+    again = ProfileCoordinator("h1", broker, handoff, outbox=TraceOutbox(outbox_dir), flush_s=0)
+    again.check()
+    assert [s for _, s, _ in broker.statuses()] == ["ACCEPTED", "TRACE_PUBLISHED"]
+    ends = [r for _, name, r in broker.records if name == "TraceEnd"]
+    assert len(ends) == 1 and ends[0]["events"] == 2 and ends[0]["trace_id"] == trace_id_of("od-1", "h1", 0)
+    assert again.outbox.pending() == [] and list(outbox_dir.iterdir()) == []
+
+
+def test_a_full_outbox_drops_its_oldest_trace_and_says_so(tmp_path, process):
+    handoff = tmp_path / "handoff"
+    handoff.mkdir(mode=0o700)
+    broker = AwayBroker()
+    outbox = TraceOutbox(tmp_path / "outbox", max_bytes=1)  # room for the newest trace only
+    c = ProfileCoordinator("h1", broker, handoff, outbox=outbox, flush_s=0)
+    captured_trace(handoff, process, c, "od-1")
+    c.check()
+    assert len(outbox.pending()) == 1
+    broker.expire()
+    broker.away = False  # back as the second trace comes: the first was dropped to make room
+    captured_trace(handoff, process, c, "od-2")
+    c.check()
+    assert outbox.pending() == [] and outbox.dropped == 1
+    states = [(r["request_id"], r["state"], r["reason"]) for _, name, r in broker.records if name == "ProfileStatus"]
+    assert [(rid, state) for rid, state, _ in states] == [("od-2", "ACCEPTED"), ("od-1", "FAILED"),
+                                                           ("od-2", "TRACE_PUBLISHED")]
+    assert "trace outbox on h1 was full" in states[1][2]
+    assert [r["trace_id"] for _, name, r in broker.records if name == "TraceEnd"] == [trace_id_of("od-2", "h1", 0)]
