@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -199,56 +197,3 @@ def _int(text: str) -> int:
 
 def _matches(pattern: tuple[str | None, ...], parts: list[str]) -> bool:
     return len(pattern) == len(parts) and all(want is None or want == got for want, got in zip(pattern, parts))
-
-
-class RegistryServer:
-    """``SchemaRegistry`` over HTTP on ``host:port`` (0: any free port), in a thread."""
-
-    def __init__(self, registry: SchemaRegistry, host: str = "127.0.0.1", port: int = 8081) -> None:
-        self.registry = registry
-
-        class Handler(BaseHTTPRequestHandler):
-            server_version = "gpufleet-schemas"
-
-            def _respond(self, method: str) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(min(length, 1 << 20)) if length else b""
-                status, payload = registry.answer(method, self.path, body)
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", CONTENT_TYPE)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self) -> None:
-                self._respond("GET")
-
-            def do_POST(self) -> None:
-                self._respond("POST")
-
-            def do_PUT(self) -> None:
-                self._respond("PUT")
-
-            def do_DELETE(self) -> None:
-                self._respond("DELETE")
-
-            def log_message(self, fmt: str, *args) -> None:
-                log.debug("schema registry: " + fmt, *args)
-
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, name="schema-registry", daemon=True)
-
-    @property
-    def url(self) -> str:
-        host, port = self.httpd.server_address[:2]
-        return f"http://{host}:{port}"
-
-    def start(self) -> RegistryServer:
-        self.thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()

@@ -26,7 +26,8 @@ def add(sub) -> None:
 
 
 def cmd_schemas(args: argparse.Namespace) -> int:
-    from schemas.registry import RegistryServer, SchemaRegistry
+    from gpufleet.schema_server import RegistryServer
+    from schemas.registry import SchemaRegistry
 
     registry = SchemaRegistry(args.topic_prefix)
     server = RegistryServer(registry, args.host, args.port).start()
