@@ -29,7 +29,7 @@ from gpufleet.opportunities import opportunities
 from gpufleet.query_server import QueryServer
 from gpufleet.sql import format_table, run_query
 from kafka_client.admin import ensure_topics
-from kafka_client.config import consumer_config
+from kafka_client.config import WORKER_APP_ID, consumer_config
 from producers.publish_kafka import Publisher
 from producers.run_simulation import SimulationPlan, SimulationProgress, run_simulation
 from producers.simulate_fleet import IDLE, UNTOUCHED, build_fleet
@@ -45,7 +45,7 @@ from streams.enforcement.ladder import Ladder, load_ladders
 
 log = logging.getLogger(__name__)
 
-WORKER_GROUP = "gpufleet-worker"
+WORKER_GROUP = WORKER_APP_ID
 SINK_GROUP = "gpufleet-clickhouse-sink"
 ENFORCER_GROUP = "gpufleet-enforcer"
 DATABASE = "gpufleet"

@@ -29,7 +29,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from kafka_client.config import Connection, Secret, Security
+from kafka_client.config import WORKER_APP_ID, Connection, Secret, Security
 from schemas.topics import (
     ALERTS,
     ALL_TOPICS,
@@ -52,7 +52,7 @@ from schemas.topics import (
 
 ADMIN = "admin"
 MECHANISM = "SCRAM-SHA-512"
-DEFAULT_WORKER_APP_ID = "gpufleet-worker"
+DEFAULT_WORKER_APP_ID = WORKER_APP_ID
 
 
 @dataclass(frozen=True)

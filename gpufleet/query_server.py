@@ -135,7 +135,7 @@ class QueryServer:
                     self._reply(200, {"columns": list(result.column_names),
                                       "rows": [_encode(list(r)) for r in result.result_rows]})
                 except (ClickHouseError, ValueError, KeyError, TypeError) as exc:  # ClickHouse's own message
-                    self._reply(400, {"error": refusal(exc)})
+                    self._reply(400, {"error": refusal(exc), "code": getattr(exc, "code", None)})
 
             def _reply(self, status: int, body: dict) -> None:
                 data = json.dumps(body, default=str).encode()
@@ -206,7 +206,8 @@ class RemoteClient:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 body = json.loads(response.read())
         except urllib.error.HTTPError as exc:
-            raise DatabaseError(json.loads(exc.read()).get("error", str(exc))) from None
+            answer = json.loads(exc.read())
+            raise DatabaseError(answer.get("error", str(exc)), code=answer.get("code")) from None
         return RemoteResult(body["columns"], [tuple(_decode(r)) for r in body["rows"]])
 
 

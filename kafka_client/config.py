@@ -39,6 +39,8 @@ LIBRDKAFKA_LOG = logging.getLogger("librdkafka")
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN")
 ENV_PREFIX = "GPUFLEET_KAFKA_"
+# The worker's Faust app id: its consumer group and the prefix of its changelog topics, unless given.
+WORKER_APP_ID = "gpufleet-worker"
 
 # Client property (librdkafka's name) -> the Security field it sets.
 _PROPERTIES = {

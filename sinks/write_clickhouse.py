@@ -138,16 +138,10 @@ def refusal(exc: BaseException) -> str:
 
 
 def error_code(exc: BaseException) -> int | None:
+    """ClickHouse's error code, as clickhouse-connect's exception carries it (None: not a server
+    error, such as a connection refused)."""
     code = getattr(exc, "code", None)
-    if isinstance(code, int):
-        return code
-    text = str(exc)
-    marker = "Code: "
-    if marker in text:
-        digits = text.split(marker, 1)[1].split(".", 1)[0].strip()
-        if digits.isdigit():
-            return int(digits)
-    return None
+    return code if isinstance(code, int) else None
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kafka_client.config import Security
+from kafka_client.config import WORKER_APP_ID, Security
 from schemas.topics import GPU_SAMPLES, KERNEL_EVENTS, TRACE_ANALYSES
 from streams.alerts.detectors import Thresholds
 from streams.alerts.raising import AlertConfig
@@ -26,7 +26,7 @@ class StreamSettings:
 
     bootstrap: str
     security: Security = field(default_factory=Security)
-    app_id: str = "gpufleet-worker"
+    app_id: str = WORKER_APP_ID
     topic_prefix: str = ""
     data_dir: str = "data/worker"
     window: WindowConfig = field(default_factory=WindowConfig)

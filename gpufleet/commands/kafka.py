@@ -7,6 +7,7 @@ from pathlib import Path
 
 from gpufleet.commands.common import kafka_args, kafka_connection, port, positive_int
 from gpufleet.errors import Failed, UsageError
+from kafka_client.config import WORKER_APP_ID
 
 
 def add(sub) -> None:
@@ -37,7 +38,7 @@ def add(sub) -> None:
     p.add_argument("--external-host", default=None, help="credentials: another name the nodes answer to")
     p.add_argument("--mount", default=None,
                    help="credentials: where a component's container sees its clients/<principal> folder")
-    p.add_argument("--app-id", default="gpufleet-worker", help="grant: the worker's app id (its group and changelogs)")
+    p.add_argument("--app-id", default=WORKER_APP_ID, help="grant: the worker's app id (its group and changelogs)")
     kafka_args(p)
     p.set_defaults(func=cmd_kafka_access)
 

@@ -16,12 +16,13 @@ from gpufleet.commands.common import (
     serve_metrics,
 )
 from gpufleet.errors import Failed
+from kafka_client.config import WORKER_APP_ID
 
 
 def add(sub) -> None:
     p = sub.add_parser("worker", help="run the stream worker (event-time windows and detectors)")
     kafka_args(p)
-    p.add_argument("--app-id", default="gpufleet-worker", help="Faust app id = consumer group")
+    p.add_argument("--app-id", default=WORKER_APP_ID, help="Faust app id = consumer group")
     p.add_argument("--window-s", type=positive, default=60.0)
     p.add_argument("--lateness-s", type=non_negative, default=10.0, help="allowed lateness of samples")
     p.add_argument("--startup-max-s", type=non_negative, default=900.0,

@@ -248,16 +248,16 @@ def test_bad_rows_are_isolated_and_the_rest_lands(writer):
     assert count(writer, GPU_SAMPLES_TABLE) == 8
 
 
-def test_server_errors_are_classified():
-    class Err(Exception):
-        code = 0
+def test_server_errors_are_classified_by_the_code_the_exception_carries(chdb_client):
+    from clickhouse_connect.driver.exceptions import DatabaseError
 
-    e = Err("Code: 241. DB::Exception: Memory limit exceeded")
-    e.code = None
-    assert is_transient(e)
-    e2 = Err("Code: 27. DB::Exception: Cannot parse input")
-    e2.code = None
-    assert not is_transient(e2)
+    assert is_transient(DatabaseError("Memory limit exceeded", code=241))
+    assert not is_transient(DatabaseError("Cannot parse input", code=27))
+    # What a message says is not a code: the exception's own code decides.
+    assert not is_transient(DatabaseError("Code: 241. a value that quotes another error", code=27))
+    with pytest.raises(DatabaseError) as raised:
+        chdb_client.query("SELECT * FROM nope.t")  # the embedded engine's errors carry theirs too
+    assert raised.value.code == 81 and not is_transient(raised.value)
 
 
 def test_table_columns_match_the_schema(writer):
