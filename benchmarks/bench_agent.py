@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from confluent_kafka import Producer
 
-from gpufleet import local_kafka
+from gpufleet.local import kafka as local_kafka
 from kafka_client.admin import ensure_topics
 from kafka_client.config import producer_config
 from producers.attribute_process import ProcessAttributor

@@ -36,8 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from fleet_load import AgentSends, Lag, fleet_10k, produce, rate_from_commits, stop, worker
 
-from gpufleet import local_kafka
-from gpufleet.kafka_node_config import SESSION_TIMEOUT_MS
+from gpufleet.local import kafka as local_kafka
+from gpufleet.local.kafka_node_config import SESSION_TIMEOUT_MS
 from kafka_client.admin import ensure_topics
 from kafka_client.config import consumer_config, producer_config
 from schemas.topics import GPU_SAMPLES

@@ -1,6 +1,6 @@
 """The sink on its real input: GpuSampleColumns messages on a real broker, into embedded ClickHouse.
 
-Starts its own Kafka (``gpufleet/local_kafka.py``), publishes 10,000 GPUs x ``--ticks`` seconds
+Starts its own Kafka (``gpufleet/local/kafka.py``), publishes 10,000 GPUs x ``--ticks`` seconds
 as the agents send them (each host every ``--send-every`` seconds, a GpuSampleColumns message
 per workflow: ``benchmarks/bench_stream.py``'s ``AgentSends``), then measures on that topic,
 in one run and ``--repeat`` times each (medians; this machine is noisy):
@@ -34,7 +34,7 @@ from statistics import median
 from bench_stream import AgentSends, fleet_10k, produce, rate_from_commits, stop, worker
 from confluent_kafka import Consumer, Producer
 
-from gpufleet import local_kafka
+from gpufleet.local import kafka as local_kafka
 from kafka_client.admin import ensure_topics
 from kafka_client.config import consumer_config, producer_config
 from schemas.codec import Codec

@@ -1,6 +1,6 @@
 """The stream stage on a real broker: throughput, keeping up with 10,000 GPUs, alert latency.
 
-Starts its own Kafka (``gpufleet/local_kafka.py``) in a temporary directory and measures,
+Starts its own Kafka (``gpufleet/local/kafka.py``) in a temporary directory and measures,
 in one run so that the ratios mean something on a noisy machine:
 
 1. throughput over the same pre-published messages (10,000 GPUs x N ticks, as the agents
@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))  # tests.support.samples
 
 from fleet_load import AgentSends, Lag, fleet_10k, produce, rate_from_commits, stop, worker
 
-from gpufleet import local_kafka
+from gpufleet.local import kafka as local_kafka
 from kafka_client.admin import create_topics, ensure_topics
 from kafka_client.config import consumer_config, producer_config
 from producers.simulate_fleet import build_fleet

@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 from confluent_kafka import Consumer, TopicPartition
 from soak_parts import PREFIX, Process, Sinks, Webhook
 
-from gpufleet import local_kafka
+from gpufleet.local import kafka as local_kafka
 from kafka_client.admin import ensure_topics
 from kafka_client.config import consumer_config
 from producers.publish_kafka import Publisher

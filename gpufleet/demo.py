@@ -22,11 +22,11 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from gpufleet import local_kafka
 from gpufleet.enforcer import Enforcer
-from gpufleet.goodput_report import fleet_goodput
-from gpufleet.opportunities import opportunities
+from gpufleet.local import kafka as local_kafka
 from gpufleet.query_server import QueryServer
+from gpufleet.reports.goodput import fleet_goodput
+from gpufleet.reports.opportunities import opportunities
 from gpufleet.sql import format_table, run_query
 from kafka_client.admin import ensure_topics
 from kafka_client.config import WORKER_APP_ID, consumer_config

@@ -98,7 +98,7 @@ def check_id(what: str, value: str) -> str:
 
 def parse_duration(text: str) -> float:
     """'10s', '1m', '2h', '7d' in seconds, else UsageError."""
-    from gpufleet.opportunities import parse_since
+    from gpufleet.reports.opportunities import parse_since
 
     try:
         seconds = parse_since(text) if text != "all" else None
@@ -123,7 +123,7 @@ def kafka_connection(args: argparse.Namespace, principal: str, check: bool = Tru
     if args.bootstrap:
         kafka = Connection(args.bootstrap, security)
     else:
-        from gpufleet import local_kafka
+        from gpufleet.local import kafka as local_kafka
 
         info = local_kafka.status(args.data_dir / "kafka")
         if info is None:

@@ -48,7 +48,7 @@ def add(sub) -> None:
 
 
 def cmd_kafka(args: argparse.Namespace) -> int:
-    from gpufleet import local_kafka
+    from gpufleet.local import kafka as local_kafka
 
     kafka_dir = args.data_dir / "kafka"
     if args.action == "start" and args.port and args.port + args.brokers - 1 > 65535:
@@ -86,7 +86,7 @@ def cmd_kafka(args: argparse.Namespace) -> int:
 
 def cmd_kafka_access(args: argparse.Namespace) -> int:
     """A deployment's Kafka secrets (made once) and its users and ACLs (granted as admin)."""
-    from gpufleet.kafka_security import LocalCredentials, create_users, grant
+    from gpufleet.local.kafka_security import LocalCredentials, create_users, grant
 
     if args.dir.exists() and not args.dir.is_dir():
         raise UsageError(f"--dir {args.dir} is a file: name a folder for the secrets (made if missing)")

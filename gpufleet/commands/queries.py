@@ -103,16 +103,16 @@ def cmd_sql(args: argparse.Namespace) -> int:
 
 
 def cmd_workflows(args: argparse.Namespace) -> int:
+    from gpufleet.reports.workflows import list_workflows
     from gpufleet.sql import FORMATS
-    from gpufleet.workflows import list_workflows
 
     print(FORMATS[args.format](*list_workflows(query_client(args), args.database, args.since_minutes)))
     return 0
 
 
 def cmd_workflow(args: argparse.Namespace) -> int:
+    from gpufleet.reports.workflows import workflow_summary, workflow_timeline
     from gpufleet.sql import format_table
-    from gpufleet.workflows import workflow_summary, workflow_timeline
     from sinks.job_report import job_report
 
     check_id("workflow", args.workflow_id)
@@ -129,8 +129,8 @@ def cmd_workflow(args: argparse.Namespace) -> int:
 
 
 def cmd_job(args: argparse.Namespace) -> int:
+    from gpufleet.reports.workflows import slurm_job
     from gpufleet.sql import format_table
-    from gpufleet.workflows import slurm_job
     from schemas.validate_ids import SLURM_JOB_ID
 
     if not SLURM_JOB_ID.fullmatch(args.job_id):
@@ -145,8 +145,8 @@ def cmd_job(args: argparse.Namespace) -> int:
 
 
 def cmd_goodput(args: argparse.Namespace) -> int:
-    from gpufleet.goodput_report import fleet_goodput, render_groups
-    from gpufleet.opportunities import parse_since
+    from gpufleet.reports.goodput import fleet_goodput, render_groups
+    from gpufleet.reports.opportunities import parse_since
     from sinks.job_report import render_waterfall
 
     prices = rates(args)
@@ -163,7 +163,7 @@ def cmd_goodput(args: argparse.Namespace) -> int:
 
 
 def cmd_opportunities(args: argparse.Namespace) -> int:
-    from gpufleet.opportunities import opportunities, parse_since
+    from gpufleet.reports.opportunities import opportunities, parse_since
     from gpufleet.sql import FORMATS
 
     parse_since(args.since)  # checked before anything is asked
@@ -176,8 +176,8 @@ def cmd_opportunities(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from gpufleet.opportunities import parse_since
-    from gpufleet.report import gather, render
+    from gpufleet.reports.fleet import gather, render
+    from gpufleet.reports.opportunities import parse_since
 
     parse_since(args.since)
     if args.html.is_dir():

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gpufleet import local_kafka
+from gpufleet.local import kafka as local_kafka
 from kafka_client.admin import ensure_topics
 
 

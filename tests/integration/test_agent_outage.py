@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from gpufleet import local_kafka
+from gpufleet.local import kafka as local_kafka
 from kafka_client.admin import ensure_topics
 from producers.attribute_process import ProcessAttributor
 from producers.forward_spool import Forwarder

@@ -53,7 +53,7 @@ def test_demo_then_sql(tmp_path):
     assert sql.stdout.split() == ["n", "95"]
 
     refused = gpufleet("--data-dir", data, "sql", "DROP TABLE gpufleet.gpu_samples", timeout=60)
-    assert refused.returncode != 0 and "readonly" in refused.stderr
+    assert refused.returncode != 0 and "DROP is refused on the read path" in refused.stderr
 
     # One vocabulary (schemas.vocabulary): every command counts the same allocated and wasted
     # GPU-hours from the same closed windows.

@@ -20,7 +20,7 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from gpufleet import local_kafka
+from gpufleet.local import kafka as local_kafka
 from kafka_client.admin import ensure_topics
 from producers.publish_kafka import Publisher
 from producers.simulate_fleet import HEALTHY, IDLE, build_fleet

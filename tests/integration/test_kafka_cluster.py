@@ -13,7 +13,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from gpufleet import local_kafka
+from gpufleet.local import kafka as local_kafka
 from kafka_client.admin import ensure_topics
 from kafka_client.config import consumer_config, producer_config
 from schemas.topics import ALL_TOPICS, DEAD_LETTERS, GPU_SAMPLES, PROFILE_SCHEDULE

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpufleet import local_kafka
+from gpufleet.local import kafka as local_kafka
 
 
 def test_session_broker_answers_and_is_recorded(kafka):

@@ -11,7 +11,7 @@ from typing import ClassVar
 import pytest
 from aiosmtpd.controller import Controller
 
-from gpufleet.local_kafka import free_port
+from gpufleet.local.kafka import free_port
 from producers.publish_kafka import Publisher
 from schemas.goodput_buckets import JOULES_FIELDS, SECONDS_FIELDS
 from schemas.topics import ALERTS, DEAD_LETTERS, ENFORCEMENT, WORKFLOW_SUMMARIES

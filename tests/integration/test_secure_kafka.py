@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from gpufleet import local_kafka
-from gpufleet.certificates import Authority
-from gpufleet.kafka_security import ADMIN, grant
+from gpufleet.local import kafka as local_kafka
+from gpufleet.local.certificates import Authority
+from gpufleet.local.kafka_security import ADMIN, grant
 from kafka_client.admin import TopicsMissing, ensure_topics
 from kafka_client.config import (
     Connection,
@@ -206,7 +206,7 @@ def test_no_secret_leaks_into_logs_errors_dead_letters_or_clickhouse(secure, top
     from aiosmtpd.controller import Controller
     from aiosmtpd.smtp import AuthResult
 
-    from gpufleet.local_kafka import free_port
+    from gpufleet.local.kafka import free_port
     from sinks.consume_alerts import AlertNotifier
     from sinks.route_alerts import load_routing
     from tests.support.alerts import Mailbox, Refusing, alert

@@ -43,7 +43,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from gpufleet.enforcer import Enforcer
-from gpufleet.workflows import slurm_job, workflow_summary
+from gpufleet.reports.workflows import slurm_job, workflow_summary
 from kafka_client.config import consumer_config
 from schemas.codec import Codec
 from schemas.goodput_buckets import BUCKETS

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet import local_kafka
 from gpufleet.analyze import analyze_file
+from gpufleet.local import kafka as local_kafka
 from kafka_client.admin import ensure_topics
 from producers.profile_agent import ProfileCoordinator
 from producers.publish_kafka import Publisher

@@ -111,7 +111,7 @@ def test_profiles_are_compared_with_the_previous_one_and_across_their_ranks(kafk
     """Two profiles of a workflow, the second with one kernel 4x slower: the worker compares
     them and reports the regression, which ClickHouse and `opportunities --by regression` show.
     Then a requested profile of three ranks, one of them slow: the worker names the straggler."""
-    from gpufleet.opportunities import opportunities
+    from gpufleet.reports.opportunities import opportunities
     from schemas.topics import trace_id_of
     from tests.support.traces import (
         COMPUTE_KERNELS,

@@ -87,8 +87,8 @@ def as_properties(env: dict) -> dict:
 def test_the_compose_cluster_is_secured_as_the_tested_local_one(compose):
     """Kafka's security settings in compose.yaml are those of `gpufleet kafka start --secure`,
     which the integration tests run (there is no Docker engine where the tests run)."""
-    from gpufleet.kafka_node_config import Node, listeners
-    from gpufleet.kafka_security import LocalCredentials
+    from gpufleet.local.kafka_node_config import Node, listeners
+    from gpufleet.local.kafka_security import LocalCredentials
 
     local = dict(line.split("=", 1) for line in listeners(
         Node(1, 0, 9092, 9093, Path("/n"), 9094), LocalCredentials(Path("/nonexistent"))))
@@ -106,7 +106,7 @@ def test_the_compose_cluster_is_secured_as_the_tested_local_one(compose):
 
 
 def test_each_component_mounts_only_its_own_kafka_credentials(compose):
-    from gpufleet.kafka_security import PRINCIPALS
+    from gpufleet.local.kafka_security import PRINCIPALS
 
     for name, service in gpufleet_services(compose).items():
         mounts = [v for v in service.get("volumes", []) if isinstance(v, dict) and v["source"] == "kafka-secrets"]

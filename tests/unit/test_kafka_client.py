@@ -6,7 +6,7 @@ import ssl
 
 import pytest
 
-from gpufleet.certificates import Authority
+from gpufleet.local.certificates import Authority
 from kafka_client.config import (
     Connection,
     KafkaConfigError,

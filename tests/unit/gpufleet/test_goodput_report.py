@@ -7,8 +7,8 @@ from collections import defaultdict
 
 import pytest
 
-from gpufleet.goodput_report import fleet_goodput, render_groups
-from gpufleet.workflows import workflow_summary
+from gpufleet.reports.goodput import fleet_goodput, render_groups
+from gpufleet.reports.workflows import workflow_summary
 from producers.simulate_fleet import build_fleet
 from schemas.goodput_buckets import BUCKETS, OBSERVED_BUCKETS
 from schemas.sample_columns import columns_of

@@ -2,7 +2,7 @@
 
 from confluent_kafka.admin import AclOperation, ResourcePatternType, ResourceType
 
-from gpufleet.kafka_security import PRINCIPALS, bindings, rights
+from gpufleet.local.kafka_security import PRINCIPALS, bindings, rights
 from schemas.topics import ALERTS, ALL_TOPICS, GPU_SAMPLES, PROFILE_REQUESTS
 
 

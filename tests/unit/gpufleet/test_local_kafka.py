@@ -1,6 +1,6 @@
 import base64
 
-from gpufleet.kafka_node_config import cluster_id
+from gpufleet.local.kafka_node_config import cluster_id
 
 
 def test_cluster_ids_are_16_bytes_and_never_look_like_an_option():
@@ -14,7 +14,7 @@ def test_port_gives_each_node_its_own_client_port_in_a_row_and_says_which_is_tak
 
     import pytest
 
-    from gpufleet.local_kafka import KafkaRunnerError, client_ports, free_port
+    from gpufleet.local.kafka import KafkaRunnerError, client_ports, free_port
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -34,7 +34,7 @@ def test_port_gives_each_node_its_own_client_port_in_a_row_and_says_which_is_tak
 def test_a_made_cluster_keeps_its_ports_and_refuses_another_port(tmp_path):
     import pytest
 
-    from gpufleet.local_kafka import KafkaRunnerError, _write_raw, start
+    from gpufleet.local.kafka import KafkaRunnerError, _write_raw, start
 
     _write_raw(tmp_path, {"cluster_id": cluster_id(), "secure": False, "nodes": [
         {"node_id": i, "port": 39000 + i, "controller_port": 39100 + i, "pid": 0} for i in (1, 2, 3)]})

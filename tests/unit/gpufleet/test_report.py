@@ -8,7 +8,7 @@ from collections import defaultdict
 
 import pytest
 
-from gpufleet.report import gather, render
+from gpufleet.reports.fleet import gather, render
 from schemas.vocabulary import wasted_seconds
 from sinks.write_clickhouse import ClickHouseWriter
 from tests.support.fleet_data import build, store
@@ -110,7 +110,7 @@ def test_no_label_of_a_chart_is_clipped(chart):
     bar. Every text of every chart lies inside the drawing."""
     from datetime import UTC, datetime
 
-    from gpufleet.report import bar_chart, line_chart, stacked_bars
+    from gpufleet.reports.fleet import bar_chart, line_chart, stacked_bars
 
     t = [datetime(2026, 1, 1, h, tzinfo=UTC) for h in range(6)]
     svg = {"bars": lambda: bar_chart(["0-10%", "10-20%", "20-30%"], [120.0, 4500.0, 33.0], "workflow-minutes"),
@@ -130,7 +130,7 @@ def test_each_chart_area_is_drawn_in_headless_chromium(report, tmp_path):
     every cell has its chart's colours, in quantity, and nothing drawn outside its cell."""
     from PIL import Image
 
-    from gpufleet.report import PALETTE, bar_chart, line_chart, stacked_bars
+    from gpufleet.reports.fleet import PALETTE, bar_chart, line_chart, stacked_bars
     from schemas.goodput_buckets import BUCKETS
 
     _, numbers, _ = report

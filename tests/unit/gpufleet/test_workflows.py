@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpufleet.workflows import list_workflows, workflow_timeline
+from gpufleet.reports.workflows import list_workflows, workflow_timeline
 from sinks.clickhouse_ddl import ALERTS_TABLE, WORKFLOW_WINDOWS_TABLE
 from sinks.write_clickhouse import ClickHouseWriter, Row
 from tests.support.alerts import alert
@@ -49,7 +49,7 @@ def test_a_profiled_jobs_productive_hours_are_split_by_what_its_profile_shows(ch
     productive GPU-hours into kernel compute, exposed communication, other GPU work and the
     host's launch overhead, in the shares its complete trace analyses measured."""
     from gpufleet.analyze import analyze_file
-    from gpufleet.workflows import workflow_summary
+    from gpufleet.reports.workflows import workflow_summary
     from sinks.clickhouse_ddl import TRACE_ANALYSES_TABLE
     from sinks.job_report import job_report
     from tests.support.traces import kernel, runtime, write_trace
@@ -82,7 +82,7 @@ def test_a_profiled_jobs_productive_hours_are_split_by_what_its_profile_shows(ch
 def test_a_slurm_job_an_array_task_and_an_array_by_their_own_ids(chdb_client, database):
     """`gpufleet job 6_0` is the array task's (its workflow slurm-6_0), so is its raw id 7;
     `gpufleet job 6` lists the array's tasks (6 is also the last task's raw id, as Slurm numbers them)."""
-    from gpufleet.workflows import slurm_job
+    from gpufleet.reports.workflows import slurm_job
     from sinks.clickhouse_ddl import WORKFLOW_EVENTS_TABLE
 
     writer = ClickHouseWriter(chdb_client, database)

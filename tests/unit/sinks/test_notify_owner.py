@@ -10,8 +10,8 @@ from http.server import ThreadingHTTPServer
 import pytest
 from aiosmtpd.controller import Controller
 
-from gpufleet.certificates import Authority
-from gpufleet.local_kafka import free_port
+from gpufleet.local.certificates import Authority
+from gpufleet.local.kafka import free_port
 from sinks.notify_owner import NotifyError, redact_url, send_email, send_webhook
 from sinks.route_alerts import SmtpSettings
 from tests.support.alerts import Mailbox, Refusing, alert

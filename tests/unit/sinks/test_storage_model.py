@@ -6,7 +6,7 @@ from collections import defaultdict
 
 import pytest
 
-from gpufleet.opportunities import opportunities, parse_since
+from gpufleet.reports.opportunities import opportunities, parse_since
 from sinks.write_clickhouse import ClickHouseWriter
 from tests.support.fleet_data import build, store
 

@@ -77,8 +77,8 @@ def test_the_summary_carries_them_and_an_unknown_model_gets_no_model_advice():
 def test_stored_recommendations_rank_fleet_wide_and_reach_the_job_report(chdb_client, database):
     """Through the ClickHouse table: ``gpufleet opportunities --by right-size`` sums what each
     kind would free, and the job report (``gpufleet workflow ID``) reads the stored row."""
-    from gpufleet.opportunities import opportunities
-    from gpufleet.workflows import workflow_summary
+    from gpufleet.reports.opportunities import opportunities
+    from gpufleet.reports.workflows import workflow_summary
     from sinks.clickhouse_ddl import WORKFLOW_SUMMARIES_TABLE
     from sinks.job_report import job_report
     from sinks.write_clickhouse import ClickHouseWriter, Row

@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 
 from clickhouse_connect.driver.client import Client
 
-from gpufleet.opportunities import opportunities, parse_since
+from gpufleet.reports.opportunities import opportunities, parse_since
 from schemas.goodput_buckets import BUCKETS
 from schemas.vocabulary import (
     ALLOCATED,

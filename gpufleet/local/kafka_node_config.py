@@ -1,7 +1,7 @@
 """How a local Kafka node is configured and what it runs on: its ``server.properties``
 (KRaft's combined broker and controller; PLAINTEXT listeners, or a secure cluster's SASL_SSL,
 mutual TLS and authorizer; replication for the cluster's size), a cluster id, the broker jars
-fetched by Maven and a Java >= 17, and where a node listens (``Node``). ``gpufleet.local_kafka``
+fetched by Maven and a Java >= 17, and where a node listens (``Node``). ``gpufleet.local.kafka``
 runs the nodes.
 """
 
@@ -16,10 +16,10 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufleet.kafka_security import ADMIN, MECHANISM, LocalCredentials
+from gpufleet.local.kafka_security import ADMIN, MECHANISM, LocalCredentials
 from kafka_client.admin import replication_for
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 KAFKA_DIR = REPO_ROOT / "docker" / "kafka"
 LIBS_DIR = KAFKA_DIR / "libs"
 MIN_JAVA = 17

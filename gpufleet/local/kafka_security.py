@@ -193,7 +193,7 @@ class LocalCredentials:
         """The CA, a certificate per node (valid for its ``node_hosts``) and per principal, the
         passwords and the client folders. ``mount``: where a container sees its client folder
         (the paths in ``client.properties``); by default where it is here."""
-        from gpufleet.certificates import Authority, write_private
+        from gpufleet.local.certificates import Authority, write_private
 
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self.dir, 0o700)

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufleet.kafka_node_config import (
+from gpufleet.local.kafka_node_config import (
     KAFKA_DIR,
     KafkaRunnerError,
     Node,
@@ -34,7 +34,7 @@ from gpufleet.kafka_node_config import (
     java_executable,
     server_properties,
 )
-from gpufleet.kafka_security import ADMIN, LocalCredentials, create_users, grant
+from gpufleet.local.kafka_security import ADMIN, LocalCredentials, create_users, grant
 from kafka_client.config import Connection, client_config
 
 
@@ -207,7 +207,7 @@ def start(
     time), or the nodes of it that are not running, and wait until every node answers.
 
     ``secure``: a cluster that only speaks SASL_SSL with mutual TLS, where a principal per
-    component may do only what ``gpufleet.kafka_security.rights`` allow it (on the topics
+    component may do only what ``gpufleet.local.kafka_security.rights`` allow it (on the topics
     without prefix; ``kafka_security.grant`` adds a prefix's). Its CA, certificates, passwords
     and client property files are made the first time, under ``data_dir/secure``."""
     data_dir = data_dir.resolve()

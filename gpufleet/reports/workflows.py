@@ -3,7 +3,7 @@
 The list: every workflow seen in the last ``--since`` with its owner, GPUs, utilisation in
 its latest window and over the period, the GPU-hours it was allocated and wasted
 (``schemas.vocabulary``), and its alerts still firing.
-One workflow: its job report (``gpufleet.goodput_report``: from its ``WorkflowSummary``, or
+One workflow: its job report (``gpufleet.reports.goodput``: from its ``WorkflowSummary``, or
 from its windows so far while it runs) and its timeline of windows and the alerts raised
 along it.
 """

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from clickhouse_connect.driver.client import Client
 
-from gpufleet.opportunities import parse_since
+from gpufleet.reports.opportunities import parse_since
 from schemas.validate_sample import FREE_CAPACITY
 from sinks.job_report import BUCKETS, Rates, Waterfall, energy_cells, energy_head
 
