@@ -58,9 +58,8 @@ log = logging.getLogger(__name__)
 OPEN, LATE = "open", "late"  # where ``_place`` put what it was given
 
 
-def _wall_clock_ms() -> int:
+def _wall_clock_ms() -> int:  # the default clock
     return int(time.time() * 1000)
-
 
 class WindowAggregator:
     """Applies batches of one partition's samples to per-workflow window state.
@@ -352,8 +351,9 @@ class WindowAggregator:
                 self.history.pop(key, None)
                 result.history_changed.discard(key)
                 result.history_removed.add(key)
-        horizon = self._max_event_time[partition] - self.config.retention_ms
-        for wf in [wf for wf in idle if self.store[wf].max_event_time < horizon]:
+        horizon = self._max_event_time[partition] - self.config.retention_ms  # (a clock jump ends them first)
+        for wf in [wf for wf in idle if self.store[wf].max_event_time < horizon
+                   and (self.store[wf].ended or wf in NOT_WORKFLOWS or self.store[wf].max_event_time < 0)]:
             idle.discard(wf)
             del self.store[wf]
             result.changed.discard(wf)

@@ -146,3 +146,24 @@ def test_a_workflow_whose_samples_stop_for_good_ends_and_its_alerts_resolve():
     feed(*ticks("wf-other", 300, 600, util=50.0))  # 300 s later, past workflow_ended_s = 120 s
     resolved = [a for a in feed.of(ALERTS) if a["workflow_id"] == "wf-gone" and a["status"] == "RESOLVED"]
     assert resolved and all("its samples stopped" in a["message"] for a in resolved)
+
+
+def test_a_clock_that_jumps_past_the_retention_ends_a_workflow_before_forgetting_it():
+    """A quiet partition that follows the fleet's clock after hours (its worker was down, the
+    fleet moved on) must end its workflows -- summary out, alerts resolved -- before the
+    retention forgets them; forgotten first, their alerts stayed FIRING for good."""
+    step, store = make(startup_max_s=0.0)
+    feed = Feed(step)
+    feed(*ticks("wf-quiet", 0, 300, util=0.0))
+    assert any(a["status"] == "FIRING" for a in feed.of(ALERTS))
+    later = BASE_MS + 3 * 3600 * 1000  # three hours on: past the hour the windows' retention keeps
+    step.quiet_ms = 0
+    feed(("PartitionClock", {"event_time": later, "worker": "w2", "sent_at": later}))
+    (summary,) = [s for s in feed.of(WORKFLOW_SUMMARIES) if s["workflow_id"] == "wf-quiet"]
+    assert summary["end_reason"] == "its samples stopped: none for 120 s"
+    last = {}
+    for a in feed.of(ALERTS):
+        last[a["alert_id"]] = a["status"]
+    assert last and set(last.values()) == {"RESOLVED"}
+    feed(("PartitionClock", {"event_time": later + 1000, "worker": "w2", "sent_at": later}))
+    assert "wf-quiet" not in store  # forgotten once it has ended

@@ -239,8 +239,12 @@ def test_changed_and_removed_keys_are_reported_for_the_changelog():
     agg = WindowAggregator(CFG, store)
     r = feed(agg, 0, series("wf-old", seconds=61))
     assert r.changed == {"wf-old"} and r.removed == set()
-    # wf-old goes silent; once the partition moves past the retention it is forgotten.
+    # wf-old goes silent; past the retention it is kept until it has ended (the window step marks
+    # it, its summary out), then forgotten.
     r = feed(agg, 0, series("wf-new", seconds=1, start=BASE_MS + 700_000), first_offset=500)
+    assert "wf-old" not in r.removed and "wf-old" in store and agg.ended(0, 120_000) == ["wf-old"]
+    store["wf-old"].ended = True
+    r = feed(agg, 0, series("wf-new", seconds=1, start=BASE_MS + 701_000), first_offset=600)
     assert "wf-old" in r.removed and "wf-old" not in store and "wf-new" in r.changed
 
 
