@@ -27,9 +27,9 @@ class AsgiServer:
     """``app`` on ``host:port`` (0: any free port; one in use raises OSError now, not later)."""
 
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0, name: str = "http",
-                 idle_s: float = 5.0, read_s: float = 10.0, max_body_bytes: int = 1 << 20) -> None:
+                 idle_s: float = 5.0, read_s: float = 10.0) -> None:
         self.app, self.name = app, name
-        self._sock = socket.create_server((host, port), reuse_port=False)
+        self._sock = socket.create_server((host, port))
         self.config = Config()
         self.config.bind = [f"fd://{os.dup(self._sock.fileno())}"]  # Hypercorn closes the one it is given
         self.config.keep_alive_timeout = idle_s
@@ -37,7 +37,6 @@ class AsgiServer:
         self.config.h11_max_incomplete_size = 16 * 1024  # request line and headers
         self.config.accesslog = None
         self.config.errorlog = log
-        self.max_body_bytes = max_body_bytes
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()

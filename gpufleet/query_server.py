@@ -102,6 +102,7 @@ class QueryServer:
             client = self._idle.pop()
             self._holding[analyst] += 1
             self._busy += 1
+            self._done.notify_all()  # (``holding`` may be waiting for it)
         try:
             return client.query(sql, parameters=parameters)
         finally:
@@ -111,9 +112,11 @@ class QueryServer:
                 self._busy -= 1
                 self._done.notify_all()
 
-    def holding(self, analyst: str) -> int:
-        """The sessions ``analyst`` holds now."""
+    def holding(self, analyst: str, at_least: int = 0, wait_s: float = 0.0) -> int:
+        """The sessions ``analyst`` holds now; with ``at_least``, once they hold that many (or
+        ``wait_s`` has passed)."""
         with self._done:
+            self._done.wait_for(lambda: self._holding[analyst] >= at_least, timeout=wait_s)
             return self._holding[analyst]
 
     def start(self) -> QueryServer:

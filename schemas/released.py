@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from pathlib import Path
 
 SCHEMA_DIR = Path(__file__).parent
@@ -66,4 +65,3 @@ def record(schema_dir: Path = SCHEMA_DIR, lock: Path = LOCK) -> list[int]:
 if __name__ == "__main__":
     added = record()
     print(f"recorded as released: {', '.join(map(str, added))}" if added else "nothing new to record")
-    sys.exit(0)

@@ -76,6 +76,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         raise Failed(str(exc)) from None
 
     import faust
+    from msgspec.structs import replace
 
     from kafka_client.admin import brokers_in, create_topics, ensure_topics, replication_for
     from streams.alerts.detectors import DetectorConfig, Thresholds, load_thresholds
@@ -97,9 +98,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if args.thresholds:
         thresholds = load_thresholds(args.thresholds)
     else:
-        warn = 25.0 if args.low_utilization_pct is None else args.low_utilization_pct
-        critical = 15.0 if args.critical_utilization_pct is None else args.critical_utilization_pct
-        thresholds = Thresholds(DetectorConfig(low_util_warn_pct=warn, low_util_critical_pct=min(warn, critical)))
+        default = DetectorConfig()
+        warn = default.low_util_warn_pct if args.low_utilization_pct is None else args.low_utilization_pct
+        critical = default.low_util_critical_pct if args.critical_utilization_pct is None \
+            else args.critical_utilization_pct
+        thresholds = Thresholds(replace(default, low_util_warn_pct=warn,
+                                        low_util_critical_pct=min(warn, critical)))
     ladders = load_ladders(args.enforcement) if args.enforcement else ()
     data_dir = args.data_dir / "worker"
     data_dir.mkdir(parents=True, exist_ok=True)  # Faust makes only the last folder of its data directory

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import gzip
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,16 +19,15 @@ from producers.trace_outbox import TraceOutbox
 from schemas.topics import KERNEL_EVENTS, PROFILE_STATUSES, trace_id_of
 from streams.traces.sessions import TraceSessionConfig, TraceSessions
 from tests.support.integration import CODEC, read_topic, wait_until
+from tests.support.proc_tree import live_process
 
 HOOK_TRACE = Path(__file__).resolve().parents[1] / "data" / "hook-trace-h200.json.gz"
 
 
 @pytest.fixture
 def process():
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    yield proc
-    proc.kill()
-    proc.wait()
+    with live_process() as proc:
+        yield proc
 
 
 def test_a_trace_outlives_a_killed_broker_and_a_killed_agent(tmp_path, process):

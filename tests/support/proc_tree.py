@@ -1,5 +1,9 @@
-"""Fixture /proc trees for attribution tests."""
+"""Fixture /proc trees for attribution tests, and live stand-in processes."""
 
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -12,3 +16,15 @@ def make_process(proc: Path, pid: int, env: dict[str, str] | None = None, cgroup
     (d / "cmdline").write_bytes(cmdline.replace(" ", "\0").encode() + b"\0")
     fields = ["S"] + ["0"] * 18 + [str(start_time)] + ["0"] * 10
     (d / "stat").write_text(f"{pid} (python) " + " ".join(fields) + "\n")
+
+
+@contextmanager
+def live_process() -> Iterator[subprocess.Popen]:
+    """A real process that stays alive until the block ends (it waits on its standard input,
+    which closing ends): a stand-in for a training process the profile agent asks."""
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        yield proc
+    finally:
+        proc.stdin.close()
+        proc.wait(30)

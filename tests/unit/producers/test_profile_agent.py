@@ -2,8 +2,6 @@
 processes (a stand-in that has announced the hook) and a recorded trace."""
 
 import json
-import subprocess
-import sys
 import time
 
 import pytest
@@ -11,6 +9,7 @@ import pytest
 from producers.profile_agent import ProfileCoordinator
 from producers.trace_outbox import TraceOutbox
 from schemas.topics import request_of_trace, trace_id_of
+from tests.support.proc_tree import live_process
 from tests.support.samples import sample
 from tests.support.traces import kernel, runtime, write_trace
 
@@ -36,10 +35,8 @@ class Recorder:
 
 @pytest.fixture
 def process():
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    yield proc
-    proc.kill()
-    proc.wait()
+    with live_process() as proc:
+        yield proc
 
 
 def request(**overrides):
