@@ -17,6 +17,7 @@ from gpufleet.commands import (
     kafka,
     queries,
     schemas,
+    serve,
     sink,
     slurm,
     traces,
@@ -25,7 +26,7 @@ from gpufleet.commands import (
 from gpufleet.commands.common import DEFAULT_DATA_DIR
 from gpufleet.errors import explain
 
-GROUPS = (kafka, worker, sink, agent, slurm, traces, queries, schemas, enforce, demo)
+GROUPS = (kafka, worker, sink, agent, slurm, traces, queries, schemas, serve, enforce, demo)
 
 
 def build_parser() -> argparse.ArgumentParser:

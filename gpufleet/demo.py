@@ -24,10 +24,11 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from gpufleet.enforcer import Enforcer
 from gpufleet.local import kafka as local_kafka
-from gpufleet.query_server import QueryServer
+from gpufleet.query_server import QueryServer, find_server
 from gpufleet.reports.goodput import fleet_goodput
 from gpufleet.reports.opportunities import opportunities
 from gpufleet.sql import format_table, run_query
+from gpufleet.web.app import job_url
 from kafka_client.admin import ensure_topics
 from kafka_client.config import WORKER_APP_ID, consumer_config
 from producers.publish_kafka import Publisher
@@ -80,6 +81,7 @@ class DemoOptions:
     secure: bool = False  # a SASL_SSL cluster with ACLs, each component as its own user
     kafka_port: int | None = None  # the broker's client port (None: a free one)
     query_port: int = 0  # the query server's (0: a free one)
+    serve_port: int = 0  # the owners' service's, on loopback (0: a free one)
 
 
 class OffsetWatch:
@@ -240,7 +242,7 @@ def run_demo(opts: DemoOptions) -> int:
           + (": SASL_SSL with mutual TLS and ACLs, each component as its own user" if broker.secure else ""))
     worker = None
     sink_thread = enforcer_thread = None
-    queries = None
+    queries = owners = None
     stop = threading.Event()
     try:
         ensure_topics(broker.connection("admin"))
@@ -265,6 +267,7 @@ def run_demo(opts: DemoOptions) -> int:
         enforcer_thread.start()
         queries = QueryServer(Path(dsn[len("chdb://"):]), port=opts.query_port).start()
         print(f"  sink writing to {dsn} (while it runs, `gpufleet sql` queries go through it)")
+        owners = start_owners_service(data_dir, opts.serve_port)
 
         # With what goodput accounting must find planted, so that the summary can compare.
         # As agents that read the scheduler's allocations report it: free GPUs, GPUs held and never opened.
@@ -280,7 +283,10 @@ def run_demo(opts: DemoOptions) -> int:
             daemon=True,
         )
         print(f"simulating {len(fleet.workflows)} workflows on {fleet.gpu_count} GPUs "
-              f"({opts.hosts} hosts), {opts.sim_minutes:g} simulated minutes at {opts.speed:g}x\n")
+              f"({opts.hosts} hosts), {opts.sim_minutes:g} simulated minutes at {opts.speed:g}x")
+        idle = next((w.workflow_id for w in fleet.workflows if w.profile is UNTOUCHED), None)
+        print(f"  the job that never opened its GPUs, on the owners' service: {job_url(owners.url, idle)}\n"
+              if idle else "")
         sim_thread.start()
         watch = OffsetWatch(broker.connection("admin"))
         last_samples, last_t = 0, time.monotonic()
@@ -327,6 +333,8 @@ def run_demo(opts: DemoOptions) -> int:
         for thread in (sink_thread, enforcer_thread):
             if thread is not None:
                 thread.join(60)
+        if owners is not None:
+            owners.stop()
         if queries is not None:
             queries.stop()
         if not opts.keep_kafka:
@@ -350,5 +358,21 @@ def run_demo(opts: DemoOptions) -> int:
     print(f"Try:\n  {_self_command(data_dir)} sql \"{EXAMPLE_SQL}\"\n"
           f"  {_self_command(data_dir)} opportunities --by team --since all\n"
           f"  {_self_command(data_dir)} goodput --by team --since all --rates docs/rates.example.toml\n"
-          f"  {_self_command(data_dir)} report --since all --html fleet-report.html")
+          f"  {_self_command(data_dir)} report --since all --html fleet-report.html\n"
+          f"  {_self_command(data_dir)} serve --dev   # then open http://127.0.0.1:8470/jobs/{idle or ''}")
     return 0
+
+
+def start_owners_service(data_dir: Path, port: int):
+    """The owners' service (``gpufleet serve --dev``) on loopback, reading through the demo's query server."""
+    import getpass
+
+    from gpufleet.asgi_server import AsgiServer
+    from gpufleet.web.app import Service, create_app
+
+    client = find_server(Path(default_dsn(data_dir)[len("chdb://"):]))
+    service = Service(client, DATABASE, dev_user=getpass.getuser())
+    server = AsgiServer(create_app(service), "127.0.0.1", port, name="owners").start()
+    service.base_url = server.url
+    print(f"  the owners' service at {server.url} (development mode: loopback only, you are its operator)")
+    return server

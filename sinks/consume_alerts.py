@@ -11,6 +11,7 @@ reason; the notifier goes on.
 
 from __future__ import annotations
 
+import html
 import logging
 import os
 import threading
@@ -145,6 +146,8 @@ class AlertNotifier:
             self._send(m, alert, f"{alert['alert_id']}:RESOLVED", email=False)
 
     def _send(self, m, alert: dict, key: str, email: bool) -> None:
+        if page := self.routing.page_for(alert["workflow_id"]):
+            alert = {**alert, "page_url": page}
         sends = []
         if url := self.routing.webhook_for(alert):
             sends.append(("webhook", lambda: send_webhook(url, alert, backoff_s=self.webhook_backoff_s)))
@@ -162,10 +165,14 @@ class AlertNotifier:
         if not self.routing.job_report_for(summary):
             return
         body, page = job_report(summary, self.rates)
+        link = self.routing.page_for(summary["workflow_id"])
+        if link:
+            body += f"\nThe job's page: {link}\n"
+            page = page.replace("</body>", f"<p><a href=\"{html.escape(link)}\">The job's page</a></p></body>")
         title = f"[gpufleet job report] {summary['workflow_id']} ({summary['end_reason']})"
         sends = []
         if url := self.routing.webhook_for(summary):
-            payload = {"text": body, "gpufleet_job_report": summary}
+            payload = {"text": body, "gpufleet_job_report": summary, "page_url": link}
             sends.append(("webhook", lambda: post_webhook(url, payload, "the job report",
                                                           backoff_s=self.webhook_backoff_s)))
         if address := self.routing.email_for(summary):
@@ -182,6 +189,8 @@ class AlertNotifier:
         if told is None:  # a step the owner need not hear of (ACTION_DUE, the enforcer's claim)
             return
         title, body = told
+        if link := self.routing.page_for(step["workflow_id"]):
+            body += f"\n\nThe job's page: {link}"
         sends = []
         if url := self.routing.webhook_for(step):
             payload = {"text": f"{title}\n{body}", "gpufleet_enforcement": step}

@@ -1,5 +1,6 @@
 """The tables of what the host agents measure: ``gpu_samples`` (one row per GPU and tick) and
-``host_samples``, and the GPU-hour rollups the samples feed through materialized views."""
+``host_samples``, the GPU-hour rollups the samples feed through materialized views, and each
+GPU per minute (``gpu_minutes``: what a job's page draws)."""
 
 from __future__ import annotations
 
@@ -177,5 +178,41 @@ ROLLUPS = (
            uniqState(toString(workflow_id)) AS workflows
     FROM {db}.gpu_samples
     GROUP BY day, team, owner, gpu_model
+    """,
+    # Each GPU of each workflow per minute: what a job's page draws (utilisation, memory, power,
+    # tensor cores over its life) without reading its raw samples. A mean is its sum over the
+    # seconds that measured it: power and tensor activity are not measured by every GPU.
+    """
+    CREATE TABLE IF NOT EXISTS {db}.gpu_minutes (
+        minute DateTime('UTC'),
+        workflow_id LowCardinality(String),
+        host LowCardinality(String),
+        gpu_index UInt16,
+        seconds SimpleAggregateFunction(sum, Float64),
+        utilization_seconds SimpleAggregateFunction(sum, Float64),
+        memory_used_max SimpleAggregateFunction(max, UInt64),
+        memory_total_max SimpleAggregateFunction(max, UInt64),
+        power_seconds SimpleAggregateFunction(sum, Float64),
+        power_watt_seconds SimpleAggregateFunction(sum, Float64),
+        tensor_seconds SimpleAggregateFunction(sum, Float64),
+        tensor_active_seconds SimpleAggregateFunction(sum, Float64)
+    )
+    ENGINE = AggregatingMergeTree
+    PARTITION BY toYYYYMM(minute)
+    ORDER BY (workflow_id, host, gpu_index, minute)
+    """,
+    """
+    CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.gpu_minutes_mv TO {db}.gpu_minutes AS
+    SELECT toStartOfMinute(event_time) AS minute, workflow_id, host, gpu_index,
+           sum(interval_ms / 1000) AS seconds,
+           sum(interval_ms / 1000 * utilization_pct) AS utilization_seconds,
+           max(ifNull(memory_used_bytes, 0)) AS memory_used_max,
+           max(ifNull(memory_total_bytes, 0)) AS memory_total_max,
+           sum(if(power_watts IS NULL, 0, interval_ms / 1000)) AS power_seconds,
+           sum(interval_ms / 1000 * ifNull(power_watts, 0)) AS power_watt_seconds,
+           sum(if(tensor_active_pct IS NULL, 0, interval_ms / 1000)) AS tensor_seconds,
+           sum(interval_ms / 1000 * ifNull(tensor_active_pct, 0)) AS tensor_active_seconds
+    FROM {db}.gpu_samples
+    GROUP BY minute, workflow_id, host, gpu_index
     """,
 )

@@ -55,6 +55,8 @@ def text(alert: dict) -> str:
             lines += [f"- {f['title']} [{f['severity']}, {at_stake}]: {f['evidence']}", f"  try: {f['recommendation']}"]
     who = f"owner {alert.get('owner') or '?'}, team {alert.get('team') or '?'}"
     lines += ["", f"Workflow {alert['workflow_id']} ({who}); alert {alert['alert_id']}."]
+    if alert.get("page_url"):
+        lines.append(f"The job's page: {alert['page_url']}")
     return "\n".join(lines)
 
 

@@ -57,6 +57,11 @@ class Routing:
     smtp: SmtpSettings | None = None
     job_reports: bool = False
     team_job_reports: dict[str, bool] = field(default_factory=dict)
+    pages: str | None = None  # the owners' service (`gpufleet serve`) as users reach it: every message links there
+
+    def page_for(self, workflow_id: str) -> str | None:
+        """The job's page on the owners' service, if one is configured."""
+        return None if self.pages is None else page_url(self.pages, workflow_id)
 
     def job_report_for(self, summary: dict) -> bool:
         """Whether the owner of an ended workflow gets its job report."""
@@ -84,6 +89,7 @@ class _Default(msgspec.Struct, forbid_unknown_fields=True):
     webhook: str | None = None
     email_owners: bool = False
     job_reports: bool = False
+    pages: str | None = None
 
 
 class _Team(msgspec.Struct, forbid_unknown_fields=True):
@@ -156,4 +162,19 @@ def load_routing(path: Path) -> Routing:
         smtp=smtp,
         job_reports=raw.default.job_reports,
         team_job_reports={team: t.job_reports for team, t in raw.teams.items() if t.job_reports is not None},
+        pages=_pages(path, raw.default.pages),
     )
+
+
+def _pages(path: Path, url: str | None) -> str | None:
+    if url is None:
+        return None
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        raise RoutingError(f"{path}: [default] pages {url!r} is not the http(s):// address of `gpufleet serve`")
+    return url.rstrip("/")
+
+
+def page_url(base_url: str, workflow_id: str) -> str:
+    """A job's page on the owners' service at ``base_url``: what messages link to."""
+    return f"{base_url.rstrip('/')}/jobs/{urllib.parse.quote(workflow_id, safe='')}"

@@ -3,8 +3,11 @@ process), with a fresh database per test; the Kafka broker lives in tests/integr
 
 from __future__ import annotations
 
+import os
+import shutil
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from clickhouse_connect.driver.client import Client
@@ -22,3 +25,31 @@ def database(chdb_client: Client) -> Iterator[str]:
     name = f"t_{uuid.uuid4().hex[:12]}"
     yield name
     chdb_client.command(f"DROP DATABASE IF EXISTS {name}")
+
+
+ARTEFACTS = Path(os.environ.get("GPUFLEET_TEST_ARTEFACTS", Path(__file__).resolve().parents[1] / "test-artefacts"))
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """One headless Chromium for the session, driven by Playwright: Debian's chromium (Playwright's
+    own browser downloads are not used); skipped, saying why, where either is missing."""
+    chromium = shutil.which("chromium")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("playwright is not installed (make setup installs the dev extras)")
+    if chromium is None:
+        pytest.skip("chromium is not installed (make test installs Debian's)")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def artefacts(request) -> Path:
+    """A folder kept after the run for what a test shows (screenshots): test-artefacts/<test>."""
+    folder = ARTEFACTS / request.node.name
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder

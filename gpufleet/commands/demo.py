@@ -22,6 +22,8 @@ def add(sub) -> None:
     p.add_argument("--query-port", type=port, default=0,
                    help="the loopback port `gpufleet sql` & co. reach the running demo's ClickHouse on "
                         "(default: a free one, written to the data dir)")
+    p.add_argument("--serve-port", type=port, default=0,
+                   help="the loopback port of the owners' service while the demo runs (default: a free one)")
     p.set_defaults(func=cmd_demo)
 
 
@@ -32,6 +34,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
         data_dir=args.data_dir, seed=args.seed, hosts=args.hosts, gpus_per_host=args.gpus_per_host,
         workflows=args.workflows, sim_minutes=args.sim_minutes, speed=args.speed,
         max_wall_s=args.max_wall_s, keep_kafka=args.keep_kafka, secure=args.secure,
-        kafka_port=args.kafka_port, query_port=args.query_port,
+        kafka_port=args.kafka_port, query_port=args.query_port, serve_port=args.serve_port,
     ))
 

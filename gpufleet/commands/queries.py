@@ -44,6 +44,7 @@ def add(sub) -> None:
     p.add_argument("workflow_id")
     clickhouse_args(p)
     rates_args(p)
+    service_args(p)
     p.set_defaults(func=cmd_workflow)
 
     p = sub.add_parser("job", help="a Slurm job's report: the same as `gpufleet workflow slurm-<id>`; an array "
@@ -51,7 +52,16 @@ def add(sub) -> None:
     p.add_argument("job_id", help="the Slurm job id, or an array task's (123_4)")
     clickhouse_args(p)
     rates_args(p)
+    service_args(p)
     p.set_defaults(func=cmd_job)
+
+    p = sub.add_parser("jobs", help="your jobs (with --service: as the Unix user you are, through MUNGE), with "
+                                    "GPU-hours, goodput, the largest loss and the alerts firing")
+    p.add_argument("--since", default="7d", help="how far back: 7d, 12h, 30m, or all")
+    p.add_argument("--state", choices=["all", "running", "ended"], default="all")
+    clickhouse_args(p)
+    service_args(p)
+    p.set_defaults(func=cmd_jobs)
 
     p = sub.add_parser("opportunities", help="rank where the fleet loses the most GPU-hours, and to what")
     clickhouse_args(p)
@@ -89,6 +99,35 @@ def add(sub) -> None:
     p.set_defaults(func=cmd_clickhouse_users)
 
 
+def service_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--service", default=os.environ.get("GPUFLEET_SERVICE"),
+                   help="the owners' service (`gpufleet serve`) to ask as yourself, with a MUNGE credential "
+                        "(env GPUFLEET_SERVICE; how a login node's users are set up). Without it the database "
+                        "is read directly, by whoever may open it")
+    p.add_argument("--munge-socket", default=os.environ.get("GPUFLEET_MUNGE_SOCKET"),
+                   help="munged's socket (env GPUFLEET_MUNGE_SOCKET; default: munged's own)")
+
+
+def service_client(args: argparse.Namespace):
+    from gpufleet.web.client import ServiceClient
+
+    try:
+        return ServiceClient(args.service, args.munge_socket)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def print_service_job(job: dict) -> None:
+    """A job as the service gives it, on one screen: the report, the alerts firing, the page."""
+    print(job["report"], end="")
+    firing = [a for a in job["alerts"] if a["status"] == "FIRING"]
+    if firing:
+        print("\nAlerts firing:")
+        for a in firing:
+            print(f"- {a['detector']} since {a['transitions'][0]['at']}: {a['message']}")
+    print(f"\nThe job's page: {job['url']}")
+
+
 def cmd_sql(args: argparse.Namespace) -> int:
     from gpufleet.sql import FORMATS, check_query, run_query
 
@@ -116,6 +155,15 @@ def cmd_workflow(args: argparse.Namespace) -> int:
     from sinks.job_report import job_report
 
     check_id("workflow", args.workflow_id)
+    if args.service:
+        from gpufleet.web.client import NotFound
+
+        try:
+            print_service_job(service_client(args).job(args.workflow_id))
+        except NotFound:
+            print(f"no such job: {args.workflow_id} (none that you may see)")
+            return 1
+        return 0
     prices = rates(args)
     client = query_client(args)
     columns, rows = workflow_timeline(client, args.database, args.workflow_id)
@@ -135,6 +183,8 @@ def cmd_job(args: argparse.Namespace) -> int:
 
     if not SLURM_JOB_ID.fullmatch(args.job_id):
         raise UsageError(f"{args.job_id!r} is not a Slurm job id (digits, or an array task's 123_4)")
+    if args.service:
+        return service_job(args)
     workflow, tasks = slurm_job(query_client(args), args.database, args.job_id)
     if workflow is None:
         print(f"job {args.job_id} is an array of {len(tasks)} task(s); `gpufleet job {args.job_id}_<task>` shows one:")
@@ -142,6 +192,54 @@ def cmd_job(args: argparse.Namespace) -> int:
         return 0
     args.workflow_id = workflow
     return cmd_workflow(args)
+
+
+def service_job(args: argparse.Namespace) -> int:
+    from gpufleet.sql import format_table
+    from gpufleet.web.client import NotFound
+
+    client = service_client(args)
+    try:
+        print_service_job(client.job(f"slurm-{args.job_id}"))
+        return 0
+    except NotFound:
+        pass
+    tasks = [j for j in client.jobs(since="all") if j["workflow_id"].startswith(f"slurm-{args.job_id}_")]
+    if not tasks:
+        print(f"no such job: {args.job_id} (none that you may see)")
+        return 1
+    print(f"job {args.job_id} is an array of {len(tasks)} task(s); `gpufleet job {args.job_id}_<task>` shows one:")
+    print(format_table(["workflow", "gpu_hours", "goodput_pct", "state"],
+                       [(j["workflow_id"], round(j["gpu_hours"], 3), round(j["goodput_pct"], 1), j["state"])
+                        for j in tasks]))
+    return 0
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    from gpufleet.reports.opportunities import parse_since
+    from gpufleet.sql import format_table
+
+    try:
+        parse_since(args.since)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.service:
+        jobs = service_client(args).jobs(args.since, args.state)
+    else:  # whoever opens the database sees every job
+        from gpufleet.web.access import Viewer
+        from gpufleet.web.data import jobs as list_jobs
+
+        since = parse_since(args.since)
+        jobs = list_jobs(query_client(args), args.database, Viewer("", operator=True, via="database"),
+                         10 * 365 * 86400 if since is None else since, args.state)
+    if not jobs:
+        print(f"no jobs (--since {args.since})")
+        return 0
+    print(format_table(
+        ["job", "state", "gpus", "gpu_hours", "goodput_pct", "largest_loss", "alerts_firing"],
+        [(j["workflow_id"], j["state"], j["gpus"], round(j["gpu_hours"], 3), round(j["goodput_pct"], 1),
+          j["largest_loss"] or "", ", ".join(j["firing_alerts"])) for j in jobs]))
+    return 0
 
 
 def cmd_goodput(args: argparse.Namespace) -> int:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import re
 import subprocess
 import sys
+import urllib.request
 
 
 def gpufleet(*args: str, timeout: float) -> subprocess.CompletedProcess:
@@ -86,6 +88,27 @@ def test_demo_then_sql(tmp_path):
         assert abs(number(r"^wasted: ([\d,.]+) GPU-hours", report) - float(r["wasted_gpu_hours"])) <= 0.006, report
 
 
+    # The owners' service: the demo named the page of the job that never opened its GPUs; after
+    # it, `gpufleet serve --dev` on loopback serves that page with the numbers `workflow` prints.
+    idle = re.search(r"the job that never opened its GPUs, on the owners' service: "
+                     r"http://127\.0\.0\.1:\d+/jobs/(\S+)", out).group(1)
+    listed = ok("jobs", "--since", "all")
+    assert idle in listed and "(4 rows)" in listed
+    serve = subprocess.Popen([sys.executable, "-m", "gpufleet", "--data-dir", data, "serve", "--dev",
+                              "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = re.search(r"the owners' service at (http://\S+)", serve.stdout.readline()).group(1)
+        with urllib.request.urlopen(f"{url}/api/jobs/{idle}", timeout=60) as answer:
+            job = json.loads(answer.read())
+        assert job["report"].splitlines()[0] == f"gpufleet job report: {idle}"
+        assert abs(job["gpu_hours"] - number(r"^allocated +([\d,.]+)", ok("workflow", idle))) <= 0.006
+        with urllib.request.urlopen(f"{url}/jobs/{idle}", timeout=60) as answer:
+            assert answer.status == 200 and "/static/plotly.min.js" in answer.read().decode()
+    finally:
+        serve.terminate()
+        serve.wait(30)
+
+
 def test_the_demo_on_a_secure_cluster_runs_each_component_as_its_own_user(tmp_path):
     data = tmp_path / "data"
     demo = gpufleet("--data-dir", str(data), "demo", "--secure", "--hosts", "2", "--gpus-per-host", "2",
@@ -97,3 +120,4 @@ def test_the_demo_on_a_secure_cluster_runs_each_component_as_its_own_user(tmp_pa
     assert "(SASL_SSL, User:worker)" in worker_log  # as itself
     assert "AUTHORIZATION_FAILED" not in worker_log  # and it had what it needed
     assert "SASL_SSL" in (data / "kafka" / "node-1" / "server.properties").read_text()
+

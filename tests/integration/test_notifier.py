@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import email
+import email.policy
 import json
 import threading
 from collections import Counter
@@ -13,11 +15,11 @@ from aiosmtpd.controller import Controller
 
 from gpufleet.local.kafka import free_port
 from producers.publish_kafka import Publisher
-from schemas.goodput_buckets import JOULES_FIELDS, SECONDS_FIELDS
 from schemas.topics import ALERTS, DEAD_LETTERS, ENFORCEMENT, WORKFLOW_SUMMARIES
 from sinks.consume_alerts import AlertNotifier
 from sinks.route_alerts import load_routing
 from tests.support.alerts import Mailbox, alert
+from tests.support.alerts import job_summary as summary
 from tests.support.integration import CODEC, read_topic, run_until
 from tests.support.samples import BASE_MS
 
@@ -75,6 +77,8 @@ def notifications() -> dict[tuple[str, str], int]:
 def test_alerts_reach_webhook_and_mail_once(kafka, prefix, tmp_path, channels):
     base, smtp_port, mailbox = channels
     (tmp_path / "routing.toml").write_text(f"""
+[default]
+pages = "https://gpufleet.example.org/"
 [teams.nlp]
 webhook = "{base}/nlp"
 [teams.broken]
@@ -115,6 +119,9 @@ sender = "gpufleet@example.com"
              bool(body["gpufleet_alert"]["root_cause"])) for path, body in Webhooks.received] == [
         ("/nlp", "a1", "FIRING", False), ("/nlp", "a1", "FIRING", True), ("/nlp", "a1", "RESOLVED", False)]
     assert "What to try: Raise DataLoader num_workers." in Webhooks.received[0][1]["text"]
+    # every message links to the job's page on the owners' service
+    assert all(body["text"].endswith("The job's page: https://gpufleet.example.org/jobs/wf-1")
+               for _, body in Webhooks.received)
     assert "Launch-bound trains [WARNING, 0.10 GPU-s at stake]: 29 runs" in Webhooks.received[1][1]["text"]
     (to, mail), (to2, mail2) = mailbox.messages
     assert to == to2 == ["ana@example.com"] and "[gpufleet critical] low utilization: wf-1" in mail
@@ -128,24 +135,13 @@ sender = "gpufleet@example.com"
     run_notifier(again, lambda: again.failures >= 1)  # it got as far as the refused one again
     assert len(Webhooks.received) == 3 and len(mailbox.messages) == 2 and again.messages == 0
 
-def summary(workflow_id: str, team: str, owner: str) -> dict:
-    seconds = dict.fromkeys(SECONDS_FIELDS, 0.0) | {"startup_gpu_seconds": 600.0, "input_bound_gpu_seconds": 5400.0,
-                                                    "productive_gpu_seconds": 1200.0}
-    return {"workflow_id": workflow_id, "owner": owner, "team": team, "first_window_start": BASE_MS,
-            "last_window_end": BASE_MS + 1_800_000, "end_reason": "silent for 600 s", "windows": 30, "max_gpus": 4,
-            "gpu_seconds": 7200.0, "active_gpu_seconds": 6600.0, "wasted_gpu_seconds": 5000.0,
-            "zero_util_gpu_seconds": 600.0, "throttled_gpu_seconds": 0.0, "utilization_mean_pct": 30.0,
-            "memory_peak_fraction": 0.5, "energy_joules": 2.0e6, "xid_count": 0, "gpu_model": "NVIDIA H100 80GB HBM3",
-            **seconds, **dict.fromkeys(JOULES_FIELDS, 0.0), "productive_joules": 2.0e6,
-            "alerts_fired": ["input_bound"], "summarized_at": BASE_MS + 2_000_000}
-
-
 def test_the_owner_of_an_ended_job_gets_its_report_once(kafka, prefix, tmp_path, channels):
     base, smtp_port, mailbox = channels
     (tmp_path / "routing.toml").write_text(f"""
 [default]
 email_owners = true
 job_reports = true
+pages = "https://gpufleet.example.org"
 [teams.nlp]
 webhook = "{base}/nlp"
 [teams.quiet]
@@ -172,6 +168,11 @@ sender = "gpufleet@example.com"
     (to, mail), = mailbox.messages
     assert to == ["ana@example.com"] and "[gpufleet job report] wf-7" in mail
     assert "text/plain" in mail and "text/html" in mail  # both forms
+    assert "The job's page: https://gpufleet.example.org/jobs/wf-7" in body["text"]
+    assert body["page_url"] == "https://gpufleet.example.org/jobs/wf-7"
+    message = email.message_from_string(mail, policy=email.policy.default)
+    html_part, = [p for p in message.walk() if p.get_content_type() == "text/html"]
+    assert 'href="https://gpufleet.example.org/jobs/wf-7"' in html_part.get_content()
     # Read again from the start by a restarted notifier: nothing twice, the opted-out team still nothing.
     again = AlertNotifier(kafka.bootstrap, routing, tmp_path / "sent.log", group_id=f"{prefix}r2",
                           topic_prefix=prefix, webhook_backoff_s=0.05)
@@ -193,6 +194,7 @@ def test_the_owner_is_warned_before_the_ladder_acts_and_told_when_it_did(kafka, 
     (tmp_path / "routing.toml").write_text(f"""
 [default]
 email_owners = true
+pages = "https://gpufleet.example.org"
 [teams.nlp]
 webhook = "{base}/nlp"
 [smtp]
@@ -221,3 +223,5 @@ sender = "gpufleet@example.com"
     assert "will be released at 00:15 UTC (in 10 min) under the ladder 'idle-gpus'" in first
     assert "in 5 min" in Webhooks.received[1][1]["text"] and "ran scancel 4242" in Webhooks.received[2][1]["text"]
     assert [to for to, _ in mailbox.messages] == [["ana@example.com"]] * 3
+    assert all("The job's page: https://gpufleet.example.org/jobs/wf-5" in body["text"]
+               for _, body in Webhooks.received)

@@ -42,7 +42,7 @@ def test_each_table_is_replicated_per_shard_and_distributed_under_its_name(state
 
 def test_views_read_and_write_the_tables_of_their_own_node(statements):
     views = [s for s in statements if s.startswith("CREATE MATERIALIZED VIEW")]
-    assert len(views) == 4  # workflows, the two rollups, the alert transitions
+    assert len(views) == 5  # workflows, the two rollups, the GPUs per minute, the alert transitions
     for view in views:
         named = set(re.findall(r"gpufleet\.(\w+)", view))
         assert all(n.endswith(("_local", "_mv")) for n in named), view

@@ -1,0 +1,41 @@
+"""The job page's charts as Plotly figures (JSON the page gives ``Plotly.react``): drawn by Plotly's
+own script, which the service serves from the plotly package installed with it (no CDN, no
+network), never by hand."""
+
+from __future__ import annotations
+
+import json
+from importlib.resources import files
+
+import plotly.graph_objects as go
+import plotly.io
+from plotly.subplots import make_subplots
+
+PLOTLY_JS = files("plotly") / "package_data" / "plotly.min.js"
+METRICS = (("utilization_pct", "utilisation %"), ("memory_pct", "memory used %"), ("power_watts", "power W"),
+           ("tensor_active_pct", "tensor cores active %"))
+
+
+def gpu_figure(series: dict) -> dict:
+    """One panel per metric, one line per GPU, the time axis shared and zoomable together."""
+    fig = make_subplots(rows=len(METRICS), cols=1, shared_xaxes=True, vertical_spacing=0.04,
+                        subplot_titles=[label for _, label in METRICS])
+    for row, (key, _) in enumerate(METRICS, start=1):
+        for gpu in series["gpus"]:
+            fig.add_trace(go.Scatter(x=gpu["t"], y=gpu[key], mode="lines", name=gpu["gpu"], legendgroup=gpu["gpu"],
+                                     showlegend=row == 1, connectgaps=False), row=row, col=1)
+    fig.update_layout(height=820, margin={"l": 50, "r": 20, "t": 40, "b": 30}, hovermode="x unified",
+                      legend={"title": {"text": "GPU"}})
+    fig.update_xaxes(rangeslider={"visible": False})
+    return json.loads(plotly.io.to_json(fig))
+
+
+def waterfall_figure(rows: list[dict]) -> dict:
+    """Where the GPU-hours went: a bar per goodput bucket."""
+    fig = go.Figure(go.Bar(x=[r["label"] for r in rows], y=[r["gpu_hours"] for r in rows],
+                           text=[f"{r['share_pct']:.1f}%" for r in rows], textposition="auto",
+                           marker={"color": ["#2a9d8f" if r["bucket"] == "productive" else
+                                             "#adb5bd" if r["bucket"] in ("unobserved", "unclassified") else
+                                             "#e76f51" for r in rows]}))
+    fig.update_layout(height=320, margin={"l": 50, "r": 20, "t": 20, "b": 80}, yaxis={"title": {"text": "GPU-hours"}})
+    return json.loads(plotly.io.to_json(fig))
