@@ -46,7 +46,12 @@ log = logging.getLogger(__name__)
 INFO_FILE = "query-server.json"
 
 
+_PLAIN = (str, int, float, bool, type(None))
+
+
 def _encode(value: Any) -> Any:
+    if type(value) in _PLAIN:
+        return value
     if isinstance(value, datetime):
         return {"$datetime": value.isoformat()}
     if isinstance(value, date):
@@ -59,6 +64,8 @@ def _encode(value: Any) -> Any:
 
 
 def _decode(value: Any) -> Any:
+    if type(value) in _PLAIN:
+        return value
     if isinstance(value, dict):
         if "$datetime" in value:
             return datetime.fromisoformat(value["$datetime"])

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 PUBLIC = frozenset({"/healthz", "/static/plotly.min.js"})
 NOT_FOUND = "no such job"
+PAGE_WINDOWS = 120  # a job page's table of windows: the latest these many (the JSON has them all)
 
 
 @dataclass
@@ -157,7 +158,9 @@ class Routes:
         job = self.the_job(request)
         if job is None:
             return self.page(request, "missing.html", 404, what=NOT_FOUND)
-        return self.page(request, "job.html", job=job)
+        rows = job["timeline"]["rows"]  # the page: the latest windows and every one with an alert transition
+        shown = [r for i, r in enumerate(rows) if i >= len(rows) - PAGE_WINDOWS or r[-1]]
+        return self.page(request, "job.html", job=job, windows=shown, hidden=len(rows) - len(shown))
 
     def team_page(self, request: Request) -> Response:
         team = request.path_params["team"]
@@ -192,10 +195,12 @@ class Routes:
     def api_figures(self, request: Request) -> Response:
         from gpufleet.web.figures import gpu_figure, waterfall_figure
 
-        job = self.the_job(request)
+        wf = request.path_params["workflow_id"]
+        job = None if id_error("workflow_id", wf) else data.waterfall(
+            self.service.client, self.service.database, self.viewer(request), wf, self.service.rates)
         if job is None:
             return JSONResponse({"error": NOT_FOUND}, 404)
-        series = data.gpu_series(self.service.client, self.service.database, job["workflow_id"])
+        series = data.gpu_series(self.service.client, self.service.database, wf)
         return JSONResponse({"state": job["state"], "step_s": series["step_s"],
                              "gpus": gpu_figure(series), "waterfall": waterfall_figure(job["waterfall"])})
 

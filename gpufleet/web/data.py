@@ -25,8 +25,13 @@ SORTS = {"wasted": "wasted_gpu_hours DESC", "gpu_hours": "gpu_hours DESC", "rece
 _SECONDS = ", ".join(f"sum(w.{b}_gpu_seconds) AS {b}_gpu_seconds" for b in BUCKETS)
 
 
+_PLAIN = (str, int, bool, type(None))
+
+
 def clean(value):
     """``value`` as JSON can carry it: no NaN or infinity (None), times as ISO 8601 in UTC."""
+    if type(value) in _PLAIN:  # most values of a long job's timeline: said first
+        return value
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, datetime):
@@ -155,6 +160,20 @@ def job(client, database: str, viewer: Viewer, workflow_id: str, rates: Rates | 
     })
 
 
+def waterfall(client, database: str, viewer: Viewer, workflow_id: str, rates: Rates | None = None) -> dict | None:
+    """The job's state and waterfall (what its charts need), or None as ``job`` says."""
+    from gpufleet.reports.workflows import workflow_summary
+
+    known = owner_of(client, database, workflow_id)
+    if known is None or not viewer.sees(*known):
+        return None
+    summary, cluster = workflow_summary(client, database, workflow_id)
+    rates = rates or Rates()
+    return clean({"state": "running" if summary["end_reason"] == "still running" else
+                  (summary.get("end_state") or summary["end_reason"]),
+                  "waterfall": waterfall_rows(summary_waterfall(summary, rates, cluster), rates)})
+
+
 def alerts(client, database: str, workflow_id: str) -> list[dict]:
     """Each alert episode of the workflow with its life cycle (every transition, in order)."""
     rows = client.query(f"""
@@ -198,29 +217,38 @@ def profiles(client, database: str, workflow_id: str) -> list[dict]:
     return list(out.values())
 
 
+_SERIES = {"util": "utilization_pct", "memory_pct": "memory_pct", "power_w": "power_watts",
+           "tensor_pct": "tensor_active_pct"}  # the query's column: the series' name
+
+
 def gpu_series(client, database: str, workflow_id: str) -> dict:
     """Per GPU of the workflow: utilisation, memory, power and tensor activity over its life, from
-    ``gpu_minutes`` in steps of a minute or more (at most ``MAX_POINTS`` per GPU)."""
+    ``gpu_minutes`` in steps of a minute or more (at most ``MAX_POINTS`` per GPU); times in epoch
+    ms. One row per GPU, its points as arrays (a 64-GPU job is 64 rows, not 38,400; a point not
+    measured is NaN there, since groupArray skips NULLs, and None here)."""
     (first, last), = client.query(f"""
         SELECT toUnixTimestamp(min(minute)), toUnixTimestamp(max(minute)) FROM {database}.gpu_minutes
         WHERE workflow_id = %(wf)s""", parameters={"wf": workflow_id}).result_rows
     step = max(60, math.ceil(((last or 0) - (first or 0) + 60) / MAX_POINTS / 60) * 60)
     rows = client.query(f"""
-        SELECT host, gpu_index, toStartOfInterval(minute, toIntervalSecond({step})) AS t,
-               sum(utilization_seconds) / sum(seconds) AS util,
-               100 * max(memory_used_max) / nullIf(max(memory_total_max), 0) AS memory_pct,
-               sum(power_watt_seconds) / nullIf(sum(power_seconds), 0) AS power_w,
-               sum(tensor_active_seconds) / nullIf(sum(tensor_seconds), 0) AS tensor_pct
-        FROM {database}.gpu_minutes WHERE workflow_id = %(wf)s
-        GROUP BY host, gpu_index, t ORDER BY host, gpu_index, t""", parameters={"wf": workflow_id}).result_rows
-    gpus: dict[str, dict] = {}
-    for host, index, t, util, memory, power, tensor in rows:
-        g = gpus.setdefault(f"{host}:{index}", {"gpu": f"{host}:{index}", "t": [], "utilization_pct": [],
-                                                 "memory_pct": [], "power_watts": [], "tensor_active_pct": []})
-        for key, value in (("t", t), ("utilization_pct", util), ("memory_pct", memory), ("power_watts", power),
-                           ("tensor_active_pct", tensor)):
-            g[key].append(value)
-    return clean({"step_s": step, "gpus": list(gpus.values())})
+        SELECT host, gpu_index, arraySort(groupArray(t)) AS times,
+               {", ".join(f"arraySort((v, k) -> k, groupArray(ifNull({c}, nan)), groupArray(t)) AS {c}s"
+                          for c in _SERIES)}
+        FROM (
+            SELECT host, gpu_index, toUnixTimestamp(toStartOfInterval(minute, toIntervalSecond({step}))) * 1000 AS t,
+                   sum(utilization_seconds) / sum(seconds) AS util,
+                   100 * max(memory_used_max) / nullIf(max(memory_total_max), 0) AS memory_pct,
+                   sum(power_watt_seconds) / nullIf(sum(power_seconds), 0) AS power_w,
+                   sum(tensor_active_seconds) / nullIf(sum(tensor_seconds), 0) AS tensor_pct
+            FROM {database}.gpu_minutes WHERE workflow_id = %(wf)s
+            GROUP BY host, gpu_index, t)
+        GROUP BY host, gpu_index ORDER BY host, gpu_index""", parameters={"wf": workflow_id}).result_rows
+    gpus = []
+    for host, index, t, *columns in rows:
+        gpus.append({"gpu": f"{host}:{index}", "t": list(t), **{
+            key: [None if v is None or not math.isfinite(v) else v for v in values]
+            for key, values in zip(_SERIES.values(), columns, strict=True)}})
+    return {"step_s": step, "gpus": gpus}
 
 
 def group_totals(client, database: str, viewer: Viewer, since_s: float, team: str | None = None) -> dict | None:

@@ -17,17 +17,20 @@ METRICS = (("utilization_pct", "utilisation %"), ("memory_pct", "memory used %")
 
 
 def gpu_figure(series: dict) -> dict:
-    """One panel per metric, one line per GPU, the time axis shared and zoomable together."""
+    """One panel per metric, one line per GPU, the time axis shared and zoomable together. The
+    layout is Plotly's (``make_subplots``, validated); the traces are given as Plotly's own JSON
+    form, unvalidated: validating 64 GPUs x 4 metrics x 600 points took 1.4 s of the page's time."""
     fig = make_subplots(rows=len(METRICS), cols=1, shared_xaxes=True, vertical_spacing=0.04,
                         subplot_titles=[label for _, label in METRICS])
-    for row, (key, _) in enumerate(METRICS, start=1):
-        for gpu in series["gpus"]:
-            fig.add_trace(go.Scatter(x=gpu["t"], y=gpu[key], mode="lines", name=gpu["gpu"], legendgroup=gpu["gpu"],
-                                     showlegend=row == 1, connectgaps=False), row=row, col=1)
     fig.update_layout(height=820, margin={"l": 50, "r": 20, "t": 40, "b": 30}, hovermode="x unified",
                       legend={"title": {"text": "GPU"}})
-    fig.update_xaxes(rangeslider={"visible": False})
-    return json.loads(plotly.io.to_json(fig))
+    fig.update_xaxes(type="date")  # the points' times are epoch ms
+    layout = json.loads(plotly.io.to_json(fig))["layout"]
+    traces = [{"type": "scatter", "mode": "lines", "x": gpu["t"], "y": gpu[key], "name": gpu["gpu"],
+               "legendgroup": gpu["gpu"], "showlegend": row == 1, "connectgaps": False,
+               "xaxis": "x" if row == 1 else f"x{row}", "yaxis": "y" if row == 1 else f"y{row}"}
+              for row, (key, _) in enumerate(METRICS, start=1) for gpu in series["gpus"]]
+    return {"data": traces, "layout": layout}
 
 
 def waterfall_figure(rows: list[dict]) -> dict:
