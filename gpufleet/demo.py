@@ -267,7 +267,7 @@ def run_demo(opts: DemoOptions) -> int:
         enforcer_thread.start()
         queries = QueryServer(Path(dsn[len("chdb://"):]), port=opts.query_port).start()
         print(f"  sink writing to {dsn} (while it runs, `gpufleet sql` queries go through it)")
-        owners = start_owners_service(data_dir, opts.serve_port)
+        owners = start_owners_service(data_dir, opts.serve_port, broker.connection("owners"))
 
         # With what goodput accounting must find planted, so that the summary can compare.
         # As agents that read the scheduler's allocations report it: free GPUs, GPUs held and never opened.
@@ -363,15 +363,17 @@ def run_demo(opts: DemoOptions) -> int:
     return 0
 
 
-def start_owners_service(data_dir: Path, port: int):
-    """The owners' service (``gpufleet serve --dev``) on loopback, reading through the demo's query server."""
+def start_owners_service(data_dir: Path, port: int, kafka):
+    """The owners' service (``gpufleet serve --dev``) on loopback, reading through the demo's query
+    server and taking actions through its broker."""
     import getpass
 
     from gpufleet.asgi_server import AsgiServer
+    from gpufleet.commands.serve import actions_on
     from gpufleet.web.app import Service, create_app
 
     client = find_server(Path(default_dsn(data_dir)[len("chdb://"):]))
-    service = Service(client, DATABASE, dev_user=getpass.getuser())
+    service = Service(client, DATABASE, dev_user=getpass.getuser(), actions=actions_on(kafka))
     server = AsgiServer(create_app(service), "127.0.0.1", port, name="owners").start()
     service.base_url = server.url
     print(f"  the owners' service at {server.url} (development mode: loopback only, you are its operator)")

@@ -18,6 +18,9 @@ Safety, each tested (``tests/unit/gpufleet/test_enforcer.py``, ``tests/integrati
   (``retries``), then recorded as ACTION_FAILED with its exit code and sent to the dead letters
   with the reason.
 - **A resolved alert cancels** an action not yet run (CANCELLED from the worker).
+- **An exemption an operator approved** on the owners' service (an ``OwnerAction`` on the
+  owner-actions topic, read whole before each action) stops the action: it records EXEMPT with
+  who approved it and why. Where that topic cannot be read, no action runs until it can.
 
 Every outcome (ACTING, ACTED, WOULD_ACT, ACTION_FAILED) is an ``EnforcementEvent`` on the
 enforcement topic, so ClickHouse and the owner see who did what, why, and under which ladder.
@@ -38,7 +41,7 @@ from kafka_client.config import Connection
 from kafka_client.consume_loop import ConsumeLoop
 from kafka_client.metrics import ComponentMetrics
 from schemas.codec import Codec, CodecError
-from schemas.topics import ENFORCEMENT, key_of
+from schemas.topics import ENFORCEMENT, OWNER_ACTIONS, key_of
 from streams.enforcement.ladder import ACTION_DUE, CANCELLED, Ladder, render
 
 log = logging.getLogger(__name__)
@@ -48,7 +51,7 @@ STAGE = "enforcer"
 METRICS = ComponentMetrics("enforcer")
 OUTCOMES = METRICS.counter("gpufleet_enforcement_outcomes", "What the enforcer recorded of the actions it took up, "
                            "by step (ACTING, ACTED, WOULD_ACT, ACTION_FAILED)", ["step"])
-SETTLED = frozenset({"ACTING", "ACTED", "WOULD_ACT", "ACTION_FAILED"})  # an action someone took up
+SETTLED = frozenset({"ACTING", "ACTED", "WOULD_ACT", "ACTION_FAILED", "EXEMPT"})  # an action someone took up
 
 
 @dataclass
@@ -82,6 +85,7 @@ class Enforcer:
         self.topic = topic_prefix + ENFORCEMENT.name
         self.loop = ConsumeLoop(kafka, group_id, [self.topic], METRICS, STAGE, topic_prefix, codec=self.codec)
         self.consumer, self.producer = self.loop.consumer, self.loop.producer
+        self.exemptions = Exemptions(kafka, topic_prefix + OWNER_ACTIONS.name, self.codec)
         self.due: dict[str, Due] = {}  # alert id -> its action, not yet settled
         self.settled: set[str] = set()  # alert ids whose action was taken up (by anyone)
         self.stats = EnforcerStats()
@@ -89,7 +93,10 @@ class Enforcer:
     # -- the loop -------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> EnforcerStats:
-        self.loop.run(stop, self._step, on_assign=self._on_assign)
+        try:
+            self.loop.run(stop, self._step, on_assign=self._on_assign)
+        finally:
+            self.exemptions.close()
         return self.stats
 
     def _step(self, batch: list) -> None:
@@ -129,6 +136,8 @@ class Enforcer:
         """The due actions of partitions read to their end (every claim before them seen)."""
         if not self.due:
             return
+        if not self.exemptions.read():  # an approved exemption might be there: nothing runs blind
+            return
         ends = {}
         for p in {d.partition for d in self.due.values()}:
             try:
@@ -157,6 +166,11 @@ class Enforcer:
     # -- an action -------------------------------------------------------------------------
 
     def _settle(self, due: dict) -> None:
+        approved = self.exemptions.approved(due["workflow_id"], int(time.time() * 1000))
+        if approved is not None:
+            self._record(due, "EXEMPT", [], None, 0, f"exempted by {approved['actor']} on the owners' service"
+                         + (f": {approved['reason']}" if approved.get("reason") else "") + "; nothing run")
+            return
         ladder = self.ladders.get(due["policy"])
         if ladder is None:
             self._failed(due, [], None, f"no ladder named {due['policy']!r} in this enforcer's policy file")
@@ -214,3 +228,53 @@ class Enforcer:
         OUTCOMES.labels(step).inc()
         return record
 
+
+class Exemptions:
+    """The exemptions operators decided on the owners' service: the owner-actions topic read
+    whole (it is small: one partition of people's actions), from its start, by a consumer of
+    no group."""
+
+    def __init__(self, kafka: str | Connection, topic: str, codec: Codec) -> None:
+        from kafka_client.config import consumer_config
+
+        self.topic, self.codec = topic, codec
+        self._consumer = Consumer(consumer_config(kafka, "gpufleet-enforcer-exemptions", **{
+            "enable.auto.commit": False}))
+        self._consumer.assign([TopicPartition(topic, 0, -2)])  # OFFSET_BEGINNING
+        self._decided: dict[str, dict] = {}  # workflow -> its latest decision
+
+    def read(self, timeout_s: float = 10.0) -> bool:
+        """Read up to the topic's end now; False where it cannot be (then nothing may act)."""
+        deadline = time.monotonic() + timeout_s
+        try:
+            end = self._consumer.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=timeout_s)[1]
+            while time.monotonic() < deadline:
+                position = self._consumer.position([TopicPartition(self.topic, 0)])[0].offset
+                if end == 0 or position >= end:
+                    return True
+                for m in self._consumer.consume(num_messages=500, timeout=0.5):
+                    if m.error() is None:
+                        self._take(m)
+        except KafkaException as exc:
+            log.warning("the owners' actions cannot be read (%s): no action runs until they can", exc)
+            return False
+        log.warning("the owners' actions were not read to their end within %g s: no action runs yet", timeout_s)
+        return False
+
+    def _take(self, m) -> None:
+        try:
+            name, action = self.codec.decode(m.value())
+        except CodecError:
+            return  # the sink dead-letters what it cannot read; an unreadable record approves nothing
+        if name == OWNER_ACTIONS.schema and action["kind"] in ("EXEMPTION_APPROVED", "EXEMPTION_REFUSED"):
+            self._decided[action["workflow_id"]] = action
+
+    def approved(self, workflow_id: str, now_ms: int) -> dict | None:
+        """The approval standing for ``workflow_id`` now (the latest decision, not expired), or None."""
+        decision = self._decided.get(workflow_id)
+        if decision is None or decision["kind"] != "EXEMPTION_APPROVED":
+            return None
+        return decision if decision["until"] is None or decision["until"] > now_ms else None
+
+    def close(self) -> None:
+        self._consumer.close()

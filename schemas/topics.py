@@ -111,6 +111,12 @@ ENFORCEMENT = TopicSpec(
     doc="The enforcement ladder: warnings, actions falling due, exemptions, holds and cancellations from the "
         "worker; what `gpufleet enforce` did about each action (claimed, ran, would have run, failed).",
 )
+OWNER_ACTIONS = TopicSpec(
+    "gpufleet.owner-actions.v1", "OwnerAction", "workflow_id", 1,
+    doc="What people did about jobs on the owners' service: profiles asked for, alerts acknowledged or "
+        "snoozed, exemptions asked for, approved or refused. One partition: few records, read whole by the "
+        "notifier and the enforcer.",
+)
 
 # The default of a deployment's --partitions: room for 32 workers (one read 128k samples a
 # second here in benchmarks/bench_fleet.py) before the topics must be recreated.
@@ -122,7 +128,7 @@ CO_PARTITIONED: tuple[TopicSpec, ...] = (GPU_SAMPLES, WORKFLOW_EVENTS, PROFILE_R
 ALL_TOPICS: tuple[TopicSpec, ...] = (
     GPU_SAMPLES, HOST_SAMPLES, WORKFLOW_EVENTS, WORKFLOW_WINDOWS, WORKFLOW_SUMMARIES, ALERTS, DEAD_LETTERS,
     KERNEL_EVENTS, TRACE_ANALYSES, FINDINGS, PROFILE_REQUESTS, PROFILE_STATUSES, PROFILE_RESULTS, PROFILE_SCHEDULE,
-    ENFORCEMENT,
+    ENFORCEMENT, OWNER_ACTIONS,
 )
 
 

@@ -6,7 +6,9 @@ An alert goes out when the worker marked it ``notify`` (its rate limit allows it
 RESOLVED goes to the webhook of an alert whose FIRING was sent. What was sent is recorded in
 a small local log before the offsets are committed, so a restarted notifier (or a replay)
 sends nothing twice. A message a channel refuses for good becomes a dead letter with the
-reason; the notifier goes on.
+reason; the notifier goes on. An alert episode its owner acknowledged on the owners' service
+gets no more messages, one they snoozed none until the snooze ends (the owner-actions topic;
+enforcement warnings still go out: they say what will be done to the job).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import html
 import logging
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -24,7 +27,7 @@ from kafka_client.config import Connection
 from kafka_client.consume_loop import ConsumeLoop
 from kafka_client.metrics import ComponentMetrics
 from schemas.codec import Codec, CodecError
-from schemas.topics import ALERTS, ENFORCEMENT, WORKFLOW_SUMMARIES
+from schemas.topics import ALERTS, ENFORCEMENT, OWNER_ACTIONS, WORKFLOW_SUMMARIES
 from sinks.job_report import Rates, job_report
 from sinks.notify_owner import (
     NotifyError,
@@ -55,6 +58,9 @@ class SentLog:
 
     def __contains__(self, key: str) -> bool:
         return key in self._keys
+
+    def starting(self, prefix: str) -> list[str]:
+        return [k for k in self._keys if k.startswith(prefix)]
 
     def add(self, key: str) -> None:
         self._keys[key] = None
@@ -92,8 +98,12 @@ class AlertNotifier:
         self.topic = topic_prefix + ALERTS.name
         self.summaries_topic = topic_prefix + WORKFLOW_SUMMARIES.name
         self.enforcement_topic = topic_prefix + ENFORCEMENT.name
-        self.loop = ConsumeLoop(kafka, group_id, [self.topic, self.summaries_topic, self.enforcement_topic], METRICS,
-                                STAGE, topic_prefix)
+        self.actions_topic = topic_prefix + OWNER_ACTIONS.name
+        self.loop = ConsumeLoop(kafka, group_id, [self.topic, self.summaries_topic, self.enforcement_topic,
+                                                  self.actions_topic], METRICS, STAGE, topic_prefix)
+        # Episodes their owners acknowledged (no more messages) or snoozed (none until then), kept
+        # with what was sent, so that a restarted notifier still honours them.
+        self.snoozed = {k.split(":", 2)[2]: int(k.split(":", 2)[1]) for k in self.sent.starting("snooze:")}
         self.webhook_backoff_s = webhook_backoff_s
         self.handled = 0  # messages read and dealt with (sent, skipped or dead-lettered)
         self.messages = 0  # messages sent
@@ -132,10 +142,15 @@ class AlertNotifier:
         if m.topic() == self.enforcement_topic:
             self._enforcement(m, name, alert)
             return
+        if m.topic() == self.actions_topic:
+            self._owner_action(m, name, alert)
+            return
         if name != ALERTS.schema:
             self._dead_letter(m, f"expected {ALERTS.schema}, got {name}")
             return
         firing_key = f"{alert['alert_id']}:FIRING"
+        if self._muted(alert["alert_id"]):
+            return  # its owner acknowledged or snoozed it: in ClickHouse, on the page, in no inbox
         if alert["status"] == "FIRING":
             if not alert["notify"]:
                 return  # within the rate limit: on the topic and in ClickHouse, not in anyone's inbox
@@ -144,6 +159,21 @@ class AlertNotifier:
             self._send(m, alert, key, email=True)
         elif firing_key in self.sent:  # RESOLVED of an alert its owner heard about
             self._send(m, alert, f"{alert['alert_id']}:RESOLVED", email=False)
+
+    def _owner_action(self, m, name: str, action: dict) -> None:
+        """An owner acknowledged an alert episode (no more messages for it) or snoozed it (none until then)."""
+        if name != OWNER_ACTIONS.schema:
+            self._dead_letter(m, f"expected {OWNER_ACTIONS.schema}, got {name}")
+            return
+        if action["kind"] == "ACKNOWLEDGE" and action["alert_id"]:
+            self.sent.add(f"ack:{action['alert_id']}")
+        elif action["kind"] == "SNOOZE" and action["alert_id"] and action["until"]:
+            until = max(action["until"], self.snoozed.get(action["alert_id"], 0))
+            self.snoozed[action["alert_id"]] = until
+            self.sent.add(f"snooze:{until}:{action['alert_id']}")
+
+    def _muted(self, alert_id: str) -> bool:
+        return f"ack:{alert_id}" in self.sent or self.snoozed.get(alert_id, 0) > time.time() * 1000
 
     def _send(self, m, alert: dict, key: str, email: bool) -> None:
         if page := self.routing.page_for(alert["workflow_id"]):

@@ -4,7 +4,7 @@ which ladder) and ``dead_letters`` (what a stage could not use, and why)."""
 
 from __future__ import annotations
 
-from schemas.topics import ALERTS, DEAD_LETTERS, ENFORCEMENT
+from schemas.topics import ALERTS, DEAD_LETTERS, ENFORCEMENT, OWNER_ACTIONS
 from sinks.table import Table
 
 # Alert v3: the automatic profile an episode caused and, once analysed, its root cause. Its
@@ -108,6 +108,31 @@ ENFORCEMENT_TABLE = Table(
     -- One row per step of an episode (its id says which): a replay writes the same row again.
     ENGINE = ReplacingMergeTree(at)
     ORDER BY (workflow_id, alert_id, event_id)
+    """,
+)
+
+
+OWNER_ACTIONS_TABLE = Table(
+    "owner_actions", OWNER_ACTIONS,
+    ("action_id", "workflow_id", "kind", "alert_id", "actor", "role", "reason", "until", "request_id", "at"),
+    """
+    CREATE TABLE IF NOT EXISTS {db}.{name} (
+        action_id String,
+        workflow_id LowCardinality(String),
+        kind LowCardinality(String),
+        alert_id Nullable(String),
+        actor LowCardinality(String),
+        role LowCardinality(String),
+        reason Nullable(String),
+        until Nullable(DateTime64(3, 'UTC')),
+        request_id Nullable(String),
+        at DateTime64(3, 'UTC'),
+        kafka_partition UInt32,
+        kafka_offset UInt64
+    )
+    -- Who did what about a job, every action kept (a replay writes the same row again).
+    ENGINE = ReplacingMergeTree(at)
+    ORDER BY (workflow_id, action_id)
     """,
 )
 

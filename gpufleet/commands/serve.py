@@ -9,7 +9,15 @@ import signal
 import threading
 from pathlib import Path
 
-from gpufleet.commands.common import clickhouse_args, port, query_client, rates, rates_args
+from gpufleet.commands.common import (
+    clickhouse_args,
+    kafka_args,
+    kafka_connection,
+    port,
+    query_client,
+    rates,
+    rates_args,
+)
 from gpufleet.errors import Failed, UsageError
 
 
@@ -49,6 +57,9 @@ def add(sub) -> None:
     p.add_argument("--base-url", default=os.environ.get("GPUFLEET_BASE_URL"),
                    help="the address users reach the service at, through the proxy (env GPUFLEET_BASE_URL; "
                         "default: http://HOST:PORT): the links of messages and of `gpufleet job`")
+    p.add_argument("--no-actions", action="store_true",
+                   help="take no actions (profile now, acknowledge, snooze, exemptions): no Kafka needed")
+    kafka_args(p)
     clickhouse_args(p)
     rates_args(p, "the job pages")
     p.set_defaults(func=cmd_serve)
@@ -80,6 +91,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     check(args)
     service = build_service(args, None)  # every setting checked before the engine is opened
+    if not args.no_actions:
+        try:
+            service.actions = actions_on(kafka_connection(args, "owners"), args.topic_prefix, args.partitions)
+        except Failed as exc:
+            if not args.dev:
+                raise Failed(f"{exc} (the owners' actions go through Kafka; --no-actions serves the pages alone)") \
+                    from None
+            print(f"gpufleet serve: no actions ({exc}): the pages alone", flush=True)
     owned, service.client = embedded_queries(args)
     server = AsgiServer(create_app(service), args.host, args.port, name="owners")
     if not service.base_url:
@@ -95,6 +114,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if owned is not None:
         owned.stop()
     return 0
+
+
+def actions_on(kafka, prefix: str = "", partitions: int | None = None):
+    """The owners' actions through ``kafka`` (``gpufleet.web.actions``), its topics made where missing."""
+    from gpufleet.profile import hosts_of
+    from gpufleet.web.actions import Actions
+    from kafka_client.admin import ensure_topics
+    from producers.publish_kafka import Publisher
+    from schemas.codec import Codec
+
+    ensure_topics(kafka, prefix=prefix, **({"partitions": partitions} if partitions else {}))
+    return Actions(Publisher(kafka, Codec()), lambda workflow_id: hosts_of(kafka, workflow_id, prefix), prefix)
 
 
 def embedded_queries(args: argparse.Namespace):

@@ -11,6 +11,8 @@ worker       reads samples, workflow and kernel events, profile results, its sch
 sink         reads every topic it stores in ClickHouse; writes dead letters
 notifier     reads alerts and workflow summaries (job reports); writes dead letters
 operator     asks for profiles and reads what came of them, and where workflows run (``gpufleet profile``)
+owners       the owners' service (``gpufleet serve``): writes owners' actions and their profile requests; reads
+             where workflows run
 subscriber   reads the output topics only: windows, summaries, alerts, analyses, findings
 admin        a super user: creates topics, users and ACLs; never used by a component
 ============ ==================================================================================
@@ -39,6 +41,7 @@ from schemas.topics import (
     GPU_SAMPLES,
     HOST_SAMPLES,
     KERNEL_EVENTS,
+    OWNER_ACTIONS,
     PROFILE_REQUESTS,
     PROFILE_RESULTS,
     PROFILE_SCHEDULE,
@@ -86,12 +89,15 @@ def rights(worker_app_id: str = DEFAULT_WORKER_APP_ID) -> dict[str, Rights]:
                                  PROFILE_RESULTS, PROFILE_SCHEDULE, ENFORCEMENT),
                          groups=(worker_app_id,), owns_topics_prefixed=(worker_app_id,)),
         "sink": Rights(reads=_sink_topics(), writes=(DEAD_LETTERS,), groups=("gpufleet-clickhouse-sink",)),
-        "notifier": Rights(reads=(ALERTS, WORKFLOW_SUMMARIES, ENFORCEMENT), writes=(DEAD_LETTERS,),
+        "notifier": Rights(reads=(ALERTS, WORKFLOW_SUMMARIES, ENFORCEMENT, OWNER_ACTIONS), writes=(DEAD_LETTERS,),
                            groups=("gpufleet-notifier",)),
-        "enforcer": Rights(reads=(ENFORCEMENT,), writes=(ENFORCEMENT, DEAD_LETTERS), groups=("gpufleet-enforcer",)),
+        "enforcer": Rights(reads=(ENFORCEMENT, OWNER_ACTIONS), writes=(ENFORCEMENT, DEAD_LETTERS),
+                           groups=("gpufleet-enforcer",)),
         "slurm": Rights(reads=(WORKFLOW_SUMMARIES,), writes=(DEAD_LETTERS,), groups=("gpufleet-slurm-comments",)),
         "operator": Rights(reads=(WORKFLOW_EVENTS, PROFILE_STATUSES, PROFILE_RESULTS, TRACE_ANALYSES, FINDINGS),
                            writes=(PROFILE_REQUESTS,), groups=("gpufleet-profile",)),
+        "owners": Rights(reads=(WORKFLOW_EVENTS,), writes=(PROFILE_REQUESTS, OWNER_ACTIONS),
+                         groups=("gpufleet-profile",)),
         "subscriber": Rights(reads=outputs, groups=("gpufleet-subscriber",), describes_all=False),
     }
 

@@ -23,6 +23,7 @@ from starlette.routing import Route
 
 from gpufleet.web import data
 from gpufleet.web.access import Directory, Viewer
+from gpufleet.web.actions import ACTION_HEADER, ActionRefused, Actions
 from gpufleet.web.identity import MUNGE_HEADER, IdentityError, Munge, ProxyTrust, request_payload
 from schemas.validate_ids import id_error
 from sinks.job_report import Rates
@@ -45,6 +46,7 @@ class Service:
     dev_user: str | None = None  # development mode: requests with no identity are this operator
     base_url: str = ""
     rates: Rates = field(default_factory=Rates)
+    actions: Actions | None = None  # None: the service takes no actions (no Kafka)
 
 
 def job_url(base_url: str, workflow_id: str) -> str:
@@ -160,7 +162,8 @@ class Routes:
             return self.page(request, "missing.html", 404, what=NOT_FOUND)
         rows = job["timeline"]["rows"]  # the page: the latest windows and every one with an alert transition
         shown = [r for i, r in enumerate(rows) if i >= len(rows) - PAGE_WINDOWS or r[-1]]
-        return self.page(request, "job.html", job=job, windows=shown, hidden=len(rows) - len(shown))
+        return self.page(request, "job.html", job=job, windows=shown, hidden=len(rows) - len(shown),
+                         actions=self.service.actions is not None)
 
     def team_page(self, request: Request) -> Response:
         team = request.path_params["team"]
@@ -229,6 +232,33 @@ class Routes:
             return JSONResponse({"error": refusal(exc) if isinstance(exc, ClickHouseError) else str(exc)}, 400)
         return JSONResponse(data.clean({"columns": columns, "rows": [list(r) for r in rows]}))
 
+    async def api_action(self, request: Request) -> Response:
+        """An owner's (or an operator's) action on a job (``gpufleet.web.actions``)."""
+        from starlette.concurrency import run_in_threadpool
+
+        if request.headers.get(ACTION_HEADER) != "1":  # a cross-site form cannot send it
+            return JSONResponse({"error": f"an action needs the {ACTION_HEADER}: 1 header"}, 403)
+        if self.service.actions is None:
+            return JSONResponse({"error": "this service takes no actions (it was started without Kafka)"}, 503)
+        try:
+            body = await request.json()
+        except ValueError:
+            return JSONResponse({"error": "the body is not JSON"}, 400)
+        wf = body.get("workflow_id") if isinstance(body, dict) else None
+        if not isinstance(wf, str) or id_error("workflow_id", wf):
+            return JSONResponse({"error": NOT_FOUND}, 404)
+        viewer = self.viewer(request)
+        job = await run_in_threadpool(data.job, self.service.client, self.service.database, viewer, wf,
+                                      self.service.rates)
+        if job is None:
+            return JSONResponse({"error": NOT_FOUND}, 404)
+        try:
+            action = await run_in_threadpool(self.service.actions.act, viewer, job, body)
+        except ActionRefused as exc:
+            return JSONResponse({"error": str(exc)}, 400)
+        log.info("%s (%s) %s on %s", action["actor"], action["role"], action["kind"], wf)
+        return JSONResponse(action, 202)
+
     # -- public ------------------------------------------------------------------------------
     def healthz(self, request: Request) -> Response:
         return PlainTextResponse("ok\n")
@@ -254,7 +284,7 @@ def create_app(service: Service) -> Starlette:
         Route("/api/whoami", r.api_whoami), Route("/api/jobs", r.api_jobs),
         Route("/api/jobs/{workflow_id:path}", r.api_job), Route("/api/figures/{workflow_id:path}", r.api_figures),
         Route("/api/teams/{team}", r.api_team), Route("/api/fleet", r.api_fleet),
-        Route("/api/sql", r.api_sql, methods=["POST"]),
+        Route("/api/sql", r.api_sql, methods=["POST"]), Route("/api/actions", r.api_action, methods=["POST"]),
         Route("/healthz", r.healthz), Route("/static/plotly.min.js", r.plotly_js),
     ]
     app = Starlette(routes=routes, exception_handlers={ValueError: r.bad_request})

@@ -157,6 +157,7 @@ def job(client, database: str, viewer: Viewer, workflow_id: str, rates: Rates | 
         "timeline": {"columns": columns, "rows": [list(r) for r in timeline]},
         "alerts": alerts(client, database, workflow_id), "findings": findings(client, database, workflow_id),
         "profiles": profiles(client, database, workflow_id),
+        "actions": owner_actions(client, database, workflow_id),
     })
 
 
@@ -187,6 +188,22 @@ def alerts(client, database: str, workflow_id: str) -> list[dict]:
         e.update(status=status, message=message, root_cause=root_cause)
         e["transitions"].append({"status": status, "at": at})
     return sorted(episodes.values(), key=lambda e: e["transitions"][0]["at"])
+
+
+def owner_actions(client, database: str, workflow_id: str) -> list[dict]:
+    """What people did about the job on the owners' service (``gpufleet.web.actions``), in order;
+    an exemption request with how it was decided (``decision``: None while it waits)."""
+    result = client.query(f"""
+        SELECT action_id, kind, alert_id, actor, role, reason, until, request_id, at
+        FROM {database}.owner_actions FINAL WHERE workflow_id = %(wf)s ORDER BY at, action_id""",
+        parameters={"wf": workflow_id})
+    actions = [dict(zip(result.column_names, r)) for r in result.result_rows]
+    decided = {a["request_id"]: a for a in actions if a["kind"] in ("EXEMPTION_APPROVED", "EXEMPTION_REFUSED")}
+    for a in actions:
+        if a["kind"] == "EXEMPTION_REQUESTED":
+            d = decided.get(a["action_id"])
+            a["decision"] = None if d is None else {"kind": d["kind"], "actor": d["actor"], "reason": d["reason"]}
+    return actions
 
 
 def findings(client, database: str, workflow_id: str) -> list[dict]:

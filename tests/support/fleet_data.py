@@ -95,3 +95,12 @@ def store(writer: ClickHouseWriter, data: FleetData) -> None:
                 "scheduler_job_id": None, "attribution": "env", "model": f"model-{w.workflow_id[-1]}",
                 "cluster": "east" if w.gpus[0].host < "gpu-host-002" else "west"})
     assert writer.insert(WORKFLOW_EVENTS_TABLE, [Row(0, i, e) for i, e in enumerate(events)]) == []
+
+
+def started(w) -> dict:
+    """The WorkflowEvent its agent sends when workflow ``w`` starts on its first host (now)."""
+    now = int(time.time() * 1000)
+    return {"workflow_id": w.workflow_id, "event": "STARTED", "event_time": now, "host": w.gpus[0].host,
+            "owner": w.owner, "team": w.team, "gpu_uuids": [g.uuid for g in w.gpus], "pids": [100],
+            "cmdline": "python train.py", "framework": None, "framework_version": None, "scheduler_job_id": "4242",
+            "attribution": "env", "model": None, "cluster": None}

@@ -3,7 +3,7 @@
 from confluent_kafka.admin import AclOperation, ResourcePatternType, ResourceType
 
 from gpufleet.local.kafka_security import PRINCIPALS, bindings, rights
-from schemas.topics import ALERTS, ALL_TOPICS, GPU_SAMPLES, PROFILE_REQUESTS
+from schemas.topics import ALERTS, ALL_TOPICS, GPU_SAMPLES, OWNER_ACTIONS, PROFILE_REQUESTS
 
 
 def granted(prefix="p."):
@@ -22,14 +22,17 @@ def test_every_topic_has_a_writer_and_every_topic_read_has_a_writer():
     assert read <= written
 
 
-def test_alerts_are_written_by_the_worker_alone_and_profile_requests_by_worker_and_operator():
+def test_alerts_are_written_by_the_worker_alone_and_profile_requests_by_worker_operator_and_owners_service():
     g = granted()
     writers = {p for p, acls in g.items() if (ResourceType.TOPIC, "p." + ALERTS.name, ResourcePatternType.LITERAL,
                                               AclOperation.WRITE) in acls}
     assert writers == {"worker"}
     writers = {p for p, acls in g.items() if (ResourceType.TOPIC, "p." + PROFILE_REQUESTS.name,
                                               ResourcePatternType.LITERAL, AclOperation.WRITE) in acls}
-    assert writers == {"worker", "operator"}
+    assert writers == {"worker", "operator", "owners"}
+    writers = {p for p, acls in g.items() if (ResourceType.TOPIC, "p." + OWNER_ACTIONS.name,
+                                              ResourcePatternType.LITERAL, AclOperation.WRITE) in acls}
+    assert writers == {"owners"}  # what people did is written by the service that was told who they are
 
 
 def test_the_subscriber_writes_nothing_and_sees_only_outputs():
