@@ -46,7 +46,7 @@ def store(client, database: str, workflow_id: str, gpus: int, minutes: int, star
         INSERT INTO {database}.gpu_minutes
         SELECT toDateTime(intDiv({start_ms}, 1000) + intDiv(number, {gpus}) * 60, 'UTC') AS minute,
                '{workflow_id}', concat('host-', toString(intDiv(number % {gpus}, 8))), number % 8,
-               60, 60 * (40 + number % 50), 70e9, 80e9, 60, 60 * 500, 60, 60 * 30
+               60, 60 * (40 + number % 50), 70e9, 80e9, 60, 60 * 500, 60, 60 * 30, 1
         FROM numbers({gpus * minutes})""")
 
 

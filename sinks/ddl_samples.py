@@ -195,7 +195,8 @@ ROLLUPS = (
         power_seconds SimpleAggregateFunction(sum, Float64),
         power_watt_seconds SimpleAggregateFunction(sum, Float64),
         tensor_seconds SimpleAggregateFunction(sum, Float64),
-        tensor_active_seconds SimpleAggregateFunction(sum, Float64)
+        tensor_active_seconds SimpleAggregateFunction(sum, Float64),
+        processes_max SimpleAggregateFunction(max, Int32)
     )
     ENGINE = AggregatingMergeTree
     PARTITION BY toYYYYMM(minute)
@@ -211,7 +212,9 @@ ROLLUPS = (
            sum(if(power_watts IS NULL, 0, interval_ms / 1000)) AS power_seconds,
            sum(interval_ms / 1000 * ifNull(power_watts, 0)) AS power_watt_seconds,
            sum(if(tensor_active_pct IS NULL, 0, interval_ms / 1000)) AS tensor_seconds,
-           sum(interval_ms / 1000 * ifNull(tensor_active_pct, 0)) AS tensor_active_seconds
+           sum(interval_ms / 1000 * ifNull(tensor_active_pct, 0)) AS tensor_active_seconds,
+           -- the most processes of the job on the GPU in the minute: 0, none opened it; -1, not counted
+           max(toInt32(ifNull(process_count, -1))) AS processes_max
     FROM {db}.gpu_samples
     GROUP BY minute, workflow_id, host, gpu_index
     """,

@@ -142,6 +142,7 @@ SUMMARY_V4_COLUMNS = (
     ("exit_signal", "Nullable(Int32)"),
     ("cancelled_by", "LowCardinality(Nullable(String))"),
 )
+SUMMARY_V5_COLUMNS = (("untouched_gpus", "Nullable(UInt32)"),)
 
 WORKFLOW_SUMMARIES_TABLE = Table(
     "workflow_summaries", WORKFLOW_SUMMARIES,
@@ -149,7 +150,7 @@ WORKFLOW_SUMMARIES_TABLE = Table(
      "max_gpus", "gpu_seconds", "active_gpu_seconds", "wasted_gpu_seconds", "zero_util_gpu_seconds",
      "throttled_gpu_seconds", "utilization_mean_pct", "memory_peak_fraction", "energy_joules", "xid_count",
      *(name for name, _ in GOODPUT_COLUMNS), "alerts_fired", "tensor_active_mean_pct", "model_mfu_pct", "right_size",
-     "summarized_at", *(name for name, _ in SUMMARY_V4_COLUMNS)),
+     "summarized_at", *(name for name, _ in (*SUMMARY_V4_COLUMNS, *SUMMARY_V5_COLUMNS))),
     """
     CREATE TABLE IF NOT EXISTS {db}.{name} (
         workflow_id String,
@@ -178,7 +179,7 @@ WORKFLOW_SUMMARIES_TABLE = Table(
     ENGINE = ReplacingMergeTree(last_window_end)
     ORDER BY workflow_id
     """,
-    added_columns=(*GOODPUT_COLUMNS, *SUMMARY_V3_COLUMNS, *SUMMARY_V4_COLUMNS),
+    added_columns=(*GOODPUT_COLUMNS, *SUMMARY_V3_COLUMNS, *SUMMARY_V4_COLUMNS, *SUMMARY_V5_COLUMNS),
     prepare=lambda r: {**r, "right_size": [tuple(x[k] for k in RIGHT_SIZE_FIELDS) for x in r.get("right_size") or []]},
 )
 

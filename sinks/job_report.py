@@ -324,8 +324,20 @@ def job_report(summary: dict, rates: Rates | None = None, cluster: str = "") -> 
                   for key, label in PROFILE_SPLIT]
     wasted = sorted(((w.buckets[b].gpu_seconds, b) for b in _ADVICE if w.buckets[b].gpu_seconds > 0), reverse=True)
     alerts = summary.get("alerts_fired") or []
-    if wasted or alerts:
+    untouched, gpus = summary.get("untouched_gpus") or 0, summary["max_gpus"]
+    if untouched and untouched >= gpus:  # one cause for its start-up and idle hours: said as such
+        held = sum(seconds for seconds, b in wasted if b in ("startup", "idle"))
+        wasted = [(seconds, b) for seconds, b in wasted if b not in ("startup", "idle")]
+    if wasted or alerts or untouched:
         lines += ["", "What to try:"]
+        if untouched and untouched >= gpus:
+            lines.append(f"- No process of the job ever opened its {gpus} GPU(s) ({held / 3600:.2f} GPU-hours held "
+                         "unused): it ran on the CPU only, or stopped before it reached them. If it needs no GPU, "
+                         "submit it without GPUs (no --gres=gpu, no nvidia.com/gpu); if it should use them, check "
+                         "that it sees them (CUDA_VISIBLE_DEVICES, the container's GPU runtime, torch.cuda).")
+        elif untouched:
+            lines.append(f"- {untouched} of its {gpus} GPUs were never opened by any process of the job: ask for "
+                         f"{gpus - untouched}, or check that every rank binds its own GPU.")
         lines += [f"- {LABELS[b]} ({seconds / 3600:.2f} GPU-hours): {_ADVICE[b]}" for seconds, b in wasted
                   if seconds / max(summary["gpu_seconds"], 1e-9) >= 0.01]
         if alerts:

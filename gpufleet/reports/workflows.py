@@ -110,7 +110,19 @@ def workflow_summary(client: Client, database: str, workflow_id: str) -> tuple[d
     cluster = client.query(f"SELECT argMax(cluster, event_time) FROM {database}.workflows WHERE workflow_id = %(wf)s",
                            parameters={"wf": workflow_id}).result_rows
     summary["profile_split"] = profile_split(client, database, workflow_id)
+    if summary.get("untouched_gpus") is None:  # still running, or summarised before WorkflowSummary v5
+        summary["untouched_gpus"] = untouched_gpus(client, database, workflow_id)
     return summary, (cluster[0][0] or "") if cluster else ""
+
+
+def untouched_gpus(client: Client, database: str, workflow_id: str) -> int | None:
+    """The job's GPUs no process of it opened in any minute (``gpu_minutes``), None where no agent
+    counted its processes."""
+    (never, counted), = client.query(f"""
+        SELECT countIf(most = 0), countIf(most >= 0) FROM (
+            SELECT host, gpu_index, max(processes_max) AS most FROM {database}.gpu_minutes
+            WHERE workflow_id = %(wf)s GROUP BY host, gpu_index)""", parameters={"wf": workflow_id}).result_rows
+    return never if counted else None
 
 
 def profile_split(client: Client, database: str, workflow_id: str) -> dict | None:

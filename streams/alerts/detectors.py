@@ -114,6 +114,8 @@ def low_utilization(w: dict, c: DetectorConfig) -> Violation | None:
     mean = w["utilization_mean_pct"]
     if mean >= c.low_util_warn_pct:
         return None
+    if 0 < w["gpu_count"] <= w["idle_gpus"]:
+        return None  # every GPU at 0 %: one cause, the idle allocation, and its alert says it
     critical = mean < c.low_util_critical_pct
     return Violation(
         "low_utilization", "CRITICAL" if critical else "WARNING", mean,

@@ -190,6 +190,8 @@ def efficiency_fields(e: dict) -> dict:
         # never touched), and other workflows whose processes ran on this one's GPUs.
         "untouched_gpu_names": [(e["per_gpu"][uuid][2:] or [uuid])[0] for uuid, t in e.get("touched", {}).items()
                                 if not t and uuid in e["per_gpu"]],
+        "opened_gpu_names": [(e["per_gpu"][uuid][2:] or [uuid])[0] for uuid, t in e.get("touched", {}).items()
+                             if t and uuid in e["per_gpu"]],
         "foreign_workflows": sorted(e.get("foreign", {})),
         "hosts": sorted({str((g[2:] or ["?"])[0]).split("/")[0] for g in e["per_gpu"].values()}),
         "slowest_gpu": None if slowest is None else (e["per_gpu"][slowest][2:] or [slowest])[0],

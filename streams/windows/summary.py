@@ -49,9 +49,26 @@ def accumulate(state: WorkflowState, window: dict, alerts: list[dict]) -> None:
     if window.get("host_memory_per_gpu_bytes") is not None:
         job["host_mem_per_gpu"] = max(job.get("host_mem_per_gpu") or 0.0, window["host_memory_per_gpu_bytes"])
     job["xids"] += window["xid_count"]
+    _add_opened(job, window)
     for a in alerts:
         if a["status"] == "FIRING" and a["detector"] not in job["fired"]:
             job["fired"].append(a["detector"])
+
+
+def _add_opened(job: dict, window: dict) -> None:
+    """Which of the job's GPUs a process of it ever opened, and which it was given and never did
+    (where the agents count processes): the GPUs of a job that ran on the CPU only."""
+    opened = set(job.get("opened") or ()) | set(window.get("opened_gpu_names") or ())
+    seen = set(job.get("unopened") or ()) | set(window.get("untouched_gpu_names") or ())
+    if opened or seen:
+        job["opened"], job["unopened"] = sorted(opened), sorted(seen - opened)
+
+
+def untouched_gpus(job: dict) -> int | None:
+    """The GPUs no process of the job ever opened (None: no agent counted its processes)."""
+    if "opened" not in job:
+        return None
+    return len(set(job["unopened"]) - set(job["opened"]))
 
 
 def correct(state: WorkflowState, before: dict | None, after: dict) -> None:
@@ -75,6 +92,7 @@ def correct(state: WorkflowState, before: dict | None, after: dict) -> None:
     if after.get("allocator_peak_fraction") is not None:
         job["alloc_peak"] = max(job.get("alloc_peak") or 0.0, after["allocator_peak_fraction"])
     job["xids"] += after["xid_count"] - before["xid_count"]
+    _add_opened(job, after)
 
 
 def end_of(state: WorkflowState, scheduler: str) -> str:
@@ -113,4 +131,5 @@ def summary(workflow_id: str, state: WorkflowState, reason: str, now_ms: int) ->
         "scheduler": state.scheduler, "scheduler_job_id": state.scheduler_job_id, "allocated_at": state.allocated_at,
         "ended_at": state.ended_at, "end_state": state.end_state, "exit_code": state.exit_code,
         "exit_signal": state.exit_signal, "cancelled_by": state.cancelled_by,
+        "untouched_gpus": untouched_gpus(job),  # WorkflowSummary v5
     }

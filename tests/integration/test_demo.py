@@ -94,6 +94,12 @@ def test_demo_then_sql(tmp_path):
                      r"http://127\.0\.0\.1:\d+/jobs/(\S+)", out).group(1)
     listed = ok("jobs", "--since", "all")
     assert idle in listed and "(4 rows)" in listed
+    # Its report names its one cause, and it had one alert for it (issue 42), not start-up advice.
+    told = ok("workflow", idle)
+    assert "No process of the job ever opened its" in told and "Start-up took long" not in told, told
+    alerts = gpufleet("--data-dir", data, "sql", "--format", "csv", "SELECT DISTINCT detector FROM "
+                      f"gpufleet.alerts FINAL WHERE workflow_id = '{idle}' ORDER BY detector", timeout=60)
+    assert alerts.stdout.split() == ["detector", "idle_allocated"], alerts.stdout
     serve = subprocess.Popen([sys.executable, "-m", "gpufleet", "--data-dir", data, "serve", "--dev",
                               "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -165,3 +165,20 @@ def test_capacity_no_job_held_is_a_line_of_its_own_beside_the_allocated(chdb_cli
     text = render_waterfall(total, load_rates(None), "Fleet goodput")
     assert "unallocated (no job held them)" in text and "capacity" in text
     assert "allocated: 50.0% of the capacity was handed to jobs" in text
+
+
+def test_a_job_that_never_opened_its_gpus_is_told_that_and_not_start_up_advice():
+    """The demo's CPU-only job (issue 42): its start-up and idle buckets have one cause, which the
+    report names, with what to do about it; a job that opened some of its GPUs is told which to drop."""
+    from tests.support.alerts import job_summary
+
+    base = {**job_summary("wf-cpu", "vision", "ana"), "max_gpus": 2, "startup_gpu_seconds": 1800.0,
+            "idle_gpu_seconds": 1800.0, "input_bound_gpu_seconds": 0.0, "productive_gpu_seconds": 0.0,
+            "gpu_seconds": 3600.0, "alerts_fired": ["idle_allocated"]}
+    text, page = job_report({**base, "untouched_gpus": 2})
+    assert "No process of the job ever opened its 2 GPU(s)" in text and "submit it without GPUs" in text
+    assert "Start-up took long" not in text and "GPUs sat at 0 %" not in text
+    assert "No process of the job ever opened its 2 GPU(s)" in page
+    partly = job_report({**base, "max_gpus": 4, "untouched_gpus": 2})[0]
+    assert "2 of its 4 GPUs were never opened by any process of the job: ask for 2" in partly
+    assert "Start-up took long" in job_report({**base, "untouched_gpus": None})[0]  # not known: as before

@@ -12,8 +12,10 @@ CFG = DetectorConfig()
 CASES = [
     ({"utilization_mean_pct": 60.0}, set()),
     ({"utilization_mean_pct": 20.0}, {"low_utilization"}),
+    # One message per cause: every GPU idle is the idle allocation, not low utilisation as well.
     ({"utilization_mean_pct": 0.0, "idle_gpus": 2, "gpu_count": 2, "utilization_max_pct": 0.0},
-     {"low_utilization", "idle_allocated"}),
+     {"idle_allocated"}),
+    ({"utilization_mean_pct": 4.0, "idle_gpus": 1, "gpu_count": 2}, {"low_utilization", "partial_use"}),
     ({"idle_gpus": 1, "gpu_count": 4}, {"partial_use"}),
     ({"gpu_count": 4, "utilization_max_pct": 90.0, "gpu_imbalance_pct": 60.0}, {"imbalance"}),
     ({"gpu_count": 4, "utilization_max_pct": 90.0, "gpu_imbalance_pct": 20.0}, set()),

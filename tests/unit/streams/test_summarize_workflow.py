@@ -98,3 +98,27 @@ def test_an_ending_heard_before_any_sample_waits_for_the_samples():
     assert agg.ended(0, 60_000) == []  # its window is still open
     feed(agg, 0, [sample(workflow_id="wf-b", event_time=BASE_MS + 75_000)], first=100)
     assert agg.ended(0, 60_000) == ["wf-a"]
+
+
+def test_the_summary_counts_the_gpus_no_process_of_the_job_ever_opened():
+    """The GPUs the scheduler gave and no process opened over the job's whole life (issue 42: a
+    job that ran on the CPU only is told that, not start-up advice); None where no agent counted."""
+    agg = WindowAggregator(CFG, {})
+    gpus = [("g0", "node-7/gpu0"), ("g1", "node-7/gpu1"), ("g2", "node-7/gpu2")]
+    rows = [sample(workflow_id="wf-cpu", gpu_uuid=uuid, gpu_index=i, host="node-7", event_time=BASE_MS + t * 1000,
+                   utilization_pct=0.0, process_count=0) for t in range(130) for i, (uuid, _) in enumerate(gpus[:2])]
+    # another job opens one of its two GPUs only in its second minute
+    rows += [sample(workflow_id="wf-half", gpu_uuid=uuid, gpu_index=i, host="node-8", event_time=BASE_MS + t * 1000,
+                    utilization_pct=50.0 if i == 0 else 0.0, process_count=1 if (i == 0 and t >= 60) else 0)
+             for t in range(130) for i, (uuid, _) in enumerate(gpus)]
+    rows += [sample(workflow_id="wf-old", event_time=BASE_MS + t * 1000, process_count=None) for t in range(130)]
+    closed = feed(agg, 0, rows).closed
+    closed += agg.process(0, [Incoming.row(10_000, sample(workflow_id="wf-clock", event_time=BASE_MS + 600_000))],
+                          closed_at=0).closed
+    for w in closed:  # as the window step does with each closed window
+        accumulate(agg.store[w["workflow_id"]], w, [])
+    summaries = {wf: summary(wf, agg.store[wf], "r", 0) for wf in ("wf-cpu", "wf-half", "wf-old")}
+    assert all(s["windows"] >= 2 for s in summaries.values())  # both whole minutes closed
+    assert summaries["wf-cpu"]["untouched_gpus"] == summaries["wf-cpu"]["max_gpus"] == 2
+    assert summaries["wf-half"]["untouched_gpus"] == 2 and summaries["wf-half"]["max_gpus"] == 3
+    assert summaries["wf-old"]["untouched_gpus"] is None
