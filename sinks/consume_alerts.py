@@ -55,20 +55,23 @@ class SentLog:
             for line in self.path.read_text().splitlines():
                 self._keys[line] = None
         self._file = self.path.open("a")
+        self._lock = threading.Lock()  # the notifier's loop and its periodic reports add to it
 
     def __contains__(self, key: str) -> bool:
         return key in self._keys
 
     def starting(self, prefix: str) -> list[str]:
-        return [k for k in self._keys if k.startswith(prefix)]
+        with self._lock:
+            return [k for k in self._keys if k.startswith(prefix)]
 
     def add(self, key: str) -> None:
-        self._keys[key] = None
-        self._file.write(key + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        if len(self._keys) > 2 * self.keep:
-            self._compact()
+        with self._lock:
+            self._keys[key] = None
+            self._file.write(key + "\n")
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            if len(self._keys) > 2 * self.keep:
+                self._compact()
 
     def _compact(self) -> None:
         while len(self._keys) > self.keep:

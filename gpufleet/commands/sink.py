@@ -19,6 +19,7 @@ from gpufleet.commands.common import (
     rates_args,
     serve_metrics,
 )
+from gpufleet.errors import UsageError
 
 
 def add(sub) -> None:
@@ -40,6 +41,13 @@ def add(sub) -> None:
     kafka_args(p)
     p.add_argument("--routing", type=Path, required=True, help="routing file (TOML): see sinks/route_alerts.py")
     p.add_argument("--group-id", default="gpufleet-notifier")
+    p.add_argument("--reports", choices=["month", "week", "day", "off"], default="month",
+                   help="each owner's and each team lead's periodic report, by e-mail when a period ends "
+                        "(default month; needs [smtp] in the routing file and ClickHouse)")
+    p.add_argument("--teams", type=Path, default=os.environ.get("GPUFLEET_TEAMS"),
+                   help="teams and their leads for the sponsors' reports (the file `gpufleet serve --teams` reads)")
+    p.add_argument("--slurm-teams", action="store_true", help="teams and leads from Slurm's accounting too")
+    clickhouse_args(p)
     rates_args(p, "the job reports")
     metrics_args(p)
     p.set_defaults(func=cmd_notify)
@@ -77,6 +85,32 @@ def cmd_sink(args: argparse.Namespace) -> int:
     return 0
 
 
+def periodic_reports(args: argparse.Namespace, routing, sent):
+    """The periodic reports of ``--reports``, reading ClickHouse read-only (on the embedded engine,
+    through the sink's query server, asked again at each tick: the notifier never holds the engine)."""
+    from gpufleet.reports.periodic import PeriodicReports
+    from gpufleet.web.access import Directory, DirectoryError
+
+    try:
+        directory = Directory.load(args.teams, slurm=args.slurm_teams)
+    except DirectoryError as exc:
+        raise UsageError(str(exc)) from None
+    dsn = os.environ.get("GPUFLEET_CLICKHOUSE_READER_DSN") or clickhouse_dsn(args)
+    if dsn.startswith("chdb://"):
+        from gpufleet.query_server import find_server
+
+        def client_of():
+            return find_server(Path(dsn[len("chdb://"):]))
+    else:
+        from sinks.write_clickhouse import connect
+
+        server = connect(dsn, read_only=True)
+
+        def client_of():
+            return server
+    return PeriodicReports(client_of, args.database, routing, directory.leads_of, sent, period=args.reports)
+
+
 def cmd_notify(args: argparse.Namespace) -> int:
     from kafka_client.admin import ensure_topics
     from sinks.consume_alerts import METRICS, AlertNotifier
@@ -91,6 +125,9 @@ def cmd_notify(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    if args.reports != "off" and routing.smtp is not None:
+        reports = periodic_reports(args, routing, notifier.sent)
+        threading.Thread(target=reports.run, args=(stop,), name="periodic-reports", daemon=True).start()
     notifier.run(stop)
     print(f"notifier stopped: {notifier.messages} messages sent, {notifier.failures} refused")
     return 0

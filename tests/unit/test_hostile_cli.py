@@ -122,6 +122,8 @@ CASES = [
     ("notify-routing-password-file", ["notify", "--routing", "{routing-password-file.toml}"], "/no/such/secret", U),
     ("notify-routing-bad-url", ["notify", "--routing", "{routing-bad-url.toml}"], "not a url", U),
     ("notify-routing-pages", ["notify", "--routing", "{routing-pages.toml}"], "gpufleet serve", U),
+    ("notify-reports-fortnight", ["notify", "--routing", "{routing-pages.toml}", "--reports", "fortnight"],
+     "invalid choice", U),
     ("notify-routing-directory", ["notify", "--routing", "{dir}"], "directory", U),
     ("notify-rates-bad", ["notify", "--routing", "{routing-ok.toml}", "--rates", "{rates-price-number.toml}"],
      "price_per_gpu_hour", U),
