@@ -26,16 +26,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support.sa
 MIN = 60_000
 
 
-def store(client, database: str, workflow_id: str, gpus: int, minutes: int, start_ms: int) -> None:
-    """The job's windows through the sink's writer, and its GPUs per minute straight into the rollup
-    (what the materialised view makes of 1 Hz samples: 60 s of samples a minute)."""
+def store(client, database: str, workflow_id: str, gpus: int, minutes: int, start_ms: int, owner: str = "ana",
+          first_offset: int = 0) -> None:
+    """The job's windows through the sink's writer (at Kafka offsets from ``first_offset``: each
+    job's its own, or the writer's deduplication takes them for a replay), and its GPUs per minute
+    straight into the rollup (what the materialised view makes of 1 Hz samples: 60 s a minute)."""
     from sinks.clickhouse_ddl import WORKFLOW_WINDOWS_TABLE
     from sinks.write_clickhouse import ClickHouseWriter, Row
     from tests.support.samples import window
 
     writer = ClickHouseWriter(client, database)
     writer.ensure_tables()
-    rows = [Row(0, m, window(workflow_id=workflow_id, owner="ana", team="vision", gpu_count=gpus,
+    rows = [Row(0, first_offset + m, window(workflow_id=workflow_id, owner=owner, team="vision", gpu_count=gpus,
                              window_start=start_ms + m * MIN, window_end=start_ms + (m + 1) * MIN,
                              gpu_seconds=60.0 * gpus, productive_gpu_seconds=50.0 * gpus,
                              idle_gpu_seconds=10.0 * gpus, sample_count=60 * gpus))
@@ -76,7 +78,7 @@ def main() -> None:
     start = (int(time.time() * 1000) - 8 * 86_400_000) // MIN * MIN
     t0 = time.perf_counter()
     store(client, "gpufleet", "big-7d-64gpu", 64, 7 * 1440, start)
-    store(client, "gpufleet", "small-1h-8gpu", 8, 60, start)
+    store(client, "gpufleet", "small-1h-8gpu", 8, 60, start, first_offset=7 * 1440)
     print(f"stored in {time.perf_counter() - t0:.1f} s")
     queries = QueryServer(path).start()
     server = AsgiServer(create_app(Service(find_server(path), "gpufleet", Directory(),

@@ -27,6 +27,9 @@ ABOUT = {
     "query_server": "The sink's query server: a second analyst's SELECT 1 while another query runs to its limit.",
     "job_page": "The owners' service: the page of a 7-day job on 64 GPUs at 1 Hz against a 1-hour job's, "
                 "over HTTP from the embedded engine's query server.",
+    "owners_load": "50 owners loading their job pages while the sink ingests at its full rate: the sink's rate "
+                   "against its rate alone, and the pages' latency (the sink, the service and the owners as "
+                   "processes of their own on this host).",
     "stream": "The whole worker on a real broker: samples a second against bare consume and decode, and the "
               "alert latency.",
     "fleet": "Several workers on a 3-broker cluster: two workers against one, a worker or the leading broker "

@@ -14,6 +14,7 @@ from gpufleet.commands.common import (
     kafka_args,
     kafka_connection,
     port,
+    positive,
     query_client,
     rates,
     rates_args,
@@ -57,6 +58,9 @@ def add(sub) -> None:
     p.add_argument("--base-url", default=os.environ.get("GPUFLEET_BASE_URL"),
                    help="the address users reach the service at, through the proxy (env GPUFLEET_BASE_URL; "
                         "default: http://HOST:PORT): the links of messages and of `gpufleet job`")
+    p.add_argument("--fresh-s", type=positive, default=30.0,
+                   help="a page read longer ago is read again, in the background (default 30 s: windows close "
+                        "once a minute)")
     p.add_argument("--no-actions", action="store_true",
                    help="take no actions (profile now, acknowledge, snooze, exemptions): no Kafka needed")
     kafka_args(p)
@@ -165,4 +169,5 @@ def build_service(args: argparse.Namespace, client):
         raise UsageError(str(exc)) from None
     return Service(client, args.database, directory, trust,
                    munge=None if args.no_munge else Munge(args.munge_socket),
-                   dev_user=args.dev_user if args.dev else None, base_url=args.base_url or "", rates=rates(args))
+                   dev_user=args.dev_user if args.dev else None, base_url=args.base_url or "", rates=rates(args),
+                   fresh_s=args.fresh_s)

@@ -10,6 +10,7 @@ may see: someone else's job answers 404 "no such job", as one that does not exis
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import urllib.parse
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from gpufleet.web import data
 from gpufleet.web.access import Directory, Viewer
 from gpufleet.web.actions import ACTION_HEADER, ActionRefused, Actions
 from gpufleet.web.identity import MUNGE_HEADER, IdentityError, Munge, ProxyTrust, request_payload
+from gpufleet.web.reading import Busy, Reader
 from schemas.validate_ids import id_error
 from sinks.job_report import Rates
 from sinks.route_alerts import page_url
@@ -47,6 +49,7 @@ class Service:
     base_url: str = ""
     rates: Rates = field(default_factory=Rates)
     actions: Actions | None = None  # None: the service takes no actions (no Kafka)
+    fresh_s: float = 30.0  # a page older than this is served and read again (gpufleet.web.reading)
 
 
 def job_url(base_url: str, workflow_id: str) -> str:
@@ -111,6 +114,7 @@ class Routes:
 
     def __init__(self, service: Service) -> None:
         self.service = service
+        self.reader = Reader(service.client, service.database, service.rates, fresh_s=service.fresh_s)
         self.env = Environment(loader=PackageLoader("gpufleet.web", "templates"), autoescape=select_autoescape())
         self.env.filters["quote"] = lambda v: urllib.parse.quote(str(v), safe="")
         self.env.filters["hours"] = lambda v: "-" if v is None else f"{v:,.2f}"
@@ -135,18 +139,19 @@ class Routes:
 
     def job_list(self, request: Request, **fixed) -> list[dict]:
         q = {**request.query_params, **fixed}
-        return data.jobs(self.service.client, self.service.database, self.viewer(request), self.since(request),
-                         q.get("state", "all"), q.get("owner") or None, q.get("team") or None, q.get("sort", "wasted"))
+        state, sort = q.get("state", "all"), q.get("sort", "wasted")
+        if state not in data.STATES or sort not in data.SORTS:
+            raise ValueError(f"state is one of {', '.join(data.STATES)}; sort one of {', '.join(data.SORTS)}")
+        return self.reader.jobs(self.viewer(request), self.since(request), state, q.get("owner") or None,
+                                q.get("team") or None, sort)
 
     def the_job(self, request: Request) -> dict | None:
         wf = request.path_params["workflow_id"]
-        if id_error("workflow_id", wf):
-            return None
-        return data.job(self.service.client, self.service.database, self.viewer(request), wf, self.service.rates)
+        return None if id_error("workflow_id", wf) else self.reader.job(self.viewer(request), wf)
 
     def totals(self, request: Request, team: str | None) -> dict | None:
-        return data.group_totals(self.service.client, self.service.database, self.viewer(request),
-                                 self.since(request), team)
+        return self.reader.totals(self.viewer(request), self.since(request), request.query_params.get("since", "7d"),
+                                  team)
 
     # -- pages -------------------------------------------------------------------------------
     def home(self, request: Request) -> Response:
@@ -189,23 +194,17 @@ class Routes:
         return JSONResponse({"jobs": self.job_list(request)})
 
     def api_job(self, request: Request) -> Response:
-        job = self.the_job(request)
-        if job is None:
-            return JSONResponse({"error": NOT_FOUND}, 404)
-        job["url"] = job_url(self.service.base_url, job["workflow_id"])
-        return JSONResponse(job)
+        wf = request.path_params["workflow_id"]
+        body = None if id_error("workflow_id", wf) else self.reader.job_json(
+            self.viewer(request), wf, job_url(self.service.base_url, wf))
+        return JSONResponse({"error": NOT_FOUND}, 404) if body is None else Response(body,
+                                                                                      media_type="application/json")
 
     def api_figures(self, request: Request) -> Response:
-        from gpufleet.web.figures import gpu_figure, waterfall_figure
-
         wf = request.path_params["workflow_id"]
-        job = None if id_error("workflow_id", wf) else data.waterfall(
-            self.service.client, self.service.database, self.viewer(request), wf, self.service.rates)
-        if job is None:
-            return JSONResponse({"error": NOT_FOUND}, 404)
-        series = data.gpu_series(self.service.client, self.service.database, wf)
-        return JSONResponse({"state": job["state"], "step_s": series["step_s"],
-                             "gpus": gpu_figure(series), "waterfall": waterfall_figure(job["waterfall"])})
+        body = None if id_error("workflow_id", wf) else self.reader.figures(self.viewer(request), wf)
+        return JSONResponse({"error": NOT_FOUND}, 404) if body is None else Response(body,
+                                                                                      media_type="application/json")
 
     def api_team(self, request: Request) -> Response:
         totals = self.totals(request, request.path_params["team"])
@@ -248,14 +247,16 @@ class Routes:
         if not isinstance(wf, str) or id_error("workflow_id", wf):
             return JSONResponse({"error": NOT_FOUND}, 404)
         viewer = self.viewer(request)
-        job = await run_in_threadpool(data.job, self.service.client, self.service.database, viewer, wf,
-                                      self.service.rates)
+        self.reader.forget(wf)  # what the action checks against is read now, and the page after it too
+        job = await run_in_threadpool(self.reader.job, viewer, wf)
         if job is None:
             return JSONResponse({"error": NOT_FOUND}, 404)
         try:
             action = await run_in_threadpool(self.service.actions.act, viewer, job, body)
         except ActionRefused as exc:
             return JSONResponse({"error": str(exc)}, 400)
+        finally:
+            self.reader.forget(wf)
         log.info("%s (%s) %s on %s", action["actor"], action["role"], action["kind"], wf)
         return JSONResponse(action, 202)
 
@@ -275,6 +276,17 @@ class Routes:
             return JSONResponse({"error": str(exc)}, 400)
         return PlainTextResponse(f"{exc}\n", 400)
 
+    @staticmethod
+    def unavailable(request: Request, exc: Exception) -> Response:
+        """Busy, or ClickHouse refused (its query sessions all taken): said, with when to try again."""
+        from sinks.write_clickhouse import refusal
+
+        said = str(exc) if isinstance(exc, Busy) else f"the fleet's database could not answer: {refusal(exc)}"
+        log.warning("%s: %s", request.url.path, said)
+        if request.url.path.startswith("/api/"):
+            return JSONResponse({"error": said}, 503, headers={"Retry-After": "5"})
+        return PlainTextResponse(said + "\n", 503, headers={"Retry-After": "5"})
+
 
 def create_app(service: Service) -> Starlette:
     r = Routes(service)
@@ -287,6 +299,14 @@ def create_app(service: Service) -> Starlette:
         Route("/api/sql", r.api_sql, methods=["POST"]), Route("/api/actions", r.api_action, methods=["POST"]),
         Route("/healthz", r.healthz), Route("/static/plotly.min.js", r.plotly_js),
     ]
-    app = Starlette(routes=routes, exception_handlers={ValueError: r.bad_request})
+    from clickhouse_connect.driver.exceptions import ClickHouseError
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        r.reader.stop()  # the served pages' watch ends with the server
+
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={ValueError: r.bad_request, Busy: r.unavailable, ClickHouseError: r.unavailable})
     app.add_middleware(WhoIsAsking, service=service)
     return app

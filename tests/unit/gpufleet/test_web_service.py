@@ -158,6 +158,29 @@ def test_every_route_refuses_whoever_it_cannot_tell(chdb_client, fleet):
         server.stop()
 
 
+def test_every_route_answers_the_wrong_user_as_if_the_job_did_not_exist(chdb_client, fleet):
+    """Every route the app lists, asked about the first owner's job and team by an owner of
+    another team: what is about that job, team or the fleet is refused (404, or 403 for what
+    owners never get), and what lists their own jobs does not name it."""
+    data, database = fleet
+    first, other, directory = people(data)
+    server, _ = serve(chdb_client, database, directory)
+    try:
+        for route in (r for r in server.app.routes if isinstance(r, Route) and r.path not in PUBLIC):
+            path = route.path.replace("{workflow_id:path}", first.workflow_id).replace("{team}", first.team)
+            method = min(route.methods - {"HEAD"})
+            body = {"sql": f"SELECT * FROM {database}.workflow_windows", "workflow_id": first.workflow_id,
+                    "kind": "PROFILE_NOW"} if method == "POST" else None
+            status, text = ask(server, path, other.owner, method, body)
+            if "{" in route.path or route.path in ("/fleet", "/api/fleet", "/api/sql", "/api/actions"):
+                assert status in (403, 404, 503), (route.path, status)
+            else:
+                assert status == 200, (route.path, status)
+            assert first.workflow_id not in text, route.path
+    finally:
+        server.stop()
+
+
 def test_development_mode_is_an_operator_on_loopback_only(chdb_client, fleet):
     _, database = fleet
     server, _ = serve(chdb_client, database, Directory(), trusted=(), dev_user="dev")
@@ -167,5 +190,26 @@ def test_development_mode_is_an_operator_on_loopback_only(chdb_client, fleet):
                                                       "operator": True, "via": "development"}
         assert ask(server, "/api/jobs/%2e%2e%2fetc")[0] == 404  # an id the contract does not allow
         assert ask(server, "/api/jobs?since=soon")[0] == 400
+    finally:
+        server.stop()
+
+
+def test_the_fleet_page_ranks_the_losses_as_gpufleet_opportunities_does(chdb_client, fleet):
+    from gpufleet.reports.opportunities import opportunities
+
+    data, database = fleet
+    first, _, directory = people(data)
+    server, _ = serve(chdb_client, database, directory)
+    try:
+        status, body = ask(server, "/api/fleet?since=all", "the-operator")
+        fleet_page = json.loads(body)
+        columns, rows = opportunities(chdb_client, database, "cause", "all", limit=10)
+        assert status == 200 and fleet_page["opportunities"]["columns"] == columns
+        assert [r[0] for r in fleet_page["opportunities"]["rows"]] == [r[0] for r in rows] and rows
+        status, body = ask(server, f"/api/teams/{first.team}?since=all", first.owner)
+        team_jobs = {w.workflow_id for w in data.fleet.workflows if w.team == first.team}
+        assert status == 200 and {r[0] for r in json.loads(body)["opportunities"]["rows"]} <= team_jobs
+        status, page = ask(server, "/fleet?since=all", "the-operator")
+        assert status == 200 and "Where the GPU-hours were lost most" in page and rows[0][0] in page
     finally:
         server.stop()
