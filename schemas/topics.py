@@ -13,8 +13,8 @@ import msgspec
 
 class TopicSpec(msgspec.Struct, frozen=True):
     """A topic's contract. ``partitions``: 1 for a topic that has one partition by design (the
-    fleet-wide scheduler, the dead letters); for the others the count used where the
-    deployment sets none (tests, the demo), since the deployment's ``--partitions`` decides."""
+    fleet-wide scheduler, the dead letters, the owners' actions); for the others the count used
+    where the deployment sets none (tests, the demo), since the deployment's ``--partitions`` decides."""
 
     name: str
     schema: str

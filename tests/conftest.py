@@ -30,10 +30,12 @@ def database(chdb_client: Client) -> Iterator[str]:
 ARTEFACTS = Path(os.environ.get("GPUFLEET_TEST_ARTEFACTS", Path(__file__).resolve().parents[1] / "test-artefacts"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
-    """One headless Chromium for the session, driven by Playwright: Debian's chromium (Playwright's
-    own browser downloads are not used); skipped, saying why, where either is missing."""
+    """A headless Chromium for a module's tests, driven by Playwright: Debian's chromium
+    (Playwright's own browser downloads are not used); skipped, saying why, where either is
+    missing. Not for the session: Playwright's sync API runs an event loop on the main thread for
+    as long as it lives, and every later test's ``asyncio.run`` would find it running."""
     chromium = shutil.which("chromium")
     try:
         from playwright.sync_api import sync_playwright

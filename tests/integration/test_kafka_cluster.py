@@ -16,7 +16,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 from gpufleet.local import kafka as local_kafka
 from kafka_client.admin import ensure_topics
 from kafka_client.config import consumer_config, producer_config
-from schemas.topics import ALL_TOPICS, DEAD_LETTERS, GPU_SAMPLES, PROFILE_SCHEDULE
+from schemas.topics import ALL_TOPICS, DEAD_LETTERS, GPU_SAMPLES, OWNER_ACTIONS, PROFILE_SCHEDULE
 from tests.support.integration import wait_until
 
 
@@ -43,7 +43,7 @@ def test_topics_are_replicated_as_the_cluster_allows_with_the_deployment_partiti
     topics = admin.list_topics(timeout=10).topics
     for spec in ALL_TOPICS:
         topic = topics[prefix + spec.name]
-        want = 1 if spec in (DEAD_LETTERS, PROFILE_SCHEDULE) else 12
+        want = 1 if spec in (DEAD_LETTERS, PROFILE_SCHEDULE, OWNER_ACTIONS) else 12  # one partition by design
         assert len(topic.partitions) == want, spec.name
         assert {len(p.replicas) for p in topic.partitions.values()} == {3}, spec.name
     resource = ConfigResource(ConfigResource.Type.TOPIC, prefix + GPU_SAMPLES.name)

@@ -48,7 +48,7 @@ def test_stopped_workflows_are_summarised(kafka, prefix, tmp_path, chdb_client, 
         assert s["wasted_gpu_seconds"] == pytest.approx(sum(1 - x["utilization_pct"] / 100 for x in mine), rel=1e-6)
         assert s["max_gpus"] == len(fleet.workflow(wf).gpus)
     idle = [w.workflow_id for w in fleet.workflows if w.profile.name == "idle"]
-    assert got[idle[0]]["alerts_fired"] == ["idle_allocated", "low_utilization"]
+    assert got[idle[0]]["alerts_fired"] == ["idle_allocated"]  # one alert for its one cause
 
 
 def test_a_workflow_its_agent_reported_ended_is_summarised(kafka, prefix, tmp_path):
