@@ -180,20 +180,6 @@ def job(client, database: str, viewer: Viewer, workflow_id: str, rates: Rates | 
     })
 
 
-def waterfall(client, database: str, viewer: Viewer, workflow_id: str, rates: Rates | None = None) -> dict | None:
-    """The job's state and waterfall (what its charts need), or None as ``job`` says."""
-    from gpufleet.reports.workflows import workflow_summary
-
-    known = owner_of(client, database, workflow_id)
-    if known is None or not viewer.sees(*known):
-        return None
-    summary, cluster = workflow_summary(client, database, workflow_id)
-    rates = rates or Rates()
-    return clean({"state": "running" if summary["end_reason"] == "still running" else
-                  (summary.get("end_state") or summary["end_reason"]),
-                  "waterfall": waterfall_rows(summary_waterfall(summary, rates, cluster), rates)})
-
-
 def alerts(client, database: str, workflow_id: str) -> list[dict]:
     """Each alert episode of the workflow with its life cycle (every transition, in order)."""
     rows = client.query(f"""
