@@ -55,7 +55,9 @@ def sample_count(client, database):
 
 def crash_then_resume(kafka, prefix, writer, batch_rows=1000):
     """A sink that crashes after its first insert, before its commit; then one that reads on to
-    the end. Returns the samples stored before the crash and the second sink."""
+    the end, in batches of the same ``batch_rows`` messages at most (so which batches hold what does
+    not hang on how fast the broker hands them over). Returns the samples stored before the crash
+    and the second sink."""
     topic = prefix + GPU_SAMPLES.name
     group = f"{prefix}sink"
     count = sample_count(writer.client, writer.database)
@@ -78,7 +80,7 @@ def crash_then_resume(kafka, prefix, writer, batch_rows=1000):
 
     stop = threading.Event()
     sink = ClickHouseSink(kafka.bootstrap, writer, group_id=group, topic_prefix=prefix,
-                          tables=(writer_table(),), batch_wait_s=0.3)
+                          tables=(writer_table(),), batch_rows=batch_rows, batch_wait_s=0.3)
     thread = threading.Thread(target=sink.run, args=(stop,), daemon=True)
     thread.start()
     try:
