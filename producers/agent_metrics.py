@@ -5,7 +5,8 @@ Health: ``gpufleet_agent_tick_seconds`` (what one tick cost: NVML, processes, ho
 spooling), ``gpufleet_agent_spool_records`` (records waiting to be sent),
 ``gpufleet_agent_spool_dropped_total`` (records the spool dropped when full), and, once a
 forwarder is attached, ``gpufleet_agent_records_sent_total`` and
-``gpufleet_agent_records_refused_total`` (records the brokers refused for good).
+``gpufleet_agent_records_refused_total`` (records the brokers refused for good); with serving
+endpoints, ``gpufleet_agent_serving_errors_total`` (readings that failed, by endpoint and reason).
 
 GPUs: ``gpufleet_gpu_utilization_percent``, ``_memory_used_bytes``, ``_power_watts``,
 ``_temperature_celsius``, ``_sm_active_percent``, ``_tensor_active_percent``, labelled with
@@ -41,6 +42,7 @@ class AgentMetrics(Collector):
     def __init__(self, spool) -> None:
         self.spool = spool
         self.forwarder = None  # a producers.forward_spool.Forwarder, for what it sent
+        self.serving = None  # a producers.serving.scrape.ServingReader, for its endpoints' failures
         self.latest: list[dict] = []  # replaced whole by each tick: a scrape reads one tick's samples
         self.registry = CollectorRegistry()
         self.tick_seconds = Histogram("gpufleet_agent_tick_seconds", "What one tick of the agent cost",
@@ -63,6 +65,13 @@ class AgentMetrics(Collector):
                                       value=self.forwarder.sent)
             yield CounterMetricFamily("gpufleet_agent_records_refused", "Records the brokers refused for good",
                                       value=self.forwarder.failed)
+        if self.serving is not None:
+            errors = CounterMetricFamily("gpufleet_agent_serving_errors", "Serving endpoint readings that failed, "
+                                         "by endpoint and reason (unreachable, timeout, garbage)",
+                                         labels=["endpoint", "reason"])
+            for (url, reason), n in sorted(self.serving.errors.items()):
+                errors.add_metric([url, reason], n)
+            yield errors
         samples = self.latest
         for name, doc, field in GPU_READINGS:
             family = GaugeMetricFamily(name, doc, labels=LABELS)

@@ -30,7 +30,7 @@ NAME = "GpuSampleColumns"
 CLOCK = "PartitionClock"  # also on the samples topic: the fleet's event time, no samples
 # What else the samples topic carries that holds no sample: the fleet's event time, and a job's
 # end from its scheduler (a WorkflowEvent, after the job's last samples from its host).
-NO_SAMPLES = frozenset({CLOCK, "WorkflowEvent", "UnobservedTime"})
+NO_SAMPLES = frozenset({CLOCK, "WorkflowEvent", "UnobservedTime", "ServingSample"})
 SHARED = ("host", "workflow_id", "owner", "team")
 
 

@@ -35,7 +35,8 @@ class TopicSpec(msgspec.Struct, frozen=True):
 
 GPU_SAMPLES = TopicSpec(
     "gpufleet.gpu-samples.v1", "GpuSample", "workflow_id", 8,
-    other_schemas=("GpuSampleColumns", "GpuSampleBatch", "PartitionClock", "WorkflowEvent", "UnobservedTime"),
+    other_schemas=("GpuSampleColumns", "GpuSampleBatch", "PartitionClock", "WorkflowEvent", "UnobservedTime",
+                   "ServingSample"),
     # the broker's time on each record, not the host's: what a sample's event time is judged
     # against (schemas.validate_sample.MAX_AHEAD_OF_KAFKA_MS)
     configs=(("message.timestamp.type", "LogAppendTime"),),
@@ -46,7 +47,8 @@ GPU_SAMPLES = TopicSpec(
         "which a partition whose samples stopped follows. A job's end from its scheduler (a "
         "WorkflowEvent ENDED, also on the workflow-events topic) follows the job's last samples "
         "from the host, so that the worker closes its windows when they are all in. UnobservedTime: "
-        "GPU time a job held on the host that no sample stands for (its agent was not running).",
+        "GPU time a job held on the host that no sample stands for (its agent was not running). "
+        "ServingSample: what a serving replica's engine did in the tick, beside its GPU samples.",
 )
 HOST_SAMPLES = TopicSpec(
     "gpufleet.host-samples.v1", "HostSample", "host", 8,
@@ -117,6 +119,11 @@ OWNER_ACTIONS = TopicSpec(
         "snoozed, exemptions asked for, approved or refused. One partition: few records, read whole by the "
         "notifier and the enforcer.",
 )
+SERVING_WINDOWS = TopicSpec(
+    "gpufleet.serving-windows.v1", "ServingWindow", "workflow_id", 4,
+    doc="One record per serving replica and closed window: the traffic it served and how it is judged "
+        "(busy, headroom, idle, saturated), with the capacity it showed.",
+)
 
 # The default of a deployment's --partitions: room for 32 workers (one read 128k samples a
 # second here in benchmarks/bench_fleet.py) before the topics must be recreated.
@@ -128,7 +135,7 @@ CO_PARTITIONED: tuple[TopicSpec, ...] = (GPU_SAMPLES, WORKFLOW_EVENTS, PROFILE_R
 ALL_TOPICS: tuple[TopicSpec, ...] = (
     GPU_SAMPLES, HOST_SAMPLES, WORKFLOW_EVENTS, WORKFLOW_WINDOWS, WORKFLOW_SUMMARIES, ALERTS, DEAD_LETTERS,
     KERNEL_EVENTS, TRACE_ANALYSES, FINDINGS, PROFILE_REQUESTS, PROFILE_STATUSES, PROFILE_RESULTS, PROFILE_SCHEDULE,
-    ENFORCEMENT, OWNER_ACTIONS,
+    ENFORCEMENT, OWNER_ACTIONS, SERVING_WINDOWS,
 )
 
 

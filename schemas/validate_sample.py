@@ -165,3 +165,27 @@ def unobserved_error(r: dict) -> str | None:
     if not 0.0 < gpus <= MAX_GPUS_PER_HOST:  # (False for NaN)
         return f"unobserved time of {gpus} GPUs: a host has 1 to {MAX_GPUS_PER_HOST}"
     return None
+
+
+SERVING_FIGURES = ("requests", "tokens", "running", "waiting", "queue_time_ms", "ttft_ms", "batch_size")
+MAX_SERVING_RATE = 1e9  # requests or tokens in one interval, a queue, a wait in ms: beyond any engine
+
+
+def serving_error(r: dict) -> str | None:
+    """None when a ``ServingSample`` can be used, else what is wrong with it: an event time
+    outside the bounds, an interval of none or over an hour, a figure that is negative, not a
+    number or beyond any engine, a KV cache's use outside 0..1, an empty service."""
+    if not MIN_EVENT_TIME_MS <= r["event_time"] <= MAX_EVENT_TIME_MS:
+        return f"event_time {r['event_time']} is outside 2000-01-01..2299-12-31 (expected epoch milliseconds)"
+    if not 0 < r["interval_ms"] <= MAX_INTERVAL_MS:
+        return f"interval_ms {r['interval_ms']} is outside 1..{MAX_INTERVAL_MS}"
+    if not r["service"].strip() or len(r["service"]) > 256 or not r["service"].isprintable():
+        return f"service {r['service'][:80]!r} is not a printable name of 1 to 256 characters"
+    for name in SERVING_FIGURES:
+        value = r.get(name)
+        if value is not None and not 0.0 <= value <= MAX_SERVING_RATE:  # (False for NaN)
+            return f"{name} {value} is outside 0..{MAX_SERVING_RATE:g}"
+    usage = r.get("kv_cache_usage")
+    if usage is not None and not 0.0 <= usage <= 1.0:
+        return f"kv_cache_usage {usage} is outside 0..1"
+    return None

@@ -56,6 +56,14 @@ def add(sub) -> None:
                    help="kubernetes: pod labels or annotations naming the job's owner, first found wins")
     p.add_argument("--team-labels", default="gpufleet.io/team",
                    help="kubernetes: pod labels or annotations naming the team (else the pod's namespace)")
+    p.add_argument("--serving-endpoint", action="append", type=_serving_endpoint, default=[], metavar="GPUS=URL",
+                   help="a serving engine's Prometheus endpoint on this host (vLLM, SGLang, TGI, Triton) and the "
+                        "GPUs of its replica: GPUS=URL[;service=NAME][;engine=ENGINE], e.g. "
+                        "0,1=http://127.0.0.1:8000/metrics;service=llama-70b; repeat per replica. Its traffic goes "
+                        "beside the replica's GPU samples, and the worker judges the replica by it")
+    p.add_argument("--serving-timeout-s", type=positive, default=2.0,
+                   help="seconds a serving endpoint may take to answer (it is read beside the GPU sampling, "
+                        "which never waits for it)")
     p.add_argument("--spool-dir", type=Path, default=None, help="default: <data dir>/agent-spool")
     p.add_argument("--spool-max-mb", type=positive_int, default=256)
     p.add_argument("--trace-spool-max-mb", type=positive_int, default=2048,
@@ -133,6 +141,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     agent = HostAgent(settings, spool, Codec(), nvml=nvml, simulated=simulated, attributor=ProcessAttributor(keys),
                       allocations=allocations)
     agent.metrics = AgentMetrics(spool)
+    agent.metrics.serving = serving_reader(args, agent, spool, host)
     serve_metrics(args, agent.metrics.registry)
     stop = threading.Event()
     # Profile requests for this host's workflows, answered beside the sampling loop.
@@ -157,11 +166,39 @@ def cmd_agent(args: argparse.Namespace) -> int:
     finally:
         stop.set()
         profiles.join(10)
+        if agent.metrics.serving is not None:
+            agent.metrics.serving.stop()
         if nvml is not None:
             nvml.close()
     print(f"agent stopped after {agent.ticks} ticks, {agent.samples} GPU samples; "
           f"{spool.dropped} dropped by a full spool")
     return 0
+
+
+def _serving_endpoint(text: str):
+    from producers.serving.scrape import EndpointSettingError, endpoint
+
+    try:
+        return endpoint(text)
+    except EndpointSettingError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def serving_reader(args: argparse.Namespace, agent, spool, host: str):
+    """The serving endpoints' reader (``--serving-endpoint``), started, its samples spooled beside
+    the GPU samples; None without endpoints."""
+    if not args.serving_endpoint:
+        return None
+    from producers.serving.scrape import ServingObserver, ServingReader
+    from schemas.topics import GPU_SAMPLES
+
+    topic = args.topic_prefix + GPU_SAMPLES.name
+    reader = ServingReader(args.serving_endpoint, args.interval, args.serving_timeout_s)
+    agent.observers.append(ServingObserver(reader, lambda schema, key, record: spool.append(
+        topic, key, agent.codec.encode(schema, record)), host))
+    reader.start()
+    print(f"reading {len(args.serving_endpoint)} serving endpoint(s) beside the GPUs")
+    return reader
 
 
 def allocation_source(args: argparse.Namespace):

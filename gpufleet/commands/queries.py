@@ -10,6 +10,7 @@ from pathlib import Path
 from gpufleet.commands.common import (
     check_id,
     clickhouse_args,
+    non_negative,
     positive,
     positive_int,
     query_client,
@@ -84,6 +85,16 @@ def add(sub) -> None:
     rates_args(p)
     p.add_argument("--limit", type=positive_int, default=20)
     p.set_defaults(func=cmd_goodput)
+
+    p = sub.add_parser("serving", help="serving services judged by their traffic: replicas held against those the "
+                                       "busiest span needed, and the GPU-hours held beyond them")
+    clickhouse_args(p)
+    p.add_argument("--since", default="7d", help="how far back: 7d, 12h, 30m, or all")
+    p.add_argument("--peak-span-s", type=positive, default=600.0,
+                   help="the span a peak is measured over (default 10 minutes)")
+    p.add_argument("--margin", type=non_negative, default=0.2,
+                   help="headroom a service keeps above its peak, as a fraction (default 0.2)")
+    p.set_defaults(func=cmd_serving)
 
     p = sub.add_parser("report", help="write the fleet report: one self-contained HTML file with charts")
     clickhouse_args(p)
@@ -270,6 +281,21 @@ def cmd_opportunities(args: argparse.Namespace) -> int:
         print(f"no wasted GPU-hours recorded (--since {args.since})")
         return 0
     print(FORMATS[args.format](columns, rows))
+    return 0
+
+
+def cmd_serving(args: argparse.Namespace) -> int:
+    from gpufleet.reports.opportunities import parse_since
+    from gpufleet.reports.serving import render, services
+
+    parse_since(args.since)  # checked before anything is asked
+    loads = services(query_client(args), args.database, args.since, args.peak_span_s, args.margin)
+    if not loads:
+        print(f"no serving replica recorded (--since {args.since}): replicas are judged by their traffic once the "
+              "agent reads their engines' endpoints (gpufleet agent --serving-endpoint) or a recorded fleet is "
+              "replayed (gpufleet replay)")
+        return 0
+    print(render(loads, args.peak_span_s, args.margin), end="")
     return 0
 
 

@@ -46,6 +46,7 @@ from schemas.topics import (
     PROFILE_RESULTS,
     PROFILE_SCHEDULE,
     PROFILE_STATUSES,
+    SERVING_WINDOWS,
     TRACE_ANALYSES,
     WORKFLOW_EVENTS,
     WORKFLOW_SUMMARIES,
@@ -77,7 +78,7 @@ def _sink_topics() -> tuple[TopicSpec, ...]:
 
 
 def rights(worker_app_id: str = DEFAULT_WORKER_APP_ID) -> dict[str, Rights]:
-    outputs = (WORKFLOW_WINDOWS, WORKFLOW_SUMMARIES, ALERTS, TRACE_ANALYSES, FINDINGS)
+    outputs = (WORKFLOW_WINDOWS, WORKFLOW_SUMMARIES, ALERTS, TRACE_ANALYSES, FINDINGS, SERVING_WINDOWS)
     return {
         "agent": Rights(reads=(PROFILE_REQUESTS,),
                         writes=(GPU_SAMPLES, HOST_SAMPLES, WORKFLOW_EVENTS, KERNEL_EVENTS, PROFILE_STATUSES,

@@ -34,6 +34,11 @@ class DetectorConfig(msgspec.Struct, frozen=True):
     input_bound_iowait_pct: float = 20.0  # ... its hosts wait on I/O this much
     input_bound_min_s: float = 600.0
     foreign_min_s: float = 60.0  # another workflow's processes on GPUs the scheduler gave this one
+    # Serving replicas (streams.serving.traffic): judged by their traffic, not their GPUs' utilisation.
+    idle_replica_min_s: float = 1800.0  # a replica that served no request for 30 minutes holds its GPUs for nothing
+    queue_target_ms: float = 1000.0  # requests that wait longer than this in the queue, on average ...
+    saturated_min_s: float = 300.0  # ... for 5 minutes: the service has too few replicas
+    headroom_margin: float = 0.3  # traffic within 30 % of the replica's capacity is busy; below it, headroom
 
 
 class Thresholds(msgspec.Struct, frozen=True):
@@ -270,12 +275,48 @@ def input_bound(w: dict, c: DetectorConfig) -> Violation | None:
     )
 
 
+def idle_replica(w: dict, c: DetectorConfig) -> Violation | None:
+    """A replica that served no request for ``idle_replica_min_s``, as its own traffic counts the
+    time (``streams.serving.traffic``: since its last request, across no gap in its readings)."""
+    s = w.get("serving")
+    if s is None or s["state"] != "IDLE":
+        return None
+    since = w["window_start"] if s.get("idle_since") is None else s["idle_since"]
+    minutes = (w["window_end"] - since) / 60_000
+    if minutes * 60 < c.idle_replica_min_s:
+        return None
+    return Violation(
+        "idle_replica", "WARNING", minutes, c.idle_replica_min_s / 60,
+        f"The replica of {s['service']} served no request for {minutes:.0f} min while it held {w['gpu_count']} "
+        f"GPU(s) ({w['gpu_seconds'] / 3600:.2f} GPU-hours in its last {_minutes(w):g}-min window).",
+        "Scale the deployment down when traffic is low (fewer replicas, or scale to zero), or send it traffic; "
+        "if it is kept warm on purpose, ask for an exemption on its page.",
+        0.0,  # the time is the replica's own idle time, above
+    )
+
+
+def saturated(w: dict, c: DetectorConfig) -> Violation | None:
+    s = w.get("serving")
+    if s is None or s["state"] != "SATURATED":
+        return None
+    queue = s.get("queue_time_ms")
+    said = (f"its requests waited {queue / 1000:.1f} s in the queue on average (target {c.queue_target_ms / 1000:g} s)"
+            if queue is not None else f"requests waited at every reading ({s.get('waiting_max') or 0:.0f} at most)")
+    return Violation(
+        "saturated", "WARNING", queue if queue is not None else float(s.get("waiting_max") or 0),
+        c.queue_target_ms if queue is not None else 0.0,
+        f"The replica of {s['service']} is saturated: {said}, at {s['requests_per_s']:.2f} requests/s.",
+        "Add replicas to the service (or raise its autoscaler's maximum), or raise the batch size the engine takes.",
+        c.saturated_min_s,
+    )
+
+
 # A detector: one kind of waste, a function of a closed window and the thresholds that returns
 # its violation or None. A new detector is a function here, added to DETECTORS, with a case in
 # tests/unit/streams/test_detect_waste.py (streams/traces/rules.py's rules work alike).
 DETECTORS: tuple[Callable[[dict, DetectorConfig], Violation | None], ...] = (
     low_utilization, idle_allocated, partial_use, imbalance, memory_underuse, throttling, hardware_fault,
-    input_bound, foreign_process,
+    input_bound, foreign_process, idle_replica, saturated,
 )
 
 

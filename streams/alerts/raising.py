@@ -8,8 +8,10 @@ What is judged is what the waterfall counts (``streams.windows.goodput``): a win
 sample (its GPU time unobserved: the agent was not running) is judged by no detector, and a
 condition that was building up (pending) starts again after it; a window holding start-up time
 is not judged by the detectors of how the GPUs are used (``USAGE``), since the waterfall counts
-those seconds as start-up, not as idle or low utilisation. When the workflow ends, every alert
-still firing resolves with the reason (``end_alerts``).
+those seconds as start-up, not as idle or low utilisation. Nor is a serving replica's window (one
+with ``serving`` figures, ``streams.serving.traffic``): a replica is judged by its traffic, by the
+detectors in ``SERVING``. When the workflow ends, every alert still firing resolves with the
+reason (``end_alerts``).
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ class AlertConfig:
 # The detectors of how the GPUs are used: the seconds the waterfall counts as start-up are start-up to them.
 USAGE = frozenset({"low_utilization", "idle_allocated", "partial_use", "imbalance", "memory_underuse", "input_bound"})
 
+SERVING = frozenset({"idle_replica", "saturated"})  # the detectors of a serving replica's traffic
+
 
 def raise_alerts(state: AlertState, window: dict, config: AlertConfig, now_ms: int, *,
                  thresholds: Thresholds) -> list[dict]:
@@ -53,16 +57,17 @@ def raise_alerts(state: AlertState, window: dict, config: AlertConfig, now_ms: i
     lifecycles = state.alerts
     state.wasted_s += wasted_seconds(window)  # as every report counts it (schemas.vocabulary)
     observed = window.get("sample_count", 1) > 0
+    serving = window.get("serving") is not None
     starting = (window.get("startup_gpu_seconds") or 0.0) > 0
     violations = detect(_with_job_totals(state, window), thresholds.for_team(window.get("team"))) if observed else {}
     out = []
     for fn in DETECTORS:
         name = fn.__name__
-        if not observed or (starting and name in USAGE):
+        if not observed or (starting and name in USAGE) or (name in SERVING and not serving):
             if not observed and name in lifecycles:
                 lifecycles[name] = interrupt(lifecycles[name])  # nothing seen: nothing builds up
             continue
-        v = violations.get(name)
+        v = None if serving and name in USAGE else violations.get(name)  # a replica: judged by its traffic
         if v is not None and config.min_duration_s is not None:
             v = replace(v, min_duration_s=config.min_duration_s)
         new, alert = step(lifecycles.get(name, {}), name, v, window, state.wasted_s, config.lifecycle, now_ms)

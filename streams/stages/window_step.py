@@ -31,18 +31,20 @@ from schemas.topics import (
     GPU_SAMPLES,
     PROFILE_REQUESTS,
     PROFILE_SCHEDULE,
+    SERVING_WINDOWS,
     WORKFLOW_EVENTS,
     WORKFLOW_SUMMARIES,
     WORKFLOW_WINDOWS,
     TopicSpec,
 )
 from schemas.validate_ids import ids_error
-from schemas.validate_sample import NOT_WORKFLOWS, unobserved_error
+from schemas.validate_sample import NOT_WORKFLOWS, serving_error, unobserved_error
 from streams.alerts.raising import end_alerts, raise_alerts
 from streams.enforcement.ladder import climb, stand_down
 from streams.profiling.auto import auto_profile_requests
 from streams.profiling.root_cause import apply_profile_result
 from streams.profiling.schedule import is_periodic
+from streams.serving import traffic
 from streams.settings import StreamSettings
 from streams.windows import workflow_state
 from streams.windows.batches import BatchResult, Incoming
@@ -52,6 +54,7 @@ from streams.windows.utilization import WindowAggregator
 log = logging.getLogger(__name__)
 
 UNOBSERVED = "UnobservedTime"
+SERVING = "ServingSample"
 
 
 @dataclass(frozen=True)
@@ -105,7 +108,13 @@ class WindowStep:
         index_of: dict[int, int] = {}
         for d in batch:
             index_of[d.offset] = d.index
-            if d.name == CLOCK:
+            if d.name == SERVING:  # before the samples whose windows may close in this batch
+                reason = ids_error(d.record) or serving_error(d.record) or self._serving(partition, d)
+                if reason:
+                    out.dead.append((d.index, reason))
+                out.changed.add(d.record["workflow_id"])
+                out.stats["serving_samples"] += reason is None
+            elif d.name == CLOCK:
                 clocks.append(d.record["event_time"])
             elif d.name == WORKFLOW_EVENTS.schema and d.record["event"] == "ENDED":
                 reason = ids_error(d.record)
@@ -132,6 +141,14 @@ class WindowStep:
         out.stats["refused"] += len(result.refused)
         out.stats["replayed"] += result.replayed
         return out
+
+    def _serving(self, partition: int, d: Decoded) -> str | None:
+        """A replica's checked ``ServingSample`` into its window's figures; why not, or None."""
+        r = d.record
+        state = self.aggregator.state_of(r["workflow_id"], partition, r.get("owner"), r.get("team"))
+        if state.serving is None:
+            state.serving = {}
+        return traffic.add(state.serving, r, d.offset, self.settings.window.size_ms)
 
     def _scheduler_end(self, out: Output, partition: int, event: dict, now: int) -> None:
         """A job's end from its scheduler, read after the samples its agent sent before it (they
@@ -204,7 +221,7 @@ class WindowStep:
         windows late samples completed (judged once, when they closed: no alerts again); then
         the workflows that ended now: their alerts resolved and their ladders stood down, and
         the summaries of those and of ended ones whose totals changed."""
-        alerts, requests, steps = self._judge(result.closed, now)
+        alerts, requests, steps, served = self._judge(result.closed, now)
         corrected = self._correct(result)
         ended = self._end(partition, result)
         for wf in sorted(ended):
@@ -216,6 +233,8 @@ class WindowStep:
                      if (record := summary(wf, self.store[wf], self.store[wf].end_reason or "ended", now)) is not None]
         for window in [*result.closed, *(window for window, _ in result.updated)]:
             out.send(WORKFLOW_WINDOWS, window)
+        for record in served:  # a replica's window, judged by its traffic
+            out.send(SERVING_WINDOWS, record)
         for alert in alerts:
             out.send(ALERTS, alert)
         for request in requests:  # the root cause of the waste, while the owner reads the alert
@@ -233,20 +252,27 @@ class WindowStep:
         out.stats["alerts"] += len(alerts)
         out.stats["summaries"] += len(summaries)
 
-    def _judge(self, closed: list[dict], now: int) -> tuple[list[dict], list[dict], list[dict]]:
-        """The alerts, profile requests and enforcement steps of newly closed windows; their job totals."""
-        alerts, requests, steps = [], [], []
+    def _judge(self, closed: list[dict], now: int) -> tuple[list[dict], list[dict], list[dict], list[dict]]:
+        """The alerts, profile requests, enforcement steps and serving windows of newly closed
+        windows; their job totals. A serving replica's window is judged with its traffic."""
+        alerts, requests, steps, served = [], [], [], []
         for window in closed:
             if window["workflow_id"] in NOT_WORKFLOWS:
                 continue  # GPUs no workflow holds: capacity, counted by their windows; nobody to alert
             state = self.store.get(window["workflow_id"])
             if state is not None:  # (a workflow forgotten in this batch has no more alerts)
-                raised = raise_alerts(state, window, self.settings.alerts, now, thresholds=self.settings.thresholds)
+                judged = window
+                if state.serving is not None:
+                    figures, record = traffic.close(state.serving, window,
+                                                    self.settings.thresholds.for_team(window.get("team")), now)
+                    judged = {**window, "serving": figures}
+                    served.append(record)
+                raised = raise_alerts(state, judged, self.settings.alerts, now, thresholds=self.settings.thresholds)
                 accumulate(state, window, raised)
                 alerts += raised
                 requests += auto_profile_requests(state, raised, self.settings.auto_profile, now)
-                steps += climb(state, window, self.settings.enforcement, now)
-        return alerts, requests, steps
+                steps += climb(state, judged, self.settings.enforcement, now)
+        return alerts, requests, steps, served
 
     def _correct(self, result: BatchResult) -> set[str]:
         """Job totals corrected for windows late samples completed; the ended workflows among them."""

@@ -39,6 +39,7 @@ from schemas.topics import (
     PROFILE_REQUESTS,
     PROFILE_RESULTS,
     PROFILE_SCHEDULE,
+    SERVING_WINDOWS,
     WORKFLOW_EVENTS,
     WORKFLOW_SUMMARIES,
     WORKFLOW_WINDOWS,
@@ -89,7 +90,8 @@ class WindowStage:
         self.topics = {spec.name: topic for spec, topic in (
             (WORKFLOW_WINDOWS, self.windows_topic), (WORKFLOW_SUMMARIES, self.summaries_topic),
             (ALERTS, self.alerts_topic), (PROFILE_REQUESTS, self.requests_topic),
-            (PROFILE_SCHEDULE, self.schedule_topic), (ENFORCEMENT, self.enforcement_topic))}
+            (PROFILE_SCHEDULE, self.schedule_topic), (ENFORCEMENT, self.enforcement_topic),
+            (SERVING_WINDOWS, topic(SERVING_WINDOWS)))}
         # The samples topic has no gaps in its offsets: a partition's messages are applied in order.
         self.samples_name = settings.topic(GPU_SAMPLES.name)
         faust_fixes.CONTIGUOUS.add(self.samples_name)

@@ -18,6 +18,7 @@ the life cycle, again           ``scheduler_job_id``, ``cluster``, ``cmdline``, 
                                 ``scheduler``, ``allocated_at``, ``ended_at``, ``end_state`` and the exit
                                 (the scheduler's start, end and how the job ended)
 ``streams.enforcement.ladder``          ``ladders`` (each ladder's steps taken in the current episode)
+``streams.serving.traffic``     ``serving`` (a replica's traffic by window, its capacity; None: not serving)
 ==============================  ===================================================================
 
 The changelog holds ``{"v": STATE_VERSION, "state": {...}}`` (JSON, by msgspec). Version 0 is
@@ -74,6 +75,7 @@ class WorkflowState(msgspec.Struct, kw_only=True):
     exit_code: int | None = None
     exit_signal: int | None = None
     cancelled_by: str | None = None
+    serving: dict | None = None  # a serving replica's traffic (``streams.serving.traffic``); None: not one
 
 
 class _Written(msgspec.Struct):

@@ -4,9 +4,15 @@ import pytest
 
 from streams.alerts.detectors import DEFAULTS, DETECTORS, DetectorConfig, detect
 from streams.windows.workflow_state import WorkflowState
-from tests.support.samples import window
+from tests.support.samples import BASE_MS, window
 
 CFG = DetectorConfig()
+
+
+def serving(state, **figures):
+    """A serving replica's figures for its window (``streams.serving.traffic.close``)."""
+    return {"state": state, "service": "sd-xl", "requests": 0.0, "requests_per_s": 0.0, "queue_time_ms": None,
+            "waiting_max": None, "capacity_per_s": 2.0, "idle_since": None, **figures}
 
 
 CASES = [
@@ -30,6 +36,13 @@ CASES = [
     ({"utilization_mean_pct": 80.0, "workflow_cpu_mean_pct": 800.0, "gpu_count": 2}, set()),
     ({"foreign_workflows": ["wf-b"]}, {"foreign_process"}),
     ({"foreign_workflows": []}, set()),
+    # A serving replica: judged by its traffic (raise_alerts sets the GPU-usage detectors aside for it).
+    ({"serving": serving("IDLE", idle_since=0)}, {"idle_replica"}),
+    ({"serving": serving("IDLE", idle_since=BASE_MS + 60_000 - 600_000)}, set()),  # idle 10 min of the 30 it takes
+    ({"serving": serving("SATURATED", queue_time_ms=2500.0, requests_per_s=2.0)}, {"saturated"}),
+    ({"serving": serving("SATURATED", waiting_max=7.0, requests_per_s=2.0)}, {"saturated"}),
+    ({"serving": serving("HEADROOM", requests_per_s=0.4)}, set()),
+    ({"serving": serving("BUSY", requests_per_s=1.9)}, set()),
 ]
 
 

@@ -1,0 +1,165 @@
+"""What a serving engine's Prometheus endpoint says of its traffic, read with the Prometheus
+client library's own parser (``prometheus_client.parser``), never by hand.
+
+Each engine names its metrics its own way, and renames them between releases; ``ENGINES`` holds
+each one's names as its documentation lists them, newest first, so that one reading serves every
+release:
+
+- vLLM (docs.vllm.ai, "Production Metrics"): ``vllm:num_requests_running``/``_waiting``,
+  ``vllm:request_success_total``, ``vllm:generation_tokens_total``, the histograms
+  ``vllm:request_queue_time_seconds`` and ``vllm:time_to_first_token_seconds``, and the KV cache's
+  use, ``vllm:kv_cache_usage_perc`` (``vllm:gpu_cache_usage_perc`` before v0.10).
+- SGLang (docs.sglang.io, "Production Metrics"): ``sglang:num_running_reqs``,
+  ``sglang:num_queue_reqs``, ``sglang:num_requests_total`` (or the end-to-end latency histogram's
+  count where a release has no such counter), ``sglang:generation_tokens_total``,
+  ``sglang:queue_time_seconds``, ``sglang:time_to_first_token_seconds``, ``sglang:token_usage``.
+- Hugging Face TGI (its "Metrics" reference): ``tgi_batch_current_size``, ``tgi_queue_size``,
+  ``tgi_request_success`` (``tgi_request_count`` counts failures too), the histograms
+  ``tgi_request_queue_duration`` and ``tgi_request_generated_tokens``.
+- NVIDIA Triton (its "Metrics" guide): ``nv_inference_request_success``,
+  ``nv_inference_pending_request_count``, ``nv_inference_queue_duration_us`` (a counter of
+  microseconds: the mean queue time is its growth over the requests'), ``nv_inference_exec_count``
+  over ``nv_inference_count`` for the batch size.
+
+A reading (``Reading``) is cumulative, as the endpoint is; ``traffic`` turns two readings into
+what a ``ServingSample`` carries for the time between them. A counter that went down is an
+engine that restarted: its new value is what it counted since.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+
+class EndpointError(ValueError):
+    """An endpoint's text that is not Prometheus' exposition format, or names no engine's metrics."""
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    prefix: str  # every metric of the engine starts with it: how a scrape names its engine
+    requests: tuple[str, ...]  # counters (or a histogram's _count) of requests finished
+    running: tuple[str, ...] = ()
+    waiting: tuple[str, ...] = ()
+    tokens: tuple[str, ...] = ()  # counters (or a histogram's _sum) of tokens generated
+    queue_seconds: tuple[str, ...] = ()  # histograms of the time requests waited, in seconds
+    queue_us_total: tuple[str, ...] = ()  # counters of the microseconds requests waited (Triton)
+    ttft_seconds: tuple[str, ...] = ()  # histograms of the time to the first token
+    kv_cache: tuple[str, ...] = ()  # gauges of the KV cache's use, 0..1
+    batch: tuple[str, ...] = ()  # a gauge of the batch's size
+    executions: tuple[str, ...] = ()  # counters: (executions, inferences), the mean batch their ratio
+    model_labels: tuple[str, ...] = ("model_name", "model")
+
+
+ENGINES: dict[str, Engine] = {e.name: e for e in (
+    Engine("vllm", "vllm:", requests=("vllm:request_success_total", "vllm:e2e_request_latency_seconds_count"),
+           running=("vllm:num_requests_running",), waiting=("vllm:num_requests_waiting",),
+           tokens=("vllm:generation_tokens_total",), queue_seconds=("vllm:request_queue_time_seconds",),
+           ttft_seconds=("vllm:time_to_first_token_seconds",),
+           kv_cache=("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")),
+    Engine("sglang", "sglang:", requests=("sglang:num_requests_total", "sglang:e2e_request_latency_seconds_count"),
+           running=("sglang:num_running_reqs",), waiting=("sglang:num_queue_reqs",),
+           tokens=("sglang:generation_tokens_total",), queue_seconds=("sglang:queue_time_seconds",),
+           ttft_seconds=("sglang:time_to_first_token_seconds",), kv_cache=("sglang:token_usage",)),
+    Engine("tgi", "tgi_", requests=("tgi_request_success",),
+           running=("tgi_batch_current_size",), waiting=("tgi_queue_size",),
+           tokens=("tgi_request_generated_tokens_sum",), queue_seconds=("tgi_request_queue_duration",),
+           batch=("tgi_batch_current_size",)),
+    Engine("triton", "nv_inference_", requests=("nv_inference_request_success",),
+           waiting=("nv_inference_pending_request_count",), queue_us_total=("nv_inference_queue_duration_us",),
+           executions=("nv_inference_exec_count", "nv_inference_count"), model_labels=("model",)),
+)}
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One scrape of an endpoint: its engine, the model it serves, and the sums over every label
+    set of each metric the engine names (histograms as their ``_sum`` and ``_count``)."""
+
+    engine: str
+    model: str | None
+    values: dict[str, float] = field(default_factory=dict)
+
+    def get(self, name: str) -> float | None:
+        """A metric by the name its engine documents (the parser names a counter's sample
+        ``<name>_total`` where the text does not)."""
+        value = self.values.get(name)
+        return self.values.get(f"{name}_total") if value is None else value
+
+    def first(self, names: tuple[str, ...]) -> float | None:
+        """The value of the first of ``names`` the endpoint has (the newest name first)."""
+        return next((v for n in names if (v := self.get(n)) is not None), None)
+
+
+def parse(text: str, engine: str | None = None) -> Reading:
+    """A scrape's text as a ``Reading``; ``engine`` names the engine where the text alone may not
+    (else the prefix of its metrics does). Raises ``EndpointError`` on text that is not the
+    exposition format, or that holds no engine's metrics."""
+    values: dict[str, float] = {}
+    models: list[str] = []
+    try:
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name.endswith("_bucket") or s.name.endswith("_created"):
+                    continue
+                values[s.name] = values.get(s.name, 0.0) + float(s.value)
+                models += [s.labels[k] for k in ("model_name", "model") if s.labels.get(k)]
+    except (ValueError, TypeError, KeyError, IndexError) as exc:
+        raise EndpointError(f"not Prometheus' text format: {exc}") from None
+    if engine is None:
+        engine = next((e.name for e in ENGINES.values() if any(n.startswith(e.prefix) for n in values)), None)
+    spec = ENGINES.get(engine or "")
+    if spec is None:
+        raise EndpointError("no serving engine's metrics (vLLM, SGLang, TGI, Triton) in the text")
+    if Reading(spec.name, None, values).first(spec.requests) is None:
+        raise EndpointError(f"no {spec.name} request counter ({' or '.join(spec.requests)}) in the text")
+    return Reading(spec.name, models[0] if models else None, values)
+
+
+def _grown(before: float | None, after: float | None) -> float | None:
+    """A counter's growth; a counter that went down restarted (its value is what it counted since)."""
+    if after is None:
+        return None
+    if before is None or after < before:
+        return after if before is not None else None
+    return after - before
+
+
+def _histogram(prev: Reading, cur: Reading, names: tuple[str, ...]) -> tuple[float | None, float | None]:
+    """(growth of the sum, growth of the count) of the first histogram of ``names`` both have."""
+    for n in names:
+        if f"{n}_count" in cur.values:
+            return (_grown(prev.values.get(f"{n}_sum"), cur.values.get(f"{n}_sum")),
+                    _grown(prev.values.get(f"{n}_count"), cur.values.get(f"{n}_count")))
+    return None, None
+
+
+def traffic(prev: Reading, cur: Reading) -> dict:
+    """What the engine did between two readings of one endpoint: requests finished, tokens
+    generated, the mean queue time and time to first token of the requests that finished (ms),
+    and the gauges as ``cur`` read them. Fields the engine does not report are None."""
+    spec = ENGINES[cur.engine]
+    requests = _grown(prev.first(spec.requests), cur.first(spec.requests)) or 0.0
+    q_sum, q_count = _histogram(prev, cur, spec.queue_seconds)
+    queue_ms = q_sum * 1000 / q_count if q_sum is not None and q_count else None
+    if spec.queue_us_total:
+        waited = _grown(prev.first(spec.queue_us_total), cur.first(spec.queue_us_total))
+        queue_ms = waited / 1000 / requests if waited is not None and requests else None
+    t_sum, t_count = _histogram(prev, cur, spec.ttft_seconds)
+    batch = cur.first(spec.batch)
+    if spec.executions:
+        execs, inferences = (_grown(prev.get(n), cur.get(n)) for n in spec.executions)
+        batch = inferences / execs if execs and inferences is not None else None
+    return {
+        "requests": requests,
+        "tokens": _grown(prev.first(spec.tokens), cur.first(spec.tokens)),
+        "running": cur.first(spec.running),
+        "waiting": cur.first(spec.waiting),
+        "queue_time_ms": queue_ms,
+        "ttft_ms": t_sum * 1000 / t_count if t_sum is not None and t_count else None,
+        "kv_cache_usage": cur.first(spec.kv_cache),
+        "batch_size": batch,
+    }

@@ -1,0 +1,1 @@
+"""Serving replicas judged by the traffic they serve (``traffic.py``)."""

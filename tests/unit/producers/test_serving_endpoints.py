@@ -1,0 +1,152 @@
+"""The serving engines' endpoints as the agent reads them: each engine's documented scrape text
+(``tests/data/serving``, with its source) parsed by the Prometheus client's parser, the renames
+between releases, and an endpoint that is down, slow or answers garbage never holding up a tick."""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from producers.serving.engines import EndpointError, parse, traffic
+from producers.serving.scrape import Endpoint, EndpointSettingError, ServingObserver, ServingReader, endpoint, fetch
+from schemas.codec import Codec
+
+DATA = Path(__file__).resolve().parents[2] / "data" / "serving"
+
+
+def read(name: str, engine: str | None = None):
+    return parse((DATA / f"{name}.prom").read_text(), engine)
+
+
+@pytest.mark.parametrize("engine, first, later, expected", [
+    ("vllm", "vllm-0.6", "vllm-0.6-later",
+     {"requests": 100.0, "tokens": 12000.0, "running": 6.0, "waiting": 3.0, "queue_time_ms": 100.0, "ttft_ms": 120.0,
+      "kv_cache_usage": 0.42, "batch_size": None}),
+    ("sglang", "sglang", "sglang-later",
+     {"requests": 200.0, "tokens": 10000.0, "running": 12.0, "waiting": 5.0, "queue_time_ms": None,
+      "ttft_ms": 250.0, "kv_cache_usage": 0.28, "batch_size": None}),
+    ("tgi", "tgi", "tgi-later",
+     {"requests": 50.0, "tokens": 10000.0, "running": 16.0, "waiting": 4.0, "queue_time_ms": 500.0,
+      "ttft_ms": None, "kv_cache_usage": None, "batch_size": 16.0}),
+    ("triton", "triton", "triton-later",  # queue: 800,000 us over 400 requests; batch: 4,000 inferences in 200 runs
+     {"requests": 400.0, "tokens": None, "running": None, "waiting": 2.0, "queue_time_ms": 2.0, "ttft_ms": None,
+      "kv_cache_usage": None, "batch_size": 20.0}),
+])
+def test_each_engines_endpoint_gives_the_traffic_between_two_readings(engine, first, later, expected):
+    before, after = read(first), read(later)
+    assert before.engine == after.engine == engine
+    assert traffic(before, after) == pytest.approx(expected)
+
+
+def test_the_model_is_the_engines_label():
+    assert read("vllm-0.6").model == "meta-llama/Llama-3.1-8B-Instruct"
+    assert read("triton").model == "resnet50"
+    assert read("tgi").model is None  # TGI serves one model and does not label it: the setting names the service
+
+
+def test_vllms_kv_cache_metric_renamed_in_0_10_reads_the_same():
+    old, new = read("vllm-0.6"), read("vllm-0.10")
+    assert "vllm:gpu_cache_usage_perc" in old.values and "vllm:kv_cache_usage_perc" in new.values
+    assert traffic(old, old)["kv_cache_usage"] == traffic(new, new)["kv_cache_usage"] == 0.42
+
+
+def test_an_engine_that_restarted_counts_from_zero_again():
+    before, after = read("vllm-0.6-later"), read("vllm-0.10")  # success 1,100 -> 500: a restart
+    assert traffic(before, after)["requests"] == 500.0
+
+
+@pytest.mark.parametrize("text, why", [
+    ("<html>502 Bad Gateway</html>", "not Prometheus"),
+    ("node_cpu_seconds_total 12\n", "no serving engine"),
+    ("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n", "no vllm request counter"),
+    ("vllm:request_success_total{model_name=\"a\" 3\n", "not Prometheus"),
+])
+def test_garbage_is_refused_with_the_reason(text, why):
+    with pytest.raises(EndpointError, match=why):
+        parse(text)
+
+
+def test_the_setting_names_gpus_url_service_and_engine():
+    assert endpoint("0,1=http://127.0.0.1:8000/metrics;service=llama-70b;engine=vllm") == \
+        Endpoint((0, 1), "http://127.0.0.1:8000/metrics", "vllm", "llama-70b")
+    for bad in ("http://x/metrics", "a=http://x", "0=ftp://x", "0=http://x;colour=red", "0=http://x;engine=onnx",
+                "-1=http://x"):
+        with pytest.raises(EndpointSettingError, match="GPUS=URL|options are"):
+            endpoint(bad)
+
+
+class Engine(BaseHTTPRequestHandler):
+    """A serving engine's endpoint: ``/good`` the vLLM text, ``/garbage``, ``/slow`` (answers
+    only once the test lets it)."""
+
+    release = threading.Event()
+    pages: ClassVar[dict[str, bytes]] = {"/good": (DATA / "vllm-0.6.prom").read_bytes(),
+                                         "/garbage": b"\x00\xffnot metrics{"}
+
+    def do_GET(self):
+        if self.path == "/slow":
+            self.release.wait(30)
+        body = self.pages.get(self.path, self.pages["/good"])
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def server():
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    Engine.release.set()
+    httpd.shutdown()
+    Engine.release.clear()
+
+
+def test_an_endpoint_down_slow_or_garbled_is_counted_and_never_holds_up_a_tick(server):
+    import socket
+
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    down = f"http://127.0.0.1:{closed.getsockname()[1]}/metrics"
+    closed.close()
+    endpoints = [Endpoint((0,), f"{server}/good"), Endpoint((1,), down), Endpoint((2,), f"{server}/garbage"),
+                 Endpoint((3,), f"{server}/slow")]
+    times = iter(range(100, 200, 10))
+    reader = ServingReader(endpoints, interval_s=1.0, timeout_s=0.5, get=fetch, clock=lambda: float(next(times)))
+    for i in range(3):
+        reader.read_once(i)
+    assert dict(reader.errors) == {(down, "unreachable"): 1, (f"{server}/garbage", "garbage"): 1}
+    slow = threading.Thread(target=reader.read_once, args=(3,))
+    slow.start()  # the slow endpoint's read is in flight (its own thread, as the reader runs it) ...
+    spooled = []
+    observe = ServingObserver(reader, lambda schema, key, record: spooled.append(record), host="h")
+    samples = [{"gpu_index": g, "gpu_uuid": f"GPU-{g}", "workflow_id": "svc-1", "owner": "ana", "team": "ml"}
+               for g in range(4)]
+    observe(samples, {})  # ... and a tick goes on: nothing to send yet (one reading of /good)
+    reader.read_once(0)
+    observe(samples, {})
+    assert [(r["workflow_id"], r["gpu_uuids"], r["service"], r["engine"], r["interval_ms"]) for r in spooled] == \
+        [("svc-1", ["GPU-0"], "meta-llama/Llama-3.1-8B-Instruct", "vllm", 10_000)]
+    Codec().encode("ServingSample", spooled[0])  # what the agent spools is the schema's
+    slow.join(10)
+    assert (f"{server}/slow", "timeout") in reader.errors and not slow.is_alive()
+
+
+def test_a_replica_whose_gpus_no_workflow_holds_sends_nothing():
+    reader = ServingReader([Endpoint((5,), "http://x/metrics")], interval_s=1.0)
+    reader._latest[0] = (1.0, read("vllm-0.6"))
+    reader.pairs()
+    reader._latest[0] = (2.0, read("vllm-0.6-later"))
+    spooled = []
+    observe = ServingObserver(reader, lambda *a: spooled.append(a), host="h")
+    observe([{"gpu_index": 5, "gpu_uuid": "GPU-5", "workflow_id": "unallocated"}], {})
+    assert spooled == [] and observe.unattributed == 1

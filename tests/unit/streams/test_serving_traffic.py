@@ -1,0 +1,112 @@
+"""A serving replica judged by its traffic through the window stage's step (no app, no broker):
+busy, headroom, idle and saturated windows, the capacity it showed and where from, idle time that
+a gap in its readings does not stretch, one idle-replica alert where a training job would get
+low-utilisation ones; and a service's replicas needed, as a property."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from schemas.topics import ALERTS, SERVING_WINDOWS
+from streams.serving.service import load, replicas_needed
+from streams.stages.window_step import Decoded
+from tests.support.samples import BASE_MS
+from tests.support.window_step import Feed, make, ticks
+
+WF = "svc-sd-0"
+
+
+def served(t_s: int, requests: float, interval_s: int = 10, queue_ms: float | None = 50.0, wf: str = WF):
+    return ("ServingSample", {
+        "workflow_id": wf, "host": "gpu-host-000", "owner": "ana", "team": "vision", "gpu_uuids": ["GPU-0", "GPU-1"],
+        "service": "sd-xl", "engine": "vllm", "event_time": BASE_MS + t_s * 1000, "interval_ms": interval_s * 1000,
+        "requests": requests, "tokens": None, "running": None, "waiting": None, "queue_time_ms": queue_ms,
+        "ttft_ms": None, "kv_cache_usage": None, "batch_size": None})
+
+
+def run(minutes: list[tuple[float, float | None]], util: float = 5.0, gap_after: int | None = None):
+    """A replica minute by minute: (requests in the minute, their mean queue time); a reading each
+    10 s beside its GPU samples. ``gap_after``: its readings stop for 10 minutes after that minute."""
+    step, store = make()
+    feed = Feed(step)
+    t0 = 0
+    for m, (requests, queue) in enumerate(minutes):
+        start = t0 + m * 60
+        for k in range(6):
+            t = start + k * 10
+            gap = k == 0 and gap_after is not None and m == gap_after + 1
+            feed(served(t, requests / 6, interval_s=600 if gap else 10, queue_ms=queue), *ticks(WF, t, t + 10, util))
+        if gap_after is not None and m == gap_after:
+            t0 += 600
+    feed(*ticks("other", t0 + len(minutes) * 60 + 3600, t0 + len(minutes) * 60 + 3601))  # the fleet moves on
+    return feed, store
+
+
+def test_each_window_is_busy_headroom_idle_or_saturated_against_the_capacity_it_showed():
+    feed, _ = run([(60, 50.0), (120, 40.0), (30, 60.0), (0, None), (240, 4000.0), (110, 80.0)])
+    windows = feed.of(SERVING_WINDOWS)
+    assert [w["state"] for w in windows] == ["BUSY", "BUSY", "HEADROOM", "IDLE", "SATURATED", "BUSY"]
+    assert [round(w["requests_per_s"], 3) for w in windows] == [1.0, 2.0, 0.5, 0.0, 4.0, 1.833]
+    last = windows[-1]  # the capacity: the busiest window within the queue target (not the saturated one)
+    assert last["capacity_per_s"] == 2.0 and last["capacity_window_start"] == BASE_MS + 60_000
+    assert last["capacity_windows"] == 4 and last["queue_time_ms"] == 80.0
+    assert [w["service"] for w in windows] == ["sd-xl"] * 6 and windows[0]["gpu_count"] == 2
+
+
+def test_a_replica_at_5_percent_that_serves_is_not_alerted_and_one_idle_for_30_minutes_is_once():
+    feed, _ = run([(60, 50.0)] * 15 + [(0, None)] * 40 + [(60, 50.0)] * 5, util=5.0)
+    alerts = feed.of(ALERTS)
+    assert {a["detector"] for a in alerts} == {"idle_replica"}  # no low-utilisation judgement of a replica
+    firing = [a for a in alerts if a["status"] == "FIRING"]
+    assert len(firing) == 1 and firing[0]["notify"]
+    assert firing[0]["window_end"] == BASE_MS + (15 + 30) * 60_000  # 30 minutes after its last request
+    assert "served no request for 30 min" in firing[0]["message"]
+    assert [a["status"] for a in alerts] == ["FIRING", "RESOLVED"]  # the first request resolves it
+
+
+def test_time_its_readings_do_not_cover_is_not_idle_time():
+    # Idle 20 minutes, its readings stop 10 minutes, idle 20 more: never 30 minutes idle as seen.
+    feed, _ = run([(60, 50.0)] + [(0, None)] * 20 + [(0, None)] * 20, gap_after=20)
+    assert feed.of(ALERTS) == []
+    idle = [w for w in feed.of(SERVING_WINDOWS) if w["state"] == "IDLE"]
+    assert idle[-1]["idle_since"] == BASE_MS + (21 + 10) * 60_000  # from its return
+
+
+def test_a_late_serving_sample_is_a_dead_letter_and_a_replayed_one_counts_once():
+    step, _ = make()
+    feed = Feed(step)
+    feed(served(0, 6.0), *ticks(WF, 0, 10))
+    feed(*ticks(WF, 10, 200))  # the first window closes
+    late = feed(served(5, 6.0))
+    assert [why for _, why in late.dead] == [(
+        f"serving sample at {BASE_MS + 5000}: its window ({BASE_MS}) had closed; the replica's samples must reach "
+        "the worker with its GPU samples")]
+    step.samples(0, [feed_decoded(served(130, 6.0), 3)], BASE_MS)  # offset 3 was added as ... nothing: a replay
+    assert step.store[WF].serving.get("windows", {}) == {}
+
+
+def feed_decoded(record, offset):
+    return Decoded(0, record[0], record[1], offset)
+
+
+@given(st.lists(st.floats(0.01, 100.0), min_size=1, max_size=40), st.floats(0.0, 2.0), st.floats(0.0, 1.0))
+def test_replicas_needed_never_exceed_those_held_nor_fall_below_the_peaks_need(capacities, share, margin):
+    held = len(capacities)
+    peak = share * sum(capacities)  # what all of them could serve, or less, or more
+    needed = replicas_needed(capacities, peak, margin)
+    at_peak = replicas_needed(capacities, peak, 0.0)
+    assert at_peak <= needed <= held
+    best = sorted(capacities, reverse=True)
+    if sum(best) >= peak * (1 + margin):
+        assert sum(best[:needed]) >= peak * (1 + margin) > (sum(best[:needed - 1]) if needed else -1)
+
+
+def test_a_service_needs_the_replicas_its_peak_asked_for():
+    windows = [{"workflow_id": f"r{i}", "window_start": BASE_MS + m * 60_000, "requests": r, "gpu_seconds": 60.0,
+                "state": "BUSY" if r else "IDLE", "capacity_per_s": 2.0}
+               for i in range(10) for m, r in enumerate([120.0 if i < 3 else 0.0, 60.0 if i < 2 else 0.0])]
+    got = load("sd-xl", windows, span_ms=60_000, margin=0.0)
+    assert (got.replicas, got.peak_per_s, got.replicas_at_peak, got.replicas_needed) == (10, 6.0, 10, 3)
+    assert got.freed_gpu_hours == 2 * 7 * 60 / 3600  # two minutes of 7 replicas beyond the 3 needed
+    assert got.idle_gpu_hours == (7 + 8) * 60 / 3600
