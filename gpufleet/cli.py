@@ -16,6 +16,7 @@ from gpufleet.commands import (
     enforce,
     kafka,
     queries,
+    replay,
     schemas,
     serve,
     sink,
@@ -26,7 +27,7 @@ from gpufleet.commands import (
 from gpufleet.commands.common import DEFAULT_DATA_DIR
 from gpufleet.errors import explain
 
-GROUPS = (kafka, worker, sink, agent, slurm, traces, queries, schemas, serve, enforce, demo)
+GROUPS = (kafka, worker, sink, agent, replay, slurm, traces, queries, schemas, serve, enforce, demo)
 
 
 def build_parser() -> argparse.ArgumentParser:

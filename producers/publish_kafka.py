@@ -59,6 +59,16 @@ class Publisher:
         self._producer.poll(0)
         return n
 
+    def publish_everywhere(self, spec: TopicSpec, record: dict, topic: str | None = None,
+                           schema: str | None = None, timeout_s: float = 30.0) -> int:
+        """Queue ``record`` (unkeyed) once to every partition of the topic (a fleet's clock); how many."""
+        name = topic or spec.name
+        value = self._codec.encode(schema or spec.schema, record)
+        partitions = self._producer.list_topics(name, timeout=timeout_s).topics[name].partitions
+        for partition in sorted(partitions):
+            self._producer.produce(name, value=value, partition=partition, on_delivery=self._on_delivery)
+        return len(partitions)
+
     def flush(self, timeout: float = 30.0) -> int:
         """Wait for every queued record to be delivered; return how many are still queued."""
         return self._producer.flush(timeout)

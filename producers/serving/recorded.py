@@ -1,0 +1,167 @@
+"""A recorded fleet's per-container series as the records an agent sends (``gpufleet replay``):
+how an operator tries gpufleet on their own history before deploying it.
+
+Two layouts are read:
+
+- **Alibaba's GenAI serving trace** (``cluster-trace-v2026-GenAI``): its ``.tar.gz`` files as
+  published, each a CSV of ``timestamp_anon,value,container_ip[,request_type]``:
+  ``pod_gpu_duty_cycle_anon`` (GPU utilisation, %), ``pod_gpu_memory_used_bytes_anon``, ``qps``
+  (``Generative Requests`` a second per container; a period with no row served none) and
+  ``queue_rt_raw_anon`` (time queued, ms).
+- **Generic**: one CSV with the header ``timestamp,container,metric,value``; ``timestamp`` in
+  seconds since the epoch or ISO 8601; ``metric`` one of ``METRICS``.
+
+A container is a workflow of one GPU, each GPU utilisation reading a GPU sample standing for the
+time to the next (at most ``MAX_INTERVAL_S``), and beside it a ``ServingSample`` for the time since
+the reading before: the requests of the rate readings in it, each a rate over ``period_s`` (the
+container's usual spacing of GPU readings), and the mean queue time of the queue readings in it.
+Every time is shifted by the same amount, so that the recording ends now. A value no GPU can
+report is sent as recorded: the worker refuses it with the reason (a dead letter), as it would
+an agent's.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import statistics
+import tarfile
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from datetime import datetime
+from pathlib import Path
+
+from schemas.sample_columns import columns_of
+
+METRICS = ("gpu_util_pct", "gpu_memory_bytes", "requests_per_s", "queue_time_ms")
+ALIBABA = {"pod_gpu_duty_cycle_anon": "gpu_util_pct", "pod_gpu_memory_used_bytes_anon": "gpu_memory_bytes",
+           "qps": "requests_per_s", "queue_rt_raw_anon": "queue_time_ms"}
+MAX_INTERVAL_S = 120
+
+Series = dict[str, dict[str, dict[float, float]]]  # container -> metric -> time (s) -> value
+
+
+class RecordingError(ValueError):
+    """A recording that cannot be read: which file, which row, what it should hold."""
+
+
+def _rows(tar_path: Path) -> Iterator[dict]:
+    with tarfile.open(tar_path) as tar:
+        member = next((m for m in tar.getmembers() if m.name.endswith(".csv")), None)
+        if member is None:
+            raise RecordingError(f"{tar_path}: holds no .csv file")
+        yield from csv.DictReader(io.TextIOWrapper(tar.extractfile(member), encoding="utf-8"))
+
+
+def read_alibaba(directory: Path) -> Series:
+    series: Series = defaultdict(lambda: defaultdict(dict))
+    for stem, metric in ALIBABA.items():
+        path = directory / f"{stem}.tar.gz"
+        if not path.is_file():
+            if metric == "gpu_util_pct":
+                raise RecordingError(f"{path}: not found (the trace's GPU utilisation, which every replica needs)")
+            continue
+        for n, r in enumerate(_rows(path), start=2):
+            other = metric == "requests_per_s" and r.get("request_type") != "Generative Requests"
+            if not r.get("container_ip") or other:
+                continue  # the gateway's rows, or another kind of request
+            try:
+                series[r["container_ip"]][metric][float(r["timestamp_anon"])] = float(r["value"])
+            except (KeyError, TypeError, ValueError):
+                raise RecordingError(f"{path}: row {n}: expected timestamp_anon,value,container_ip numbers") from None
+    return series
+
+
+def _seconds(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return datetime.fromisoformat(text).timestamp()
+
+
+def read_generic(path: Path) -> Series:
+    series: Series = defaultdict(lambda: defaultdict(dict))
+    with path.open(newline="", encoding="utf-8") as f:
+        rows = csv.DictReader(f)
+        if rows.fieldnames is None or not {"timestamp", "container", "metric", "value"} <= set(rows.fieldnames):
+            raise RecordingError(f"{path}: expected the header timestamp,container,metric,value")
+        for n, r in enumerate(rows, start=2):
+            if r["metric"] not in METRICS:
+                raise RecordingError(f"{path}: row {n}: metric {r['metric']!r} is not one of {', '.join(METRICS)}")
+            try:
+                series[r["container"]][r["metric"]][_seconds(r["timestamp"])] = float(r["value"])
+            except (TypeError, ValueError):
+                raise RecordingError(f"{path}: row {n}: timestamp and value must be numbers (or an ISO time)") from None
+    return series
+
+
+def select(series: Series, hours: float | None = None, containers: int | None = None) -> Series:
+    """The first ``containers`` containers (by name) and the first ``hours`` of the recording."""
+    first = min((t for c in series.values() for t in c.get("gpu_util_pct", {})), default=0.0)
+    names = sorted(n for n in series if series[n].get("gpu_util_pct"))[:containers]
+    end = None if hours is None else first + hours * 3600
+    return {n: {m: {t: v for t, v in values.items() if end is None or t < end} for m, values in series[n].items()}
+            for n in names}
+
+
+def _between(values: dict[float, float], times: list[float]) -> list[list[float]]:
+    """The readings of ``values`` that each time of ``times`` closes: those after the time before
+    it, up to it (readings before the first time count at the first)."""
+    out: list[list[float]] = [[] for _ in times]
+    i = 0
+    for t, v in sorted(values.items()):
+        while i < len(times) and times[i] < t:
+            i += 1
+        if i < len(times):
+            out[i].append(v)
+    return out
+
+
+def _gpu_sample(wf: str, host: str, uuid: str, team: str, at: int, gap_s: float, util: float,
+                memory: float | None) -> dict:
+    return {"event_time": at, "interval_ms": int(gap_s * 1000), "host": host, "gpu_index": 0, "gpu_uuid": uuid,
+            "gpu_model": "recorded", "workflow_id": wf, "owner": "replay", "team": team,
+            "utilization_pct": util, "memory_utilization_pct": None,
+            "memory_used_bytes": None if memory is None else int(memory), "memory_total_bytes": None,
+            "power_watts": None, "temperature_c": None, "sm_clock_mhz": None}
+
+
+def _serving_sample(wf: str, host: str, uuid: str, service: str, at: int, since_s: float, requests: float,
+                    queues: list[float]) -> dict:
+    return {"workflow_id": wf, "host": host, "owner": "replay", "team": service, "gpu_uuids": [uuid],
+            "service": service, "engine": "recorded", "event_time": at, "interval_ms": int(since_s * 1000),
+            "requests": requests, "tokens": None, "running": None, "waiting": None,
+            "queue_time_ms": statistics.fmean(queues) if queues else None, "ttft_ms": None, "kv_cache_usage": None,
+            "batch_size": None}
+
+
+def records(series: Series, shift_s: float, service: str, host_prefix: str = "replay") -> Iterator[tuple]:
+    """(time in ms, records to send at it as (schema, record)) in time order, every time shifted
+    by ``shift_s``."""
+    by_time: dict[int, list[tuple[str, dict]]] = defaultdict(list)
+    for name, metrics in series.items():
+        times = sorted(metrics.get("gpu_util_pct", {}))
+        if not times:
+            continue
+        period = statistics.median([b - a for a, b in itertools.pairwise(times)] or [60.0])
+        rates = _between(metrics.get("requests_per_s", {}), times)
+        queues = _between(metrics.get("queue_time_ms", {}), times)
+        memory = metrics.get("gpu_memory_bytes", {})
+        ids = (f"replay-{name[:24]}", f"{host_prefix}-{name[:12]}", f"GPU-{name[:24]}")
+        for i, t in enumerate(times):
+            at = int((t + shift_s) * 1000)
+            gap = MAX_INTERVAL_S if i + 1 == len(times) else min(times[i + 1] - t, MAX_INTERVAL_S)
+            since = period if i == 0 else min(t - times[i - 1], MAX_INTERVAL_S)
+            by_time[at].append(("GpuSample", _gpu_sample(*ids, service, at, gap, metrics["gpu_util_pct"][t],
+                                                         memory.get(t))))
+            by_time[at].append(("ServingSample", _serving_sample(*ids, service, at, since, sum(rates[i]) * period,
+                                                                 queues[i])))
+    for at in sorted(by_time):
+        yield at, by_time[at]
+
+
+def messages(batch: Iterable[tuple[str, dict]]) -> list[tuple[str, dict]]:
+    """One tick's records as the agent sends them: the GPU samples as columns per workflow."""
+    samples = [r for name, r in batch if name == "GpuSample"]
+    return [*(r for r in batch if r[0] != "GpuSample"), *(("GpuSampleColumns", b) for b in columns_of(samples))]
