@@ -4,7 +4,9 @@ the window stage's step, in process and in event-time order, with the worker's d
 each container a workflow of one GPU, each duty-cycle sample a GPU sample standing for the time to
 the next one (at most 120 s). Prints what the alerts do with a real fleet: how many replicas are
 alerted, how many alerts are still firing after their workflow ended, how many fire inside the
-start-up the waterfall counts, and how many episodes (messages) a workflow gets.
+start-up the waterfall counts, and how many episodes (messages) a workflow gets; then the same
+with each container's traffic beside its samples (a serving replica judged by what it served),
+and the service's peak, the replicas it needed and the GPU-hours held beyond them.
 
     .venv/bin/python benchmarks/replay_alibaba.py [--hours H]
 
@@ -22,8 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from schemas.topics import ALERTS, WORKFLOW_SUMMARIES, WORKFLOW_WINDOWS
-from tests.support.alibaba import DATA, duty_cycles, replay, samples
+from schemas.topics import ALERTS, SERVING_WINDOWS, WORKFLOW_SUMMARIES, WORKFLOW_WINDOWS
+from streams.serving.service import load
+from tests.support.alibaba import DATA, duty_cycles, qps, replay, samples, traffic
 
 
 def report(series, sent) -> None:
@@ -50,6 +53,18 @@ def report(series, sent) -> None:
     print(f"messages by detector       {dict(Counter(d for (_, d), n in messages.items() for _ in range(n)))}")
 
 
+def report_serving(sent) -> None:
+    windows = [r for spec, r in sent if spec is SERVING_WINDOWS]
+    got = load("stable-diffusion", windows, span_ms=600_000, margin=0.2)
+    states = Counter(w["state"] for w in windows)
+    print(f"serving windows            {dict(states)}")
+    print(f"service peak               {got.peak_per_s:.2f} requests/s (scaled) over 10 min, "
+          f"{got.replicas_at_peak} replicas held")
+    print(f"replicas needed (+20 %)    {got.replicas_needed} of {got.replicas}"
+          f"{' (an upper bound: no replica saturated)' if not got.saturated_windows else ''}")
+    print(f"GPU-hours beyond them      {got.freed_gpu_hours:,.0f} of {got.gpu_hours:,.0f}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--hours", type=float, default=None, help="the first H hours only (default: all 22.8 h)")
@@ -58,7 +73,12 @@ def main() -> int:
         print(f"replay_alibaba: {DATA} is not here (it sits beside the checkout)", file=sys.stderr)
         return 2
     series = duty_cycles(args.hours)
+    print("-- judged by GPU utilisation alone (GPU samples only)")
     report(series, replay(samples(series)))
+    print("-- judged by traffic (each sample's ServingSample beside it, from qps.csv)")
+    sent = replay(samples(series), traffic(series, qps()))
+    report(series, sent)
+    report_serving(sent)
     return 0
 
 

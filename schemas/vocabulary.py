@@ -89,14 +89,32 @@ TERMS = (CAPACITY, ALLOCATED, UNALLOCATED, STARTUP, IDLE, WASTED, PRODUCTIVE, UN
          UTILISATION)
 
 
+# A serving replica (``ServingWindow``, as ClickHouse keeps them: ``serving_windows`` FINAL) is also
+# judged by its traffic; these sum its windows' GPU-seconds by what the traffic said of them. They
+# are in the allocated GPU-seconds already (its waterfall judges its GPUs), never added to them.
+SERVED = Term("served", "a serving replica's GPU-seconds in windows in which it served traffic within the queue "
+                        "target (busy or headroom).", "sumIf(gpu_seconds, state IN ('BUSY', 'HEADROOM'))")
+HEADROOM = Term("headroom", "a serving replica's GPU-seconds in windows whose traffic was below the capacity it showed "
+                            "in its own busiest window, by more than the margin: spare capacity a service keeps for its "
+                            "peaks, not waste.", "sumIf(gpu_seconds, state = 'HEADROOM')")
+IDLE_REPLICA = Term("idle replica", "a serving replica's GPU-seconds in windows in which it served no request: held "
+                                    "for no traffic.", "sumIf(gpu_seconds, state = 'IDLE')")
+SATURATED = Term("saturated", "a serving replica's GPU-seconds in windows whose requests waited longer than the queue "
+                              "target: the service had too few replicas.", "sumIf(gpu_seconds, state = 'SATURATED')")
+REPLICAS_NEEDED = Term("replicas needed", "the fewest replicas of a service whose capacities (largest first) cover the "
+                                          "requests a second of its busiest span, with the margin (gpufleet serving).",
+                       "")
+SERVING_TERMS = (SERVED, HEADROOM, IDLE_REPLICA, SATURATED, REPLICAS_NEEDED)
+
+
 def wasted_seconds(window: dict) -> float:
     """A ``WorkflowWindow`` (or summary) dict's wasted GPU-seconds, as ``WASTED`` sums them."""
     return sum(window.get(f"{b}_gpu_seconds") or 0.0 for b in WASTE_BUCKETS)
 
 
-def markdown_table() -> str:
-    """The terms as the table in docs/vocabulary.md."""
+def markdown_table(terms: tuple[Term, ...] = TERMS) -> str:
+    """The terms as a table in docs/vocabulary.md (``TERMS``, and ``SERVING_TERMS``)."""
     rows = ["| term | meaning | summed in SQL as |", "|---|---|---|"]
-    for t in TERMS:
+    for t in terms:
         rows.append(f"| {t.name} | {t.meaning} | {f'`{t.sql}`' if t.sql else '—'} |")
     return "\n".join(rows) + "\n"

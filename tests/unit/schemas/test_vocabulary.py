@@ -6,7 +6,15 @@ from pathlib import Path
 import pytest
 
 from schemas.goodput_buckets import BUCKETS
-from schemas.vocabulary import JOBS, TERMS, WASTE_BUCKETS, WASTED, markdown_table, wasted_seconds
+from schemas.vocabulary import (
+    JOBS,
+    SERVING_TERMS,
+    TERMS,
+    WASTE_BUCKETS,
+    WASTED,
+    markdown_table,
+    wasted_seconds,
+)
 from sinks.write_clickhouse import ClickHouseWriter
 from tests.support.fleet_data import build, store
 
@@ -15,6 +23,7 @@ ROOT = Path(__file__).parents[3]
 
 def test_the_docs_table_is_the_modules():
     assert markdown_table() in (ROOT / "docs" / "vocabulary.md").read_text()
+    assert markdown_table(SERVING_TERMS) in (ROOT / "docs" / "vocabulary.md").read_text()
 
 
 def test_wasted_is_every_bucket_but_productive_and_unobserved():
@@ -38,6 +47,9 @@ def test_each_terms_sql_runs_on_the_windows_and_wasted_sums_the_buckets(stored):
     for term in TERMS:
         if term.sql:
             client.query(f"SELECT {term.sql} FROM vocabulary.workflow_windows FINAL WHERE {JOBS}")
+    for term in SERVING_TERMS:
+        if term.sql:
+            client.query(f"SELECT {term.sql} FROM vocabulary.serving_windows FINAL")
     (wasted,), = client.query(f"SELECT {WASTED.sql} FROM vocabulary.workflow_windows FINAL WHERE {JOBS}").result_rows
     assert wasted == pytest.approx(sum(wasted_seconds(w) for w in data.windows))
     (same,), = client.query(f"SELECT {WASTED.sql} FROM vocabulary.goodput_hourly WHERE {JOBS}").result_rows
