@@ -67,6 +67,8 @@ bench: setup bench-hta
 	$(RUN_BENCH) trace_stage -- $(BIN)/python benchmarks/bench_trace_stage.py
 	$(RUN_BENCH) window_utilization -- $(BIN)/python benchmarks/bench_window_utilization.py
 	$(RUN_BENCH) agent -- $(BIN)/python benchmarks/bench_agent.py
+	$(RUN_BENCH) agent_serving -- $(BIN)/python benchmarks/bench_agent.py --serving-only
+	$(RUN_BENCH) serving_stage -- $(BIN)/python benchmarks/bench_serving_stage.py
 	$(RUN_BENCH) sink -- $(BIN)/python benchmarks/bench_sink.py
 	$(RUN_BENCH) query_server -- $(BIN)/python benchmarks/bench_query_server.py
 	$(RUN_BENCH) job_page -- $(BIN)/python benchmarks/bench_job_page.py

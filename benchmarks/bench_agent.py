@@ -19,7 +19,12 @@
    whose processes run on them: CPU per tick, the two alternating, medians. Goal: at most 5 %
    more.
 
-    python benchmarks/bench_agent.py [--calls-only | --allocations-only]
+6. Reading a serving engine's endpoint per replica per tick (``--serving-endpoint``: 8 replicas
+   of one GPU, each a vLLM endpoint of ~500 lines, as vLLM's histograms make it, served by another
+   process) against the agent as before, at 8 GPUs: CPU per tick, the two alternating, medians.
+   Goal: at most 5 % more.
+
+    python benchmarks/bench_agent.py [--calls-only | --allocations-only | --serving-only]
 """
 
 from __future__ import annotations
@@ -226,7 +231,109 @@ def allocations_cost(tmp: Path, ticks: int = 100, rounds: int = 41) -> None:
           f"allocations too: {alloc_calls / base_calls:.3f}x")
 
 
+def vllm_page() -> str:
+    """A vLLM endpoint as large as vLLM makes it: the documented metrics, and 14 histograms of 25
+    buckets each (vLLM's latency and token histograms), for one model."""
+    page = (ROOT / "tests" / "data" / "serving" / "vllm-0.6.prom").read_text()
+    label = 'model_name="meta-llama/Llama-3.1-8B-Instruct"'
+    for h in range(14):
+        name = f"vllm:histogram_{h}_seconds"
+        page += f"# HELP {name} A latency histogram.\n# TYPE {name} histogram\n"
+        page += "".join(f'{name}_bucket{{le="{2 ** (b - 10):g}",{label}}} {b * 7}.0\n' for b in range(24))
+        page += f'{name}_bucket{{le="+Inf",{label}}} 200.0\n{name}_count{{{label}}} 200.0\n{name}_sum{{{label}}} 31.5\n'
+    return page
+
+
+# An engine's endpoint in a process of its own: HTTP/1.1, connections kept open (as uvicorn, which
+# vLLM and SGLang serve with, and Triton's and TGI's servers do).
+ENGINE_SERVER = """
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+body = open(sys.argv[1], "rb").read()
+class H(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+s = ThreadingHTTPServer(("127.0.0.1", 0), H)
+print(s.server_address[1], flush=True)
+s.serve_forever()
+"""
+
+
+def serving_cost(tmp: Path, ticks: int = 60, rounds: int = 21) -> None:
+    """CPU per tick of the agent reading 8 replicas' endpoints (each read once a tick, as the
+    reader's threads do at 1 Hz; their CPU is the agent's) against the same agent without."""
+    import statistics
+    import subprocess
+
+    from producers.serving.scrape import Endpoint, ServingObserver, ServingReader
+
+    (tmp / "www").mkdir()
+    (tmp / "www" / "metrics").write_text(vllm_page())
+    server = subprocess.Popen([sys.executable, "-c", ENGINE_SERVER, str(tmp / "www" / "metrics")],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        port = int(server.stdout.readline())
+        proc = tmp / "proc-serving"
+        for i in range(8):
+            make_process(proc, 3000 + i, {"GPUFLEET_WORKFLOW_ID": f"svc-{i}", "USER": "ana"})
+
+        def agent() -> HostAgent:
+            gpus = [FakeGpu(f"GPU-{i}", processes=[FakeProcess(3000 + i, sm_util=20)], minor=i) for i in range(8)]
+            sampler = NvmlSampler(FakeNvml(gpus))
+            sampler.open()
+            return HostAgent(AgentSettings("bench-host", topic_prefix="bench.", checkpoint=False),
+                             Spool(tmp / f"spool-{id(gpus)}"), Codec(), nvml=sampler,
+                             attributor=ProcessAttributor(proc=proc))
+
+        plain, serving = agent(), agent()
+        reader = ServingReader([Endpoint((i,), f"http://127.0.0.1:{port}/metrics") for i in range(8)], 1.0)
+        put = serving.spool.append
+        serving.observers.append(ServingObserver(reader, lambda schema, key, record: put(
+            "bench." + GPU_SAMPLES.name, key, serving.codec.encode(schema, record)), "bench-host"))
+
+        every = [1]  # read the endpoints every this many ticks (1: each tick; 10: the agent's default, 10 s)
+
+        def serving_tick() -> None:
+            if serving.ticks % every[0] == 0:
+                for i in range(8):
+                    reader.read_once(i)
+            serving.tick()
+
+        for _ in range(5):
+            plain.tick()
+            serving_tick()
+        for every[0] in (1, 10):
+            cost: dict[str, list[float]] = {"GPUs only": [], "with 8 serving endpoints": []}
+            for r in range(rounds):
+                pair = (("GPUs only", plain.tick), ("with 8 serving endpoints", serving_tick))
+                for name, tick in (pair if r % 2 else pair[::-1]):
+                    cpu0 = time.process_time()
+                    for _ in range(ticks):
+                        tick()
+                    cost[name].append((time.process_time() - cpu0) / ticks)
+            assert not reader.errors, reader.errors
+            base, with_serving = (statistics.median(v) for v in cost.values())
+            ratio = statistics.median(b / a for a, b in zip(*cost.values()))
+            print(f"agent, 8 GPUs, reading 8 vLLM endpoints every {every[0]} tick(s) (1 s each; "
+                  f"{len(vllm_page().splitlines())} lines a page): {base * 1e3:.3f} ms CPU per tick sampling the GPUs, "
+                  f"{with_serving * 1e3:.3f} ms with the endpoints; median ratio of neighbouring rounds {ratio:.3f}x "
+                  f"(goal <= 1.05x); {(with_serving - base) * every[0] / 8 * 1e3:.2f} ms per reading")
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
 def main() -> None:
+    if "--serving-only" in sys.argv:
+        with tempfile.TemporaryDirectory(prefix="gpufleet-bench-agent-") as d:
+            serving_cost(Path(d))
+        return
     if "--calls-only" in sys.argv:
         nvml_calls()
         return
@@ -237,6 +344,8 @@ def main() -> None:
     nvml_calls()
     with tempfile.TemporaryDirectory(prefix="gpufleet-bench-agent-") as d:
         allocations_cost(Path(d))
+    with tempfile.TemporaryDirectory(prefix="gpufleet-bench-agent-") as d:
+        serving_cost(Path(d))
     with tempfile.TemporaryDirectory(prefix="gpufleet-bench-agent-") as d:
         tmp = Path(d)
         broker = local_kafka.start(tmp / "kafka")

@@ -23,6 +23,10 @@ ABOUT = {
                           "aggregation, columns against one record per sample.",
     "agent": "The host agent's tick: CPU and NVML calls per GPU per tick with the fake NVML, and what reading "
              "the scheduler's allocations adds.",
+    "agent_serving": "The host agent reading a serving engine's endpoint per replica beside its GPUs: CPU per "
+                     "tick against the agent without, read every tick and every 10 (the default).",
+    "serving_stage": "The window stage with serving replicas' traffic beside their GPU samples: GPU samples a "
+                     "second against the samples alone.",
     "sink": "The ClickHouse sink: rows a second into the embedded engine, by path.",
     "query_server": "The sink's query server: a second analyst's SELECT 1 while another query runs to its limit.",
     "job_page": "The owners' service: the page of a 7-day job on 64 GPUs at 1 Hz against a 1-hour job's, "

@@ -94,14 +94,44 @@ class Reading:
         return next((v for n in names if (v := self.get(n)) is not None), None)
 
 
+def _named(spec: Engine) -> tuple[str, ...]:
+    """The names of the samples ``spec`` reads, as the text may write them."""
+    names = (*spec.requests, *spec.running, *spec.waiting, *spec.tokens, *spec.queue_us_total, *spec.kv_cache,
+             *spec.batch, *spec.executions)
+    hists = (*spec.queue_seconds, *spec.ttft_seconds)
+    return tuple({*names, *(f"{n}_total" for n in names), *(f"{h}_{s}" for h in hists for s in ("sum", "count"))})
+
+
+def _wanted(text: str, spec: Engine) -> str:
+    """The lines of ``text`` that hold what ``spec`` reads (and their families' HELP and TYPE):
+    an engine's page is mostly histogram buckets and metrics gpufleet does not read, and the
+    parser's cost is per line (~25 us). What is kept is parsed as written."""
+    names = _named(spec)
+    families = {n.removesuffix("_total").removesuffix("_sum").removesuffix("_count") for n in names}
+    keep = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            parts = line.split(None, 3)
+            if len(parts) >= 3 and parts[2] in families:
+                keep.append(line)
+        elif line.startswith(names) and line.split("{", 1)[0].split(" ", 1)[0] in names:
+            keep.append(line)
+    return "\n".join(keep) + "\n"
+
+
 def parse(text: str, engine: str | None = None) -> Reading:
     """A scrape's text as a ``Reading``; ``engine`` names the engine where the text alone may not
     (else the prefix of its metrics does). Raises ``EndpointError`` on text that is not the
     exposition format, or that holds no engine's metrics."""
     values: dict[str, float] = {}
     models: list[str] = []
+    if engine is None:
+        engine = next((e.name for e in ENGINES.values() if e.prefix in text), None)
+    spec = ENGINES.get(engine or "")
+    if spec is None:
+        raise EndpointError("no serving engine's metrics (vLLM, SGLang, TGI, Triton) in the text")
     try:
-        for family in text_string_to_metric_families(text):
+        for family in text_string_to_metric_families(_wanted(text, spec)):
             for s in family.samples:
                 if s.name.endswith("_bucket") or s.name.endswith("_created"):
                     continue
@@ -109,11 +139,6 @@ def parse(text: str, engine: str | None = None) -> Reading:
                 models += [s.labels[k] for k in ("model_name", "model") if s.labels.get(k)]
     except (ValueError, TypeError, KeyError, IndexError) as exc:
         raise EndpointError(f"not Prometheus' text format: {exc}") from None
-    if engine is None:
-        engine = next((e.name for e in ENGINES.values() if any(n.startswith(e.prefix) for n in values)), None)
-    spec = ENGINES.get(engine or "")
-    if spec is None:
-        raise EndpointError("no serving engine's metrics (vLLM, SGLang, TGI, Triton) in the text")
     if Reading(spec.name, None, values).first(spec.requests) is None:
         raise EndpointError(f"no {spec.name} request counter ({' or '.join(spec.requests)}) in the text")
     return Reading(spec.name, models[0] if models else None, values)

@@ -16,9 +16,11 @@ workflow that holds the replica's GPUs in that tick's GPU samples (``ServingObse
 
 from __future__ import annotations
 
+import http.client
 import logging
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections import Counter
 from collections.abc import Callable
@@ -67,6 +69,7 @@ def endpoint(text: str) -> Endpoint:
 
 
 def fetch(url: str, timeout_s: float) -> str:
+    """One GET on a connection of its own (``Fetcher`` keeps them open)."""
     with urllib.request.urlopen(url, timeout=timeout_s) as answer:
         body = answer.read(MAX_BYTES + 1)
     if len(body) > MAX_BYTES:
@@ -74,14 +77,57 @@ def fetch(url: str, timeout_s: float) -> str:
     return body.decode("utf-8", errors="replace")
 
 
+class Fetcher:
+    """GETs over a kept-open HTTP/1.1 connection per endpoint (what the engines' servers offer):
+    a new connection per reading would cost the agent more than reading and parsing the page. A
+    connection that fails is opened again once; one whose server closes it is opened at the next
+    reading. One ``Fetcher`` per reading thread."""
+
+    def __init__(self) -> None:
+        self.connections: dict[tuple[str, str], http.client.HTTPConnection] = {}
+
+    def __call__(self, url: str, timeout_s: float) -> str:
+        parts = urllib.parse.urlsplit(url)
+        key = (parts.scheme, parts.netloc)
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        for attempt in (0, 1):
+            conn = self.connections.get(key)
+            if conn is None:
+                kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+                conn = self.connections[key] = kind(parts.netloc, timeout=timeout_s)
+            try:
+                conn.request("GET", path, headers={"Accept": "text/plain"})
+                answer = conn.getresponse()
+                # (read(n) allocates n bytes first: only where the length is not known or too long)
+                body = answer.read() if (answer.length or MAX_BYTES + 1) <= MAX_BYTES else answer.read(MAX_BYTES + 1)
+                if answer.will_close or len(body) > MAX_BYTES:
+                    self.close(key)
+                break
+            except (http.client.HTTPException, OSError):
+                self.close(key)
+                if attempt:
+                    raise
+        if answer.status != 200:
+            raise EndpointError(f"HTTP {answer.status} {answer.reason}")
+        if len(body) > MAX_BYTES:
+            raise EndpointError(f"the answer is longer than {MAX_BYTES} bytes")
+        return body.decode("utf-8", errors="replace")
+
+    def close(self, key: tuple[str, str]) -> None:
+        conn = self.connections.pop(key, None)
+        if conn is not None:
+            conn.close()
+
+
 class ServingReader:
     """Reads every endpoint on its own thread every ``interval_s``; ``pairs`` hands the agent each
     endpoint's newest two readings once (never waiting for a read)."""
 
     def __init__(self, endpoints: list[Endpoint], interval_s: float, timeout_s: float = 2.0,
-                 get: Callable[[str, float], str] = fetch, clock: Callable[[], float] = time.time) -> None:
+                 get: Callable[[str, float], str] | None = None, clock: Callable[[], float] = time.time) -> None:
         self.endpoints, self.interval_s, self.timeout_s = endpoints, interval_s, min(timeout_s, interval_s * 4)
-        self.get, self.clock = get, clock
+        self.gets = [get or Fetcher() for _ in endpoints]  # each endpoint's own (its thread's connection)
+        self.clock = clock
         self.errors: Counter = Counter()  # (url, reason) -> count
         self._latest: dict[int, tuple[float, Reading]] = {}
         self._taken: dict[int, tuple[float, Reading]] = {}
@@ -93,7 +139,7 @@ class ServingReader:
         """One reading of endpoint ``i``: kept, or counted as an error."""
         e = self.endpoints[i]
         try:
-            reading = parse(self.get(e.url, self.timeout_s), e.engine)
+            reading = parse(self.gets[i](e.url, self.timeout_s), e.engine)
         except EndpointError as exc:
             self._failed(e, "garbage", exc)
             return
