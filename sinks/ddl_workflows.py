@@ -227,7 +227,9 @@ WASTE_VIEW = (
     # (schemas.vocabulary: unhealthy, startup, idle, input_bound, low_util), so a workflow's
     # window causes sum to its wasted GPU-seconds; each antipattern finding comes with the
     # GPU-seconds it puts at stake (these explain part of the same waste, so causes are
-    # ranked, never summed together).
+    # ranked, never summed together). A serving replica's window is judged by its traffic
+    # (serving_windows): GPU time in a window without a request is its one cause, idle_replica;
+    # a window that served traffic wastes nothing, whatever its GPUs' utilisation.
     """
     CREATE OR REPLACE VIEW {db}.waste AS
     SELECT workflow_id, ifNull(team, '') AS team, ifNull(owner, '') AS owner, window_end AS at,
@@ -235,6 +237,10 @@ WASTE_VIEW = (
     FROM {db}.workflow_windows FINAL
     ARRAY JOIN [""" + ", ".join(f"('{b}', {b}_gpu_seconds)" for b in WASTE_BUCKETS) + """] AS bucket
     WHERE """ + JOBS + """
+      AND (workflow_id, window_start) NOT IN (SELECT workflow_id, window_start FROM {db}.serving_windows)
+    UNION ALL
+    SELECT workflow_id, ifNull(team, ''), ifNull(owner, ''), window_end, 'idle_replica', gpu_seconds
+    FROM {db}.serving_windows FINAL WHERE state = 'IDLE'
     UNION ALL
     SELECT f.workflow_id, ifNull(w.team, ''), ifNull(w.owner, ''), f.detected_at, concat('antipattern:', f.rule),
            f.gpu_seconds_at_stake

@@ -3,7 +3,8 @@ copied) through the real broker, a worker process and the sink into ClickHouse: 
 (the first by name) over the trace's first 6 hours. Every figure is checked against the CSV,
 computed here: each replica's GPU-seconds and idle GPU-seconds, its idle windows, its idle-replica
 alerts (each at the end of a stretch of 30 minutes or more without a request), every alert
-resolved once the replay ends the replica, and the service's peak and replicas needed."""
+resolved once the replay ends the replica, the idle replicas' GPU-hours as `gpufleet opportunities`
+ranks them, and the service's peak and replicas needed."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from collections import defaultdict
 
 import pytest
 
+from gpufleet.reports.opportunities import opportunities
 from gpufleet.reports.serving import services
 from streams.alerts.detectors import DEFAULTS
 from streams.serving.service import replicas_needed
@@ -70,14 +72,19 @@ def test_a_recorded_serving_fleet_replayed_through_the_pipeline_is_judged_as_the
             "FROM {db}.serving_windows FINAL"):
         got[wf][start - shift] = (gpu_s, requests, state)
     assert set(got) == set(want)
-    idle_windows = 0
+    idle_windows, idle_gpu_s = 0, 0.0
     for wf, windows in want.items():
         assert set(got[wf]) == set(windows), wf
         for start, (gpu_s, requests) in windows.items():
             assert got[wf][start][0] == pytest.approx(gpu_s) and got[wf][start][1] == pytest.approx(requests)
             assert (got[wf][start][2] == "IDLE") == (requests == 0), (wf, start)
             idle_windows += requests == 0
+            idle_gpu_s += gpu_s if requests == 0 else 0.0
     assert 0 < idle_windows < sum(map(len, want.values()))
+    # Ranked beside training waste: a replica's only cause is the GPU time it held for no traffic.
+    columns, rows = opportunities(sink.writer.client, sink.writer.database, "cause", "all", 20)
+    causes = {row[columns.index("cause")]: row[columns.index("gpu_hours")] for row in rows}
+    assert set(causes) == {"idle_replica"} and causes["idle_replica"] == pytest.approx(idle_gpu_s / 3600, abs=0.01)
 
     # The alerts: only the replicas' own, each after 30 minutes without a request, all resolved.
     alerts = q("SELECT workflow_id, detector, status, toUnixTimestamp(window_end) FROM {db}.alert_transitions FINAL")
