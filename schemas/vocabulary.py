@@ -94,9 +94,9 @@ TERMS = (CAPACITY, ALLOCATED, UNALLOCATED, STARTUP, IDLE, WASTED, PRODUCTIVE, UN
 # are in the allocated GPU-seconds already (its waterfall judges its GPUs), never added to them.
 SERVED = Term("served", "a serving replica's GPU-seconds in windows in which it served traffic within the queue "
                         "target (busy or headroom).", "sumIf(gpu_seconds, state IN ('BUSY', 'HEADROOM'))")
-HEADROOM = Term("headroom", "a serving replica's GPU-seconds in windows whose traffic was below the capacity it showed "
-                            "in its own busiest window, by more than the margin: spare capacity a service keeps for its "
-                            "peaks, not waste.", "sumIf(gpu_seconds, state = 'HEADROOM')")
+HEADROOM = Term("headroom", "a serving replica's GPU-seconds in windows whose traffic was below the capacity it "
+                            "showed in its own busiest window, by more than the margin: spare capacity a service keeps "
+                            "for its peaks, not waste.", "sumIf(gpu_seconds, state = 'HEADROOM')")
 IDLE_REPLICA = Term("idle replica", "a serving replica's GPU-seconds in windows in which it served no request: held "
                                     "for no traffic.", "sumIf(gpu_seconds, state = 'IDLE')")
 SATURATED = Term("saturated", "a serving replica's GPU-seconds in windows whose requests waited longer than the queue "
