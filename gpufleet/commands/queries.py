@@ -94,6 +94,8 @@ def add(sub) -> None:
                    help="the span a peak is measured over (default 10 minutes)")
     p.add_argument("--margin", type=non_negative, default=0.2,
                    help="headroom a service keeps above its peak, as a fraction (default 0.2)")
+    p.add_argument("--idle-for-s", type=positive, default=7200.0,
+                   help="name the replicas that served no request for their last this many seconds (default 2 h)")
     p.set_defaults(func=cmd_serving)
 
     p = sub.add_parser("report", help="write the fleet report: one self-contained HTML file with charts")
@@ -295,7 +297,7 @@ def cmd_serving(args: argparse.Namespace) -> int:
               "agent reads their engines' endpoints (gpufleet agent --serving-endpoint) or a recorded fleet is "
               "replayed (gpufleet replay)")
         return 0
-    print(render(loads, args.peak_span_s, args.margin), end="")
+    print(render(loads, args.peak_span_s, args.margin, args.idle_for_s), end="")
     return 0
 
 

@@ -1,7 +1,8 @@
 """``gpufleet serving``: each service (the replicas of one model or deployment) judged by the
 traffic it served: its replicas and GPU-hours, the GPU-hours of replicas that served no request,
 its busiest span, the replicas that span needed (``streams.serving.service``) and the GPU-hours
-held beyond them, from the ``serving_windows`` table (``sinks/ddl_serving.py``)."""
+held beyond them, and the replicas that served no request for their last hours, from the
+``serving_windows`` table (``sinks/ddl_serving.py``)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,15 @@ from clickhouse_connect.driver.client import Client
 from gpufleet.reports.opportunities import parse_since
 from streams.serving.service import ServiceLoad, load
 
-COLUMNS = ("workflow_id", "service", "window_start", "requests", "gpu_seconds", "state", "capacity_per_s")
+COLUMNS = ("workflow_id", "service", "window_start", "window_end", "requests", "gpu_seconds", "state",
+           "capacity_per_s")
 
 
 def serving_sql(database: str, since_s: float | None) -> str:
     where = "" if since_s is None else f"WHERE window_start >= now64(3) - toIntervalMillisecond({int(since_s * 1000)})"
     return f"""
-    SELECT workflow_id, service, toUnixTimestamp64Milli(window_start), requests, gpu_seconds, state, capacity_per_s
+    SELECT workflow_id, service, toUnixTimestamp64Milli(window_start), toUnixTimestamp64Milli(window_end), requests,
+           gpu_seconds, state, capacity_per_s
     FROM {database}.serving_windows FINAL {where}
     ORDER BY service, workflow_id, window_start
     """
@@ -33,7 +36,21 @@ def services(client: Client, database: str, since: str, span_s: float, margin: f
     return sorted(loads, key=lambda s: (-s.freed_gpu_hours, s.service))
 
 
-def render(loads: list[ServiceLoad], span_s: float, margin: float) -> str:
+def _duration(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
+
+
+def idle_line(s: ServiceLoad, idle_for_s: float) -> str | None:
+    """"3 of 8 replicas of sd-xl served no request for their last 2 h: ..." (the longest first)."""
+    idle = sorted(((ms, wf) for wf, ms in s.idle_tails.items() if ms >= idle_for_s * 1000), reverse=True)
+    if not idle:
+        return None
+    named = ", ".join(f"{wf} ({_duration(ms / 1000)})" for ms, wf in idle[:5]) + (" ..." if len(idle) > 5 else "")
+    return (f"{len(idle)} of {s.replicas} replicas of {s.service} served no request for their last "
+            f"{_duration(idle_for_s)} or more: {named}")
+
+
+def render(loads: list[ServiceLoad], span_s: float, margin: float, idle_for_s: float = 7200) -> str:
     head = (f"{'service':<28} {'replicas':>8} {'GPU-h':>9} {'idle GPU-h':>10} {'peak req/s':>10} {'at peak':>7} "
             f"{'needed':>6} {'freed GPU-h':>11}")
     title = (f"Serving: replicas held against those each service's busiest {span_s / 60:g} min needed "
@@ -42,6 +59,9 @@ def render(loads: list[ServiceLoad], span_s: float, margin: float) -> str:
     for s in loads:
         lines.append(f"{s.service[:28]:<28} {s.replicas:>8} {s.gpu_hours:>9.1f} {s.idle_gpu_hours:>10.1f} "
                      f"{s.peak_per_s:>10.2f} {s.replicas_at_peak:>7} {s.replicas_needed:>6} {s.freed_gpu_hours:>11.1f}")
+    idle = [line for s in loads if (line := idle_line(s, idle_for_s))]
+    if idle:
+        lines += ["", *idle]
     unsaturated = [s.service for s in loads if not s.saturated_windows]
     if unsaturated:
         lines.append("")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,22 @@ class ServiceLoad:
     replicas_needed: int
     freed_gpu_hours: float  # held beyond the replicas needed, span by span
     saturated_windows: int  # none: the capacities are upper bounds
+    idle_tails: dict[str, int] = field(default_factory=dict)  # replica -> ms without a request at its end
+
+
+def idle_tails(windows: Iterable[dict]) -> dict[str, int]:
+    """Each replica's time without a request at the end of what was looked at (ms): from the end
+    of its last window that served traffic (or its first window's start) to its last window's end."""
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    served: dict[str, int] = {}
+    for w in windows:
+        wf, start, end = w["workflow_id"], w["window_start"], w["window_end"]
+        first[wf] = min(first.get(wf, start), start)
+        last[wf] = max(last.get(wf, end), end)
+        if w["requests"] > 0:
+            served[wf] = max(served.get(wf, end), end)
+    return {wf: last[wf] - served.get(wf, first[wf]) for wf in last}
 
 
 def replicas_needed(capacities: Sequence[float], peak_per_s: float, margin: float) -> int:
@@ -43,6 +59,7 @@ def replicas_needed(capacities: Sequence[float], peak_per_s: float, margin: floa
 def load(service: str, windows: Iterable[dict], span_ms: int, margin: float) -> ServiceLoad:
     """The service's load from its replicas' windows: the busiest span of ``span_ms`` (requests
     over the span), the replicas it needed, and the GPU-hours replicas beyond those held."""
+    windows = list(windows)
     spans: dict[int, list] = defaultdict(lambda: [0.0, set(), 0.0])  # requests, replicas, gpu-seconds
     capacity: dict[str, float] = {}
     gpu_s = idle_s = 0.0
@@ -66,4 +83,4 @@ def load(service: str, windows: Iterable[dict], span_ms: int, margin: float) -> 
     freed = sum(max(0, len(s[1]) - needed) / len(s[1]) * s[2] for s in spans.values() if s[1])
     replicas = set().union(*(s[1] for s in spans.values()))
     return ServiceLoad(service, len(replicas), gpu_s / 3600, idle_s / 3600, start, peak, len(live), needed,
-                       freed / 3600, saturated)
+                       freed / 3600, saturated, idle_tails(windows))

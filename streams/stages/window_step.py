@@ -145,6 +145,8 @@ class WindowStep:
     def _serving(self, partition: int, d: Decoded) -> str | None:
         """A replica's checked ``ServingSample`` into its window's figures; why not, or None."""
         r = d.record
+        if r["workflow_id"] in NOT_WORKFLOWS:
+            return f"a serving sample of {r['workflow_id']!r}: the GPUs of a replica belong to a workflow"
         state = self.aggregator.state_of(r["workflow_id"], partition, r.get("owner"), r.get("team"))
         if state.serving is None:
             state.serving = {}

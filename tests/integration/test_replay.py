@@ -108,3 +108,9 @@ def test_a_recorded_serving_fleet_replayed_through_the_pipeline_is_judged_as_the
     assert load.peak_per_s == pytest.approx(max(spans.values()) / 600)
     assert load.replicas_needed == replicas_needed(list(capacity.values()), max(spans.values()) / 600, 0.2)
     assert load.gpu_hours == pytest.approx(sum(g for w in want.values() for g, _ in w.values()) / 3600)
+    # Each replica's time without a request at the end of the replay, as `gpufleet serving` names them.
+    tails = {}
+    for wf, windows in want.items():
+        served = [s for s, (_, n) in windows.items() if n > 0]
+        tails[wf] = (max(windows) + WINDOW_S - (max(served) + WINDOW_S if served else min(windows))) * 1000
+    assert load.idle_tails == tails and any(ms >= 7_200_000 for ms in tails.values())

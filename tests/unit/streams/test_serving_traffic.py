@@ -8,6 +8,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpufleet.reports.serving import idle_line
 from schemas.topics import ALERTS, SERVING_WINDOWS
 from streams.serving.service import load, replicas_needed
 from streams.stages.window_step import Decoded
@@ -86,6 +87,13 @@ def test_a_late_serving_sample_is_a_dead_letter_and_a_replayed_one_counts_once()
     assert step.store[WF].serving.get("windows", {}) == {}
 
 
+def test_a_serving_sample_of_gpus_no_workflow_holds_is_a_dead_letter():
+    step, store = make()
+    dead = Feed(step)(served(0, 3.0, wf="unallocated")).dead
+    assert [why for _, why in dead] == ["a serving sample of 'unallocated': the GPUs of a replica belong to a workflow"]
+    assert "unallocated" not in store
+
+
 def feed_decoded(record, offset):
     return Decoded(0, record[0], record[1], offset)
 
@@ -103,10 +111,15 @@ def test_replicas_needed_never_exceed_those_held_nor_fall_below_the_peaks_need(c
 
 
 def test_a_service_needs_the_replicas_its_peak_asked_for():
-    windows = [{"workflow_id": f"r{i}", "window_start": BASE_MS + m * 60_000, "requests": r, "gpu_seconds": 60.0,
-                "state": "BUSY" if r else "IDLE", "capacity_per_s": 2.0}
+    windows = [{"workflow_id": f"r{i}", "window_start": BASE_MS + m * 60_000, "window_end": BASE_MS + (m + 1) * 60_000,
+                "requests": r, "gpu_seconds": 60.0, "state": "BUSY" if r else "IDLE", "capacity_per_s": 2.0}
                for i in range(10) for m, r in enumerate([120.0 if i < 3 else 0.0, 60.0 if i < 2 else 0.0])]
     got = load("sd-xl", windows, span_ms=60_000, margin=0.0)
     assert (got.replicas, got.peak_per_s, got.replicas_at_peak, got.replicas_needed) == (10, 6.0, 10, 3)
     assert got.freed_gpu_hours == 2 * 7 * 60 / 3600  # two minutes of 7 replicas beyond the 3 needed
     assert got.idle_gpu_hours == (7 + 8) * 60 / 3600
+    # At the end: r0 and r1 served in the last minute, r2 not since the first, the others never.
+    assert got.idle_tails == {"r0": 0, "r1": 0, **{f"r{i}": 120_000 for i in range(3, 10)}, "r2": 60_000}
+    assert idle_line(got, 120) == ("7 of 10 replicas of sd-xl served no request for their last 2 min or more: "
+                                   "r9 (2 min), r8 (2 min), r7 (2 min), r6 (2 min), r5 (2 min) ...")
+    assert idle_line(got, 7200) is None
