@@ -22,6 +22,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from gpufleet.demo_serving import DEMO_THRESHOLDS, serving_against_planted
 from gpufleet.enforcer import Enforcer
 from gpufleet.local import kafka as local_kafka
 from gpufleet.query_server import QueryServer, find_server
@@ -34,6 +35,7 @@ from kafka_client.config import WORKER_APP_ID, consumer_config
 from producers.publish_kafka import Publisher
 from producers.run_simulation import SimulationPlan, SimulationProgress, run_simulation
 from producers.simulate_fleet import IDLE, UNTOUCHED, build_fleet
+from producers.simulate_serving import ServingPlan, serving_samples_at, with_serving
 from schemas.codec import Codec
 from schemas.topics import ALERTS, DEAD_LETTERS, ENFORCEMENT, GPU_SAMPLES, WORKFLOW_WINDOWS
 from schemas.validate_sample import NOT_WORKFLOWS
@@ -216,7 +218,7 @@ def enforcement_against_planted(client, fleet, start_ms: int, ladder: Ladder) ->
         """).result_rows
     action_ms = round((DEMO_STARTUP_S + ladder.action_min * 60) * 1000)  # the ladder's clock starts after start-up
     planted = sum(len(w.gpus) * max(0, closed_to - (start_ms + action_ms)) / 1000
-                  for w in fleet.workflows if w.profile in (IDLE, UNTOUCHED))
+                  for w in fleet.workflows if w.profile in (IDLE, UNTOUCHED) and not w.service)
     freed = sum(seconds or 0.0 for *_, seconds in acted)
     lines = [(f"ladder {ladder.name!r}: warnings after {ladder.first_warning_min:g} and {ladder.second_warning_min:g} "
              f"simulated minutes of {ladder.detector.replace('_', ' ')}, the action at {ladder.action_min:g}"),
@@ -249,11 +251,13 @@ def run_demo(opts: DemoOptions) -> int:
         worker_log = data_dir / "worker.log"
         policy = data_dir / "enforcement.toml"
         policy.write_text(DEMO_POLICY)
+        (data_dir / "thresholds.toml").write_text(DEMO_THRESHOLDS)
         ladders = load_ladders(policy)
         # Without --bootstrap the worker finds the local cluster, as its own user where it is secure.
         worker = subprocess.Popen(
             [sys.executable, "-m", "gpufleet", "--data-dir", str(data_dir), "--log-level", "info",
-             "worker", "--app-id", WORKER_GROUP, "--enforcement", str(policy), "--startup-max-s", str(DEMO_STARTUP_S)],
+             "worker", "--app-id", WORKER_GROUP, "--enforcement", str(policy), "--startup-max-s", str(DEMO_STARTUP_S),
+             "--thresholds", str(data_dir / "thresholds.toml")],
             stdout=worker_log.open("wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
         print(f"  worker pid {worker.pid} (log {worker_log})")
@@ -271,7 +275,9 @@ def run_demo(opts: DemoOptions) -> int:
 
         # With what goodput accounting must find planted, so that the summary can compare.
         # As agents that read the scheduler's allocations report it: free GPUs, GPUs held and never opened.
-        fleet = build_fleet(opts.seed, opts.hosts, opts.gpus_per_host, opts.workflows, planted=True, scheduler=True)
+        # And a serving deployment beside it, holding more replicas than its traffic needs.
+        fleet = with_serving(build_fleet(opts.seed, opts.hosts, opts.gpus_per_host, opts.workflows, planted=True,
+                                         scheduler=True))
         ticks = int(opts.sim_minutes * 60)
         start_ms = (int(time.time()) // 60 * 60 - ticks) * 1000
         plan = SimulationPlan(start_ms, ticks, 1000, opts.speed)
@@ -279,7 +285,8 @@ def run_demo(opts: DemoOptions) -> int:
         sim_thread = threading.Thread(
             target=run_simulation, name="simulator",
             kwargs={"fleet": fleet, "plan": plan, "publisher": Publisher(broker.connection("agent"), Codec()),
-                    "stop": stop, "progress": progress},
+                    "stop": stop, "progress": progress,
+                    "serving": lambda tick: serving_samples_at(fleet, tick, ticks, start_ms, 1000)},
             daemon=True,
         )
         print(f"simulating {len(fleet.workflows)} workflows on {fleet.gpu_count} GPUs "
@@ -351,6 +358,8 @@ def run_demo(opts: DemoOptions) -> int:
     print(goodput_against_planted(writer.client, fleet, start_ms))
     print("\nGPUs the scheduler gave and no process opened (an agent with --allocations sees them):\n")
     print(untouched_against_planted(writer.client, fleet, progress.ticks_done))
+    print("\nThe serving deployment, judged by its traffic (gpufleet serving):\n")
+    print(serving_against_planted(writer.client, DATABASE, fleet, ticks, progress.ticks_done, start_ms, ServingPlan()))
     print("\nThe enforcement ladder (gpufleet enforce, a dry run):\n")
     print(enforcement_against_planted(writer.client, fleet, start_ms, ladders[0]))
     print(f"\nData: ClickHouse {dsn} (database {DATABASE}); Kafka log dirs {data_dir / 'kafka'}"
@@ -358,6 +367,7 @@ def run_demo(opts: DemoOptions) -> int:
     print(f"Try:\n  {_self_command(data_dir)} sql \"{EXAMPLE_SQL}\"\n"
           f"  {_self_command(data_dir)} opportunities --by team --since all\n"
           f"  {_self_command(data_dir)} goodput --by team --since all --rates docs/rates.example.toml\n"
+          f"  {_self_command(data_dir)} serving --since all\n"
           f"  {_self_command(data_dir)} report --since all --html fleet-report.html\n"
           f"  {_self_command(data_dir)} serve --dev   # then open http://127.0.0.1:8470/jobs/{idle or ''}")
     return 0

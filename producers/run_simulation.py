@@ -36,11 +36,13 @@ def run_simulation(
     progress: SimulationProgress | None = None,
     on_tick: Callable[[SimulationProgress], None] | None = None,
     batched: bool = True,
+    serving: Callable[[int], list[dict]] | None = None,
 ) -> SimulationProgress:
     """Publish ``plan.ticks`` ticks of samples, paced at ``plan.speed``, then flush.
 
     ``batched``: each workflow's samples of a host tick in one ``GpuSampleColumns`` message, as
-    the host agent sends them; else one ``GpuSample`` message per GPU."""
+    the host agent sends them; else one ``GpuSample`` message per GPU. ``serving``: the tick's
+    ``ServingSample``s (``producers.simulate_serving``), sent beside the GPU samples."""
     progress = progress or SimulationProgress()
     wall_start = time.monotonic()
     for tick in range(plan.ticks):
@@ -51,6 +53,8 @@ def run_simulation(
             publisher.publish(GPU_SAMPLES, columns_of(samples), topic=topic, schema="GpuSampleColumns")
         else:
             publisher.publish(GPU_SAMPLES, samples, topic=topic)
+        if serving is not None:
+            publisher.publish(GPU_SAMPLES, serving(tick), topic=topic, schema="ServingSample")
         progress.samples += len(samples)
         progress.ticks_done = tick + 1
         if on_tick is not None:

@@ -50,10 +50,11 @@ UNDERUTILIZED = Profile("underutilized", 12.0, 8.0, 0.30)
 IDLE = Profile("idle", 0.0, 0.0, 0.25)  # holds memory, runs nothing: a zombie allocation
 UNTOUCHED = Profile("untouched", 0.0, 0.0, 0.0)  # asked for GPUs, runs on the CPU: never opens them
 INPUT_BOUND = Profile("input-bound", 26.0, 8.0, 0.40)  # waits on its hosts' I/O
+SERVING = Profile("serving", 35.0, 5.0, 0.60)  # a serving replica with traffic: light, and doing its job
 
 # Where a planted GPU-second goes (streams.windows.goodput's buckets), by profile once started.
 _PLANTED_BUCKET = {HEALTHY: "productive", MODERATE: "productive", UNDERUTILIZED: "low_util",
-                   INPUT_BOUND: "input_bound"}
+                   INPUT_BOUND: "input_bound", SERVING: "productive"}
 THROTTLED = 0x20  # nvmlClocksEventReasonSwThermalSlowdown
 
 
@@ -80,6 +81,7 @@ class Workflow:
     throttled: tuple[int, int] | None = None  # ticks [from, to) under a thermal limit
     xid_tick: int | None = None  # its first GPU reports an XID at this tick
     untouched_gpus: int = 0  # its last GPUs that no process of it ever opens (the scheduler gave them)
+    service: str | None = None  # a serving replica of this service (``producers.simulate_serving``)
 
     def opens(self, rank: int) -> bool:
         """Whether the job's processes open its GPU of this rank."""

@@ -22,10 +22,19 @@ def test_demo_then_sql(tmp_path):
                     "--sim-minutes", "20", "--speed", "120", "--max-wall-s", "150", timeout=240)
     out = demo.stdout
     assert demo.returncode == 0, out + demo.stderr
-    assert "Per-workflow summary" in out and "(4 rows)" in out
-    # 8 GPUs x 1200 ticks, every one stored (one GPU no job holds among them); 19 closed windows
-    # per workflow and for the unallocated capacity (the 20th is still open).
-    assert "rows stored: gpu_samples 9600, workflow_windows 95," in out
+    assert "Per-workflow summary" in out and "(10 rows)" in out  # 4 jobs and 6 serving replicas
+    # 14 GPUs x 1200 ticks, every one stored (one GPU no job holds among them, 6 the replicas'); 19
+    # closed windows per workflow and for the unallocated capacity (the 20th is still open).
+    assert "rows stored: gpu_samples 16800, workflow_windows 209," in out
+    # The serving deployment: what the pipeline measured of it is what the simulator planted.
+    serving = out[out.index("The serving deployment"):out.index("The enforcement ladder")]
+    for row in ("replicas", "replicas that served no request", "busiest 10 min, requests/s", "replicas needed"):
+        line = rf"^{re.escape(row)}(?: \(\+20%\))? +(\S+) +(\S+)$"
+        measured, planted = re.search(line, serving, re.MULTILINE).groups()
+        assert measured == planted, serving
+    assert "served no request: svc-chat-llm-2, svc-chat-llm-3, svc-chat-llm-4, svc-chat-llm-5 (planted: the same)" \
+        in serving
+    assert "idle-replica alerts: svc-chat-llm-2, svc-chat-llm-3, svc-chat-llm-4, svc-chat-llm-5" in serving
     assert f'gpufleet --data-dir {data} sql "' in out
     assert "wall-time limit" not in out
     # The goodput waterfall, measured through Kafka, the worker and ClickHouse, against what
@@ -52,7 +61,7 @@ def test_demo_then_sql(tmp_path):
     sql = gpufleet("--data-dir", data, "sql", "--format", "csv",
                    "SELECT count() AS n FROM gpufleet.workflow_windows FINAL", timeout=60)
     assert sql.returncode == 0, sql.stderr
-    assert sql.stdout.split() == ["n", "95"]
+    assert sql.stdout.split() == ["n", "209"]
 
     refused = gpufleet("--data-dir", data, "sql", "DROP TABLE gpufleet.gpu_samples", timeout=60)
     assert refused.returncode != 0 and "DROP is refused on the read path" in refused.stderr
@@ -93,7 +102,7 @@ def test_demo_then_sql(tmp_path):
     idle = re.search(r"the job that never opened its GPUs, on the owners' service: "
                      r"http://127\.0\.0\.1:\d+/jobs/(\S+)", out).group(1)
     listed = ok("jobs", "--since", "all")
-    assert idle in listed and "(4 rows)" in listed
+    assert idle in listed and "(10 rows)" in listed
     # Its report names its one cause, and it had one alert for it (issue 42), not start-up advice.
     told = ok("workflow", idle)
     assert "No process of the job ever opened its" in told and "Start-up took long" not in told, told
@@ -123,7 +132,7 @@ def test_the_demo_on_a_secure_cluster_runs_each_component_as_its_own_user(tmp_pa
                     "--workflows", "4", "--sim-minutes", "3", "--speed", "60", "--max-wall-s", "150", timeout=240)
     assert demo.returncode == 0, demo.stdout + demo.stderr
     assert "SASL_SSL with mutual TLS and ACLs" in demo.stdout
-    assert "rows stored: gpu_samples 720, workflow_windows 8," in demo.stdout
+    assert "rows stored: gpu_samples 1800, workflow_windows 20," in demo.stdout  # 4 GPUs and 6 replicas
     worker_log = (data / "worker.log").read_text()
     assert "(SASL_SSL, User:worker)" in worker_log  # as itself
     assert "AUTHORIZATION_FAILED" not in worker_log  # and it had what it needed
