@@ -141,13 +141,8 @@ class ProfileComparisonStage:
         self.state.table(self.table)
 
     def register(self) -> None:
-        self.app.on_partitions_assigned.connect(self.on_assigned)
         self.app.agent(self.analyses_topic, name=STAGE)(self.analyses)
         self.app.timer(interval=60.0)(self.expire)
-
-    async def on_assigned(self, sender, assigned: set, **kwargs) -> None:
-        name = self.analyses_topic.get_topic_name()
-        self.state.drop({tp.partition for tp in assigned if tp.topic == name})
 
     async def analyses(self, stream: faust.StreamT) -> None:
         async for events in stream.take_events(100, within=self.settings.batch_within_s):

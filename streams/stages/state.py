@@ -15,14 +15,18 @@ after a crash. So a stage changes its tables and emits records only through its
   changelogs, once each however many batches changed them, and the offsets are committed
   only once the broker has those writes (fix 6).
 
-Partitions that move to another worker are dropped with their unsaved changes (``drop``):
-the new owner restores the state as of the last commit and reads on from its offsets.
+At every rebalance, before the partitions are handed out again, the tables are emptied,
+unsaved changes included, and recovery reads each of their changelog partitions whole
+(``faust_fixes``, fix 8): every partition this worker then owns, kept or new, holds the state
+as last written, and its samples are read again from the committed offsets, which that state
+is never behind (what it applied past them is skipped as a replay).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, MutableMapping
+import logging
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -31,6 +35,8 @@ import faust
 from schemas.codec import Codec
 from streams import faust_fixes
 from streams.stages.io import BeforeCommit, send, send_dead_letter
+
+log = logging.getLogger(__name__)
 
 
 class OutsideBatch(RuntimeError):
@@ -49,6 +55,7 @@ class StageState:
         self.lock = asyncio.Lock()
         app.gpufleet_commit_locks = [*getattr(app, "gpufleet_commit_locks", []), self.lock]
         app.sensors.add(BeforeCommit(self.save))
+        app.on_partitions_revoked.connect(self.on_revoked)
         self._tables: dict[str, _Table] = {}
         self._dirty: dict[tuple[str, object], int] = {}  # (table, key) -> its changelog partition
 
@@ -114,19 +121,23 @@ class StageState:
             faust_fixes.state_writes(self.app).append(write)
         self._dirty.clear()
 
-    def drop(self, owned: set[int]) -> int:
-        """Entries of partitions not in ``owned`` (now another worker's), unsaved changes
-        included; returns how many entries."""
+    async def on_revoked(self, sender, revoked: set, **kwargs) -> None:
+        """A rebalance begins (faust has let the batches in flight finish and committed what
+        it could): the tables are let go of, between batches."""
+        async with self.lock:
+            gone = self.forget()
+        if gone:
+            log.info("%s: let go of %d entries for the rebalance; restored from the changelogs as last written",
+                     self.stage, gone)
+
+    def forget(self) -> int:
+        """Every entry of the stage's tables, unsaved changes included, and where recovery
+        would go on reading their changelogs from: it reads them whole (fix 8). Returns how
+        many entries."""
         gone = 0
         for t in self._tables.values():
-            data: MutableMapping = t.table.data
-            keys = [k for k, v in data.items() if v is not None and _partition(v) not in owned]
-            for k in keys:
-                del data[k]
-            gone += len(keys)
-        self._dirty = {k: p for k, p in self._dirty.items() if p in owned}
+            gone += len(t.table.data)
+            t.table.data.clear()
+        self._dirty.clear()
+        faust_fixes.recover_whole(self.app, [t.table for t in self._tables.values()])
         return gone
-
-
-def _partition(entry) -> int | None:
-    return entry.get("partition") if isinstance(entry, dict) else getattr(entry, "partition", None)

@@ -53,15 +53,9 @@ class TraceStage:
 
     def register(self) -> None:
         app = self.app
-        app.on_partitions_assigned.connect(self.on_assigned)
         app.on_rebalance_complete.connect(self.on_rebalance_complete)
         app.agent(self.events_topic, name=STAGE)(self.kernel_events)
         app.timer(interval=self.settings.trace_sessions.timeout_ms / 4000)(self.expire)
-
-    async def on_assigned(self, sender, assigned: set, **kwargs) -> None:
-        """Traces of partitions now owned elsewhere are dropped: their new owner goes on with them."""
-        name = self.events_topic.get_topic_name()
-        self.state.drop({tp.partition for tp in assigned if tp.topic == name})
 
     async def on_rebalance_complete(self, sender, **kwargs) -> None:
         self.sessions.forget()  # its indexes are built again from the restored table

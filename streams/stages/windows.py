@@ -14,7 +14,8 @@ the GPU samples (so a workflow's samples, life cycle and profile results meet in
 The states change, and the records they lead to are sent, only inside the stage's batches
 (``streams.stages.state``: the rule every stage keeps, in one place): a state records what it
 has applied, and the commit writes it only after the records of every batch so far are
-durable. Partitions that move away are dropped with their unsaved changes.
+durable. At each rebalance the tables are restored as last written, for the partitions kept
+as for those taken over.
 """
 
 from __future__ import annotations
@@ -107,7 +108,6 @@ class WindowStage:
 
     def register(self) -> None:
         app, settings = self.app, self.settings
-        app.on_partitions_assigned.connect(self.on_assigned)
         app.on_rebalance_complete.connect(self.on_rebalance_complete)
         app.agent(self.samples_topic, name=STAGE)(self.samples)
         app.agent(self.events_topic, name=LIFE_CYCLE)(self.life_cycle)
@@ -122,16 +122,6 @@ class WindowStage:
         """The partitions of the sample topics this worker owns now."""
         name = self.samples_topic.get_topic_name()
         return sorted(tp.partition for tp in self.app.consumer.assignment() if tp.topic == name)
-
-    async def on_assigned(self, sender, assigned: set, **kwargs) -> None:
-        """What this worker no longer owns is dropped, unsaved changes included: the new owner
-        restores the state as of the last commit from the changelog and reads on from the
-        committed offsets, and nothing more is emitted for it here."""
-        name = self.samples_topic.get_topic_name()
-        mine = {tp.partition for tp in assigned if tp.topic == name}
-        dropped = self.state.drop(mine)
-        if dropped:
-            log.info("dropped the state of %d workflows and kept windows of partitions now owned elsewhere", dropped)
 
     async def on_rebalance_complete(self, sender, **kwargs) -> None:
         """The tables are restored: the per-partition indexes (open windows, clocks) are built

@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import ClassVar
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from kafka_client.config import consumer_config
 from schemas.codec import Codec
@@ -185,13 +185,25 @@ def _watermarks(consumer: Consumer, tp: TopicPartition, timeout: float) -> tuple
             time.sleep(0.2)
 
 
+# What a group's committed offsets are answered with while its coordinator is still chosen or loaded.
+COORDINATOR_LOADING = {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                       KafkaError.COORDINATOR_NOT_AVAILABLE}
+
+
 def committed_everything(bootstrap: str, group: str, spec: TopicSpec, topic: str) -> bool:
     """True when ``group`` has committed the end offset of every partition of ``topic``."""
     c = Consumer(consumer_config(bootstrap, group))
     try:
         partitions = c.list_topics(topic, timeout=10).topics[topic].partitions  # as created, maybe not as declared
         tps = [TopicPartition(topic, p) for p in partitions]
-        committed = c.committed(tps, timeout=10)
+        try:
+            committed = c.committed(tps, timeout=10)
+        except KafkaException as exc:
+            # The group's coordinator still chosen or loading on a broker just started: asked again
+            error = exc.args[0] if exc.args else None
+            if error is not None and (error.retriable() or error.code() in COORDINATOR_LOADING):
+                return False
+            raise
         for tp in committed:
             high = c.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=10)[1]
             if high > 0 and tp.offset < high:
