@@ -21,7 +21,6 @@ import logging
 import threading
 import time
 import urllib.parse
-import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,15 +65,6 @@ def endpoint(text: str) -> Endpoint:
         raise EndpointSettingError(f"--serving-endpoint {text!r}: options are service=NAME and engine="
                                    f"{'|'.join(ENGINES)}")
     return Endpoint(gpus, url, named.get("engine") or None, named.get("service") or None)
-
-
-def fetch(url: str, timeout_s: float) -> str:
-    """One GET on a connection of its own (``Fetcher`` keeps them open)."""
-    with urllib.request.urlopen(url, timeout=timeout_s) as answer:
-        body = answer.read(MAX_BYTES + 1)
-    if len(body) > MAX_BYTES:
-        raise EndpointError(f"the answer is longer than {MAX_BYTES} bytes")
-    return body.decode("utf-8", errors="replace")
 
 
 class Fetcher:
