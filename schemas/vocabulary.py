@@ -66,13 +66,18 @@ STARTUP = Term(
     "sample: loading, compiling, waiting for peers.", "sum(startup_gpu_seconds)")
 IDLE = Term(
     "idle",
-    "allocated GPU-seconds at 0 % utilisation after start-up: held and not used.", "sum(idle_gpu_seconds)")
+    "allocated GPU-seconds at 0 % utilisation after start-up: held and not used. A serving replica's: its "
+    "GPU-seconds after start-up in windows in which it served no request (judged_windows), whatever its GPUs did.",
+    "sum(idle_gpu_seconds)")
 WASTED = Term(
     "wasted",
     "allocated GPU-seconds that did no productive work: unhealthy + start-up + idle + input-bound + low "
     "utilisation, i.e. allocated - productive (for windows written before goodput: none).",
     _sum(*(f"{b}_gpu_seconds" for b in WASTE_BUCKETS)))
-PRODUCTIVE = Term("productive", "allocated GPU-seconds in none of the waste buckets.", "sum(productive_gpu_seconds)")
+PRODUCTIVE = Term("productive", "allocated GPU-seconds in none of the waste buckets. A serving replica's: its "
+                  "GPU-seconds after start-up in windows in which it served requests (busy, headroom, or saturated: "
+                  "its GPUs did the service's work, too few replicas did it), whatever its GPUs' utilisation.",
+                  "sum(productive_gpu_seconds)")
 GOODPUT = Term("goodput", "productive / observed allocated (allocated - unobserved, of the windows with buckets), "
                "in %.", "")
 UNUSED = Term(
@@ -91,7 +96,8 @@ TERMS = (CAPACITY, ALLOCATED, UNALLOCATED, STARTUP, IDLE, WASTED, PRODUCTIVE, UN
 
 # A serving replica (``ServingWindow``, as ClickHouse keeps them: ``serving_windows`` FINAL) is also
 # judged by its traffic; these sum its windows' GPU-seconds by what the traffic said of them. They
-# are in the allocated GPU-seconds already (its waterfall judges its GPUs), never added to them.
+# are in the allocated GPU-seconds already, never added to them: its waterfall puts them in
+# productive and idle by the same states (``judged_windows``, sinks/ddl_workflows.py).
 SERVED = Term("served", "a serving replica's GPU-seconds in windows in which it served traffic within the queue "
                         "target (busy or headroom).", "sumIf(gpu_seconds, state IN ('BUSY', 'HEADROOM'))")
 HEADROOM = Term("headroom", "a serving replica's GPU-seconds in windows whose traffic was below the capacity it "

@@ -29,6 +29,7 @@ from sinks.ddl_traces import (
 )
 from sinks.ddl_workflows import (
     GOODPUT_VIEWS,
+    JUDGED_WINDOWS_VIEW,
     WASTE_VIEW,
     WORKFLOW_EVENTS_TABLE,
     WORKFLOW_SUMMARIES_TABLE,
@@ -76,7 +77,7 @@ TABLES: tuple[Table, ...] = (
 
 
 # Objects derived from the tables: created after them, in this order, idempotently.
-DERIVED = (*WORKFLOWS, *ROLLUPS, *ALERT_TRANSITIONS, WASTE_VIEW, *GOODPUT_VIEWS)
+DERIVED = (*WORKFLOWS, *ROLLUPS, *ALERT_TRANSITIONS, JUDGED_WINDOWS_VIEW, WASTE_VIEW, *GOODPUT_VIEWS)
 
 
 def create_statements(database: str) -> list[str]:

@@ -220,27 +220,50 @@ WORKFLOWS = (
 )
 
 
-# Made last: it reads workflow_windows, findings and workflows.
+# A serving replica's window is judged by its traffic (serving_windows, ``streams.serving``),
+# here once for every report: the GPU-seconds (and joules) its GPUs' judgement put in idle,
+# input-bound, low utilisation or productive go to productive when it served requests (busy,
+# headroom or saturated: its GPUs did the service's work, whatever their utilisation), to idle
+# when it served none; unhealthy, start-up and unobserved stay as its GPUs said. So each
+# GPU-second is still in exactly one bucket. ``serving_state`` is '' for every other window.
+REJUDGED = ("idle", "input_bound", "low_util", "productive")
+
+
+def _judged(bucket: str, kind: str) -> str:
+    pooled = " + ".join(f"w.{b}_{kind}" for b in REJUDGED)
+    serving = {"idle": f"if(s.state = 'IDLE', {pooled}, 0)", "productive": f"if(s.state = 'IDLE', 0, {pooled})"}
+    return f"if(s.state = '', w.{bucket}_{kind}, {serving.get(bucket, '0')}) AS {bucket}_{kind}"
+
+
+JUDGED_WINDOWS_VIEW = f"""
+    CREATE OR REPLACE VIEW {{db}}.judged_windows AS
+    SELECT w.* REPLACE ({", ".join(_judged(b, kind) for b in REJUDGED for kind in ("gpu_seconds", "joules"))}),
+           s.state AS serving_state
+    FROM {{db}}.workflow_windows AS w FINAL
+    LEFT JOIN (SELECT workflow_id AS serving_workflow, window_start AS serving_start, state
+               FROM {{db}}.serving_windows FINAL) AS s
+           ON s.serving_workflow = w.workflow_id AND s.serving_start = w.window_start
+    """
+
+# Made last: it reads judged_windows, findings and workflows.
 WASTE_VIEW = (
     # Where GPU-seconds are lost, one row per (workflow, window or finding, cause): what
     # `gpufleet opportunities` ranks. The causes of a window are its waste buckets
     # (schemas.vocabulary: unhealthy, startup, idle, input_bound, low_util), so a workflow's
     # window causes sum to its wasted GPU-seconds; each antipattern finding comes with the
     # GPU-seconds it puts at stake (these explain part of the same waste, so causes are
-    # ranked, never summed together). A serving replica's window is judged by its traffic
-    # (serving_windows): GPU time in a window without a request is its one cause, idle_replica;
-    # a window that served traffic wastes nothing, whatever its GPUs' utilisation.
+    # ranked, never summed together). A serving replica's idle time (judged_windows: its windows
+    # without a request) is named for what it is, idle_replica; a window that served traffic
+    # wastes nothing but its start-up and unhealthy time, whatever its GPUs' utilisation.
     """
     CREATE OR REPLACE VIEW {db}.waste AS
     SELECT workflow_id, ifNull(team, '') AS team, ifNull(owner, '') AS owner, window_end AS at,
            bucket.1 AS cause, bucket.2 AS gpu_seconds
-    FROM {db}.workflow_windows FINAL
-    ARRAY JOIN [""" + ", ".join(f"('{b}', {b}_gpu_seconds)" for b in WASTE_BUCKETS) + """] AS bucket
+    FROM {db}.judged_windows
+    ARRAY JOIN [""" + ", ".join(
+        f"(if(serving_state = '', 'idle', 'idle_replica'), {b}_gpu_seconds)" if b == "idle"
+        else f"('{b}', {b}_gpu_seconds)" for b in WASTE_BUCKETS) + """] AS bucket
     WHERE """ + JOBS + """
-      AND (workflow_id, window_start) NOT IN (SELECT workflow_id, window_start FROM {db}.serving_windows)
-    UNION ALL
-    SELECT workflow_id, ifNull(team, ''), ifNull(owner, ''), window_end, 'idle_replica', gpu_seconds
-    FROM {db}.serving_windows FINAL WHERE state = 'IDLE'
     UNION ALL
     SELECT f.workflow_id, ifNull(w.team, ''), ifNull(w.owner, ''), f.detected_at, concat('antipattern:', f.rule),
            f.gpu_seconds_at_stake
@@ -264,7 +287,7 @@ def _goodput_view(name: str, period: str) -> str:
                AS unclassified_gpu_seconds,
            sum(ifNull(w.energy_joules, 0)) AS energy_joules,
            {sums}
-    FROM {{db}}.workflow_windows AS w FINAL
+    FROM {{db}}.judged_windows AS w
     LEFT JOIN (SELECT workflow_id, argMax(framework, event_time) AS framework,
                       argMax(cluster, event_time) AS cluster
                FROM {{db}}.workflows GROUP BY workflow_id) AS m ON m.workflow_id = w.workflow_id
@@ -274,6 +297,7 @@ def _goodput_view(name: str, period: str) -> str:
 
 # The goodput waterfall rolled up by hour and by day, per team, owner, framework, GPU model,
 # cluster and workflow: views over the windows as ClickHouse keeps them (FINAL: the highest
-# version of each), since a materialised sum would count a window re-emitted by late samples
-# twice. Made after the workflows table they join (its framework and cluster).
+# version of each; a serving replica's judged by its traffic, judged_windows), since a
+# materialised sum would count a window re-emitted by late samples twice. Made after the
+# workflows table they join (its framework and cluster).
 GOODPUT_VIEWS = (_goodput_view("goodput_hourly", "toStartOfHour"), _goodput_view("goodput_daily", "toStartOfDay"))

@@ -21,7 +21,7 @@ def list_workflows(client: Client, database: str, since_minutes: float = 1440) -
         client,
         f"""
         WITH windows AS (
-            SELECT * FROM {database}.workflow_windows FINAL
+            SELECT * FROM {database}.judged_windows
             WHERE window_end >= (SELECT max(window_end) FROM {database}.workflow_windows)
                                 - INTERVAL {int(since_minutes)} MINUTE
                   AND {JOBS}
@@ -56,7 +56,7 @@ def workflow_timeline(client: Client, database: str, workflow_id: str) -> tuple[
                round(({WASTED.sql.removeprefix("sum(")[:-1]}) / 3600, 3) AS wasted_gpu_hours,
                round(w.unobserved_gpu_seconds / 3600, 3) AS unobserved_gpu_hours,
                toUnixTimestamp64Milli(w.window_start) AS _start, toUnixTimestamp64Milli(w.window_end) AS _end
-        FROM {database}.workflow_windows AS w FINAL
+        FROM {database}.judged_windows AS w
         WHERE w.workflow_id = %(wf)s
         ORDER BY w.window_start
     """, {"wf": workflow_id})
@@ -103,7 +103,7 @@ def workflow_summary(client: Client, database: str, workflow_id: str) -> tuple[d
                    sum(w.tensor_active_mean_pct * w.gpu_seconds) / sum(w.gpu_seconds) AS tensor_active_mean_pct,
                    sum(w.model_mfu_pct * w.gpu_seconds) / sum(w.gpu_seconds) AS model_mfu_pct,
                    {_BUCKET_SUMS}
-            FROM {database}.workflow_windows AS w FINAL WHERE w.workflow_id = %(wf)s""", parameters={"wf": workflow_id})
+            FROM {database}.judged_windows AS w WHERE w.workflow_id = %(wf)s""", parameters={"wf": workflow_id})
         summary = dict(zip(result.column_names, result.result_rows[0]))
     for k in ("first_window_start", "last_window_end"):
         summary[k] = int(summary[k].timestamp() * 1000)
@@ -167,7 +167,7 @@ def array_tasks(client: Client, database: str, tasks: list[str], raw: dict[str, 
     totals = {r[0]: r[1:] for r in client.query(f"""
         SELECT workflow_id, round(sum(gpu_seconds) / 3600, 3),
                round(100 * sum(productive_gpu_seconds) / nullIf(sum(gpu_seconds - unobserved_gpu_seconds), 0), 1)
-        FROM {database}.workflow_windows FINAL WHERE workflow_id IN %(tasks)s GROUP BY workflow_id""",
+        FROM {database}.judged_windows WHERE workflow_id IN %(tasks)s GROUP BY workflow_id""",
         parameters={"tasks": tasks}).result_rows}
     ends = dict(client.query(f"""
         SELECT workflow_id, ifNull(end_state, end_reason) FROM {database}.workflow_summaries FINAL

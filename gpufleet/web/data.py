@@ -84,7 +84,7 @@ def jobs(client, database: str, viewer: Viewer, since_s: float = 7 * 86400, stat
             SELECT w.workflow_id AS workflow_id, any(w.owner) AS owner, any(w.team) AS team,
                    max(w.gpu_count) AS gpus, min(w.window_start) AS first_window_start,
                    max(w.window_end) AS last_window_end, sum(w.gpu_seconds) AS gpu_seconds, {_SECONDS}
-            FROM {database}.workflow_windows AS w FINAL
+            FROM {database}.judged_windows AS w
             WHERE w.{JOBS} AND {visible} {''.join(f' AND {f}' for f in filters)}
                   AND w.window_end >= (SELECT max(window_end) FROM {database}.workflow_windows)
                                       - toIntervalSecond(%(since)s)

@@ -3,8 +3,8 @@ copied) through the real broker, a worker process and the sink into ClickHouse: 
 (the first by name) over the trace's first 6 hours. Every figure is checked against the CSV,
 computed here: each replica's GPU-seconds and idle GPU-seconds, its idle windows, its idle-replica
 alerts (each at the end of a stretch of 30 minutes or more without a request), every alert
-resolved once the replay ends the replica, the idle replicas' GPU-hours as `gpufleet opportunities`
-ranks them, and the service's peak and replicas needed."""
+resolved once the replay ends the replica, the idle replicas' and their start-up's GPU-hours as
+`gpufleet opportunities` ranks them, and the service's peak and replicas needed."""
 
 from __future__ import annotations
 
@@ -47,6 +47,21 @@ def expected():
     return out
 
 
+def startups() -> dict[str, dict[int, float]]:
+    """From the CSV alone, by the start-up rule (``streams.windows.goodput``): each replica's
+    GPU-seconds before its GPU first reached 1 %, for at most 15 minutes, by window start."""
+    out = {}
+    for ip, points in sorted(duty_cycles(HOURS).items())[:CONTAINERS]:
+        busy = next((t for t, duty in points if duty >= 1.0), None)
+        end = points[0][0] + 900 if busy is None else min(points[0][0] + 900, busy)
+        windows = defaultdict(float)
+        for (t, _), gap in zip(points, gaps(points)):
+            if t < end:
+                windows[t // WINDOW_S * WINDOW_S] += gap
+        out[f"replay-{ip[:24]}"] = dict(windows)
+    return out
+
+
 def test_a_recorded_serving_fleet_replayed_through_the_pipeline_is_judged_as_the_csv_says(
         kafka, prefix, sink, tmp_path):
     want = expected()
@@ -72,19 +87,22 @@ def test_a_recorded_serving_fleet_replayed_through_the_pipeline_is_judged_as_the
             "FROM {db}.serving_windows FINAL"):
         got[wf][start - shift] = (gpu_s, requests, state)
     assert set(got) == set(want)
-    idle_windows, idle_gpu_s = 0, 0.0
+    idle_windows, idle_gpu_s, startup = 0, 0.0, startups()
     for wf, windows in want.items():
         assert set(got[wf]) == set(windows), wf
         for start, (gpu_s, requests) in windows.items():
             assert got[wf][start][0] == pytest.approx(gpu_s) and got[wf][start][1] == pytest.approx(requests)
             assert (got[wf][start][2] == "IDLE") == (requests == 0), (wf, start)
             idle_windows += requests == 0
-            idle_gpu_s += gpu_s if requests == 0 else 0.0
+            idle_gpu_s += gpu_s - startup[wf].get(start, 0.0) if requests == 0 else 0.0
     assert 0 < idle_windows < sum(map(len, want.values()))
-    # Ranked beside training waste: a replica's only cause is the GPU time it held for no traffic.
+    # Ranked beside training waste: a replica's causes are its start-up and the GPU time it held
+    # for no traffic after it; a window that served wastes nothing, whatever the GPU's utilisation.
     columns, rows = opportunities(sink.writer.client, sink.writer.database, "cause", "all", 20)
     causes = {row[columns.index("cause")]: row[columns.index("gpu_hours")] for row in rows}
-    assert set(causes) == {"idle_replica"} and causes["idle_replica"] == pytest.approx(idle_gpu_s / 3600, abs=0.01)
+    assert set(causes) == {"idle_replica", "startup"}
+    assert causes["idle_replica"] == pytest.approx(idle_gpu_s / 3600, abs=0.01)
+    assert causes["startup"] == pytest.approx(sum(sum(w.values()) for w in startup.values()) / 3600, abs=0.01)
 
     # The alerts: only the replicas' own, each after 30 minutes without a request, all resolved.
     alerts = q("SELECT workflow_id, detector, status, toUnixTimestamp(window_end) FROM {db}.alert_transitions FINAL")

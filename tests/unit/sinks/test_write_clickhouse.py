@@ -41,7 +41,7 @@ def test_tables_are_created_idempotently(writer):
     writer.ensure_tables()  # second time: no error, nothing changes
     names = {r[0] for r in writer.client.query(f"SHOW TABLES FROM {writer.database}").result_rows}
     derived = {"workflows", "workflows_mv", "gpu_hours_hourly", "gpu_hours_hourly_mv", "gpu_hours_daily",
-               "gpu_hours_daily_mv", "waste", "goodput_hourly", "goodput_daily", "schema_migrations",
+               "gpu_hours_daily_mv", "judged_windows", "waste", "goodput_hourly", "goodput_daily", "schema_migrations",
                "alert_transitions", "alert_transitions_mv", "gpu_minutes", "gpu_minutes_mv"}
     applied = writer.client.query(
         f"SELECT version FROM {writer.database}.schema_migrations FINAL ORDER BY version"
