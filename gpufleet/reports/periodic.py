@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+from gpufleet.reports.serving import idle_line, loads_of, peak_line
 from schemas.vocabulary import JOBS, WASTE_BUCKETS
 from sinks.job_report import BUCKETS, LABELS, Waterfall
 from sinks.route_alerts import page_url
@@ -26,6 +27,8 @@ log = logging.getLogger(__name__)
 
 PERIODS = ("month", "week", "day")
 TOP_JOBS = 5
+# A service's lines as `gpufleet serving` gives them by default: its busiest 10 minutes, +20 %.
+PEAK_SPAN_S, MARGIN, IDLE_FOR_S = 600.0, 0.2, 7200.0
 
 
 def period_start(period: str, at: datetime) -> datetime:
@@ -53,6 +56,7 @@ class Usage:
     waterfall: Waterfall
     jobs: list[tuple[str, float, float, str | None]] = field(default_factory=list)  # id, GPU-h, wasted h, loss
     owners: dict[str, Waterfall] = field(default_factory=dict)
+    services: list = field(default_factory=list)  # streams.serving.service.ServiceLoad of its replicas
 
     @property
     def gpu_hours(self) -> float:
@@ -86,6 +90,17 @@ def usage(client, database: str, key: str, start: datetime, end: datetime) -> di
         u.jobs.append((workflow, job.allocated.gpu_seconds / 3600, wasted / 3600, LABELS[loss] if loss else None))
     for u in out.values():
         u.jobs.sort(key=lambda j: (-j[2], j[0]))
+    serving: dict[str, list] = {}
+    for name, *row in client.query(f"""
+            SELECT {key}, workflow_id, service, toUnixTimestamp64Milli(window_start),
+                   toUnixTimestamp64Milli(window_end), requests, gpu_seconds, state, capacity_per_s
+            FROM {database}.serving_windows FINAL
+            WHERE window_start >= %(start)s AND window_start < %(end)s AND {key} != ''""",
+            parameters={"start": start, "end": end}).result_rows:
+        serving.setdefault(name, []).append(row)
+    for name, rows in serving.items():
+        if name in out:
+            out[name].services = loads_of(rows, PEAK_SPAN_S, MARGIN)
     return out
 
 
@@ -122,6 +137,13 @@ def report(kind: str, name: str, period: str, start: datetime, end: datetime, no
         lines.append(f"  {workflow}: {wasted:,.2f} of {hours:,.2f} GPU-h wasted, mostly {loss}{link}")
     if not shown:
         lines.append("  none: every job's GPU-hours did productive work")
+    if now.services:
+        lines += ["", "The services of your replicas, by the traffic they served:" if kind == "owner"
+                  else "The team's services, by the traffic they served:"]
+        for load in now.services:
+            lines.append(f"  {peak_line(load, PEAK_SPAN_S, MARGIN)}")
+            if (idle := idle_line(load, IDLE_FOR_S)) is not None:
+                lines.append(f"  {idle}.")
     text = "\n".join(lines) + "\n"
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(subject)}</title></head><body>"
             f"<pre>{html.escape(text)}</pre></body></html>")

@@ -12,7 +12,7 @@ import pytest
 from aiosmtpd.controller import Controller
 
 from gpufleet.local.kafka import free_port
-from gpufleet.reports.periodic import PeriodicReports, last_whole, period_start
+from gpufleet.reports.periodic import PeriodicReports, last_whole, period_start, report, usage
 from sinks.clickhouse_ddl import WORKFLOW_WINDOWS_TABLE
 from sinks.consume_alerts import SentLog
 from sinks.route_alerts import Routing, SmtpSettings
@@ -84,3 +84,33 @@ def test_owners_and_sponsors_get_last_months_report_once(chdb_client, database, 
     team = mails["carla@example.org"].get_body(("plain",)).get_content()
     assert mails["carla@example.org"]["Subject"].startswith("[gpufleet monthly report] team vision")
     assert "GPU-hours: 4.50" in team and "ana " in team and "bo " in team and "cy" not in team
+
+
+def test_an_owners_report_speaks_of_their_services_by_the_traffic_they_served(chdb_client, database):
+    """A serving replica's owner reads their service as `gpufleet serving` says it: the replicas
+    its busiest 10 minutes needed against those held, and the replicas that served no request."""
+    writer = ClickHouseWriter(chdb_client, database)
+    writer.ensure_tables()
+    assert writer.insert(WORKFLOW_WINDOWS_TABLE, [job(0, "chat-r1", "bo", "vision", NOV, 0.0, 10800.0),
+                                                  job(1, "chat-r2", "bo", "vision", NOV, 0.0, 10800.0)]) == []
+    for replica in ("chat-r1", "chat-r2"):
+        for minute in range(180):  # chat-r1 served 120 requests in its first minute; nothing else, ever
+            requests = 120.0 if (replica, minute) == ("chat-r1", 0) else 0.0
+            start = NOV + minute * 60_000
+            chdb_client.command(f"""
+                INSERT INTO {database}.serving_windows
+                    (workflow_id, owner, team, service, window_start, window_end, gpu_count, gpu_seconds,
+                     requests, state, capacity_per_s, closed_at)
+                VALUES ('{replica}', 'bo', 'vision', 'chat', fromUnixTimestamp64Milli({start}),
+                        fromUnixTimestamp64Milli({start + 60_000}), 1, 60.0, {requests},
+                        '{"BUSY" if requests else "IDLE"}', 2.0, now64(3))""")
+    start, end = datetime(2026, 11, 1, tzinfo=UTC), datetime(2026, 12, 1, tzinfo=UTC)
+    now = usage(chdb_client, database, "owner", start, end)
+    (load,) = now["bo"].services
+    assert (load.service, load.replicas, load.replicas_needed) == ("chat", 2, 1)
+    _, text, _ = report("owner", "bo", "month", start, end, now["bo"], None, None)
+    assert "The services of your replicas, by the traffic they served:" in text
+    assert ("The busiest 10 min of chat (0.20 requests/s) needed 1 replica with +20% headroom: 2 held; "
+            "3.0 of its 6.0 GPU-hours were held beyond the replicas needed.") in text  # 1 of 2, 3 h
+    assert "2 of 2 replicas of chat served no request for their last 2.0 h or more: chat-r2 (3.0 h), chat-r1 (3.0 h)" \
+        in text

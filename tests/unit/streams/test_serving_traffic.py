@@ -8,7 +8,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpufleet.reports.serving import idle_line
+from gpufleet.reports.serving import idle_line, peak_line
 from schemas.topics import ALERTS, SERVING_WINDOWS
 from streams.serving.service import load, replicas_needed
 from streams.stages.window_step import Decoded
@@ -123,3 +123,6 @@ def test_a_service_needs_the_replicas_its_peak_asked_for():
     assert idle_line(got, 120) == ("7 of 10 replicas of sd-xl served no request for their last 2 min or more: "
                                    "r9 (2 min), r8 (2 min), r7 (2 min), r6 (2 min), r5 (2 min) ...")
     assert idle_line(got, 7200) is None
+    assert peak_line(got, 60, 0.0) == ("The busiest 1 min of sd-xl (6.00 requests/s) needed 3 replicas with +0% "
+                                       "headroom: 10 held; 0.2 of its 0.3 GPU-hours were held beyond the replicas "
+                                       "needed.")
