@@ -120,6 +120,7 @@ class HostAgent:
         self.samples = 0
         # Called with each tick's GPU samples and host sample (the profile coordinator's context).
         self.observers: list[Callable[[list[dict], dict], None]] = []
+        self.readings: list = []  # the GPUs as the last tick read them (their processes: serving discovery)
         # pid -> TFLOPS of model work a job reports for that process (``profile_hook.report_throughput``)
         self.throughputs: Callable[[float], dict[int, float]] = lambda now: {}
         # pid -> (allocator peak, reserved peak) bytes a job reports (``profile_hook.report_memory``)
@@ -151,7 +152,7 @@ class HostAgent:
             samples = self.simulated.samples(interval)
             seen: dict[str, _Seen] = {}
         else:
-            readings = self.nvml.tick()
+            readings = self.readings = self.nvml.tick()
             samples, seen = self._from_readings(readings, now, interval, allocated)
             if allocated is not None:
                 ended = final_samples(readings, allocated, self._last_tick_ms, now, self.settings.host, self.active)

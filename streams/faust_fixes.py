@@ -5,17 +5,14 @@ between changelog recovery and fetching: faust-streaming/faust#596, #221). Two t
 go wrong in ``Consumer._new_offset``, which commits the first run of *consecutive* acked
 offsets:
 
-1. Both copies are acked, so the list of acked offsets holds duplicates and the committed
-   offset advances by one message per commit (robinhood/faust#625). The duplicates are
-   removed before faust looks. (The second copies are harmless to us: each workflow's state
-   records the offset it was applied through and skips replays.)
-2. Where the two copies interleave, the consumer drops messages whose offset is below the
-   highest it has handed out, taking them for copies already read: a few offsets are never
-   acked, and the commit stops at the first of them for good -- the group's lag never
-   drains (one restart in two in tests/integration/test_alert_restart.py). When the head
-   of a partition's acked offsets has stayed out of reach for ``STALLED_COMMITS`` commits
-   in a row, the partition is re-read from its committed offset: the missing messages come
-   again and are processed (at least once), what was applied already is skipped as a replay.
+1. Both copies are acked, so the acked offsets hold duplicates and the committed offset
+   advances by one message per commit (robinhood/faust#625): they are removed before faust
+   looks (the second copies are harmless: a state skips what it applied already).
+2. Where the two copies interleave, the consumer drops messages below the highest offset it
+   has handed out as copies: a few offsets are never acked and the commit stops at the first
+   for good (one restart in two in tests/integration/test_alert_restart.py). When the head of
+   a partition's acked offsets has stayed out of reach for ``STALLED_COMMITS`` commits, the
+   partition is read again from its committed offset (what was applied is skipped as a replay).
 3. At the end of a recovery faust resumes the stream partitions with the flow running, seeks
    them to their committed offsets, and only then clears the streams' buffers. Messages
    fetched and handed to the streams meanwhile (from the committed offset on: the seek has
@@ -35,27 +32,20 @@ offsets:
    in order, and the commit never passes an offset that was not processed.
 
 5. The commit writes state before it commits offsets (``streams.stages.io.BeforeCommit``),
-   but it runs whenever its timer fires, also in the middle of a stage's batch: between the
-   batch's changes to a state and the delivery of the records they lead to. A state written
-   then would be ahead of its records; a new owner restoring it after a crash skips the batch
-   as applied, and the records never reach their topics (the fleet fault test lost a window
-   re-emitted by late samples this way: its partition's leader was the broker just killed,
-   while the state went to another). The commit now first takes the locks the stages
-   register on the app (``app.gpufleet_commit_locks``), each held by a batch from its first
-   change of a state until its records are sent, then flushes the producer: every record of
-   the batches the states have applied is durable before the states are written. The locks
-   are held only while the states are taken (encoded then: ``on_commit_initiated``) and the
-   offsets to commit are chosen; the batches go on while those are sent and committed.
+   but its timer fires also in the middle of a stage's batch, between the batch's changes to a
+   state and the delivery of their records: a new owner restoring that state after a crash
+   skips the batch, and its records never reach their topics (the fleet fault test lost a
+   re-emitted window so). The commit now first takes the locks the stages register on the app
+   (``app.gpufleet_commit_locks``), each held by a batch from its first change of a state until
+   its records are sent, then flushes the producer, then takes the states (encoded then:
+   ``on_commit_initiated``) and chooses the offsets; the batches go on while those are sent.
 
 6. Faust commits offsets as soon as it has chosen them, while the table changes written
-   before them (``send_changelog``: queued in the producer's buffer, sent by a task of its
-   own) may not have reached the broker yet: a worker killed then leaves committed offsets
-   past a state that is lost, and the new owner restores an older state and reads on after
-   what only the lost one held (found reading the commit while looking for the cause of 7).
-   Every table write of the stages is kept (``state_writes``); the commit takes those issued
-   before it chose its offsets and commits only once the broker has acknowledged each. One
-   that failed stops the worker without committing: its partitions go to a worker that reads
-   on from the last durable state.
+   before them (``send_changelog``: queued in the producer's buffer) may not have reached the
+   broker: a worker killed then leaves committed offsets past a lost state. Every table write
+   of the stages is kept (``state_writes``); the commit commits only once the broker has
+   acknowledged each one issued before it chose its offsets. One that failed stops the worker
+   without committing: its partitions go to a worker that reads on from the last durable state.
 
 7. A stream partition that no offset was ever committed for (every partition of a new
    deployment) is not sought at the end of a recovery: the client seeks only to committed
@@ -66,17 +56,12 @@ offsets:
    Such a partition is now sought to its first offset, and ``start_offset`` tells the window
    stage where its messages start, so that it takes them in order from there.
 
-8. At a rebalance faust's recovery reads each changelog partition this worker keeps from where
-   its last recovery ended, and applies the records over the table in memory: every change
-   this worker wrote since is put back as written, while entries never written (a window
-   closed since the last commit) stay as they are now. When the commit at the revocation
-   could not write the newest changes (a commit still waiting on a broker that was killed),
-   the mix held a workflow's state from before a window closed beside the closed window,
-   and the window's samples, read again from the committed offsets, were added to it a
-   second time (the fleet fault test: 480 GPU-s for 240). The stages now empty their tables
-   at every revocation (``streams.stages.state``), and ``recover_whole`` has recovery read
-   their changelog partitions from the first record: each partition's state is one whole,
-   the last written.
+8. At a rebalance recovery reads each changelog partition a worker keeps from where its last
+   recovery ended, over the table in memory: entries written since come back as written, those
+   never written (a window closed since the last commit) stay. After a revocation whose commit
+   could not write (a killed broker), such a mix counted a window's samples twice (the fleet
+   fault test: 480 GPU-s for 240). The stages empty their tables at each revocation
+   (``streams.stages.state``); ``recover_whole`` has their changelogs read whole.
 
 And one for speed: the consumer's drain loop hands each message to the streams inside
 ``Service.wait_first(deliver, suspend_flow.wait())``, a race that lets a rebalance stop a
@@ -89,10 +74,14 @@ in place, and only one that has to wait goes on inside the race, as before.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import importlib
+import inspect
 import logging
 import types
 from collections.abc import Iterator
 from contextlib import AsyncExitStack, contextmanager
+from importlib import metadata
 
 from faust.exceptions import ProducerSendError
 from faust.transport.consumer import CONSUMER_COMMITTING, Consumer, ensure_TP
@@ -321,8 +310,6 @@ class NotAsReviewed(RuntimeError):
 
 
 def _installed(distribution: str) -> str | None:
-    from importlib import metadata
-
     try:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:
@@ -332,10 +319,6 @@ def _installed(distribution: str) -> str | None:
 def _source_digest(where: str) -> str:
     """The digest of the upstream source at ``where`` (for a patched method: faust's own, as it
     was before ``apply``)."""
-    import hashlib
-    import importlib
-    import inspect
-
     module, _, path = where.partition(":")
     owner, _, name = path.rpartition(".")
     if owner == "Consumer" and name in _PATCHES:

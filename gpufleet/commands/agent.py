@@ -61,6 +61,10 @@ def add(sub) -> None:
                         "GPUs of its replica: GPUS=URL[;service=NAME][;engine=ENGINE], e.g. "
                         "0,1=http://127.0.0.1:8000/metrics;service=llama-70b; repeat per replica. Its traffic goes "
                         "beside the replica's GPU samples, and the worker judges the replica by it")
+    p.add_argument("--serving-discover", action="store_true",
+                   help="find the serving engines on this host too: every 5 min, ask the ports the GPUs' processes "
+                        "(and those that started them) listen on for /metrics; one that answers with an engine's "
+                        "metrics is read as a --serving-endpoint of those GPUs")
     p.add_argument("--serving-interval-s", type=positive, default=10.0,
                    help="seconds between readings of each serving endpoint (default 10: its counters are "
                         "cumulative, so a window of 60 s loses nothing; each reading costs the agent ~1.5 ms of CPU)")
@@ -190,8 +194,9 @@ def _serving_endpoint(text: str):
 def serving_reader(args: argparse.Namespace, agent, spool, host: str):
     """The serving endpoints' reader (``--serving-endpoint``), started, its samples spooled beside
     the GPU samples; None without endpoints."""
-    if not args.serving_endpoint:
+    if not args.serving_endpoint and not args.serving_discover:
         return None
+    from producers.serving.discover import Discovery, gpu_processes
     from producers.serving.scrape import ServingObserver, ServingReader
     from schemas.topics import GPU_SAMPLES
 
@@ -201,6 +206,9 @@ def serving_reader(args: argparse.Namespace, agent, spool, host: str):
         topic, key, agent.codec.encode(schema, record)), host))
     reader.start()
     print(f"reading {len(args.serving_endpoint)} serving endpoint(s) beside the GPUs")
+    if args.serving_discover:
+        Discovery(reader, lambda: gpu_processes(agent.readings)).start()
+        print("looking for serving engines on the ports of the GPUs' processes every 5 min")
     return reader
 
 

@@ -115,14 +115,16 @@ class ServingReader:
 
     def __init__(self, endpoints: list[Endpoint], interval_s: float, timeout_s: float = 2.0,
                  get: Callable[[str, float], str] | None = None, clock: Callable[[], float] = time.time) -> None:
-        self.endpoints, self.interval_s, self.timeout_s = endpoints, interval_s, min(timeout_s, interval_s * 4)
+        self.endpoints, self.interval_s, self.timeout_s = list(endpoints), interval_s, min(timeout_s, interval_s * 4)
+        self._get = get
         self.gets = [get or Fetcher() for _ in endpoints]  # each endpoint's own (its thread's connection)
+        self._started = False
         self.clock = clock
         self.errors: Counter = Counter()  # (url, reason) -> count
         self._latest: dict[int, tuple[float, Reading]] = {}
         self._taken: dict[int, tuple[float, Reading]] = {}
         self._lock = threading.Lock()
-        self._stop = threading.Event()
+        self.stopping = self._stop = threading.Event()  # set by stop(): the discovery's too
         self._threads: list[threading.Thread] = []
 
     def read_once(self, i: int) -> None:
@@ -146,10 +148,27 @@ class ServingReader:
         (log.warning if first else log.debug)("serving endpoint %s: %s (%s); GPU sampling goes on", e.url, reason, exc)
 
     def start(self) -> None:
+        self._started = True
         for i in range(len(self.endpoints)):
-            t = threading.Thread(target=self._run, args=(i,), name=f"serving-{i}", daemon=True)
-            t.start()
-            self._threads.append(t)
+            self._start(i)
+
+    def _start(self, i: int) -> None:
+        t = threading.Thread(target=self._run, args=(i,), name=f"serving-{i}", daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def add(self, e: Endpoint) -> bool:
+        """Read ``e`` too from now on (one found on the host: ``producers.serving.discover``);
+        False where an endpoint of its URL is read already."""
+        with self._lock:
+            if any(x.url == e.url for x in self.endpoints):
+                return False
+            self.endpoints.append(e)
+            self.gets.append(self._get or Fetcher())
+            i = len(self.endpoints) - 1
+        if self._started and not self._stop.is_set():
+            self._start(i)
+        return True
 
     def _run(self, i: int) -> None:
         while not self._stop.is_set():

@@ -1,0 +1,115 @@
+"""Serving endpoints found on the host where no setting names them (``gpufleet agent
+--serving-discover``): a replica's engine answers on a port its GPU processes (or the process
+that started them: vLLM's and SGLang's API servers run the GPU workers as children) listen on.
+Every ``every_s``, on a thread of its own, each port that the processes holding a GPU listen on
+is asked for ``/metrics``; one that answers with an engine's metrics (``engines.parse``)
+becomes an endpoint of the GPUs of those processes, read from then on like a configured one.
+A port that answers anything else (a training job's rendezvous, TensorBoard) is asked again
+only at the next round. Ports are found with psutil, as the agent's host sampling does.
+
+On Kubernetes the pods' scrape annotations (``prometheus.io/port``) are the usual way; the
+kubelet's pod-resources API the agent reads does not carry them, so there as elsewhere the
+listening port finds the engine, or ``--serving-endpoint`` names it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+import psutil
+
+from producers.serving.engines import EndpointError, parse
+from producers.serving.scrape import Endpoint, Fetcher, ServingReader
+
+log = logging.getLogger(__name__)
+
+ANCESTORS = 2  # a GPU worker's parent and grandparent: the API server that runs it (never pid 1)
+FIRST_ROUND_S = 10.0
+
+
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports ``pid`` and the processes that started it listen on, on an address this host
+    reaches (any or loopback)."""
+    ports: set[int] = set()
+    try:
+        process: psutil.Process | None = psutil.Process(pid)
+        for _ in range(ANCESTORS + 1):
+            if process is None or process.pid <= 1:
+                break
+            for c in process.net_connections(kind="tcp"):
+                if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.ip in ("0.0.0.0", "::", "127.0.0.1", "::1"):
+                    ports.add(c.laddr.port)
+            process = process.parent()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        pass  # gone, or not ours to look at: what was found so far
+    return ports
+
+
+def gpu_processes(readings) -> dict[int, set[int]]:
+    """GPU index -> the pids of its processes, from a tick's ``GpuReading`` list."""
+    return {r.index: {p.pid for p in r.processes} for r in readings}
+
+
+def candidates(gpu_pids: dict[int, set[int]], ports_of: Callable[[int], set[int]]) -> dict[int, tuple[int, ...]]:
+    """Port -> the GPUs (by index) whose processes listen on it."""
+    gpus: dict[int, set[int]] = {}
+    for index, pids in gpu_pids.items():
+        for pid in pids:
+            for port in ports_of(pid):
+                gpus.setdefault(port, set()).add(index)
+    return {port: tuple(sorted(g)) for port, g in sorted(gpus.items())}
+
+
+def discover(gpu_pids: dict[int, set[int]], known: set[str], get: Callable[[str, float], str],
+             timeout_s: float = 2.0, ports_of: Callable[[int], set[int]] = listening_ports) -> list[Endpoint]:
+    """The endpoints of engines answering on the GPU processes' ports, but those in ``known`` (URLs)."""
+    found = []
+    for port, gpus in candidates(gpu_pids, ports_of).items():
+        url = f"http://127.0.0.1:{port}/metrics"
+        if url in known:
+            continue
+        try:
+            reading = parse(get(url, timeout_s))
+        except (EndpointError, OSError, ValueError):
+            continue  # not an engine's metrics page
+        log.info("serving endpoint found: %s (%s) for GPU(s) %s", url, reading.engine, ",".join(map(str, gpus)))
+        found.append(Endpoint(gpus, url, reading.engine))
+    return found
+
+
+class Discovery:
+    """Looks for new endpoints every ``every_s`` on a thread of its own and hands them to the
+    reader; ``gpu_pids`` gives the processes on each GPU as the agent's last tick saw them."""
+
+    def __init__(self, reader: ServingReader, gpu_pids: Callable[[], dict[int, set[int]]], every_s: float = 300.0,
+                 ports_of: Callable[[int], set[int]] = listening_ports) -> None:
+        self.reader, self.gpu_pids, self.every_s, self.ports_of = reader, gpu_pids, every_s, ports_of
+        self.get = Fetcher()
+        self._stop = reader.stopping  # ends with the reader
+        self._thread: threading.Thread | None = None
+
+    def once(self) -> list[Endpoint]:
+        """One round: the endpoints found and added."""
+        known = {e.url for e in self.reader.endpoints}
+        found = discover(self.gpu_pids(), known, self.get, self.reader.timeout_s, self.ports_of)
+        return [e for e in found if self.reader.add(e)]
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="serving-discovery", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        wait = min(self.every_s, FIRST_ROUND_S)  # once the agent's ticks have seen the GPUs' processes
+        while not self._stop.wait(wait):
+            try:
+                self.once()
+            except Exception:  # a round that fails must not end the discovery, nor the agent
+                log.exception("looking for serving endpoints failed; tried again in %g s", self.every_s)
+            wait = self.every_s
+
+    def join(self, timeout_s: float = 5.0) -> None:
+        """Once the reader has stopped."""
+        if self._thread is not None:
+            self._thread.join(timeout_s)

@@ -1,0 +1,93 @@
+"""Serving engines found on the host by the ports their GPU processes listen on
+(``producers.serving.discover``): real listening sockets of real processes, found with psutil,
+asked over HTTP. An engine's page becomes an endpoint of the GPUs of the processes that listen
+(or whose parent listens: an API server running its GPU workers); a port that answers anything
+else is not one, and an endpoint found is read like a configured one."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from producers.gpu_reading import GpuProcess, GpuReading
+from producers.serving.discover import Discovery, candidates, discover, gpu_processes, listening_ports
+from producers.serving.scrape import Endpoint, Fetcher, ServingReader
+from tests.support.integration import wait_until
+
+DATA = Path(__file__).resolve().parents[2] / "data" / "serving"
+
+
+def serve(body: bytes):
+    class Page(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/metrics" else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd
+
+
+@pytest.fixture
+def engine_and_other():
+    """A vLLM page and a port that is no engine's, both listened on by this process."""
+    engine, other = serve((DATA / "vllm-0.6.prom").read_bytes()), serve(b"<html>TensorBoard</html>")
+    yield engine.server_address[1], other.server_address[1]
+    engine.shutdown()
+    other.shutdown()
+
+
+@pytest.fixture
+def worker():
+    """A child of this process, as an API server's GPU worker is: it listens on nothing itself."""
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    yield child.pid
+    child.stdin.close()
+    child.wait(10)
+
+
+def test_the_ports_of_a_process_and_of_its_parent_are_found(engine_and_other, worker):
+    engine, other = engine_and_other
+    assert {engine, other} <= listening_ports(os.getpid())
+    assert {engine, other} <= listening_ports(worker)  # through its parent
+    assert listening_ports(2**22 + 7) == set()  # no such process: nothing, no error
+
+
+def test_an_engine_on_the_gpu_processes_ports_becomes_an_endpoint_of_their_gpus(engine_and_other, worker):
+    engine, other = engine_and_other
+    readings = [GpuReading(i, f"GPU-{i}", "H100", processes=[GpuProcess(worker)] if i < 2 else []) for i in range(3)]
+    assert gpu_processes(readings) == {0: {worker}, 1: {worker}, 2: set()}
+    found = discover(gpu_processes(readings), set(), Fetcher())
+    mine = Endpoint((0, 1), f"http://127.0.0.1:{engine}/metrics", "vllm")
+    # (this process may listen on more ports than these two: other tests' servers)
+    assert mine in found and not any(e.url.endswith(f":{other}/metrics") for e in found)
+    assert mine not in discover({0: {worker}}, {mine.url}, Fetcher())  # read already: not again
+    assert candidates({0: {1}, 3: {1, 2}}, {1: {8000}, 2: {9000, 8000}}.__getitem__) == {8000: (0, 3), 9000: (3,)}
+
+
+def test_a_found_endpoint_is_read_from_then_on(engine_and_other, worker):
+    engine, _ = engine_and_other
+    reader = ServingReader([], interval_s=0.05, timeout_s=1.0)
+    discovery = Discovery(reader, lambda: {4: {worker}})
+    reader.start()
+    try:
+        url = f"http://127.0.0.1:{engine}/metrics"
+        assert url in [e.url for e in discovery.once()]
+        assert url not in [e.url for e in discovery.once()]  # found once
+        # its own thread reads it at the reader's rate: two readings make the first pair
+        pairs = wait_until(lambda: [p for p in reader.pairs() if p[0].url == url], 30, "two readings of it")
+        assert pairs[0][0].gpus == (4,) and pairs[0][2][1].engine == "vllm"
+    finally:
+        reader.stop()
+        discovery.join()
