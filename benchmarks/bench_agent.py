@@ -245,14 +245,31 @@ def vllm_page() -> str:
 
 
 # An engine's endpoint in a process of its own: HTTP/1.1, connections kept open (as uvicorn, which
-# vLLM and SGLang serve with, and Triton's and TGI's servers do).
+# vLLM and SGLang serve with, and Triton's and TGI's servers do). With "library", the page is
+# exposed through the Prometheus client library, as vLLM and SGLang expose theirs: it answers
+# ``name[]`` with those samples alone; without, the whole page whatever is asked (TGI, Triton).
 ENGINE_SERVER = """
-import sys
+import sys, urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-body = open(sys.argv[1], "rb").read()
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+page = open(sys.argv[1]).read()
+library = sys.argv[2] == "library"
+families = list(text_string_to_metric_families(page))
+class Page:
+    def collect(self):
+        return iter(families)
+registry = CollectorRegistry(auto_describe=True)
+registry.register(Page())
 class H(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # as uvicorn's sockets: no 40 ms wait between headers and body
     def do_GET(self):
+        names = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query).get("name[]")
+        if library:
+            body = generate_latest(registry.restricted_registry(names) if names else registry)
+        else:
+            body = page.encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -267,28 +284,35 @@ s.serve_forever()
 
 def serving_cost(tmp: Path, ticks: int = 60, rounds: int = 21) -> None:
     """CPU per tick of the agent reading 8 replicas' endpoints (each read once a tick, as the
-    reader's threads do at 1 Hz; their CPU is the agent's) against the same agent without."""
+    reader's threads do at 1 Hz; their CPU is the agent's) against the same agent without: the
+    endpoints exposed as vLLM and SGLang do (the client library: ``name[]`` answered), then as a
+    whole page whatever is asked (TGI, Triton)."""
+    (tmp / "www").mkdir()
+    (tmp / "www" / "metrics").write_text(vllm_page())
+    proc = tmp / "proc-serving"
+    for i in range(8):
+        make_process(proc, 3000 + i, {"GPUFLEET_WORKFLOW_ID": f"svc-{i}", "USER": "ana"})
+    for exposition in ("library", "page"):
+        _serving_cost(tmp, proc, exposition, ticks, rounds)
+
+
+def _serving_cost(tmp: Path, proc: Path, exposition: str, ticks: int, rounds: int) -> None:
     import statistics
     import subprocess
 
     from producers.serving.scrape import Endpoint, ServingObserver, ServingReader
 
-    (tmp / "www").mkdir()
-    (tmp / "www" / "metrics").write_text(vllm_page())
-    server = subprocess.Popen([sys.executable, "-c", ENGINE_SERVER, str(tmp / "www" / "metrics")],
+    server = subprocess.Popen([sys.executable, "-c", ENGINE_SERVER, str(tmp / "www" / "metrics"), exposition],
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         port = int(server.stdout.readline())
-        proc = tmp / "proc-serving"
-        for i in range(8):
-            make_process(proc, 3000 + i, {"GPUFLEET_WORKFLOW_ID": f"svc-{i}", "USER": "ana"})
 
         def agent() -> HostAgent:
             gpus = [FakeGpu(f"GPU-{i}", processes=[FakeProcess(3000 + i, sm_util=20)], minor=i) for i in range(8)]
             sampler = NvmlSampler(FakeNvml(gpus))
             sampler.open()
             return HostAgent(AgentSettings("bench-host", topic_prefix="bench.", checkpoint=False),
-                             Spool(tmp / f"spool-{id(gpus)}"), Codec(), nvml=sampler,
+                             Spool(tmp / f"spool-{exposition}-{id(gpus)}"), Codec(), nvml=sampler,
                              attributor=ProcessAttributor(proc=proc))
 
         plain, serving = agent(), agent()
@@ -308,6 +332,8 @@ def serving_cost(tmp: Path, ticks: int = 60, rounds: int = 21) -> None:
         for _ in range(5):
             plain.tick()
             serving_tick()
+        where = {"library": "exposed by the client library (vLLM, SGLang: only the samples read are sent)",
+                 "page": "exposed as a whole page (TGI, Triton)"}[exposition]
         for every[0] in (1, 10):
             cost: dict[str, list[float]] = {"GPUs only": [], "with 8 serving endpoints": []}
             for r in range(rounds):
@@ -320,8 +346,8 @@ def serving_cost(tmp: Path, ticks: int = 60, rounds: int = 21) -> None:
             assert not reader.errors, reader.errors
             base, with_serving = (statistics.median(v) for v in cost.values())
             ratio = statistics.median(b / a for a, b in zip(*cost.values()))
-            print(f"agent, 8 GPUs, reading 8 vLLM endpoints every {every[0]} tick(s) (1 s each; "
-                  f"{len(vllm_page().splitlines())} lines a page): {base * 1e3:.3f} ms CPU per tick sampling the GPUs, "
+            print(f"agent, 8 GPUs, 8 vLLM endpoints ({len(vllm_page().splitlines())} lines a page) {where}, read "
+                  f"every {every[0]} tick(s) of 1 s: {base * 1e3:.3f} ms CPU per tick sampling the GPUs, "
                   f"{with_serving * 1e3:.3f} ms with the endpoints; median ratio of neighbouring rounds {ratio:.3f}x "
                   f"(goal <= 1.05x); {(with_serving - base) * every[0] / 8 * 1e3:.2f} ms per reading")
     finally:

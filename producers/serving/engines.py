@@ -28,6 +28,8 @@ engine that restarted: its new value is what it counted since.
 
 from __future__ import annotations
 
+import functools
+import urllib.parse
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -102,36 +104,66 @@ def _named(spec: Engine) -> tuple[str, ...]:
     return tuple({*names, *(f"{n}_total" for n in names), *(f"{h}_{s}" for h in hists for s in ("sum", "count"))})
 
 
-def _wanted(text: str, spec: Engine) -> str:
-    """The lines of ``text`` that hold what ``spec`` reads (and their families' HELP and TYPE):
-    an engine's page is mostly histogram buckets and metrics gpufleet does not read, and the
-    parser's cost is per line (~25 us). What is kept is parsed as written."""
+@functools.cache
+def _families(spec: Engine) -> tuple[frozenset[str], tuple[str, ...]]:
+    """The families ``spec`` reads a sample of, and the names of those samples."""
     names = _named(spec)
-    families = {n.removesuffix("_total").removesuffix("_sum").removesuffix("_count") for n in names}
-    keep = []
-    for line in text.splitlines():
-        if line.startswith("#"):
-            parts = line.split(None, 3)
-            if len(parts) >= 3 and parts[2] in families:
-                keep.append(line)
-        elif line.startswith(names) and line.split("{", 1)[0].split(" ", 1)[0] in names:
-            keep.append(line)
+    # a name as its family may be called: itself, or without the suffix the parser adds to a
+    # counter's or a histogram's samples (a superset: each kept line is matched by its name)
+    return frozenset(f for n in names for f in (n, *(n.removesuffix(x) for x in ("_total", "_sum", "_count")))), names
+
+
+def _wanted(text: str, spec: Engine) -> str:
+    """The lines of ``text`` that hold what ``spec`` reads, under their families' TYPE lines (HELP
+    says nothing a reading needs): an engine's page is mostly histogram buckets and metrics
+    gpufleet does not read, and the parser's cost is per line (~25 us). The page is cut at its
+    TYPE lines (in C) and only the families read are looked into; what is kept is parsed as
+    written. Samples before any TYPE line (an untyped page) are looked at one by one."""
+    families, names = _families(spec)
+    chunks = text.split("# TYPE ")
+    keep = [line for line in chunks[0].splitlines() if line.startswith(names) and _named_as(line, names)]
+    for chunk in chunks[1:]:
+        if chunk[:max(0, chunk.find(" "))] not in families:
+            continue
+        lines = chunk.splitlines()
+        keep.append("# TYPE " + lines[0])
+        keep += [line for line in lines[1:] if line.startswith(names) and _named_as(line, names)]
     return "\n".join(keep) + "\n"
+
+
+def _named_as(line: str, names: tuple[str, ...]) -> bool:
+    return line.split("{", 1)[0].split(" ", 1)[0] in names
+
+
+def restricted(url: str, engine: str) -> str:
+    """``url`` asking for only the samples ``engine``'s reading needs: the Prometheus client
+    libraries' exposition (vLLM's and SGLang's) answers ``name[]`` with those alone, a page
+    a few lines long; servers that do not know it answer the whole page, as without."""
+    names = sorted(_named(ENGINES[engine]))
+    return url + ("&" if "?" in url else "?") + urllib.parse.urlencode([("name[]", n) for n in names])
 
 
 def parse(text: str, engine: str | None = None) -> Reading:
     """A scrape's text as a ``Reading``; ``engine`` names the engine where the text alone may not
     (else the prefix of its metrics does). Raises ``EndpointError`` on text that is not the
     exposition format, or that holds no engine's metrics."""
-    values: dict[str, float] = {}
-    models: list[str] = []
     if engine is None:
         engine = next((e.name for e in ENGINES.values() if e.prefix in text), None)
     spec = ENGINES.get(engine or "")
     if spec is None:
         raise EndpointError("no serving engine's metrics (vLLM, SGLang, TGI, Triton) in the text")
+    return _parsed(_wanted(text, spec), spec.name)
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed(wanted: str, engine: str) -> Reading:
+    """The reading of an engine's wanted lines: the same lines (a replica that served nothing
+    since, every counter where it was) are parsed once. A ``Reading`` is never changed."""
+    spec = ENGINES[engine]
+    values: dict[str, float] = {}
+    models: list[str] = []
     try:
-        for family in text_string_to_metric_families(_wanted(text, spec)):
+        for family in text_string_to_metric_families(wanted):
             for s in family.samples:
                 if s.name.endswith("_bucket") or s.name.endswith("_created"):
                     continue

@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from producers.serving.engines import ENGINES, EndpointError, Reading, parse, traffic
+from producers.serving.engines import ENGINES, EndpointError, Reading, parse, restricted, traffic
 from schemas.topics import GPU_SAMPLES, key_of
 from schemas.validate_sample import NOT_WORKFLOWS
 
@@ -117,6 +117,7 @@ class ServingReader:
                  get: Callable[[str, float], str] | None = None, clock: Callable[[], float] = time.time) -> None:
         self.endpoints, self.interval_s, self.timeout_s = list(endpoints), interval_s, min(timeout_s, interval_s * 4)
         self._get = get
+        self._urls: dict[int, str] = {}  # endpoint -> the URL it is read from (its needed samples only)
         self.gets = [get or Fetcher() for _ in endpoints]  # each endpoint's own (its thread's connection)
         self._started = False
         self.clock = clock
@@ -128,10 +129,19 @@ class ServingReader:
         self._threads: list[threading.Thread] = []
 
     def read_once(self, i: int) -> None:
-        """One reading of endpoint ``i``: kept, or counted as an error."""
+        """One reading of endpoint ``i``: kept, or counted as an error. Once its engine is known,
+        only the samples its reading needs are asked for (``engines.restricted``); an endpoint
+        that refuses the question is asked for its whole page again, from then on."""
         e = self.endpoints[i]
+        url = self._urls.get(i, e.url)
         try:
-            reading = parse(self.gets[i](e.url, self.timeout_s), e.engine)
+            try:
+                reading = parse(self.gets[i](url, self.timeout_s), e.engine)
+            except EndpointError:
+                if url == e.url:
+                    raise
+                self._urls[i] = e.url  # (a server that answers the names with an error: its page, whole)
+                reading = parse(self.gets[i](e.url, self.timeout_s), e.engine)
         except EndpointError as exc:
             self._failed(e, "garbage", exc)
             return
@@ -140,6 +150,7 @@ class ServingReader:
             return
         with self._lock:
             self._latest[i] = (self.clock(), reading)
+        self._urls.setdefault(i, restricted(e.url, reading.engine))
 
     def _failed(self, e: Endpoint, reason: str, exc: Exception) -> None:
         with self._lock:

@@ -155,3 +155,69 @@ def test_a_replica_whose_gpus_no_workflow_holds_sends_nothing():
     observe = ServingObserver(reader, lambda *a: spooled.append(a), host="h")
     observe([{"gpu_index": 5, "gpu_uuid": "GPU-5", "workflow_id": "unallocated"}], {})
     assert spooled == [] and observe.unattributed == 1
+
+
+class _Page:
+    """A collector exposing a recorded scrape's metrics again, through the client library."""
+
+    def __init__(self, text: str) -> None:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        self.families = list(text_string_to_metric_families(text))
+
+    def collect(self):
+        return iter(self.families)
+
+
+def test_an_engine_known_is_asked_only_for_what_its_reading_needs():
+    """vLLM and SGLang expose their metrics with the Prometheus client library, which answers
+    ``name[]`` with those samples alone: after the first reading the agent asks for only its
+    names, and reads the same traffic from a page a fraction of the size. A server that answers
+    the question with an error is read whole again."""
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+    from prometheus_client import CollectorRegistry, make_wsgi_app
+
+    text = (DATA / "vllm-0.6.prom").read_text() + "".join(
+        f"# TYPE vllm:unread_{i}_seconds histogram\n"
+        + "".join(f'vllm:unread_{i}_seconds_bucket{{le="{b}"}} {b}\n' for b in (1, 2, 4, 8, "+Inf"))
+        + f"vllm:unread_{i}_seconds_count 8\nvllm:unread_{i}_seconds_sum 20\n" for i in range(10))
+    registry = CollectorRegistry(auto_describe=True)  # (its names known, as the library's own metrics')
+    registry.register(_Page(text))
+    app, asked = make_wsgi_app(registry), []
+
+    def served(environ, start_response):
+        query = environ.get("QUERY_STRING", "")
+        if query and environ["PATH_INFO"] == "/strict":
+            start_response("400 Bad Request", [("Content-Length", "0")])
+            return [b""]
+        body = b"".join(app(environ, lambda status, headers: start_response(status, headers)))
+        asked.append((environ["PATH_INFO"], query, len(body)))
+        return [body]
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    httpd = make_server("127.0.0.1", 0, served, handler_class=Quiet)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        base = f"http://127.0.0.1:{httpd.server_address[1]}"
+        times = iter(range(100, 200, 10))
+        reader = ServingReader([Endpoint((0,), f"{base}/metrics"), Endpoint((1,), f"{base}/strict")], 10.0,
+                               clock=lambda: float(next(times)))
+        pairs = []
+        for _ in range(2):
+            reader.read_once(0)
+            reader.read_once(1)
+            pairs += reader.pairs()
+    finally:
+        httpd.shutdown()
+    whole, narrow = [a for a in asked if a[0] == "/metrics"]
+    assert whole[1] == "" and "name%5B%5D=vllm%3Arequest_success_total" in narrow[1]
+    assert narrow[2] * 3 < whole[2]  # a fraction of the page
+    assert [q for p, q, _ in asked if p == "/strict"] == ["", ""]  # refused once: whole from then on
+    assert not reader.errors
+    (_, (_, first), (_, second)), (_, (_, strict_first), (_, strict_second)) = pairs
+    assert second.values == first.values == strict_second.values == strict_first.values  # the same, either way
