@@ -45,11 +45,11 @@ from confluent_kafka import Producer
 from gpufleet.local import kafka as local_kafka
 from kafka_client.admin import ensure_topics
 from kafka_client.config import producer_config
-from producers.attribute_process import ProcessAttributor
-from producers.forward_spool import Forwarder
-from producers.host_agent import AgentSettings, HostAgent
-from producers.sample_nvml import NvmlSampler
-from producers.spool import Spool
+from producers.agent.gpus.attribute_process import ProcessAttributor
+from producers.agent.gpus.sample_nvml import NvmlSampler
+from producers.agent.host_agent import AgentSettings, HostAgent
+from producers.agent.spool.disk import Spool
+from producers.agent.spool.forward import Forwarder
 from schemas.codec import Codec, load_catalog
 from schemas.topics import GPU_SAMPLES
 from tests.support.fake_nvml import FakeGpu, FakeNvml, FakeProcess
@@ -180,8 +180,8 @@ def allocations_cost(tmp: Path, ticks: int = 100, rounds: int = 41) -> None:
     reading Slurm's allocations against the same agent without, alternating."""
     import statistics
 
-    from producers.allocations import Allocation
-    from producers.slurm_allocations import SlurmAllocations, SlurmDirectory
+    from producers.agent.allocations.allocation import Allocation
+    from producers.agent.allocations.slurm import SlurmAllocations, SlurmDirectory
 
     proc = tmp / "proc-alloc"
     for i in range(8):

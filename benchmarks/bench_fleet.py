@@ -96,7 +96,7 @@ def killed_worker(bootstrap: str, data_dir: Path, gpus: int) -> None:
     ensure_topics(bootstrap, prefix=prefix, partitions=PARTITIONS)
     topic = prefix + GPU_SAMPLES.name
     hosts = max(1, gpus // 8)
-    from producers.simulate_fleet import build_fleet
+    from producers.simulate.fleet import build_fleet
 
     agents = AgentSends(build_fleet(seed=5, hosts=hosts, gpus_per_host=8, workflows=max(1, hosts // 2)),
                         int(time.time() * 1000) // 1000 * 1000 - 60_000, 1, "columns")

@@ -36,7 +36,7 @@ def sink_role(path: str, jobs: int, batch: int) -> None:
     """The sink's process: the jobs' history stored, the query server up, then ``ingest S`` runs."""
     from benchmarks.bench_job_page import store
     from gpufleet.query_server import QueryServer
-    from producers.simulate_fleet import build_fleet
+    from producers.simulate.fleet import build_fleet
     from sinks.clickhouse_ddl import GPU_SAMPLES_TABLE
     from sinks.write_clickhouse import ClickHouseWriter, Row, connect
 

@@ -19,7 +19,7 @@ import argparse
 import tempfile
 import time
 
-from producers.simulate_fleet import build_fleet
+from producers.simulate.fleet import build_fleet
 from schemas.codec import Codec
 from schemas.validate_sample import validate_sample
 from sinks.clickhouse_ddl import GPU_SAMPLES_TABLE, KAFKA_COLUMNS

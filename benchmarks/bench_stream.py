@@ -52,7 +52,7 @@ from fleet_load import AgentSends, Lag, fleet_10k, produce, rate_from_commits, s
 from gpufleet.local import kafka as local_kafka
 from kafka_client.admin import create_topics, ensure_topics
 from kafka_client.config import consumer_config, producer_config
-from producers.simulate_fleet import build_fleet
+from producers.simulate.fleet import build_fleet
 from schemas.codec import Codec
 from schemas.topics import GPU_SAMPLES
 from sinks.consume_alerts import AlertNotifier

@@ -23,8 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from producers.publish_trace import kernel_event_columns, kernel_event_records
-from producers.read_trace import no_cycle_collection, read_trace
+from producers.traces.publish import kernel_event_columns, kernel_event_records
+from producers.traces.read import no_cycle_collection, read_trace
 from schemas.codec import Codec
 from streams.traces.sessions import TraceSessionConfig, TraceSessions
 

@@ -24,7 +24,7 @@ from statistics import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support.samples
 
-from producers.simulate_fleet import build_fleet
+from producers.simulate.fleet import build_fleet
 from schemas.codec import Codec
 from schemas.sample_columns import blocks_of, columns_of
 from streams.windows import record as window_record

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tests.support.samples
 
 from kafka_client.config import consumer_config
-from producers.simulate_fleet import build_fleet
+from producers.simulate.fleet import build_fleet
 from schemas.codec import Codec
 from schemas.sample_columns import columns_of
 from schemas.topics import GPU_SAMPLES, key_of

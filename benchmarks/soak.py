@@ -48,7 +48,7 @@ from gpufleet.local import kafka as local_kafka
 from kafka_client.admin import ensure_topics
 from kafka_client.config import consumer_config
 from producers.publish_kafka import Publisher
-from producers.simulate_fleet import HEALTHY, IDLE, build_fleet
+from producers.simulate.fleet import HEALTHY, IDLE, build_fleet
 from schemas.codec import Codec
 from schemas.topics import ALERTS, DEAD_LETTERS, ENFORCEMENT, GPU_SAMPLES
 from sinks.write_clickhouse import ClickHouseWriter, connect

@@ -9,7 +9,7 @@ from __future__ import annotations
 # analysis over those columns can approach).
 READ = r"""
 import json, sys
-from producers.read_trace import no_cycle_collection, read_trace
+from producers.traces.read import no_cycle_collection, read_trace
 with no_cycle_collection():
     t = read_trace(sys.argv[1])
 print(json.dumps({"events": len(t.events)}))

@@ -9,7 +9,7 @@ import json
 import time
 from pathlib import Path
 
-from producers.read_trace import TraceError, no_cycle_collection, read_trace
+from producers.traces.read import TraceError, no_cycle_collection, read_trace
 from schemas.topics import trace_id_for
 from streams.alerts.detectors import DEFAULTS, DetectorConfig
 from streams.traces.analyze import TraceAnalyzer, findings_records, trace_analysis_record

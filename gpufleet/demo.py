@@ -33,9 +33,9 @@ from gpufleet.web.app import job_url
 from kafka_client.admin import ensure_topics
 from kafka_client.config import WORKER_APP_ID, consumer_config
 from producers.publish_kafka import Publisher
-from producers.run_simulation import SimulationPlan, SimulationProgress, run_simulation
-from producers.simulate_fleet import IDLE, UNTOUCHED, build_fleet
-from producers.simulate_serving import ServingPlan, serving_samples_at, with_serving
+from producers.simulate.fleet import IDLE, UNTOUCHED, build_fleet
+from producers.simulate.run import SimulationPlan, SimulationProgress, run_simulation
+from producers.simulate.serving import ServingPlan, serving_samples_at, with_serving
 from schemas.codec import Codec
 from schemas.topics import ALERTS, DEAD_LETTERS, ENFORCEMENT, GPU_SAMPLES, WORKFLOW_WINDOWS
 from schemas.validate_sample import NOT_WORKFLOWS

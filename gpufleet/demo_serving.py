@@ -1,4 +1,4 @@
-"""The demo's serving deployment (``producers.simulate_serving``): how it is set up, and what the
+"""The demo's serving deployment (``producers.simulate.serving``): how it is set up, and what the
 pipeline measured of it (``serving_windows`` in ClickHouse, as ``gpufleet serving`` reads it)
 beside what the simulator planted in the windows that closed."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from gpufleet.reports.serving import services
-from producers.simulate_serving import SERVICE, ServingPlan, serving_samples_at
+from producers.simulate.serving import SERVICE, ServingPlan, serving_samples_at
 from streams.serving.service import replicas_needed
 
 # The demo runs 30 simulated minutes: a replica is told after 10 minutes without a request.

@@ -16,8 +16,8 @@ import sys
 import time
 from dataclasses import asdict
 
-from producers.attribute_process import ProcessAttributor
-from producers.sample_nvml import NvmlSampler, NvmlUnavailable
+from producers.agent.gpus.attribute_process import ProcessAttributor
+from producers.agent.gpus.sample_nvml import NvmlSampler, NvmlUnavailable
 
 LOAD = r"""
 import sys, time, torch

@@ -102,18 +102,18 @@ def cmd_agent(args: argparse.Namespace) -> int:
     import socket
 
     from kafka_client.admin import ensure_topics
-    from producers.agent_metrics import AgentMetrics
-    from producers.attribute_process import AttributionKeys, ProcessAttributor
-    from producers.forward_spool import Forwarder
-    from producers.host_agent import AgentSettings, HostAgent
-    from producers.profile_agent import ProfileCoordinator, ProfileListener
-    from producers.profile_handoff import HandoffError, default_dir
+    from producers.agent.gpus.attribute_process import AttributionKeys, ProcessAttributor
+    from producers.agent.gpus.sample_nvml import NvmlSampler, NvmlUnavailable
+    from producers.agent.host_agent import AgentSettings, HostAgent
+    from producers.agent.metrics import AgentMetrics
+    from producers.agent.run import run_agent
+    from producers.agent.spool.disk import Spool
+    from producers.agent.spool.forward import Forwarder
+    from producers.profiling.agent import ProfileCoordinator, ProfileListener
+    from producers.profiling.handoff import HandoffError, default_dir
     from producers.publish_kafka import Publisher
-    from producers.run_agent import run_agent
-    from producers.sample_nvml import NvmlSampler, NvmlUnavailable
-    from producers.simulate_fleet import SimulatedGpus, build_fleet
-    from producers.spool import Spool
-    from producers.trace_outbox import TraceOutbox
+    from producers.simulate.fleet import SimulatedGpus, build_fleet
+    from producers.traces.outbox import TraceOutbox
     from schemas.codec import Codec
 
     # A simulated host is one of the simulated fleet's, the first by default.
@@ -215,13 +215,13 @@ def serving_reader(args: argparse.Namespace, agent, spool, host: str):
 def allocation_source(args: argparse.Namespace):
     """The scheduler's allocations the agent reads (``--allocations``), or None."""
     if args.allocations == "slurm":
-        from producers.slurm_allocations import SlurmAllocations
+        from producers.agent.allocations.slurm import SlurmAllocations
 
         print(f"reading Slurm's allocations from {args.allocations_dir}")
         return SlurmAllocations(args.allocations_dir)
     if args.allocations == "kubernetes":
         try:
-            from producers.kubelet_allocations import ApiServerPods, KubeletAllocations
+            from producers.agent.allocations.kubelet import ApiServerPods, KubeletAllocations
 
             source = KubeletAllocations(args.kubelet_socket, pods=ApiServerPods.in_cluster(),
                                         owner_keys=tuple(args.owner_labels.split(",")),
@@ -245,8 +245,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     from kafka_client.admin import ensure_topics
     from producers.publish_kafka import Publisher
-    from producers.run_simulation import SimulationPlan, run_simulation
-    from producers.simulate_fleet import build_fleet
+    from producers.simulate.fleet import build_fleet
+    from producers.simulate.run import SimulationPlan, run_simulation
     from schemas.codec import Codec
     from schemas.topics import GPU_SAMPLES
 

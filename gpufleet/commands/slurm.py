@@ -42,7 +42,7 @@ def add(sub) -> None:
 
 
 def _record(args: argparse.Namespace, ended: bool) -> int:
-    from producers.slurm_allocations import SlurmDirectory, allocation_from_environment
+    from producers.agent.allocations.slurm import SlurmDirectory, allocation_from_environment
 
     try:
         allocation = allocation_from_environment(os.environ, ended=ended)

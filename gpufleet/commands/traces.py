@@ -150,7 +150,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     import json
 
     from gpufleet.analyze import analyze_profile, trace_files
-    from producers.read_trace import TraceError
+    from producers.traces.read import TraceError
     from streams.profiling.diff import diff_profiles, profile_figures, render_diff
 
     base_paths, cand_paths = split_profiles(args.traces)  # (a ValueError says how to give them)
@@ -189,7 +189,7 @@ def split_profiles(paths: list[str]) -> tuple[list[str], list[str]]:
 def cmd_ingest_trace(args: argparse.Namespace) -> int:
     from kafka_client.admin import ensure_topics
     from producers.publish_kafka import Publisher
-    from producers.publish_trace import publish_trace
+    from producers.traces.publish import publish_trace
     from schemas.codec import Codec
 
     check_id("workflow", args.workflow)

@@ -1,6 +1,6 @@
 """A run of one rank's trace events in start order, as columns: what every trace analysis is fed.
 
-``gpufleet analyze`` cuts a whole trace into batches (``producers.trace_events.EventList.
+``gpufleet analyze`` cuts a whole trace into batches (``producers.traces.events.EventList.
 column_chunks``); the worker's trace stage makes one of the kernel events a message batch
 brings for a trace (``KernelEventColumns`` as they come, older ``KernelEvent`` records by
 ``of_records``). An analysis reads the columns it needs, a batch at a time, with no object per

@@ -13,7 +13,7 @@ SM and tensor activity, CPU) and the table of GPU models and MIG profiles
 - **CPU cores and host memory per GPU**: what the job's processes used, for the scheduler request.
 
 Each says which measurement it used: memory is the framework allocator's own peak where the
-job reports it (``profile_hook.report_memory``: PyTorch's ``max_memory_allocated``), else
+job reports it (``producers.profiling.hook.report_memory``: PyTorch's ``max_memory_allocated``), else
 NVML's used memory (a framework that reserves memory up front, as PyTorch's caching allocator
 does, looks bigger there than it is: the recommendation is then on the safe side); compute is
 GPM's SM activity where the GPUs report it (Hopper and later), else NVML's utilisation, an upper

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from producers.sample_nvml import NvmlSampler, NvmlUnavailable
+from producers.agent.gpus.sample_nvml import NvmlSampler, NvmlUnavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,8 +58,8 @@ def test_agent_records_from_real_nvml_encode_and_attribute(sampler, tmp_path):
     """Real readings go through the agent's whole tick (attribution, batching, Avro, spool)."""
     if not _cuda():
         pytest.skip("PyTorch with CUDA is needed for the load")
-    from producers.host_agent import AgentSettings, HostAgent
-    from producers.spool import Position, Spool
+    from producers.agent.host_agent import AgentSettings, HostAgent
+    from producers.agent.spool.disk import Position, Spool
     from schemas.codec import Codec
     from schemas.sample_columns import samples_checked
 

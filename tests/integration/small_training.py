@@ -13,9 +13,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # gpufleet's checkout
-import producers.profile_hook
+import producers.profiling.hook
 
-producers.profile_hook.enable()
+producers.profiling.hook.enable()
 
 
 def main() -> None:

@@ -7,12 +7,12 @@ import time
 
 from gpufleet.local import kafka as local_kafka
 from kafka_client.admin import ensure_topics
-from producers.attribute_process import ProcessAttributor
-from producers.forward_spool import Forwarder
-from producers.host_agent import AgentSettings, HostAgent
-from producers.run_agent import run_agent
-from producers.sample_nvml import NvmlSampler
-from producers.spool import Spool
+from producers.agent.gpus.attribute_process import ProcessAttributor
+from producers.agent.gpus.sample_nvml import NvmlSampler
+from producers.agent.host_agent import AgentSettings, HostAgent
+from producers.agent.run import run_agent
+from producers.agent.spool.disk import Spool
+from producers.agent.spool.forward import Forwarder
 from schemas.sample_columns import rows_of
 from schemas.topics import GPU_SAMPLES, HOST_SAMPLES
 from tests.support.fake_nvml import FakeGpu, FakeNvml, FakeProcess

@@ -11,7 +11,7 @@ import signal
 from collections import Counter
 
 from producers.publish_kafka import Publisher
-from producers.simulate_fleet import HEALTHY, build_fleet
+from producers.simulate.fleet import HEALTHY, build_fleet
 from schemas.topics import ALERTS, GPU_SAMPLES, WORKFLOW_WINDOWS
 from tests.support.integration import (
     CODEC,

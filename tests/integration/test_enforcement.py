@@ -14,8 +14,8 @@ from collections import Counter
 
 from gpufleet.enforcer import Enforcer
 from producers.publish_kafka import Publisher
-from producers.run_simulation import SimulationPlan, run_simulation
-from producers.simulate_fleet import HEALTHY, IDLE, build_fleet
+from producers.simulate.fleet import HEALTHY, IDLE, build_fleet
+from producers.simulate.run import SimulationPlan, run_simulation
 from schemas.topics import ENFORCEMENT, GPU_SAMPLES
 from streams.enforcement.ladder import load_ladders
 from tests.support.integration import (

@@ -11,7 +11,7 @@ from collections import defaultdict
 import pytest
 
 from producers.publish_kafka import Publisher
-from producers.simulate_fleet import HEALTHY, build_fleet
+from producers.simulate.fleet import HEALTHY, build_fleet
 from schemas.topics import ALERTS, DEAD_LETTERS, GPU_SAMPLES, WORKFLOW_WINDOWS
 from tests.support.integration import (
     CODEC,

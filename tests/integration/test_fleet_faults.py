@@ -23,7 +23,7 @@ import pytest
 from gpufleet.local import kafka as local_kafka
 from kafka_client.admin import ensure_topics
 from producers.publish_kafka import Publisher
-from producers.simulate_fleet import HEALTHY, IDLE, build_fleet
+from producers.simulate.fleet import HEALTHY, IDLE, build_fleet
 from schemas.topics import ALERTS, DEAD_LETTERS, GPU_SAMPLES, WORKFLOW_WINDOWS
 from sinks.consume_to_clickhouse import ClickHouseSink
 from sinks.write_clickhouse import ClickHouseWriter

@@ -13,7 +13,7 @@ from confluent_kafka import Producer
 from kafka_client.admin import ensure_topics
 from kafka_client.config import producer_config
 from producers.publish_kafka import Publisher
-from producers.simulate_fleet import build_fleet
+from producers.simulate.fleet import build_fleet
 from schemas.topics import ALERTS, GPU_SAMPLES, WORKFLOW_SUMMARIES, WORKFLOW_WINDOWS
 from tests.support.consumer_groups import group_members
 from tests.support.integration import (

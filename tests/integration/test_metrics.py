@@ -9,8 +9,8 @@ from gpufleet.local.kafka import free_port
 from kafka_client.config import producer_config
 from kafka_client.metrics import serve
 from producers.publish_kafka import Publisher
-from producers.run_simulation import SimulationPlan, run_simulation
-from producers.simulate_fleet import build_fleet
+from producers.simulate.fleet import build_fleet
+from producers.simulate.run import SimulationPlan, run_simulation
 from schemas.topics import GPU_SAMPLES
 from sinks.consume_to_clickhouse import METRICS as SINK_METRICS
 from tests.support.integration import CODEC, running_sink, wait_until, worker_process

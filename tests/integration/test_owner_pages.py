@@ -26,7 +26,7 @@ from gpufleet.web.access import Directory
 from gpufleet.web.app import Service, create_app
 from gpufleet.web.identity import ProxyTrust
 from producers.publish_kafka import Publisher
-from producers.publish_trace import publish_trace
+from producers.traces.publish import publish_trace
 from schemas.topics import PROFILE_REQUESTS, WORKFLOW_EVENTS, WORKFLOW_SUMMARIES, trace_id_of
 from sinks.consume_alerts import AlertNotifier
 from sinks.job_report import summary_waterfall

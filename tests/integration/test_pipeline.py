@@ -8,9 +8,9 @@ import sys
 import pytest
 
 from producers.publish_kafka import Publisher
-from producers.publish_trace import publish_trace
-from producers.run_simulation import SimulationPlan, run_simulation
-from producers.simulate_fleet import IDLE, UNDERUTILIZED, build_fleet
+from producers.simulate.fleet import IDLE, UNDERUTILIZED, build_fleet
+from producers.simulate.run import SimulationPlan, run_simulation
+from producers.traces.publish import publish_trace
 from schemas.topics import GPU_SAMPLES, WORKFLOW_WINDOWS, trace_id_of
 from streams.profiling.auto import request_id_for
 from tests.support.integration import CODEC, read_topic, running_sink, wait_until, worker_process

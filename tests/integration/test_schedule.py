@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 
 from producers.publish_kafka import Publisher
-from producers.publish_trace import publish_trace
-from producers.run_simulation import SimulationPlan, run_simulation
-from producers.simulate_fleet import build_fleet
+from producers.simulate.fleet import build_fleet
+from producers.simulate.run import SimulationPlan, run_simulation
+from producers.traces.publish import publish_trace
 from schemas.topics import GPU_SAMPLES, PROFILE_REQUESTS, trace_id_of
 from tests.support.integration import CODEC, read_topic, wait_until, worker_process
 from tests.support.samples import BASE_MS

@@ -17,8 +17,8 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from gpufleet.schema_server import RegistryServer
 from producers.publish_kafka import Publisher
-from producers.run_simulation import SimulationPlan, run_simulation
-from producers.simulate_fleet import HEALTHY, IDLE, build_fleet
+from producers.simulate.fleet import HEALTHY, IDLE, build_fleet
+from producers.simulate.run import SimulationPlan, run_simulation
 from schemas.registry import SchemaRegistry
 from schemas.topics import ALERTS, GPU_SAMPLES, WORKFLOW_WINDOWS
 from tests.support.integration import CODEC, read_topic, wait_until, worker_process

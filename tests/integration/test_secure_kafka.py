@@ -29,7 +29,7 @@ from kafka_client.config import (
     producer_config,
 )
 from producers.publish_kafka import Publisher
-from producers.simulate_fleet import build_fleet
+from producers.simulate.fleet import build_fleet
 from schemas.topics import ALERTS, GPU_SAMPLES, WORKFLOW_WINDOWS
 from tests.support.integration import CODEC, running_sink, wait_until, worker_process
 from tests.support.samples import BASE_MS

@@ -162,7 +162,7 @@ def test_the_prolog_reads_every_name_a_user_can_give(slurm, shared):
     """The shipped prolog, on the real Slurm, for a real user's jobs of an exempt QoS with every
     kind of name (and one of bytes that are no UTF-8): each record has the QoS, the account and
     the name, and names nothing unknown."""
-    from producers.slurm_allocations import ENDED, JOBS, SlurmAllocations, SlurmDirectory
+    from producers.agent.allocations.slurm import ENDED, JOBS, SlurmAllocations, SlurmDirectory
 
     def submit(name: str | bytes) -> str:
         argv = [*slurm.as_user(BO), "sbatch", "--parsable", "-c", "1", "-A", "ops", "--qos", "exempt",

@@ -13,9 +13,9 @@ import pytest
 from gpufleet.analyze import analyze_file
 from gpufleet.local import kafka as local_kafka
 from kafka_client.admin import ensure_topics
-from producers.profile_agent import ProfileCoordinator
+from producers.profiling.agent import ProfileCoordinator
 from producers.publish_kafka import Publisher
-from producers.trace_outbox import TraceOutbox
+from producers.traces.outbox import TraceOutbox
 from schemas.topics import KERNEL_EVENTS, PROFILE_STATUSES, trace_id_of
 from streams.traces.sessions import TraceSessionConfig, TraceSessions
 from tests.support.integration import CODEC, read_topic, wait_until

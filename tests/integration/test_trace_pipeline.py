@@ -7,8 +7,8 @@ import pytest
 
 from gpufleet.analyze import analyze_file, analyze_file_with_findings
 from producers.publish_kafka import Publisher
-from producers.publish_trace import kernel_event_columns, kernel_event_records, publish_trace
-from producers.read_trace import read_trace
+from producers.traces.publish import kernel_event_columns, kernel_event_records, publish_trace
+from producers.traces.read import read_trace
 from schemas.topics import DEAD_LETTERS, FINDINGS, KERNEL_EVENTS, TRACE_ANALYSES, trace_id_for
 from tests.support.integration import CODEC, read_topic, running_sink, wait_until, worker_process
 from tests.support.traces import SHARED_TRACES, kernel, write_trace

@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 
 from producers.publish_kafka import Publisher
-from producers.simulate_fleet import build_fleet
+from producers.simulate.fleet import build_fleet
 from schemas.topics import GPU_SAMPLES, WORKFLOW_WINDOWS
 from tests.support.integration import (
     CODEC,

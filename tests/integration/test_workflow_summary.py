@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from producers.publish_kafka import Publisher
-from producers.simulate_fleet import HEALTHY, build_fleet
+from producers.simulate.fleet import HEALTHY, build_fleet
 from schemas.topics import GPU_SAMPLES, WORKFLOW_EVENTS, WORKFLOW_SUMMARIES
 from tests.support.integration import CODEC, read_topic, running_sink, wait_until, worker_process
 from tests.support.samples import BASE_MS

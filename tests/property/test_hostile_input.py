@@ -25,7 +25,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from producers.read_trace import TraceError, read_trace
+from producers.traces.read import TraceError, read_trace
 from schemas.codec import SCHEMA_DIR, Codec, CodecError, load_catalog
 from schemas.sample_columns import COLUMNS, blocks_of, samples_checked
 from schemas.validate_ids import ids_error

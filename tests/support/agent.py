@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from producers.attribute_process import ProcessAttributor
-from producers.host_agent import AgentSettings, HostAgent
-from producers.sample_nvml import NvmlSampler
-from producers.spool import Spool
+from producers.agent.gpus.attribute_process import ProcessAttributor
+from producers.agent.gpus.sample_nvml import NvmlSampler
+from producers.agent.host_agent import AgentSettings, HostAgent
+from producers.agent.spool.disk import Spool
 from schemas.codec import Codec
 from tests.support.fake_nvml import FakeGpu, FakeNvml, FakeProcess
 from tests.support.proc_tree import make_process

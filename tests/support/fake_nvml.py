@@ -1,5 +1,5 @@
 """A fake of the pynvml module for tests: the same functions, constants and exception classes,
-answering from GPUs described in Python. Only ``producers.sample_nvml`` talks to it."""
+answering from GPUs described in Python. Only ``producers.agent.gpus.sample_nvml`` talks to it."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from producers.simulate_fleet import build_fleet
+from producers.simulate.fleet import build_fleet
 from schemas.vocabulary import WASTE_BUCKETS, wasted_seconds
 from sinks.clickhouse_ddl import (
     FINDINGS_TABLE,

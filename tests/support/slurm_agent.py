@@ -14,12 +14,12 @@ import sys
 import threading
 from pathlib import Path
 
-from producers.attribute_process import ProcessAttributor
-from producers.forward_spool import Forwarder
-from producers.host_agent import AgentSettings, HostAgent
-from producers.run_agent import run_agent
-from producers.slurm_allocations import SlurmAllocations
-from producers.spool import Spool
+from producers.agent.allocations.slurm import SlurmAllocations
+from producers.agent.gpus.attribute_process import ProcessAttributor
+from producers.agent.host_agent import AgentSettings, HostAgent
+from producers.agent.run import run_agent
+from producers.agent.spool.disk import Spool
+from producers.agent.spool.forward import Forwarder
 from schemas.codec import Codec
 from tests.support.slurm_gpus import JobGpus, Sampler
 

@@ -10,7 +10,7 @@ import json
 import os
 from pathlib import Path
 
-from producers.sample_nvml import NvmlSampler
+from producers.agent.gpus.sample_nvml import NvmlSampler
 from tests.support.fake_nvml import FakeGpu, FakeNvml, FakeProcess
 
 

@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from producers.read_trace import read_trace
+from producers.traces.read import read_trace
 from tests.support.overlapping_copies import overlapping_copies_trace
 from tests.support.traces import queue_full_trace, synthetic_job_trace, synthetic_operator_trace
 

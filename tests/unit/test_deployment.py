@@ -184,7 +184,7 @@ def test_every_dashboard_query_runs_on_our_tables(chdb_client, database):
 def exposed_metrics() -> dict[str, set[str]]:
     """Every series name gpufleet's components serve, with its label names (and the labels
     Prometheus adds: job, instance, and le on histogram buckets)."""
-    from producers.agent_metrics import GPU_READINGS, LABELS, AgentMetrics
+    from producers.agent.metrics import GPU_READINGS, LABELS, AgentMetrics
     from sinks.consume_alerts import METRICS as NOTIFIER
     from sinks.consume_to_clickhouse import METRICS as SINK
     from streams import topology  # noqa: F401 -- every stage's metrics registered in the worker's registry

@@ -9,7 +9,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kafka_client.metrics import ComponentMetrics, reason_kind
-from producers.agent_metrics import AgentMetrics
+from producers.agent.metrics import AgentMetrics
 from schemas.codec import Codec, CodecError
 from schemas.validate_ids import ids_error
 from schemas.validate_sample import validate_sample

@@ -9,7 +9,7 @@ import pytest
 
 from gpufleet.reports.goodput import fleet_goodput, render_groups
 from gpufleet.reports.workflows import workflow_summary
-from producers.simulate_fleet import build_fleet
+from producers.simulate.fleet import build_fleet
 from schemas.goodput_buckets import BUCKETS, OBSERVED_BUCKETS
 from schemas.sample_columns import columns_of
 from sinks.clickhouse_ddl import WORKFLOW_EVENTS_TABLE, WORKFLOW_WINDOWS_TABLE

@@ -1,4 +1,4 @@
-from producers.attribute_process import UNATTRIBUTED, AttributionKeys, ProcessAttributor
+from producers.agent.gpus.attribute_process import UNATTRIBUTED, AttributionKeys, ProcessAttributor
 from tests.support.proc_tree import make_process
 
 

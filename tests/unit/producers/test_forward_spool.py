@@ -1,8 +1,8 @@
 """The forwarder's sends every few seconds, with each host's and workflow's sample blocks
 merged into one message, in order, and everything else passed on as it was."""
 
-from producers.forward_spool import Forwarder, SampleCoalescer
-from producers.spool import Spool
+from producers.agent.spool.disk import Spool
+from producers.agent.spool.forward import Forwarder, SampleCoalescer
 from schemas.codec import Codec
 from schemas.sample_columns import columns_of
 from schemas.topics import GPU_SAMPLES

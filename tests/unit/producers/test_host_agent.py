@@ -5,10 +5,10 @@ import time
 
 import pytest
 
-from producers.attribute_process import IDLE, UNATTRIBUTED
-from producers.host_agent import AgentSettings, HostAgent
-from producers.simulate_fleet import SimulatedGpus, build_fleet
-from producers.spool import Spool
+from producers.agent.gpus.attribute_process import IDLE, UNATTRIBUTED
+from producers.agent.host_agent import AgentSettings, HostAgent
+from producers.agent.spool.disk import Spool
+from producers.simulate.fleet import SimulatedGpus, build_fleet
 from schemas.sample_columns import rows_of
 from schemas.validate_sample import validate_sample
 from tests.support.agent import CODEC
@@ -48,8 +48,8 @@ def test_one_sample_per_gpu_and_workflow_with_shares(world):
 
 
 def test_observers_see_each_ticks_samples_and_host_sample(world):
-    """The profile coordinator builds a capture's context from these (producers/profile_context.py)."""
-    from producers.profile_context import ProfileContext
+    """The profile coordinator builds a capture's context from these (producers/profiling/context.py)."""
+    from producers.profiling.context import ProfileContext
 
     agent, _, _, _ = world
     context = ProfileContext("wf-a", rank=1)
@@ -123,7 +123,7 @@ def test_the_agent_samples_faster_while_a_profile_is_captured(world):
     import dataclasses
     import threading
 
-    from producers.run_agent import run_agent
+    from producers.agent.run import run_agent
 
     agent, spool, _, _ = world
     agent.settings = dataclasses.replace(agent.settings, interval_s=0.2, profile_interval_s=0.02)
@@ -149,7 +149,7 @@ def test_a_tick_slower_than_the_interval_stands_for_the_time_it_took(world):
     """A host too slow for the interval samples less often; its samples still add up to the time."""
     import threading
 
-    from producers.run_agent import run_agent
+    from producers.agent.run import run_agent
 
     agent, spool, _, _ = world
     stop, t = threading.Event(), [100.0]
@@ -172,7 +172,7 @@ def test_a_capture_starting_mid_wait_is_sampled_from_its_start(world):
     normal interval still gets its 10 Hz samples."""
     import threading
 
-    from producers.run_agent import run_agent
+    from producers.agent.run import run_agent
 
     agent, spool, _, _ = world
     stop, t, capturing = threading.Event(), [100.0], [False]
@@ -223,8 +223,8 @@ def test_the_model_work_a_job_reports_rides_on_its_gpus_samples(world):
 def test_a_job_reports_its_model_work_through_the_profile_directory(tmp_path):
     """The hook's side writes 6 x parameters x tokens/s (or the job's own figure); the agent's
     side reads it while it is fresh and its process lives."""
-    from producers.profile_handoff import Handoff
-    from producers.profile_hook import report_throughput
+    from producers.profiling.handoff import Handoff
+    from producers.profiling.hook import report_throughput
 
     handoff = Handoff(tmp_path / "profiles")
     now = time.time()
@@ -245,7 +245,7 @@ def test_the_allocator_peaks_a_job_reports_ride_on_its_gpus_samples(world, tmp_p
     """What the profiling hook's report_memory writes (PyTorch's allocator peaks over the
     process's GPUs) reaches the samples of those GPUs, shared among them; the agent reads a
     report while it is fresh and its process lives."""
-    from producers.profile_handoff import Handoff
+    from producers.profiling.handoff import Handoff
 
     agent, spool, gpus, _ = world
     gpus[1].processes.append(FakeProcess(101, sm_util=10))  # rank 0 now uses GPU-0 and GPU-1
@@ -270,8 +270,8 @@ def test_report_memory_sends_pytorchs_allocator_peaks_over_the_processs_gpus(tmp
     import sys
     import types
 
-    from producers.profile_handoff import Handoff
-    from producers.profile_hook import report_memory
+    from producers.profiling.handoff import Handoff
+    from producers.profiling.hook import report_memory
 
     peaks = {0: (3 << 30, 5 << 30), 1: (1 << 30, 2 << 30)}  # device -> (allocated, reserved) peaks
     initialized = [False]

@@ -7,12 +7,12 @@ import itertools
 
 import pytest
 
-from producers.allocations import Allocation
-from producers.attribute_process import ProcessAttributor
-from producers.host_agent import AgentSettings, HostAgent
-from producers.sample_nvml import NvmlSampler
-from producers.slurm_allocations import SlurmAllocations, SlurmDirectory
-from producers.spool import Spool
+from producers.agent.allocations.allocation import Allocation
+from producers.agent.allocations.slurm import SlurmAllocations, SlurmDirectory
+from producers.agent.gpus.attribute_process import ProcessAttributor
+from producers.agent.gpus.sample_nvml import NvmlSampler
+from producers.agent.host_agent import AgentSettings, HostAgent
+from producers.agent.spool.disk import Spool
 from schemas.codec import Codec
 from schemas.sample_columns import rows_of
 from schemas.validate_sample import UNALLOCATED, validate_sample

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import grpc
 import pytest
 
-from producers.kubelet_allocations import ApiServerPods, KubeletAllocations
+from producers.agent.allocations.kubelet import ApiServerPods, KubeletAllocations
 from producers.podresources_v1 import api_pb2, api_pb2_grpc
 
 GPU, MIG = "nvidia.com/gpu", "nvidia.com/mig-1g.10gb"

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from producers.profile_agent import ProfileCoordinator
-from producers.trace_outbox import TraceOutbox
+from producers.profiling.agent import ProfileCoordinator
+from producers.traces.outbox import TraceOutbox
 from schemas.topics import request_of_trace, trace_id_of
 from tests.support.proc_tree import live_process
 from tests.support.samples import sample
@@ -136,7 +136,7 @@ class Message:
 
 
 def test_a_request_the_agent_cannot_use_is_a_dead_letter_and_the_next_one_is_served(tmp_path, process):
-    from producers.profile_agent import ProfileListener
+    from producers.profiling.agent import ProfileListener
     from schemas.codec import Codec
 
     rec = Recorder()

@@ -3,7 +3,7 @@ rank's GPUs (or the workflow's on the host when samples carry no rank)."""
 
 import pytest
 
-from producers.profile_context import ProfileContext
+from producers.profiling.context import ProfileContext
 from schemas.codec import Codec
 
 

@@ -7,8 +7,8 @@ import stat
 
 import pytest
 
-from producers.attribute_process import ProcessAttributor, workflow_of_environment
-from producers.profile_handoff import Handoff, HandoffError, default_dir, private_dir
+from producers.agent.gpus.attribute_process import ProcessAttributor, workflow_of_environment
+from producers.profiling.handoff import Handoff, HandoffError, default_dir, private_dir
 
 
 def test_the_default_is_per_user_and_created_private(tmp_path, monkeypatch):

@@ -1,7 +1,7 @@
 """What the trace agent publishes for a trace with items it cannot use (each record encoded
 with its topic's schema, as the Kafka publisher does)."""
 
-from producers.publish_trace import publish_trace
+from producers.traces.publish import publish_trace
 from schemas.codec import Codec
 from schemas.topics import DEAD_LETTERS, KERNEL_EVENTS
 from tests.support.traces import kernel, runtime, write_trace
@@ -46,8 +46,8 @@ def test_a_trace_with_nothing_usable_is_dead_lettered_and_ends_empty(tmp_path):
 def test_a_traces_events_travel_as_columns_that_give_them_back_in_order(tmp_path):
     """The columns of every message, in seq order, are the trace's events as read; each message
     holds at most EVENTS_PER_MESSAGE events."""
-    from producers.publish_trace import EVENTS_PER_MESSAGE
-    from producers.read_trace import read_trace
+    from producers.traces.publish import EVENTS_PER_MESSAGE
+    from producers.traces.read import read_trace
     from streams.traces.batch import EventBatch, columns_error
     from tests.support.overlapping_copies import overlapping_copies_trace
 
@@ -68,7 +68,7 @@ def test_a_traces_events_travel_as_columns_that_give_them_back_in_order(tmp_path
 def test_a_message_of_long_distinct_names_holds_fewer_events(tmp_path, monkeypatch):
     """Kernel names of kilobytes each, all different: the messages stay within the string budget
     and together carry every event, seq following seq."""
-    import producers.publish_trace as publish
+    from producers.traces import publish
 
     monkeypatch.setattr(publish, "STRING_BYTES_PER_MESSAGE", 10_000)
     events = [kernel(f"k{i}_" + "x" * 3000, 10 * i, 5) for i in range(10)]

@@ -6,7 +6,7 @@ import gzip
 import pytest
 
 from gpufleet.analyze import analyze_file
-from producers.read_trace import TraceError, open_trace, read_trace
+from producers.traces.read import TraceError, open_trace, read_trace
 from tests.support.traces import SHARED_TRACES, cpu_op, kernel, runtime, write_trace
 
 

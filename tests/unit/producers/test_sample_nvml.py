@@ -3,7 +3,7 @@ import logging
 import pynvml
 import pytest
 
-from producers.sample_nvml import NO_DRIVER, NvmlSampler, NvmlUnavailable
+from producers.agent.gpus.sample_nvml import NO_DRIVER, NvmlSampler, NvmlUnavailable
 from tests.support.fake_nvml import FakeGpu, FakeNvml, FakeProcess
 
 

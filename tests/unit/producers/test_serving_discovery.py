@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from producers.gpu_reading import GpuProcess, GpuReading
+from producers.agent.gpus.reading import GpuProcess, GpuReading
 from producers.serving.discover import Discovery, candidates, discover, gpu_processes, listening_ports
 from producers.serving.scrape import Endpoint, Fetcher, ServingReader
 from tests.support.integration import wait_until

@@ -1,6 +1,6 @@
 import pytest
 
-from producers.simulate_fleet import HEALTHY, IDLE, MODERATE, UNDERUTILIZED, build_fleet
+from producers.simulate.fleet import HEALTHY, IDLE, MODERATE, UNDERUTILIZED, build_fleet
 from schemas.codec import Codec
 from schemas.validate_sample import validate_sample
 
@@ -58,7 +58,7 @@ def test_impossible_layouts_are_refused():
 
 
 def test_a_scheduler_gives_some_gpus_to_no_job_and_some_jobs_never_open_theirs():
-    from producers.simulate_fleet import UNTOUCHED
+    from producers.simulate.fleet import UNTOUCHED
     from schemas.validate_sample import UNALLOCATED
 
     fleet = build_fleet(seed=7, hosts=4, gpus_per_host=8, workflows=8, planted=True, scheduler=True)

@@ -6,17 +6,17 @@ import threading
 
 import pytest
 
-from producers.allocations import Allocation, gpus_of
-from producers.gpu_reading import GpuReading
-from producers.slurm_allocations import SlurmAllocations, SlurmDirectory, allocation_from_environment
-from producers.slurm_facts import JobFacts, time_limit_s
+from producers.agent.allocations.allocation import Allocation, gpus_of
+from producers.agent.allocations.slurm import SlurmAllocations, SlurmDirectory, allocation_from_environment
+from producers.agent.allocations.slurm_facts import JobFacts, time_limit_s
+from producers.agent.gpus.reading import GpuReading
 
 ENV = {"SLURM_JOB_ID": "4242", "SLURM_JOB_USER": "ana", "SLURM_JOB_ACCOUNT": "vision", "SLURM_JOB_PARTITION": "gpu",
        "SLURM_JOB_GPUS": "2,3", "CUDA_VISIBLE_DEVICES": "2,3", "SLURM_NODELIST": "node-7", "SLURM_CLUSTER_NAME": "east"}
 
 
 class Reader:
-    """What the scheduler says of the job (``producers.slurm_facts``), as a test sets it."""
+    """What the scheduler says of the job (``producers.agent.allocations.slurm_facts``), as a test sets it."""
 
     def __init__(self, **facts) -> None:
         self.facts = facts

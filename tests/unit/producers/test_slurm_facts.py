@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from producers.slurm_allocations import allocation_from_environment
-from producers.slurm_facts import SQUEUE_FORMAT, SlurmReader
+from producers.agent.allocations.slurm import allocation_from_environment
+from producers.agent.allocations.slurm_facts import SQUEUE_FORMAT, SlurmReader
 from tests.support import fake_slurm
 
 ENV = {"SLURM_JOB_ID": "42", "SLURM_JOB_USER": "ana", "SLURM_JOB_ACCOUNT": "vision", "SLURM_JOB_PARTITION": "gpu",

@@ -1,4 +1,4 @@
-from producers.spool import Spool
+from producers.agent.spool.disk import Spool
 
 
 def values(records):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from producers.read_trace import read_trace
+from producers.traces.read import read_trace
 from streams.traces.analyze import analyze_events
 from streams.traces.kernel_type import KernelType, kernel_type
 from tests.support.traces import kernel, memcpy, runtime, step, write_trace

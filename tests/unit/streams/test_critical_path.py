@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpufleet.analyze import analyze_file_with_findings, run
-from producers.read_trace import read_trace
+from producers.traces.read import read_trace
 from streams.traces import critical_path as trace_critical_path
 from streams.traces.batch import EventBatch
 from streams.traces.critical_path import STEP_CODE, CriticalPath

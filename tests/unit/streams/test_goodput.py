@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from producers.simulate_fleet import INPUT_BOUND, build_fleet
+from producers.simulate.fleet import INPUT_BOUND, build_fleet
 from schemas.goodput_buckets import BUCKETS, JOULES_FIELDS, OBSERVED_BUCKETS, SECONDS_FIELDS
 from schemas.sample_columns import columns_of
 from streams.windows.batches import Incoming, WindowConfig

@@ -2,7 +2,7 @@
 
 
 from gpufleet.analyze import analyze_file_with_findings
-from producers.read_trace import read_trace
+from producers.traces.read import read_trace
 from tests.support.traces import HOOK_TRACE as TRACE
 
 

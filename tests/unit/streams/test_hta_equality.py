@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.analyze import analyze_file
-from producers.read_trace import read_trace
+from producers.traces.read import read_trace
 from streams.traces.analyze import analyze_events
 from streams.traces.memory_copies import HTA_FIGURES as MEMORY_FIGURES
 from streams.traces.queue_length import HTA_FIGURES as QUEUE_FIGURES

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.analyze import analyze_file, run
-from producers.read_trace import read_trace
+from producers.traces.read import read_trace
 from streams.traces import kernel_sequences as trace_kernel_sequences
 from streams.traces.analyze import PENDING_HORIZON_US
 from streams.traces.batch import EventBatch

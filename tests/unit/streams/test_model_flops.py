@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.analyze import analyze_file_with_findings, format_record
-from producers.read_trace import read_trace
+from producers.traces.read import read_trace
 from schemas.codec import Codec
 from schemas.gpu_peaks import PRECISIONS, peak_tflops
 from tests.support.traces import cpu_op, kernel, runtime, write_trace

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpufleet.analyze import analyze_file, run
-from producers.read_trace import operator_bytes
+from producers.traces.read import operator_bytes
 from schemas.gpu_peaks import peak_memory_gbps, peak_tflops
 from tests.support.traces import synthetic_operator_trace
 

@@ -28,7 +28,7 @@ def test_each_step_has_the_gpu_work_launched_during_it(tmp_path):
 def test_steps_of_a_multi_stream_trace_add_up(tmp_path):
     """On the synthetic job, each step's busy time is the union of its own events' intervals,
     computed here from the events directly."""
-    from producers.read_trace import read_trace
+    from producers.traces.read import read_trace
 
     path = synthetic_job_trace(tmp_path / "t.json")
     events = list(read_trace(path).events)

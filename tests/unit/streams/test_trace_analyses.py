@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from producers.read_trace import read_trace
+from producers.traces.read import read_trace
 from streams.traces.analysis import Finished, Options
 from streams.traces.analyze import ANALYSES, TraceAnalyzer
 from streams.traces.batch import EventBatch

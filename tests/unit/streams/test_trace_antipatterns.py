@@ -130,7 +130,7 @@ def context(**kw):
 
 
 def with_context(tmp_path, events, system):
-    from producers.read_trace import read_trace
+    from producers.traces.read import read_trace
     from streams.traces.analyze import analyze_events, findings_records
 
     result = analyze_events(read_trace(write_trace(tmp_path / "t.json", events)).events)

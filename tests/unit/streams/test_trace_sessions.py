@@ -83,8 +83,8 @@ def test_the_worker_gives_the_offline_record_for_a_trace_of_overlapping_copies_b
     ``trace_order``), through Avro and a checkpoint restored halfway: the stream's record is
     ``gpufleet analyze``'s, field for field."""
     from gpufleet.analyze import analyze_file
-    from producers.publish_trace import kernel_event_records
-    from producers.read_trace import read_trace
+    from producers.traces.publish import kernel_event_records
+    from producers.traces.read import read_trace
     from schemas.codec import Codec
     from tests.support.overlapping_copies import overlapping_copies_trace
 
@@ -116,8 +116,8 @@ def test_the_worker_gives_the_offline_record_for_column_messages_of_any_size_and
     cut differently (a replay that straddles what was seen): every field of the stream's record
     is ``gpufleet analyze``'s."""
     from gpufleet.analyze import analyze_file
-    from producers.publish_trace import kernel_event_columns
-    from producers.read_trace import read_trace
+    from producers.traces.publish import kernel_event_columns
+    from producers.traces.read import read_trace
     from schemas.codec import Codec
     from tests.support.traces import synthetic_job_trace
 

@@ -3,8 +3,8 @@ itself rather than from the processes on the GPU.
 
 A GPU a job was given and never opened has no process: without the scheduler's word it looks
 like free capacity, and it is the largest loss in the clusters our users run. An
-``AllocationSource`` (Slurm's prolog and epilog records, ``producers.slurm_allocations``; the
-kubelet's pod resources, ``producers.kubelet_allocations``) says each tick which jobs hold which
+``AllocationSource`` (Slurm's prolog and epilog records, ``producers.agent.allocations.slurm``; the
+kubelet's pod resources, ``producers.agent.allocations.kubelet``) says each tick which jobs hold which
 GPUs, and which have ended since; ``gpus_of`` maps the scheduler's names of GPUs (Slurm's
 indexes, device plugins' UUIDs, MIG UUIDs) to the GPUs NVML reports.
 """
@@ -36,7 +36,7 @@ class Allocation(msgspec.Struct, frozen=True, kw_only=True):
     cluster: str | None = None
     started_ms: int | None = None  # when the scheduler gave it its resources
     ended_ms: int | None = None  # when it gave them back (set on the allocations that ended)
-    # The facts the scheduler could not be asked (``producers.slurm_facts.FACTS``: "qos", "end", ...),
+    # The facts the scheduler could not be asked (``producers.agent.allocations.slurm_facts.FACTS``: "qos", "end", ...),
     # and why: the enforcement ladders hold a job whose exemptions depend on one of them.
     unknown: tuple[str, ...] = ()
     problem: str | None = None

@@ -5,7 +5,7 @@ A GPU used by several workflows yields one sample per workflow, with its share (
 processes' SM utilisation, else by their memory, else equal parts). A GPU whose processes
 cannot be attributed reports as ``unattributed``; a GPU with no process as ``idle``.
 
-With an allocation source (``producers.allocations``: Slurm's prolog records, the kubelet's pod
+With an allocation source (``producers.agent.allocations.allocation``: Slurm's prolog records, the kubelet's pod
 resources) the scheduler decides whose a GPU is: a GPU allocated to a job is that job's, with
 or without a process on it (a job that never opens it is still charged for it, at 0 %); a
 process of another workflow there is named on the job's samples (``foreign_workflow_id``); a
@@ -17,8 +17,8 @@ close the job's windows without waiting for the fleet's clock.
 
 Exact to the scheduler's word: the samples of allocated GPUs are held ``hold_s`` before they are
 spooled, so that an end or a start the scheduler tells a moment late still cuts them
-(``producers.hold_samples``: each GPU-millisecond charged to one holder); and what the agent must
-remember across a restart is written beside its spool every tick (``producers.agent_checkpoint``),
+(``producers.agent.hold_samples``: each GPU-millisecond charged to one holder); and what the agent must
+remember across a restart is written beside its spool every tick (``producers.agent.checkpoint``),
 so a restarted agent continues its jobs (no second STARTED) and sends the GPU time it did not
 see as ``UnobservedTime``.
 """
@@ -31,13 +31,14 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from producers import agent_checkpoint
-from producers.agent_checkpoint import Active, Checkpoint, Coverage
-from producers.allocated_samples import READING_FIELDS, final_samples, first_interval
-from producers.allocations import Allocation, Allocations, AllocationSource, holders
-from producers.attribute_process import IDLE, UNATTRIBUTED, ProcessAttributor, ProcessInfo
-from producers.gpu_reading import GpuReading
-from producers.gpu_shares import (
+from producers.agent import checkpoint as agent_checkpoint
+from producers.agent.allocated_samples import READING_FIELDS, final_samples, first_interval
+from producers.agent.allocations.allocation import Allocation, Allocations, AllocationSource, holders
+from producers.agent.checkpoint import Active, Checkpoint, Coverage
+from producers.agent.gpus.attribute_process import IDLE, UNATTRIBUTED, ProcessAttributor, ProcessInfo
+from producers.agent.gpus.reading import GpuReading
+from producers.agent.gpus.sample_nvml import NvmlSampler
+from producers.agent.gpus.shares import (
     DRIVER_RESERVED,
     ProcessGroups,
     int_or_none,
@@ -45,11 +46,10 @@ from producers.gpu_shares import (
     shares_of,
     sum_or_none,
 )
-from producers.hold_samples import HeldSamples
-from producers.sample_host import HostSampler
-from producers.sample_nvml import NvmlSampler
-from producers.simulate_fleet import SimulatedGpus
-from producers.spool import Spool
+from producers.agent.hold_samples import HeldSamples
+from producers.agent.sample_host import HostSampler
+from producers.agent.spool.disk import Spool
+from producers.simulate.fleet import SimulatedGpus
 from schemas.codec import Codec
 from schemas.sample_columns import columns_of
 from schemas.topics import GPU_SAMPLES, HOST_SAMPLES, WORKFLOW_EVENTS, TopicSpec, key_of
@@ -125,7 +125,7 @@ class HostAgent:
         self.throughputs: Callable[[float], dict[int, float]] = lambda now: {}
         # pid -> (allocator peak, reserved peak) bytes a job reports (``profile_hook.report_memory``)
         self.memory_peaks: Callable[[float], dict[int, tuple[int, int]]] = lambda now: {}
-        self.metrics = None  # a producers.agent_metrics.AgentMetrics, told of each tick
+        self.metrics = None  # a producers.agent.metrics.AgentMetrics, told of each tick
         self.hurry: Callable[[], None] = lambda: None  # spooled a job's end: send it now (the forwarder's)
         self.held = HeldSamples(round(settings.hold_s * 1000) if allocations is not None else 0)
         restored = agent_checkpoint.load(spool.dir, settings.host) if settings.checkpoint else None

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import msgspec
 
-from producers.allocations import Allocation
-from producers.attribute_process import ProcessInfo
+from producers.agent.allocations.allocation import Allocation
+from producers.agent.gpus.attribute_process import ProcessInfo
 
 log = logging.getLogger(__name__)
 

@@ -36,12 +36,12 @@ GPU_READINGS = (
 
 
 class AgentMetrics(Collector):
-    """The metrics of one ``HostAgent`` (``producers.host_agent``), in a registry of their own;
+    """The metrics of one ``HostAgent`` (``producers.agent.host_agent``), in a registry of their own;
     the agent calls ``ticked`` after each tick."""
 
     def __init__(self, spool) -> None:
         self.spool = spool
-        self.forwarder = None  # a producers.forward_spool.Forwarder, for what it sent
+        self.forwarder = None  # a producers.agent.spool.forward.Forwarder, for what it sent
         self.serving = None  # a producers.serving.scrape.ServingReader, for its endpoints' failures
         self.latest: list[dict] = []  # replaced whole by each tick: a scrape reads one tick's samples
         self.registry = CollectorRegistry()

@@ -28,7 +28,7 @@ from typing import Protocol
 
 import msgspec
 
-from producers.allocations import KUBERNETES, Allocation, Allocations
+from producers.agent.allocations.allocation import KUBERNETES, Allocation, Allocations
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from operator import add, itemgetter, sub
 from typing import Any
 
-from producers.trace_json import Args, Event, to_int
+from producers.traces.json_text import Args, Event, to_int
 
 # Event kinds as stored, by code.
 _KINDS = ("other", "kernel", "memcpy", "memset", "sync", "runtime", "cpu_op", "annotation")

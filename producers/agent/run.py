@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from producers.host_agent import HostAgent
+from producers.agent.host_agent import HostAgent
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from producers.publish_kafka import Publisher
-from producers.read_trace import TraceError, TraceRead, read_trace
+from producers.traces.read import TraceError, TraceRead, read_trace
 from schemas.dead_letter import dead_letter
 from schemas.topics import DEAD_LETTERS, KERNEL_EVENTS, trace_id_for
 
@@ -28,7 +28,7 @@ def publish_trace(
     trace_id: str | None = None, system: dict | None = None,
 ) -> dict:
     """Publish one trace file; return its ``TraceEnd`` record. ``system``: what the host saw
-    while the trace was captured (``producers/profile_context.py``), for a requested profile."""
+    while the trace was captured (``producers/profiling/context.py``), for a requested profile."""
     trace_id = trace_id or trace_id_for(path, workflow_id)
     topic = topic_prefix + KERNEL_EVENTS.name
     now = int(time.time() * 1000)

@@ -25,7 +25,7 @@ import time
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from kafka_client.config import Connection, producer_config
-from producers.spool import Position, Spool
+from producers.agent.spool.disk import Position, Spool
 from schemas.codec import Codec, CodecError
 from schemas.sample_columns import NAME as COLUMNS
 from schemas.sample_columns import merged, shape_error

@@ -15,7 +15,7 @@ samples are cut when an end or a start becomes known:
 
 A sample covers ``(event_time - interval_ms, event_time]``; a cut one ends at the cut. Samples
 held when the agent dies are never spooled: the time they stood for is counted as the job's
-unobserved time when it starts again (``producers.agent_checkpoint``). Past ``hold_ms`` a sample
+unobserved time when it starts again (``producers.agent.checkpoint``). Past ``hold_ms`` a sample
 is spooled as it is: an end the scheduler tells later than that cannot trim it (the agent logs
 how much it charged past the end).
 """

@@ -81,7 +81,7 @@ class Workflow:
     throttled: tuple[int, int] | None = None  # ticks [from, to) under a thermal limit
     xid_tick: int | None = None  # its first GPU reports an XID at this tick
     untouched_gpus: int = 0  # its last GPUs that no process of it ever opens (the scheduler gave them)
-    service: str | None = None  # a serving replica of this service (``producers.simulate_serving``)
+    service: str | None = None  # a serving replica of this service (``producers.simulate.serving``)
 
     def opens(self, rank: int) -> bool:
         """Whether the job's processes open its GPU of this rank."""

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from producers.gpu_reading import GpuProcess, GpuReading
+from producers.agent.gpus.reading import GpuProcess, GpuReading
 
 log = logging.getLogger(__name__)
 

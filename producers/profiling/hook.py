@@ -1,6 +1,6 @@
 """The in-process half of on-demand profiling: one line in a training script,
 
-    import producers.profile_hook; producers.profile_hook.enable()
+    import producers.profiling.hook; producers.profiling.hook.enable()
 
 and the host agent can make this process capture a ``torch.profiler`` trace (CPU and CUDA
 activities) for a number of optimizer steps or seconds. The hook counts steps through
@@ -9,8 +9,8 @@ marks each step (``ProfilerStep#N``, from one optimizer step's end to the next) 
 trace analysis expects.
 
 It talks to the agent through files in a private profile directory, which needs no network
-and no port: ``producers.profile_handoff`` is that protocol, on both sides. The hook names its
-workflow by the agent's own rules (``producers.attribute_process.workflow_of_environment``),
+and no port: ``producers.profiling.handoff`` is that protocol, on both sides. The hook names its
+workflow by the agent's own rules (``producers.agent.gpus.attribute_process.workflow_of_environment``),
 so a Slurm job is ``slurm-<id>`` to both.
 """
 
@@ -22,8 +22,8 @@ import threading
 import time
 from pathlib import Path
 
-from producers.attribute_process import workflow_of_environment
-from producers.profile_handoff import Handoff, default_dir
+from producers.agent.gpus.attribute_process import workflow_of_environment
+from producers.profiling.handoff import Handoff, default_dir
 
 log = logging.getLogger(__name__)
 

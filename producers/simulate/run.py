@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from producers.publish_kafka import Publisher
-from producers.simulate_fleet import Fleet
+from producers.simulate.fleet import Fleet
 from schemas.sample_columns import columns_of
 from schemas.topics import GPU_SAMPLES
 
@@ -42,7 +42,7 @@ def run_simulation(
 
     ``batched``: each workflow's samples of a host tick in one ``GpuSampleColumns`` message, as
     the host agent sends them; else one ``GpuSample`` message per GPU. ``serving``: the tick's
-    ``ServingSample``s (``producers.simulate_serving``), sent beside the GPU samples."""
+    ``ServingSample``s (``producers.simulate.serving``), sent beside the GPU samples."""
     progress = progress or SimulationProgress()
     wall_start = time.monotonic()
     for tick in range(plan.ticks):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from producers.simulate_fleet import IDLE, SERVING, Fleet, Gpu, Workflow
+from producers.simulate.fleet import IDLE, SERVING, Fleet, Gpu, Workflow
 
 SERVICE = "chat-llm"
 

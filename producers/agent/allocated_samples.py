@@ -1,11 +1,11 @@
 """A scheduler's job at its edges on this host: its first sample reaches back to the scheduler's
 start of it, and when the scheduler says it ended, a last sample runs from the agent's last
-tick to that end (``producers.host_agent``; ``producers.hold_samples`` cuts what came after)."""
+tick to that end (``producers.agent.host_agent``; ``producers.agent.hold_samples`` cuts what came after)."""
 
 from __future__ import annotations
 
-from producers.allocations import Allocation, Allocations, holders
-from producers.gpu_reading import GpuReading
+from producers.agent.allocations.allocation import Allocation, Allocations, holders
+from producers.agent.gpus.reading import GpuReading
 
 # What every GPU sample takes from its reading as it is.
 READING_FIELDS = (
@@ -23,7 +23,7 @@ def first_interval(job: Allocation, last_tick: int | None, now: int, interval: i
     allocation, which can lie before the last tick (the prolog runs after the start, and its
     record is read at the next tick), up to ``BACKFILL_TICKS`` intervals back; just the tick's
     interval where the agent has no last tick (it started after the job: the time before is
-    unobserved, ``producers.agent_checkpoint``) or the scheduler gave no start; never back
+    unobserved, ``producers.agent.checkpoint``) or the scheduler gave no start; never back
     past the start."""
     if job.started_ms is None:
         return interval

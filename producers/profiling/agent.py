@@ -1,13 +1,13 @@
 """The agent's half of profiling: answers ``ProfileRequest`` records for workflows on its host.
 
 For each request that concerns this host, the coordinator finds the workflow's ranks among
-the processes that enabled the profiling hook (``producers/profile_hook.py`` announces them
+the processes that enabled the profiling hook (``producers/profiling/hook.py`` announces them
 in the profile directory), asks each to capture, and publishes a ``ProfileStatus`` per rank
 as it goes: ACCEPTED, TRACE_PUBLISHED (with the trace id, once the broker has every message of the trace
 for the worker to analyse), or FAILED with the reason -- the workflow does not run here, no
 rank has the hook, the process exited, the hook reported an error, no trace came before the
 request's deadline, or the trace outbox was full. Nothing waits forever. A finished trace
-waits in the outbox (``producers/trace_outbox.py``) until it is delivered: a broker that is
+waits in the outbox (``producers/traces/outbox.py``) until it is delivered: a broker that is
 away, or an agent restarted, loses no trace.
 """
 
@@ -23,11 +23,11 @@ from pathlib import Path
 from confluent_kafka import Consumer
 
 from kafka_client.config import Connection, consumer_config
-from producers.profile_context import ProfileContext
-from producers.profile_handoff import Handoff
+from producers.profiling.context import ProfileContext
+from producers.profiling.handoff import Handoff
 from producers.publish_kafka import Publisher
-from producers.publish_trace import publish_trace
-from producers.trace_outbox import Pending, TraceOutbox
+from producers.traces.outbox import Pending, TraceOutbox
+from producers.traces.publish import publish_trace
 from schemas.codec import Codec
 from schemas.dead_letter import dead_letter
 from schemas.topics import DEAD_LETTERS, PROFILE_REQUESTS, PROFILE_STATUSES, trace_id_of
@@ -86,7 +86,7 @@ class ProfileCoordinator:
                 self._status(request, "FAILED", reason=(
                     f"workflow {request['workflow_id']} has no process with gpufleet's profiling hook on "
                     f"{self.host}: it no longer runs here, or its training script does not call "
-                    "producers.profile_hook.enable()"))
+                    "producers.profiling.hook.enable()"))
             return
         for h in sorted(ranks, key=lambda h: h["rank"]):
             self.handoff.ask(h["pid"], {"request_id": request["request_id"], "steps": request.get("steps"),

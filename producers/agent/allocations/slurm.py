@@ -4,7 +4,7 @@ Slurm runs the prolog (``gpufleet slurm prolog``) as root when it gives a job re
 node, and the epilog (``gpufleet slurm epilog``) when it takes them back. Both read the job
 from their environment (``SLURM_JOB_ID``, ``SLURM_JOB_USER``, ``SLURM_JOB_ACCOUNT``,
 ``SLURM_JOB_PARTITION``, ``SLURM_JOB_GPUS``: the node's indexes of the job's GPUs) and ask the
-controller for what the environment lacks (``producers.slurm_facts``: QoS, name, time limit,
+controller for what the environment lacks (``producers.agent.allocations.slurm_facts``: QoS, name, time limit,
 the array it belongs to, start and end times; in the epilog, how it ended), in a form no job
 name can break. What they could not learn is named in the record (``Allocation.unknown``) and
 written to standard error (slurmd's log). They write into one directory, which the agent reads
@@ -36,8 +36,8 @@ from pathlib import Path
 
 import msgspec
 
-from producers.allocations import SLURM, Allocation, Allocations
-from producers.slurm_facts import JobFacts, SlurmReader
+from producers.agent.allocations.allocation import SLURM, Allocation, Allocations
+from producers.agent.allocations.slurm_facts import JobFacts, SlurmReader
 from schemas.validate_ids import SLURM_JOB_ID
 
 log = logging.getLogger(__name__)

@@ -1,12 +1,12 @@
 """Whose a GPU's processes are, and each workflow's share of the GPU: the host agent's
-attribution of one GPU reading (``producers.host_agent``)."""
+attribution of one GPU reading (``producers.agent.host_agent``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from producers.allocations import KUBERNETES, Allocation
-from producers.attribute_process import UNATTRIBUTED, ProcessInfo
+from producers.agent.allocations.allocation import KUBERNETES, Allocation
+from producers.agent.gpus.attribute_process import UNATTRIBUTED, ProcessInfo
 
 
 @dataclass

@@ -31,8 +31,8 @@ from typing import Any
 
 import msgspec
 
-from producers.trace_events import SYNC_CODE, Columns, EventList
-from producers.trace_json import (
+from producers.traces.events import SYNC_CODE, Columns, EventList
+from producers.traces.json_text import (
     NO_ARGS,
     Args,
     Event,
