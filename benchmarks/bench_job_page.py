@@ -67,11 +67,11 @@ def main() -> None:
     args = parser.parse_args()
 
     from gpufleet.asgi_server import AsgiServer
-    from gpufleet.query_server import QueryServer, find_server
     from gpufleet.web.access import Directory
     from gpufleet.web.app import Service, create_app
     from gpufleet.web.identity import ProxyTrust
-    from sinks.write_clickhouse import connect
+    from sinks.clickhouse_client import connect
+    from sinks.query_server import QueryServer, find_server
 
     path = Path(tempfile.mkdtemp(prefix="gpufleet-bench-page-"))
     client = connect(f"chdb://{path}")

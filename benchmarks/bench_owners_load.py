@@ -35,10 +35,11 @@ DAY_MIN = 1440
 def sink_role(path: str, jobs: int, batch: int) -> None:
     """The sink's process: the jobs' history stored, the query server up, then ``ingest S`` runs."""
     from benchmarks.bench_job_page import store
-    from gpufleet.query_server import QueryServer
     from producers.simulate.fleet import build_fleet
+    from sinks.clickhouse_client import connect
     from sinks.clickhouse_ddl import GPU_SAMPLES_TABLE
-    from sinks.write_clickhouse import ClickHouseWriter, Row, connect
+    from sinks.query_server import QueryServer
+    from sinks.write_clickhouse import ClickHouseWriter, Row
 
     client = connect(f"chdb://{path}")
     start = (int(time.time() * 1000) - 2 * 86_400_000) // 60_000 * 60_000

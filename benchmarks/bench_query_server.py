@@ -3,7 +3,7 @@ the read path allows (one that only its time limit stops), against the same ``SE
 an idle server, in the same run. Goal (issue 31): < 1 s while the slow query runs.
 
 The server is the one ``gpufleet sink`` and ``gpufleet demo`` start on the embedded engine;
-both analysts are separate processes' clients (``gpufleet.query_server.find_server``), as
+both analysts are separate processes' clients (``sinks.query_server.find_server``), as
 ``gpufleet sql`` in two terminals would be.
 
     python benchmarks/bench_query_server.py [--limit-s 60] [--probes 20]
@@ -43,8 +43,8 @@ def main() -> None:
 
     from clickhouse_connect.driver.exceptions import DatabaseError
 
-    from gpufleet.query_server import QueryServer, find_server
-    from sinks.write_clickhouse import connect
+    from sinks.clickhouse_client import connect
+    from sinks.query_server import QueryServer, find_server
 
     path = tempfile.mkdtemp(prefix="gpufleet-bench-query-")
     connect(f"chdb://{path}").command("SELECT 1")  # the engine's directory made

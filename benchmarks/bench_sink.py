@@ -22,8 +22,9 @@ import time
 from producers.simulate.fleet import build_fleet
 from schemas.codec import Codec
 from schemas.validate_sample import validate_sample
+from sinks.clickhouse_client import connect
 from sinks.clickhouse_ddl import GPU_SAMPLES_TABLE, KAFKA_COLUMNS
-from sinks.write_clickhouse import ClickHouseWriter, Row, connect
+from sinks.write_clickhouse import ClickHouseWriter, Row
 
 START_MS = 1_767_225_600_000
 TOPIC, TOPIC_ID = "gpufleet.gpu-samples.v1", "bench-topic-id"

@@ -39,10 +39,11 @@ from kafka_client.admin import ensure_topics
 from kafka_client.config import consumer_config, producer_config
 from schemas.codec import Codec
 from schemas.topics import GPU_SAMPLES
+from sinks.clickhouse_client import connect
 from sinks.consume_to_clickhouse import ClickHouseSink
 from sinks.ddl_samples import GPU_SAMPLES_TABLE
 from sinks.table import KAFKA_COLUMNS
-from sinks.write_clickhouse import ClickHouseWriter, connect
+from sinks.write_clickhouse import ClickHouseWriter
 
 PREFIX = "sk."
 TOPIC = PREFIX + GPU_SAMPLES.name

@@ -51,7 +51,8 @@ from producers.publish_kafka import Publisher
 from producers.simulate.fleet import HEALTHY, IDLE, build_fleet
 from schemas.codec import Codec
 from schemas.topics import ALERTS, DEAD_LETTERS, ENFORCEMENT, GPU_SAMPLES
-from sinks.write_clickhouse import ClickHouseWriter, connect
+from sinks.clickhouse_client import connect
+from sinks.write_clickhouse import ClickHouseWriter
 
 PARTITIONS = 6
 TICKS_PER_S = 20  # simulated seconds per wall second

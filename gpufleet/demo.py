@@ -23,9 +23,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from gpufleet.demo_serving import DEMO_THRESHOLDS, serving_against_planted
-from gpufleet.enforcer import Enforcer
 from gpufleet.local import kafka as local_kafka
-from gpufleet.query_server import QueryServer, find_server
 from gpufleet.reports.goodput import fleet_goodput
 from gpufleet.reports.opportunities import opportunities
 from gpufleet.sql import format_table, run_query
@@ -40,10 +38,13 @@ from schemas.codec import Codec
 from schemas.topics import ALERTS, DEAD_LETTERS, ENFORCEMENT, GPU_SAMPLES, WORKFLOW_WINDOWS
 from schemas.validate_sample import NOT_WORKFLOWS
 from schemas.vocabulary import ALLOCATED, JOBS, WASTED
+from sinks.clickhouse_client import connect, default_dsn
 from sinks.clickhouse_ddl import TABLES
 from sinks.consume_to_clickhouse import ClickHouseSink
+from sinks.enforce_jobs import Enforcer
 from sinks.job_report import BUCKETS, LABELS, Rates, render_waterfall
-from sinks.write_clickhouse import ClickHouseWriter, connect, default_dsn
+from sinks.query_server import QueryServer, find_server
+from sinks.write_clickhouse import ClickHouseWriter
 from streams.enforcement.ladder import Ladder, load_ladders
 
 log = logging.getLogger(__name__)

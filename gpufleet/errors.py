@@ -50,7 +50,7 @@ def explain(exc: BaseException) -> tuple[int, str]:
         error = exc.args[0] if exc.args else None
         return RUNTIME, f"Kafka: {error.str() if hasattr(error, 'str') else exc}"
     if isinstance(exc, ClickHouseError):
-        from sinks.write_clickhouse import refusal
+        from sinks.read_path import refusal
 
         said = refusal(exc)
         if "UNKNOWN_DATABASE" in said:

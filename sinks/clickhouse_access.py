@@ -5,14 +5,14 @@
 - **reader** (``gpufleet sql``, ``workflows``, ``opportunities``, ``report``, dashboards):
   SELECT on gpufleet's database only, under a settings profile that pins ``readonly = 1``
   (no writes, no SET) so that no query can lift it, and the read path's limits
-  (``sinks.write_clickhouse.query_limits``: time, result rows and bytes, memory) as maxima a
+  (``sinks.read_path.query_limits``: time, result rows and bytes, memory) as maxima a
   query may lower, never raise. Without the grants that table functions
   need (``CREATE TEMPORARY TABLE`` and the sources: FILE, URL, REMOTE, S3 …) none of them runs
   even where readonly would allow it.
 
 Passwords are given as SHA-256 hashes: the statements can be shown and kept without the
 secret. The embedded engine has one user and no access control: there, the query path's
-session is read-only (``sinks.write_clickhouse.READ_ONLY_SETTINGS``) and the data directory's
+session is read-only (``sinks.read_path.READ_ONLY_SETTINGS``) and the data directory's
 file permissions are the boundary. No ClickHouse server can be run where gpufleet's tests
 run: these statements are checked by ClickHouse's parser (``formatQuery``), not applied.
 """
@@ -42,7 +42,7 @@ def access_statements(database: str, reader_sha256: str, writer_sha256: str,
     for digest in (reader_sha256, writer_sha256):
         if not re.fullmatch(r"[0-9a-f]{64}", digest):
             raise ValueError("a password is given as its SHA-256 hash: 64 hexadecimal digits")
-    from sinks.write_clickhouse import query_limits
+    from sinks.read_path import query_limits
 
     limits = ", ".join(f"{k} = {v} MAX {v}" if isinstance(v, int) else f"{k} = '{v}' CONST"
                        for k, v in query_limits().items())

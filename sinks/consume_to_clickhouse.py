@@ -48,14 +48,7 @@ from schemas.validate_ids import ids_error
 from sinks.clickhouse_ddl import TABLES, Table
 from sinks.ddl_samples import GPU_SAMPLES_TABLE
 from sinks.insert_sample_columns import Message, SampleColumnsInsert
-from sinks.write_clickhouse import (
-    Block,
-    ClickHouseWriter,
-    Position,
-    Row,
-    deduplication_token,
-    table_for_topic,
-)
+from sinks.write_clickhouse import Block, ClickHouseWriter, Position, Row, deduplication_token, table_for_topic
 
 log = logging.getLogger(__name__)
 

@@ -42,9 +42,9 @@ from schemas.codec import WIRE_HEADER_BYTES, Codec, strip_timestamp_logical_type
 from schemas.sample_columns import NAME, NO_SAMPLES, NULLABLE, SHARED
 from schemas.validate_ids import ID_PATTERN, MAX_ID_LENGTH
 from schemas.validate_sample import ACROSS, BOUNDS, MAX_AHEAD_OF_KAFKA_MS
+from sinks.clickhouse_client import is_transient
 from sinks.ddl_samples import GPU_SAMPLES_TABLE
 from sinks.table import KAFKA_COLUMNS
-from sinks.write_clickhouse import is_transient
 
 log = logging.getLogger(__name__)
 

@@ -8,18 +8,15 @@ returned with the error code, so the rest of the batch still lands.
 from __future__ import annotations
 
 import logging
-import os
 import time
-import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import clickhouse_connect
 from clickhouse_connect.driver.client import Client
-from clickhouse_connect.driver.exceptions import ClickHouseError, DatabaseError, OperationalError
+from clickhouse_connect.driver.exceptions import ClickHouseError, DatabaseError
 
+from sinks.clickhouse_client import error_code, is_transient
 from sinks.clickhouse_ddl import (
     KAFKA_COLUMNS,
     MIGRATIONS,
@@ -30,124 +27,6 @@ from sinks.clickhouse_ddl import (
 )
 
 log = logging.getLogger(__name__)
-
-# Server error codes worth retrying: timeouts, network, memory pressure, too many parts/queries.
-TRANSIENT_CODES = frozenset({159, 160, 202, 203, 209, 210, 236, 241, 242, 252, 285, 319, 425, 999})
-
-
-def default_dsn(data_dir: Path) -> str:
-    return f"chdb://{(data_dir / 'clickhouse').resolve()}"
-
-
-# A read-only session: SELECT only. No INSERT, DDL or SET, and no table function that reaches
-# files or the network (file, url, remote, s3, mysql, executable, ...): ClickHouse refuses
-# them all under readonly=1 (readonly=2 allows SET and, with it, every table function).
-READ_ONLY_SETTINGS = {"readonly": 1}
-# Every query of the read path is bounded (environment variables of whoever opens the read-only
-# session: the command, or the sink's query server): time, rows and bytes of the result, memory.
-QUERY_LIMITS = (("max_execution_time", "GPUFLEET_QUERY_MAX_SECONDS", 60, "seconds"),
-                ("max_result_rows", "GPUFLEET_QUERY_MAX_ROWS", 1_000_000, "rows"),
-                ("max_result_bytes", "GPUFLEET_QUERY_MAX_RESULT_BYTES", 512 << 20, "bytes"),
-                ("max_memory_usage", "GPUFLEET_QUERY_MAX_MEMORY_BYTES", 4 << 30, "bytes"))
-
-
-def query_limits(env: dict | None = None) -> dict[str, int | str]:
-    """The read path's limits as ClickHouse settings, from the environment or the defaults
-    (60 s, 1 M rows, 512 MiB of result, 4 GiB of memory); ValueError for a value that is not a
-    whole number above 0."""
-    env = os.environ if env is None else env
-    out: dict[str, int | str] = {"result_overflow_mode": "throw", "timeout_overflow_mode": "throw"}
-    for setting, name, default, unit in QUERY_LIMITS:
-        raw = env.get(name)
-        try:
-            value = default if raw in (None, "") else int(raw)
-        except ValueError:
-            value = -1
-        if value <= 0:
-            raise ValueError(f"{name}={raw!r}: expected a whole number of {unit} above 0 (default {default})")
-        out[setting] = value
-    return out
-READONLY_CODE = 164
-
-PASSWORD_ENV = "GPUFLEET_CLICKHOUSE_PASSWORD"
-
-
-def dsn_password(env: dict | None = None) -> str | None:
-    """The ClickHouse password from ``GPUFLEET_CLICKHOUSE_PASSWORD`` or the file that
-    ``GPUFLEET_CLICKHOUSE_PASSWORD_FILE`` names (a DSN should not hold it: DSNs get printed)."""
-    env = os.environ if env is None else env
-    if env.get(PASSWORD_ENV + "_FILE"):
-        return Path(env[PASSWORD_ENV + "_FILE"]).read_text().strip()
-    return env.get(PASSWORD_ENV) or None
-
-
-def redact_dsn(dsn: str) -> str:
-    """``dsn`` as it may be shown: without its password."""
-    parts = urllib.parse.urlsplit(dsn)
-    if parts.password is None:
-        return dsn
-    netloc = f"{parts.username or ''}:***@{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
-
-
-def scrub(text: str, dsn: str) -> str:
-    """``text`` (an error's, say) with the DSN's password and the environment's replaced by ***."""
-    for secret in (urllib.parse.urlsplit(dsn).password, dsn_password()):
-        if secret:
-            text = text.replace(secret, "***").replace(urllib.parse.quote(secret, safe=""), "***")
-    return text
-
-
-def connect(dsn: str, read_only: bool = False) -> Client:
-    """A clickhouse-connect client for ``chdb:///path`` (embedded) or ``http(s)://…`` (server).
-
-    ``read_only``: a session of ``READ_ONLY_SETTINGS`` and the read path's limits
-    (``query_limits``), for the whole session because the embedded engine cannot leave
-    read-only mode per query. On a server, connect the query
-    path as the reader user (``sinks.clickhouse_access``), whose profile enforces the same.
-    A server's password comes from the DSN or from ``dsn_password``.
-    """
-    scheme = urllib.parse.urlsplit(dsn).scheme
-    if scheme not in ("chdb", "http", "https"):
-        raise ValueError(f"ClickHouse DSN {redact_dsn(dsn)!r}: expected chdb:///path (the embedded engine) or "
-                         "http(s)://user@host:port (a server)")
-    if dsn.startswith("chdb://"):
-        path = dsn[len("chdb://"):]
-        if path.startswith("/"):
-            Path(path).mkdir(parents=True, exist_ok=True)
-        return clickhouse_connect.get_client(dsn=dsn, settings=read_settings() if read_only else None)
-    options: dict[str, Any] = {}
-    password = dsn_password()
-    if password is not None and urllib.parse.urlsplit(dsn).password is None:
-        options["password"] = password
-    return clickhouse_connect.get_client(dsn=dsn, settings=read_settings() if read_only else None, **options)
-
-
-def read_settings() -> dict:
-    """A read-only session's settings: the limits first (read-only mode then freezes them)."""
-    return {**query_limits(), **READ_ONLY_SETTINGS}
-
-
-def refusal(exc: BaseException) -> str:
-    """ClickHouse's error in a line, saying what the read-only query path allows when that was the reason."""
-    first = str(exc).splitlines()[0] if str(exc) else repr(exc)
-    if error_code(exc) == READONLY_CODE and not first.startswith("refused:"):
-        return ("refused: gpufleet's query path is read-only: it runs SELECT, never writes, changes settings or "
-                f"calls table functions that reach files or the network (file, url, remote, s3, ...). {first}")
-    return first
-
-
-def error_code(exc: BaseException) -> int | None:
-    """ClickHouse's error code, as clickhouse-connect's exception carries it (None: not a server
-    error, such as a connection refused)."""
-    code = getattr(exc, "code", None)
-    return code if isinstance(code, int) else None
-
-
-def is_transient(exc: BaseException) -> bool:
-    if isinstance(exc, OperationalError):  # connection refused, reset, timed out
-        return True
-    return error_code(exc) in TRANSIENT_CODES
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from clickhouse_connect.driver.client import Client
 
-from sinks.write_clickhouse import connect
+from sinks.clickhouse_client import connect
 
 
 @pytest.fixture(scope="session")

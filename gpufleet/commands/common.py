@@ -140,24 +140,25 @@ def kafka_connection(args: argparse.Namespace, principal: str, check: bool = Tru
 
 
 def clickhouse_dsn(args: argparse.Namespace) -> str:
-    from sinks.write_clickhouse import default_dsn
+    from sinks.clickhouse_client import default_dsn
 
     return args.clickhouse_dsn or default_dsn(args.data_dir)
 
 
 def query_client(args: argparse.Namespace, read_only: bool = True):
     """A client on the configured ClickHouse, with a plain message when the embedded one is busy."""
-    from sinks.write_clickhouse import connect, redact_dsn, scrub
+    from sinks.clickhouse_client import connect, redact_dsn, scrub
+    from sinks.read_path import connect_reader
 
     dsn = (read_only and os.environ.get("GPUFLEET_CLICKHOUSE_READER_DSN")) or clickhouse_dsn(args)
     if dsn.startswith("chdb://") and read_only:
-        from gpufleet.query_server import find_server
+        from sinks.query_server import find_server
 
         remote = find_server(Path(dsn[len("chdb://"):]))
         if remote is not None:  # a sink or demo owns the engine: ask it
             return remote
     try:
-        return connect(dsn, read_only=read_only)
+        return connect_reader(dsn) if read_only else connect(dsn)
     except Exception as exc:
         if isinstance(exc, ValueError | OSError):
             raise  # a DSN or a password file the user gave: said as such

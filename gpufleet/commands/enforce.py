@@ -1,4 +1,4 @@
-"""``gpufleet enforce``: the actions of the enforcement ladders (``gpufleet.enforcer``)."""
+"""``gpufleet enforce``: the actions of the enforcement ladders (``sinks.enforce_jobs``)."""
 
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ def add(sub) -> None:
 
 
 def cmd_enforce(args: argparse.Namespace) -> int:
-    from gpufleet.enforcer import METRICS, Enforcer
     from kafka_client.admin import ensure_topics
+    from sinks.enforce_jobs import METRICS, Enforcer
     from streams.enforcement.ladder import load_ladders
 
     ladders = load_ladders(args.policy)  # (a PolicyError names the file and the ladder)

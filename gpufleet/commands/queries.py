@@ -142,7 +142,8 @@ def print_service_job(job: dict) -> None:
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
-    from gpufleet.sql import FORMATS, check_query, run_query
+    from gpufleet.sql import FORMATS, run_query
+    from sinks.read_path import check_query
 
     if args.write and not args.allow_files_and_network:
         raise UsageError("--write runs the query with no restriction: it can change and drop tables, read and "

@@ -137,7 +137,7 @@ def embedded_queries(args: argparse.Namespace):
     engine that no sink or demo holds, the service holds it and serves its read-only queries to
     the other commands (`gpufleet workflow`, `sql`) as the sink does; elsewhere it is a client."""
     from gpufleet.commands.common import clickhouse_dsn
-    from gpufleet.query_server import QueryServer, find_server
+    from sinks.query_server import QueryServer, find_server
 
     dsn = os.environ.get("GPUFLEET_CLICKHOUSE_READER_DSN") or clickhouse_dsn(args)
     if not dsn.startswith("chdb://"):

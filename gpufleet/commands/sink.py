@@ -55,8 +55,9 @@ def add(sub) -> None:
 
 def cmd_sink(args: argparse.Namespace) -> int:
     from kafka_client.admin import ensure_topics
+    from sinks.clickhouse_client import connect
     from sinks.consume_to_clickhouse import METRICS, ClickHouseSink
-    from sinks.write_clickhouse import ClickHouseWriter, connect
+    from sinks.write_clickhouse import ClickHouseWriter
 
     # What the user gave and what this machine has, before the broker: the DSN and its password,
     # the database's name, ClickHouse itself, the metrics port.
@@ -73,7 +74,7 @@ def cmd_sink(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     queries = None
     if dsn.startswith("chdb://"):  # let gpufleet sql & co. read while this process owns the engine
-        from gpufleet.query_server import QueryServer
+        from sinks.query_server import QueryServer
 
         queries = QueryServer(Path(dsn[len("chdb://"):]), port=args.query_port).start()
     try:
@@ -97,14 +98,14 @@ def periodic_reports(args: argparse.Namespace, routing, sent):
         raise UsageError(str(exc)) from None
     dsn = os.environ.get("GPUFLEET_CLICKHOUSE_READER_DSN") or clickhouse_dsn(args)
     if dsn.startswith("chdb://"):
-        from gpufleet.query_server import find_server
+        from sinks.query_server import find_server
 
         def client_of():
             return find_server(Path(dsn[len("chdb://"):]))
     else:
-        from sinks.write_clickhouse import connect
+        from sinks.read_path import connect_reader
 
-        server = connect(dsn, read_only=True)
+        server = connect_reader(dsn)
 
         def client_of():
             return server

@@ -218,8 +218,8 @@ class Routes:
         from clickhouse_connect.driver.exceptions import ClickHouseError
         from starlette.concurrency import run_in_threadpool
 
-        from gpufleet.sql import check_query, run_query
-        from sinks.write_clickhouse import refusal
+        from gpufleet.sql import run_query
+        from sinks.read_path import check_query, refusal
 
         if not self.viewer(request).operator:  # the embedded engine cannot keep a query to an owner's rows
             return JSONResponse({"error": "ad-hoc SQL is for the fleet's operators"}, 403)
@@ -279,7 +279,7 @@ class Routes:
     @staticmethod
     def unavailable(request: Request, exc: Exception) -> Response:
         """Busy, or ClickHouse refused (its query sessions all taken): said, with when to try again."""
-        from sinks.write_clickhouse import refusal
+        from sinks.read_path import refusal
 
         said = str(exc) if isinstance(exc, Busy) else f"the fleet's database could not answer: {refusal(exc)}"
         log.warning("%s: %s", request.url.path, said)

@@ -14,7 +14,7 @@ SECOND_WARNING and ACTION_DUE; EXEMPT (never acted on, and why); HELD (the actio
 data is stale or partial, or an id the command needs is missing; or, before any step, a fact one
 of the ladder's exemptions reads is unknown: the job may be exempt, so nothing is done, not even
 a warning, until the fact is known); CANCELLED (the alert resolved after a warning).
-``gpufleet enforce`` runs the action of an ACTION_DUE (``gpufleet.enforcer``).
+``gpufleet enforce`` runs the action of an ACTION_DUE (``sinks.enforce_jobs``).
 
 Plain logic: dicts and the state in, records out.
 """

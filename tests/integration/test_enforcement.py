@@ -12,11 +12,11 @@ import stat
 import sys
 from collections import Counter
 
-from gpufleet.enforcer import Enforcer
 from producers.publish_kafka import Publisher
 from producers.simulate.fleet import HEALTHY, IDLE, build_fleet
 from producers.simulate.run import SimulationPlan, run_simulation
 from schemas.topics import ENFORCEMENT, GPU_SAMPLES
+from sinks.enforce_jobs import Enforcer
 from streams.enforcement.ladder import load_ladders
 from tests.support.integration import (
     CODEC,

@@ -16,7 +16,6 @@ from aiosmtpd.controller import Controller
 
 from gpufleet.asgi_server import AsgiServer
 from gpufleet.commands.serve import actions_on
-from gpufleet.enforcer import Enforcer
 from gpufleet.local.kafka import free_port
 from gpufleet.web.access import Directory
 from gpufleet.web.app import Service, create_app
@@ -24,6 +23,7 @@ from gpufleet.web.identity import ProxyTrust
 from producers.publish_kafka import Publisher
 from schemas.topics import ALERTS, ENFORCEMENT, PROFILE_REQUESTS, WORKFLOW_EVENTS
 from sinks.consume_alerts import AlertNotifier
+from sinks.enforce_jobs import Enforcer
 from sinks.route_alerts import load_routing
 from sinks.write_clickhouse import ClickHouseWriter
 from streams.enforcement.ladder import load_ladders

@@ -42,12 +42,12 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from gpufleet.enforcer import Enforcer
 from gpufleet.reports.workflows import slurm_job, workflow_summary
 from kafka_client.config import consumer_config
 from schemas.codec import Codec
 from schemas.goodput_buckets import BUCKETS
 from schemas.topics import WORKFLOW_SUMMARIES
+from sinks.enforce_jobs import Enforcer
 from sinks.job_report import job_report, right_size_of
 from sinks.slurm_comments import SlurmComments
 from streams.enforcement.ladder import load_ladders

@@ -4,6 +4,7 @@ import pytest
 
 from schemas.codec import Codec
 from schemas.sample_columns import columns_of, rows_of
+from sinks.clickhouse_client import is_transient
 from sinks.clickhouse_ddl import (
     ALERTS_TABLE,
     GPU_SAMPLES_TABLE,
@@ -17,7 +18,6 @@ from sinks.write_clickhouse import (
     Position,
     Row,
     deduplication_token,
-    is_transient,
     offsets_query,
     table_for_topic,
 )
@@ -337,7 +337,7 @@ def test_trace_analysis_rows_keep_memory_copies_per_kind(writer, tmp_path):
 
 
 def test_a_dsn_is_shown_without_its_password():
-    from sinks.write_clickhouse import redact_dsn
+    from sinks.clickhouse_client import redact_dsn
 
     assert redact_dsn("https://sink:hunter2@ch.example.com:8443/gpufleet") == "https://sink:***@ch.example.com:8443/gpufleet"
     assert redact_dsn("http://ch:8123") == "http://ch:8123"
@@ -345,7 +345,7 @@ def test_a_dsn_is_shown_without_its_password():
 
 
 def test_the_password_comes_from_the_environment_or_a_file(tmp_path):
-    from sinks.write_clickhouse import dsn_password
+    from sinks.clickhouse_client import dsn_password
 
     secret = tmp_path / "pw"
     secret.write_text("from-file\n")

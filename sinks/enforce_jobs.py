@@ -4,7 +4,7 @@ The worker decides when an action is due (``streams.enforcement.ladder``: an ACT
 the enforcement topic); this process runs it: the ladder's command template from the same
 policy file, filled with the workflow's ids, as an argument vector (never through a shell).
 
-Safety, each tested (``tests/unit/gpufleet/test_enforcer.py``, ``tests/integration/test_enforcement.py``):
+Safety, each tested (``tests/unit/sinks/test_enforce_jobs.py``, ``tests/integration/test_enforcement.py``):
 
 - **Dry run by default.** It acts only when the ladder says ``act = true``, the record was
   decided so, *and* this process was started with ``--act``; otherwise it records WOULD_ACT

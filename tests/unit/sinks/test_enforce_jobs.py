@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from gpufleet.enforcer import Enforcer
 from schemas.codec import Codec
+from sinks.enforce_jobs import Enforcer
 from streams.enforcement.ladder import Ladder
 from tests.support.samples import BASE_MS
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError
 
-from gpufleet.query_server import INFO_FILE, QueryServer, find_server
+from sinks.query_server import INFO_FILE, QueryServer, find_server
 
 
 @pytest.fixture

@@ -11,9 +11,9 @@ Each query runs in a session of its own from a small pool (``sessions``), so one
 slow query never holds up another's, and one analyst (``GPUFLEET_ANALYST``, else the Unix user,
 as the client names them) holds at most half the sessions at once: their next query waits for
 one of their own to end while other analysts' run. Every session is read-only and bounded
-(``sinks.write_clickhouse.read_settings``: ClickHouse refuses writes, SET and the table
+(``sinks.read_path.read_settings``: ClickHouse refuses writes, SET and the table
 functions that reach files or the network, and stops a query at its time, row, result and
-memory limits), and each query is checked first (``gpufleet.sql.check_query``: one statement,
+memory limits), and each query is checked first (``sinks.read_path.check_query``: one statement,
 no KILL, no system table that shows the server). ``stop`` waits for the queries in flight,
 which their time limit bounds, before the engine may be closed. The token is compared in
 constant time.
@@ -39,7 +39,7 @@ from typing import Any
 
 from clickhouse_connect.driver.exceptions import ClickHouseError, DatabaseError
 
-from sinks.write_clickhouse import refusal
+from sinks.read_path import refusal
 
 log = logging.getLogger(__name__)
 
@@ -80,11 +80,11 @@ class QueryServer:
     """Serves read-only queries on the embedded engine at ``path`` to other local processes."""
 
     def __init__(self, path: Path, sessions: int = 4, port: int = 0) -> None:
-        from sinks.write_clickhouse import connect
+        from sinks.read_path import connect_reader
 
         self.path, self.port = Path(path), port
         # Opened now: a bad setting is said at start, not at the first query.
-        self._idle = [connect(f"chdb://{self.path}", read_only=True) for _ in range(sessions)]
+        self._idle = [connect_reader(f"chdb://{self.path}") for _ in range(sessions)]
         self.sessions, self.share = sessions, max(1, sessions // 2)  # the most one analyst holds at once
         self.token = secrets.token_urlsafe(24)
         self._busy = 0
@@ -95,7 +95,7 @@ class QueryServer:
     def query(self, sql: str, parameters: dict | None = None, wait_s: float = 30.0, analyst: str = ""):
         """One query of ``analyst`` in a session of the pool, waiting up to ``wait_s`` for one to be
         free and for the analyst to hold fewer than their share."""
-        from gpufleet.sql import check_query
+        from sinks.read_path import check_query
 
         check_query(sql)
         with self._done:
@@ -176,7 +176,7 @@ class QueryServer:
             self._http.shutdown()
             self._http.server_close()
             self._http = None
-        from sinks.write_clickhouse import query_limits
+        from sinks.read_path import query_limits
 
         limit = timeout_s if timeout_s is not None else query_limits()["max_execution_time"] + 5
         with self._done:

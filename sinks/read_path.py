@@ -1,0 +1,137 @@
+"""The read path's rules: what an analyst's query may be (``check_query``: one statement that
+reads, no server internals), the limits every read-only session runs under (``query_limits``),
+a read-only session (``connect_reader``) and what a refusal says (``refusal``). ``gpufleet sql``,
+the web service and the sink's query server all read through them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from clickhouse_connect.driver.client import Client
+
+from sinks.clickhouse_client import connect, error_code
+
+# A read-only session: SELECT only. No INSERT, DDL or SET, and no table function that reaches
+# files or the network (file, url, remote, s3, mysql, executable, ...): ClickHouse refuses
+# them all under readonly=1 (readonly=2 allows SET and, with it, every table function).
+READ_ONLY_SETTINGS = {"readonly": 1}
+# Every query of the read path is bounded (environment variables of whoever opens the read-only
+# session: the command, or the sink's query server): time, rows and bytes of the result, memory.
+QUERY_LIMITS = (("max_execution_time", "GPUFLEET_QUERY_MAX_SECONDS", 60, "seconds"),
+                ("max_result_rows", "GPUFLEET_QUERY_MAX_ROWS", 1_000_000, "rows"),
+                ("max_result_bytes", "GPUFLEET_QUERY_MAX_RESULT_BYTES", 512 << 20, "bytes"),
+                ("max_memory_usage", "GPUFLEET_QUERY_MAX_MEMORY_BYTES", 4 << 30, "bytes"))
+
+
+def query_limits(env: dict | None = None) -> dict[str, int | str]:
+    """The read path's limits as ClickHouse settings, from the environment or the defaults
+    (60 s, 1 M rows, 512 MiB of result, 4 GiB of memory); ValueError for a value that is not a
+    whole number above 0."""
+    env = os.environ if env is None else env
+    out: dict[str, int | str] = {"result_overflow_mode": "throw", "timeout_overflow_mode": "throw"}
+    for setting, name, default, unit in QUERY_LIMITS:
+        raw = env.get(name)
+        try:
+            value = default if raw in (None, "") else int(raw)
+        except ValueError:
+            value = -1
+        if value <= 0:
+            raise ValueError(f"{name}={raw!r}: expected a whole number of {unit} above 0 (default {default})")
+        out[setting] = value
+    return out
+
+
+READONLY_CODE = 164
+
+
+def read_settings() -> dict:
+    """A read-only session's settings: the limits first (read-only mode then freezes them)."""
+    return {**query_limits(), **READ_ONLY_SETTINGS}
+
+
+def connect_reader(dsn: str) -> Client:
+    """A read-only session (``read_settings``) for the whole session, because the embedded engine
+    cannot leave read-only mode per query. On a server, connect the read path as the reader user
+    (``sinks.clickhouse_access``), whose profile enforces the same."""
+    return connect(dsn, settings=read_settings())
+
+
+def refusal(exc: BaseException) -> str:
+    """ClickHouse's error in a line, saying what the read-only query path allows when that was the reason."""
+    first = str(exc).splitlines()[0] if str(exc) else repr(exc)
+    if error_code(exc) == READONLY_CODE and not first.startswith("refused:"):
+        return ("refused: gpufleet's query path is read-only: it runs SELECT, never writes, changes settings or "
+                f"calls table functions that reach files or the network (file, url, remote, s3, ...). {first}")
+    return first
+
+
+# System tables an analyst may read: harmless ones. The others show the server's paths, disks,
+# settings, users and running queries: refused on the read path (ClickHouse's own grants decide
+# for a server's users too).
+SYSTEM_ALLOWED = frozenset({"one", "numbers", "numbers_mt", "zeros", "functions", "data_type_families",
+                            "table_functions", "time_zones"})
+# What SHOW may list: gpufleet's tables and how they are made. The others (PROCESSLIST, SETTINGS,
+# GRANTS, USERS, ...) show other analysts' queries or the server's settings and access.
+SHOW_ALLOWED = ("TABLES", "DATABASES", "CREATE", "COLUMNS", "FULL", "EXTENDED", "INDEX", "INDEXES", "INDICES", "KEYS",
+                "DICTIONARIES")
+# The statements that read, the only kinds the read path passes on. The rest change or stop
+# something even where readonly lets them through (SYSTEM STOP MERGES without a table, SET).
+READ_STATEMENTS = ("SELECT", "WITH", "SHOW", "DESCRIBE", "DESC", "EXPLAIN", "EXISTS")
+# Table functions that read other databases' tables by name or pattern (``merge('system', ...)``
+# reads every system table) or other servers': not needed to analyse gpufleet's tables.
+FUNCTIONS_REFUSED = ("merge", "cluster", "clusterAllReplicas", "remote", "remoteSecure")
+_TOKENS = re.compile(r"""'(?:[^'\\]|\\.|'')*'|"(?:[^"\\]|\\.)*"|`(?:[^`\\]|\\.)*`|--[^\n]*|/\*.*?\*/|[^'"`/-]+|.""",
+                     re.DOTALL)
+
+
+def _code(sql: str) -> str:
+    """``sql`` without its string literals and comments (each a space); quoted identifiers kept
+    without their quotes, so ``system``.`query_log` is seen as system.query_log."""
+    out = []
+    for token in _TOKENS.findall(sql):
+        if token.startswith(("'", "--", "/*")):
+            out.append(" ")
+        elif token.startswith(('"', "`")):
+            out.append(token[1:-1])
+        else:
+            out.append(token)
+    return "".join(out)
+
+
+def check_query(sql: str) -> str:
+    """The one statement a read-path query may be, or ValueError saying why not: empty; more
+    than one statement; a statement that does not read (``READ_STATEMENTS``: KILL, SYSTEM, SET,
+    OPTIMIZE, ...); a system table outside ``SYSTEM_ALLOWED``."""
+    code = _code(sql)
+    if not code.strip():
+        raise ValueError("an empty query: give one statement, such as SELECT count() FROM gpufleet.gpu_samples")
+    statements = [part for part in code.split(";") if part.strip()]
+    if len(statements) > 1:
+        raise ValueError(f"{len(statements)} statements: give one statement at a time")
+    if re.match(r"\s*KILL\b", code, re.IGNORECASE):
+        raise ValueError("KILL is refused on the read path: it would stop other analysts' queries or the sink's "
+                         "inserts; a query that runs too long stops at its time limit (GPUFLEET_QUERY_MAX_SECONDS)")
+    kind = (re.match(r"[\s(]*(\w*)", code).group(1) or code.strip()[:1]).upper()
+    if kind == "SYSTEM":
+        raise ValueError("SYSTEM statements are refused on the read path: they stop, start, flush or reload the "
+                         "server's own work (merges, logs, caches, replicas), which is its operators' to do")
+    if kind not in READ_STATEMENTS:
+        raise ValueError(f"{kind} is refused on the read path: it reads with {', '.join(READ_STATEMENTS)}")
+    show = re.match(r"\s*SHOW\s+(\w+)", code, re.IGNORECASE)
+    if show and show.group(1).upper() not in SHOW_ALLOWED:
+        raise ValueError(f"SHOW {show.group(1).upper()} is refused on the read path (it shows other analysts' queries "
+                         f"or the server's settings and access); allowed: SHOW {', '.join(SHOW_ALLOWED[:4])}, ...")
+    if re.search(r"\b(?:FROM|IN)\s+system\b(?!\s*\.)", code, re.IGNORECASE):
+        raise ValueError("listing the system database is refused on the read path: SHOW TABLES FROM gpufleet lists "
+                         "gpufleet's tables")
+    for name in FUNCTIONS_REFUSED:
+        if re.search(rf"\b{name}\s*\(", code, re.IGNORECASE):
+            raise ValueError(f"{name}() is refused on the read path: it reads other databases' or servers' tables; "
+                             "query gpufleet's tables by name")
+    for table in re.findall(r"\bsystem\s*\.\s*(\w+)", code, re.IGNORECASE):
+        if table.lower() not in SYSTEM_ALLOWED:
+            raise ValueError(f"system.{table} is refused on the read path (it shows the server's paths, settings, "
+                             f"users or queries); allowed: {', '.join(f'system.{t}' for t in sorted(SYSTEM_ALLOWED))}")
+    return sql
