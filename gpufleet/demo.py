@@ -309,7 +309,7 @@ def run_demo(opts: DemoOptions) -> int:
             last_samples, last_t = progress.samples, now
             try:
                 worker_lag = watch.lag(WORKER_GROUP, [GPU_SAMPLES])
-                sink_lag = watch.lag(SINK_GROUP, [t.topic for t in TABLES])
+                sink_lag = watch.lag(SINK_GROUP, list(dict.fromkeys(t.topic for t in TABLES)))
                 sink_lag += watch.lag(ENFORCER_GROUP, [ENFORCEMENT])  # its outcomes go to the sink in turn
                 counts = [watch.total(spec) for spec in (WORKFLOW_WINDOWS, ALERTS, DEAD_LETTERS)]
             except KafkaException as exc:
@@ -351,7 +351,7 @@ def run_demo(opts: DemoOptions) -> int:
     columns, rows = run_query(writer.client, SUMMARY_SQL)
     print(format_table(columns, rows))
     counts = {t: run_query(writer.client, f"SELECT count() FROM {DATABASE}.{t}")[1][0][0]
-              for t in ("gpu_samples", "workflow_windows", "alerts", "dead_letters")}
+              for t in ("gpu_samples", "workflow_windows", "capacity_windows", "alerts", "dead_letters")}
     print("\nrows stored: " + ", ".join(f"{t} {n}" for t, n in counts.items()))
     print("\nWhere the fleet lost GPU-hours (gpufleet opportunities):\n")
     print(format_table(*opportunities(writer.client, DATABASE, "cause", "all", limit=10)))

@@ -33,14 +33,16 @@ WASTE_BUCKETS = tuple(b for b in BUCKETS if b not in ("productive", UNOBSERVED_B
 class Term:
     name: str
     meaning: str
-    sql: str  # summed over rows of workflow_windows or the goodput views (jobs only: JOBS)
+    sql: str  # summed over rows of workflow_windows or the goodput views (unallocated: the capacity views)
 
 
 def _sum(*columns: str) -> str:
     return "sum(" + " + ".join(columns) + ")"
 
 
-# Rows of jobs: the agents' pseudo-workflows for capacity no job held are not any job's.
+# Rows of jobs: the agents' pseudo-workflows for capacity no job held are not any job's. The
+# sink keeps them in capacity_windows (and the capacity_hourly / capacity_daily views); JOBS
+# still guards the jobs' tables against rows an older sink wrote there during an upgrade.
 JOBS = "workflow_id NOT IN (" + ", ".join(f"'{n}'" for n in sorted(FREE_CAPACITY)) + ")"
 FREE = "workflow_id IN (" + ", ".join(f"'{n}'" for n in sorted(FREE_CAPACITY)) + ")"
 
@@ -58,8 +60,10 @@ UNOBSERVED = Term(
 UNALLOCATED = Term(
     "unallocated",
     "GPU-seconds no job held: the scheduler gave the GPU to nobody (or, where the agent sees processes only, no "
-    "process used it). Beside the allocated hours, never in them.", "sum(gpu_seconds)")
-CAPACITY = Term("capacity", "allocated + unallocated: every GPU-second the agents saw.", "sum(gpu_seconds)")
+    "process used it). Beside the allocated hours, never in them: its windows are kept in capacity_windows (and "
+    "the capacity_hourly / capacity_daily views), never in workflow_windows.", "sum(gpu_seconds)")
+CAPACITY = Term("capacity", "allocated + unallocated: every GPU-second the agents saw (workflow_windows and "
+                "capacity_windows).", "sum(gpu_seconds)")
 STARTUP = Term(
     "start-up",
     "allocated GPU-seconds before the job's GPUs first did any work, for at most 15 minutes after its first "

@@ -48,7 +48,15 @@ from schemas.validate_ids import ids_error
 from sinks.clickhouse_ddl import TABLES, Table
 from sinks.ddl_samples import GPU_SAMPLES_TABLE
 from sinks.insert_sample_columns import Message, SampleColumnsInsert
-from sinks.write_clickhouse import Block, ClickHouseWriter, Position, Row, deduplication_token, table_for_topic
+from sinks.write_clickhouse import (
+    Block,
+    ClickHouseWriter,
+    Position,
+    Row,
+    deduplication_token,
+    placed,
+    table_for_topic,
+)
 
 log = logging.getLogger(__name__)
 
@@ -177,8 +185,9 @@ class ClickHouseSink:
         self.batch_wait_s = batch_wait_s
         self.codec = Codec()
         self.stats = SinkStats()
-        self.loop = ConsumeLoop(kafka, group_id, [topic_prefix + t.topic.name for t in tables], METRICS, STAGE,
-                                topic_prefix, consumer_overrides, codec=self.codec)
+        topics = list(dict.fromkeys(topic_prefix + t.topic.name for t in tables))  # two tables may share one
+        self.loop = ConsumeLoop(kafka, group_id, topics, METRICS, STAGE, topic_prefix, consumer_overrides,
+                                codec=self.codec)
         self.consumer = self.loop.consumer
         self.admin = AdminClient(client_config(kafka))
         self.topic_ids: dict[str, str] = {}  # topic -> Kafka's id of it, refreshed on each assignment
@@ -269,16 +278,16 @@ class ClickHouseSink:
                 continue
             rows[table.name].append(Row(m.partition(), m.offset(), record, m.topic(), topic_id))
         index = {(m.topic(), m.partition(), m.offset()): m for m in messages}
-        for name, table_rows in rows.items():
-            table = by_name[name]
-            with INSERT_SECONDS.labels(name).time():
+        # Each table's rows where they go (``placed``: capacity no job held to its own table first).
+        for table, table_rows in [part for name, batch in rows.items() for part in placed(by_name[name], batch)]:
+            with INSERT_SECONDS.labels(table.name).time():
                 rejected = self.writer.insert(table, table_rows)
             for r in rejected:
                 m = index[(r.row.topic, r.row.partition, r.row.offset)]
                 bad.append((m, f"ClickHouse refused the row (code {r.code}): {r.reason}"))
             stored = sum(r.size for r in table_rows) - sum(r.row.size for r in rejected)
-            self.stats.rows[name] += stored
-            ROWS.labels(name).inc(stored)
+            self.stats.rows[table.name] += stored
+            ROWS.labels(table.name).inc(stored)
         for m, reason in bad:
             self.loop.dead_letter(reason, m)
         self.stats.dead_letters += len(bad)

@@ -1,10 +1,14 @@
 """The tables of workflows: their closed windows, life-cycle events and summaries, the latest
-metadata of each (``workflows``, fed by a view from the events) and the ``waste`` view."""
+metadata of each (``workflows``, fed by a view from the events) and the ``waste`` view; and the
+windows of capacity no job held (``capacity_windows``), kept apart from the jobs'."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from schemas.goodput_buckets import BUCKETS, OBSERVED_BUCKETS
 from schemas.topics import WORKFLOW_EVENTS, WORKFLOW_SUMMARIES, WORKFLOW_WINDOWS
+from schemas.validate_sample import FREE_CAPACITY
 from schemas.vocabulary import JOBS, WASTE_BUCKETS
 from sinks.table import Table
 
@@ -44,7 +48,7 @@ WORKFLOW_WINDOWS_ENGINE = """ReplacingMergeTree(version)
     PARTITION BY toYYYYMM(window_start)
     ORDER BY (workflow_id, window_start)"""
 
-WORKFLOW_WINDOWS_TABLE = Table(
+_WINDOWS = Table(
     "workflow_windows", WORKFLOW_WINDOWS,
     ("workflow_id", "owner", "team", "window_start", "window_end", "sample_count", "gpu_count",
      "gpu_seconds", "utilization_mean_pct", "utilization_min_pct", "utilization_max_pct",
@@ -76,6 +80,18 @@ WORKFLOW_WINDOWS_TABLE = Table(
     """,
     added_columns=(*WORKFLOW_WINDOW_ADDED_COLUMNS, *UNOBSERVED_COLUMNS),
 )
+
+
+def no_job(window: dict) -> bool:
+    """A window of the agents' pseudo-workflows for capacity no job held (``unallocated``, or
+    ``idle`` where an agent sees processes only)."""
+    return window["workflow_id"] in FREE_CAPACITY
+
+
+# Capacity no job held, in windows of its own: beside the jobs' windows, never among them, so
+# that no sum over workflow_windows (an analyst's own included) counts it as allocated.
+CAPACITY_WINDOWS_TABLE = replace(_WINDOWS, name="capacity_windows")
+WORKFLOW_WINDOWS_TABLE = replace(_WINDOWS, aside=(CAPACITY_WINDOWS_TABLE, no_job))
 
 
 WORKFLOW_EVENTS_TABLE = Table(
@@ -274,7 +290,7 @@ WASTE_VIEW = (
 )
 
 
-def _goodput_view(name: str, period: str) -> str:
+def _goodput_view(name: str, period: str, windows: str = "judged_windows AS w") -> str:
     sums = ",\n           ".join(f"sum({c}) AS {c}" for c, _ in (*GOODPUT_COLUMNS[1:], *UNOBSERVED_COLUMNS))
     return f"""
     CREATE OR REPLACE VIEW {{db}}.{name} AS
@@ -287,7 +303,7 @@ def _goodput_view(name: str, period: str) -> str:
                AS unclassified_gpu_seconds,
            sum(ifNull(w.energy_joules, 0)) AS energy_joules,
            {sums}
-    FROM {{db}}.judged_windows AS w
+    FROM {{db}}.{windows}
     LEFT JOIN (SELECT workflow_id, argMax(framework, event_time) AS framework,
                       argMax(cluster, event_time) AS cluster
                FROM {{db}}.workflows GROUP BY workflow_id) AS m ON m.workflow_id = w.workflow_id
@@ -301,3 +317,6 @@ def _goodput_view(name: str, period: str) -> str:
 # materialised sum would count a window re-emitted by late samples twice. Made after the
 # workflows table they join (its framework and cluster).
 GOODPUT_VIEWS = (_goodput_view("goodput_hourly", "toStartOfHour"), _goodput_view("goodput_daily", "toStartOfDay"))
+# The same for capacity no job held (capacity_windows; its windows are judged by nothing).
+CAPACITY_VIEWS = (_goodput_view("capacity_hourly", "toStartOfHour", "capacity_windows AS w FINAL"),
+                  _goodput_view("capacity_daily", "toStartOfDay", "capacity_windows AS w FINAL"))

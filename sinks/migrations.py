@@ -3,8 +3,11 @@ recorded in ``schema_migrations`` (``sinks.write_clickhouse.ClickHouseWriter.ens
 
 from __future__ import annotations
 
-from sinks.ddl_workflows import WORKFLOW_WINDOWS_ENGINE, WORKFLOWS_MV
-from sinks.table import DEDUPLICATION_WINDOW, offsets_projection
+from schemas.vocabulary import FREE
+from sinks.ddl_workflows import WORKFLOW_WINDOWS_ENGINE, WORKFLOW_WINDOWS_TABLE, WORKFLOWS_MV
+from sinks.table import DEDUPLICATION_WINDOW, KAFKA_COLUMNS, offsets_projection
+
+_WINDOW_COLUMNS = ", ".join((*WORKFLOW_WINDOWS_TABLE.columns, *KAFKA_COLUMNS))
 
 # Changes that CREATE ... IF NOT EXISTS cannot make to an existing database, applied once each,
 # in order, and recorded in schema_migrations. A fresh database gets the current definitions
@@ -29,6 +32,12 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (3, "alert_transitions holds every transition; the alerts stored before it, each its latest", (
         ("INSERT INTO {db}.alert_transitions SELECT alert_id, detector, severity, status, notify, workflow_id, owner, "
          "team, window_start, window_end, since, message, fired_at, root_cause FROM {db}.alerts FINAL"),
+    )),
+    # Copied, then deleted: run again after a crash between the two, the copies collapse.
+    (4, "capacity no job held moves from workflow_windows to capacity_windows", (
+        (f"INSERT INTO {{db}}.capacity_windows ({_WINDOW_COLUMNS})\n"
+         f"SELECT {_WINDOW_COLUMNS} FROM {{db}}.workflow_windows WHERE {FREE}"),
+        f"ALTER TABLE {{db}}.workflow_windows DELETE WHERE {FREE} SETTINGS mutations_sync = 2",
     )),
 )
 

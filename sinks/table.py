@@ -20,6 +20,11 @@ class Table:
     prepare: Callable[[dict], dict] | None = None  # record -> row, where a field needs reshaping
     # Columns added after the table was first created: (name, type), applied idempotently.
     added_columns: tuple[tuple[str, str], ...] = ()
+    # Records of the topic kept in another table (that table, and which records): inserted
+    # before this table's rows, since the sink resumes from this table's rows only, so a batch
+    # whose set-aside rows landed and whose others did not is read again (the set-aside rows
+    # then collapse as this table's do).
+    aside: tuple[Table, Callable[[dict], bool]] | None = None
 
 
 KAFKA_COLUMNS = ("kafka_partition", "kafka_offset", "kafka_topic", "kafka_topic_id")

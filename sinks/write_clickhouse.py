@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from clickhouse_connect.driver.client import Client
@@ -132,9 +132,12 @@ class ClickHouseWriter:
 
     def insert(self, table: Table, rows: Sequence[Row] | Sequence[Block]) -> list[Rejected]:
         """Insert ``rows`` (records, or blocks of samples); return those ClickHouse refused
-        as bad data (others raise)."""
+        as bad data (others raise). Rows that the table keeps aside (``Table.aside``) go to their
+        own table first."""
         if not rows:
             return []
+        if table.aside is not None:
+            return [r for target, part in placed(table, rows) for r in self.insert(target, part)]
         try:
             self._insert_with_retry(table, rows)
             return []
@@ -166,6 +169,17 @@ class ClickHouseWriter:
                 delay = self.backoff_s * 2**attempt
                 log.warning("insert into %s failed (%s), retry %d in %.1fs", table.name, exc, attempt + 1, delay)
                 time.sleep(delay)
+
+
+def placed(table: Table, rows: Sequence[Row]) -> list[tuple[Table, list[Row]]]:
+    """Where ``rows`` of ``table`` go, in the order to insert them: those it keeps aside
+    (``Table.aside``) first, to their own table; the rest to ``table``. Empty parts left out."""
+    if table.aside is None:
+        return [(table, list(rows))]
+    apart, belongs = table.aside
+    parts = [(apart, [r for r in rows if belongs(r.record)]), (replace(table, aside=None), [r for r in rows
+                                                                                          if not belongs(r.record)])]
+    return [(t, part) for t, part in parts if part]
 
 
 def row_columns(table: Table, rows: Sequence[Row]) -> list[list[Any]]:

@@ -24,7 +24,6 @@ from gpufleet.reports.opportunities import opportunities, parse_since
 from schemas.goodput_buckets import BUCKETS
 from schemas.vocabulary import (
     ALLOCATED,
-    FREE,
     IDLE,
     JOBS,
     PRODUCTIVE,
@@ -164,7 +163,7 @@ def gather(client: Client, database: str, since: str) -> dict:
     totals = q(f"""SELECT {ALLOCATED.sql} / 3600, {WASTED.sql} / 3600, {STARTUP.sql} / 3600, {IDLE.sql} / 3600,
                           {PRODUCTIVE.sql} / 3600, sum(unclassified_gpu_seconds) / 3600, uniqExact(workflow_id)
                    FROM {db}.goodput_hourly WHERE {JOBS} AND {in_period}""").result_rows[0]
-    unallocated = q(f"SELECT {UNALLOCATED.sql} / 3600 FROM {db}.goodput_hourly WHERE {FREE} AND {in_period}"
+    unallocated = q(f"SELECT {UNALLOCATED.sql} / 3600 FROM {db}.capacity_hourly WHERE {in_period}"
                     ).result_rows[0][0]
     (utilisation,) = q(f"""SELECT {UTILISATION.sql} FROM {db}.workflow_windows FINAL
                            WHERE {JOBS} AND {windows_in_period}""").result_rows[0]

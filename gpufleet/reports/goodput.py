@@ -3,9 +3,10 @@ owner, workflow, framework, GPU model or cluster, with energy, carbon and cost; 
 them the capacity no job held (the agents' ``unallocated`` GPUs, or ``idle`` where they see
 processes only), so that capacity = unallocated + every allocated bucket.
 
-The GPU-seconds and joules come from ClickHouse (the ``goodput_hourly`` view,
-``sinks/ddl_workflows.py``), per GPU model, cluster and hour, so that each hour's price and
-grid intensity apply (``sinks.job_report.Rates``).
+The GPU-seconds and joules come from ClickHouse (the ``goodput_hourly`` view, and
+``capacity_hourly`` for capacity no job held: ``sinks/ddl_workflows.py``), per GPU model,
+cluster and hour, so that each hour's price and grid intensity apply
+(``sinks.job_report.Rates``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 from clickhouse_connect.driver.client import Client
 
 from gpufleet.reports.opportunities import parse_since
-from schemas.validate_sample import FREE_CAPACITY
 from sinks.job_report import BUCKETS, Rates, Waterfall, energy_cells, energy_head
 
 DIMENSIONS = {"fleet": "''", "team": "team", "owner": "owner", "workflow": "workflow_id", "framework": "framework",
@@ -25,13 +25,12 @@ def goodput_sql(database: str, by: str, since_s: float | None) -> str:
         raise ValueError(f"--by {by!r}: one of {', '.join(DIMENSIONS)}")
     where = "" if since_s is None else f"WHERE period >= now64(3) - toIntervalMillisecond({int(since_s * 1000)})"
     sums = ", ".join(f"sum({b}_gpu_seconds), sum({b}_joules)" for b in BUCKETS)
-    free = ", ".join(f"'{name}'" for name in sorted(FREE_CAPACITY))
-    return f"""
-    SELECT workflow_id IN ({free}) AS free, {DIMENSIONS[by]} AS key, gpu_model, cluster, period,
+    # The jobs' windows, then capacity no job held (capacity_hourly), marked free.
+    return "\n    UNION ALL".join(f"""
+    SELECT {free} AS free, {DIMENSIONS[by]} AS key, gpu_model, cluster, period,
            sum(gpu_seconds), sum(unclassified_gpu_seconds), sum(energy_joules), {sums}
-    FROM {database}.goodput_hourly {where}
-    GROUP BY free, key, gpu_model, cluster, period
-    """
+    FROM {database}.{view} {where}
+    GROUP BY free, key, gpu_model, cluster, period""" for free, view in ((0, "goodput_hourly"), (1, "capacity_hourly")))
 
 
 def waterfalls(rows: list[tuple], rates: Rates) -> tuple[Waterfall, list[Waterfall]]:

@@ -41,12 +41,13 @@ def test_tables_are_created_idempotently(writer):
     writer.ensure_tables()  # second time: no error, nothing changes
     names = {r[0] for r in writer.client.query(f"SHOW TABLES FROM {writer.database}").result_rows}
     derived = {"workflows", "workflows_mv", "gpu_hours_hourly", "gpu_hours_hourly_mv", "gpu_hours_daily",
-               "gpu_hours_daily_mv", "judged_windows", "waste", "goodput_hourly", "goodput_daily", "schema_migrations",
+               "gpu_hours_daily_mv", "judged_windows", "waste", "goodput_hourly", "goodput_daily", "capacity_hourly",
+               "capacity_daily", "schema_migrations",
                "alert_transitions", "alert_transitions_mv", "gpu_minutes", "gpu_minutes_mv"}
     applied = writer.client.query(
         f"SELECT version FROM {writer.database}.schema_migrations FINAL ORDER BY version"
     ).result_rows
-    assert applied == [(1,), (2,), (3,)]  # once each, though ensure_tables ran twice
+    assert applied == [(1,), (2,), (3,), (4,)]  # once each, though ensure_tables ran twice
     assert names == {t.name for t in TABLES} | derived
 
 
@@ -91,7 +92,7 @@ def test_a_database_of_the_previous_release_is_migrated(chdb_client, database):
     assert writer.insert(WORKFLOW_EVENTS_TABLE, [Row(0, 0, event)]) == []
     assert chdb_client.query(f"SELECT model, cluster FROM {db}.workflows").result_rows == [("llama-8b", "east")]
     assert chdb_client.query(f"SELECT version FROM {db}.schema_migrations ORDER BY version").result_rows == [
-        (1,), (2,), (3,)]
+        (1,), (2,), (3,), (4,)]
 
 
 def test_the_alerts_of_the_previous_release_join_the_transitions(chdb_client, database):
