@@ -313,7 +313,7 @@ def saturated(w: dict, c: DetectorConfig) -> Violation | None:
 
 # A detector: one kind of waste, a function of a closed window and the thresholds that returns
 # its violation or None. A new detector is a function here, added to DETECTORS, with a case in
-# tests/unit/streams/test_detect_waste.py (streams/traces/rules.py's rules work alike).
+# tests/unit/streams/alerts/test_detectors.py (streams/traces/rules.py's rules work alike).
 DETECTORS: tuple[Callable[[dict, DetectorConfig], Violation | None], ...] = (
     low_utilization, idle_allocated, partial_use, imbalance, memory_underuse, throttling, hardware_fault,
     input_bound, foreign_process, idle_replica, saturated,

@@ -4,7 +4,7 @@ order to send them, the dead letters and the state entries that changed, out.
 
 ``streams.stages.windows`` reads the topics, calls a step inside its batch and sends what it
 returns (records before state: ``streams.stages.state``); everything decided here is tested
-without a broker or an app (``tests/unit/streams/test_window_step.py``).
+without a broker or an app (``tests/unit/streams/stages/test_window_step.py``).
 
 - ``samples``: blocks of samples and ``UnobservedTime`` into event-time windows; closed windows
   judged (alerts, automatic profiles, enforcement steps) and added to the job's totals; the

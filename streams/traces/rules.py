@@ -61,7 +61,7 @@ class Evidence:
 
 
 # A rule: one antipattern, a function of the evidence that returns its finding or None. A new
-# rule is a function here, added to RULES, with a case in tests/unit/streams/test_trace_antipatterns.py.
+# rule is a function here, added to RULES, with a case in tests/unit/streams/traces/test_antipatterns.py.
 Rule = Callable[[Evidence], dict | None]
 
 

@@ -1,5 +1,5 @@
 """A made trace of copies overlapping on several streams, where HTA's own memory bandwidth, queue
-length and idle figures depend on the order of equal times (tests/unit/streams/test_hta_equality.py)."""
+length and idle figures depend on the order of equal times (tests/unit/streams/traces/test_hta_equality.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The traces behind ``tests/data/trace-checkpoints-v1.json.gz``: checkpoints of the trace analysis
 (``TraceAnalyzer.to_state``) written by the release before the analyser protocol, each cut
 part-way through a trace the tests make, with the result that release gave on resuming it and
-feeding the rest. A later release must restore them unchanged (``test_trace_checkpoints.py``).
+feeding the rest. A later release must restore them unchanged (``tests/unit/streams/traces/test_checkpoints.py``).
 
 Made with ``python -m tests.support.trace_checkpoints OUT`` at commit 58dad57."""
 

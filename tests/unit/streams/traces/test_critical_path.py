@@ -29,7 +29,7 @@ from tests.support.traces import (
     write_trace,
 )
 
-HTA_DATA = Path(__file__).resolve().parents[2] / "data" / "hta"
+HTA_DATA = Path(__file__).resolve().parents[3] / "data" / "hta"
 PARTS = ("cpu_us", "gpu_compute_us", "communication_us", "launch_overhead_us", "kernel_gap_us")
 
 

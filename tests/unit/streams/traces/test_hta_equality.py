@@ -25,7 +25,7 @@ from streams.traces.queue_length import HTA_FIGURES as QUEUE_FIGURES
 from tests.support.overlapping_copies import overlapping_copies_trace
 from tests.support.traces import SHARED_TRACES, synthetic_job_trace
 
-HTA_DATA = Path(__file__).resolve().parents[2] / "data" / "hta"
+HTA_DATA = Path(__file__).resolve().parents[3] / "data" / "hta"
 REAL = (
     "resnet50_num_workers_0__worker0.1623143089861.pt.trace",
     "resnet50_num_workers_4__worker0.1623212756351.pt.trace",

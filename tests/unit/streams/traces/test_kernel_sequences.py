@@ -24,7 +24,7 @@ from tests.support.traces import (
     write_trace,
 )
 
-HTA_DATA = Path(__file__).resolve().parents[2] / "data" / "hta"
+HTA_DATA = Path(__file__).resolve().parents[3] / "data" / "hta"
 
 
 def sequences(path: Path, operators: list[str], batch: int = 4096) -> dict:

@@ -20,7 +20,7 @@ from streams.windows.utilization import WindowAggregator
 from streams.windows.workflow_state import STATE_VERSION, StateError, WorkflowState
 from tests.support.samples import BASE_MS, sample
 
-V0 = json.loads((Path(__file__).resolve().parents[2] / "data" / "window-state-v0.json").read_text())
+V0 = json.loads((Path(__file__).resolve().parents[3] / "data" / "window-state-v0.json").read_text())
 
 
 def samples(start_s: int, end_s: int) -> list[dict]:

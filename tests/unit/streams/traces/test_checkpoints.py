@@ -10,7 +10,7 @@ import pytest
 from streams.traces.analyze import TraceAnalyzer
 from tests.support.trace_checkpoints import GPU, TRACES, cut_of, digest, events_of
 
-FIXTURE = Path(__file__).parents[2] / "data" / "trace-checkpoints-v1.json.gz"
+FIXTURE = Path(__file__).parents[3] / "data" / "trace-checkpoints-v1.json.gz"
 
 
 @pytest.fixture(scope="module")

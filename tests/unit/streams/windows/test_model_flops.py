@@ -71,7 +71,7 @@ def test_without_a_known_peak_or_counted_flops_mfu_is_not_made_up(tmp_path):
 
 
 def test_the_peak_table_names_its_source_and_matches_the_most_specific_model():
-    raw = json.loads((Path(__file__).resolve().parents[3] / "schemas" / "gpu_peaks.json").read_text())
+    raw = json.loads((Path(__file__).resolve().parents[4] / "schemas" / "gpu_peaks.json").read_text())
     for g in raw["gpus"]:
         assert g["source"] and set(g["tflops"]) <= set(PRECISIONS), g["match"]
         assert all(v > 0 for v in g["tflops"].values())

@@ -15,7 +15,7 @@ from streams.profiling.root_cause import FOLLOWS, apply_profile_result, profile_
 from streams.windows.workflow_state import WorkflowState
 from tests.support.samples import BASE_MS, window
 
-TRACE = Path(__file__).resolve().parents[2] / "data" / "hook-trace-h200.json.gz"
+TRACE = Path(__file__).resolve().parents[3] / "data" / "hook-trace-h200.json.gz"
 CONFIG = AlertConfig(min_duration_s=0)
 MINUTE = 60_000
 
