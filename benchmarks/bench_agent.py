@@ -300,6 +300,7 @@ def _serving_cost(tmp: Path, proc: Path, exposition: str, ticks: int, rounds: in
     import statistics
     import subprocess
 
+    from producers.agent.links import AgentLinks
     from producers.serving.scrape import Endpoint, ServingObserver, ServingReader
 
     server = subprocess.Popen([sys.executable, "-c", ENGINE_SERVER, str(tmp / "www" / "metrics"), exposition],
@@ -307,19 +308,19 @@ def _serving_cost(tmp: Path, proc: Path, exposition: str, ticks: int, rounds: in
     try:
         port = int(server.stdout.readline())
 
-        def agent() -> HostAgent:
+        def agent(reader: ServingReader | None = None) -> HostAgent:
             gpus = [FakeGpu(f"GPU-{i}", processes=[FakeProcess(3000 + i, sm_util=20)], minor=i) for i in range(8)]
             sampler = NvmlSampler(FakeNvml(gpus))
             sampler.open()
-            return HostAgent(AgentSettings("bench-host", topic_prefix="bench.", checkpoint=False),
-                             Spool(tmp / f"spool-{exposition}-{id(gpus)}"), Codec(), nvml=sampler,
-                             attributor=ProcessAttributor(proc=proc))
+            spool, codec = Spool(tmp / f"spool-{exposition}-{id(gpus)}"), Codec()
+            observers = () if reader is None else (ServingObserver(reader, lambda schema, key, record: spool.append(
+                "bench." + GPU_SAMPLES.name, key, codec.encode(schema, record)), "bench-host"),)
+            return HostAgent(AgentSettings("bench-host", topic_prefix="bench.", checkpoint=False), spool, codec,
+                             nvml=sampler, attributor=ProcessAttributor(proc=proc),
+                             links=AgentLinks(observers=observers))
 
-        plain, serving = agent(), agent()
         reader = ServingReader([Endpoint((i,), f"http://127.0.0.1:{port}/metrics") for i in range(8)], 1.0)
-        put = serving.spool.append
-        serving.observers.append(ServingObserver(reader, lambda schema, key, record: put(
-            "bench." + GPU_SAMPLES.name, key, serving.codec.encode(schema, record)), "bench-host"))
+        plain, serving = agent(), agent(reader)
 
         every = [1]  # read the endpoints every this many ticks (1: each tick; 10: the agent's default, 10 s)
 

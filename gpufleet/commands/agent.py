@@ -105,6 +105,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     from producers.agent.gpus.attribute_process import AttributionKeys, ProcessAttributor
     from producers.agent.gpus.sample_nvml import NvmlSampler, NvmlUnavailable
     from producers.agent.host_agent import AgentSettings, HostAgent
+    from producers.agent.links import AgentLinks
     from producers.agent.metrics import AgentMetrics
     from producers.agent.run import run_agent
     from producers.agent.spool.disk import Spool
@@ -112,6 +113,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     from producers.profiling.agent import ProfileCoordinator, ProfileListener
     from producers.profiling.handoff import HandoffError, default_dir
     from producers.publish_kafka import Publisher
+    from producers.serving.discover import Discovery, gpu_processes
     from producers.simulate.fleet import SimulatedGpus, build_fleet
     from producers.traces.outbox import TraceOutbox
     from schemas.codec import Codec
@@ -145,11 +147,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     )
     spool_dir = args.spool_dir or args.data_dir / "agent-spool"
     spool = Spool(spool_dir, max_bytes=args.spool_max_mb << 20)
-    agent = HostAgent(settings, spool, Codec(), nvml=nvml, simulated=simulated, attributor=ProcessAttributor(keys),
-                      allocations=allocations)
-    agent.metrics = AgentMetrics(spool)
-    agent.metrics.serving = serving_reader(args, agent, spool, host)
-    serve_metrics(args, agent.metrics.registry)
+    codec = Codec()
     stop = threading.Event()
     # Profile requests for this host's workflows, answered beside the sampling loop.
     try:
@@ -158,23 +156,32 @@ def cmd_agent(args: argparse.Namespace) -> int:
                                          outbox=TraceOutbox(spool_dir / "traces", args.trace_spool_max_mb << 20))
     except HandoffError as exc:
         raise UsageError(str(exc)) from None
+    forwarder = Forwarder(spool, kafka, send_every_s=args.send_every)
+    serving, serving_observers = serving_reader(args, spool, codec, host)
+    metrics = AgentMetrics(spool, forwarder=forwarder, serving=serving)
+    links = AgentLinks(
+        observers=(*serving_observers, coordinator.observe),  # the host's view while a profile is captured
+        throughputs=coordinator.handoff.throughputs,  # what jobs report of their model work (MFU)
+        memory_peaks=coordinator.handoff.memory_peaks,  # the jobs' allocator peaks (right-sizing)
+        metrics=metrics, hurry=forwarder.hurry)  # a job's end is sent at once
+    agent = HostAgent(settings, spool, codec, nvml=nvml, simulated=simulated, attributor=ProcessAttributor(keys),
+                      allocations=allocations, links=links)
+    if serving is not None and args.serving_discover:
+        Discovery(serving, lambda: gpu_processes(agent.readings)).start()
+        print("looking for serving engines on the ports of the GPUs' processes every 5 min")
+    serve_metrics(args, metrics.registry)
     for sig in (signal.SIGINT, signal.SIGTERM):  # stop now, not after the wait for the next tick
         signal.signal(sig, lambda *_: (stop.set(), coordinator.started.set()))
-    agent.observers.append(coordinator.observe)  # the host's view while a profile is captured
-    agent.throughputs = coordinator.handoff.throughputs  # what jobs report of their model work (MFU)
-    agent.memory_peaks = coordinator.handoff.memory_peaks  # the jobs' allocator peaks (right-sizing)
     listener = ProfileListener(kafka, coordinator, topic_prefix=args.topic_prefix)
     profiles = threading.Thread(target=listener.run, args=(stop,), name="profiles", daemon=True)
     profiles.start()
     try:
-        forwarder = Forwarder(spool, kafka, send_every_s=args.send_every)
-        agent.metrics.forwarder = forwarder
         run_agent(agent, forwarder, stop, profiling=coordinator.capturing, wake=coordinator.started)
     finally:
         stop.set()
         profiles.join(10)
-        if agent.metrics.serving is not None:
-            agent.metrics.serving.stop()
+        if serving is not None:
+            serving.stop()
         if nvml is not None:
             nvml.close()
     print(f"agent stopped after {agent.ticks} ticks, {agent.samples} GPU samples; "
@@ -191,25 +198,21 @@ def _serving_endpoint(text: str):
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def serving_reader(args: argparse.Namespace, agent, spool, host: str):
-    """The serving endpoints' reader (``--serving-endpoint``), started, its samples spooled beside
-    the GPU samples; None without endpoints."""
+def serving_reader(args: argparse.Namespace, spool, codec, host: str):
+    """The serving endpoints' reader (``--serving-endpoint``, ``--serving-discover``), started,
+    and the agent's observer that spools its samples beside the GPU samples; (None, ()) without."""
     if not args.serving_endpoint and not args.serving_discover:
-        return None
-    from producers.serving.discover import Discovery, gpu_processes
+        return None, ()
     from producers.serving.scrape import ServingObserver, ServingReader
     from schemas.topics import GPU_SAMPLES
 
     topic = args.topic_prefix + GPU_SAMPLES.name
     reader = ServingReader(args.serving_endpoint, args.serving_interval_s, args.serving_timeout_s)
-    agent.observers.append(ServingObserver(reader, lambda schema, key, record: spool.append(
-        topic, key, agent.codec.encode(schema, record)), host))
+    observer = ServingObserver(reader, lambda schema, key, record: spool.append(
+        topic, key, codec.encode(schema, record)), host)
     reader.start()
     print(f"reading {len(args.serving_endpoint)} serving endpoint(s) beside the GPUs")
-    if args.serving_discover:
-        Discovery(reader, lambda: gpu_processes(agent.readings)).start()
-        print("looking for serving engines on the ports of the GPUs' processes every 5 min")
-    return reader
+    return reader, (observer,)
 
 
 def allocation_source(args: argparse.Namespace):

@@ -47,6 +47,7 @@ from producers.agent.gpus.shares import (
     sum_or_none,
 )
 from producers.agent.hold_samples import HeldSamples
+from producers.agent.links import AgentLinks
 from producers.agent.sample_host import HostSampler
 from producers.agent.spool.disk import Spool
 from producers.simulate.fleet import SimulatedGpus
@@ -103,6 +104,7 @@ class HostAgent:
         nvml: NvmlSampler | None = None, simulated: SimulatedGpus | None = None,
         attributor: ProcessAttributor | None = None, host_sampler: HostSampler | None = None,
         clock: Callable[[], float] = time.time, allocations: AllocationSource | None = None,
+        links: AgentLinks | None = None,
     ) -> None:
         if (nvml is None) == (simulated is None):
             raise ValueError("give the agent exactly one GPU source: nvml or simulated")
@@ -118,15 +120,8 @@ class HostAgent:
         self._held: tuple | None = None  # (jobs and GPUs, which jobs hold which GPU) of the last tick
         self.ticks = 0
         self.samples = 0
-        # Called with each tick's GPU samples and host sample (the profile coordinator's context).
-        self.observers: list[Callable[[list[dict], dict], None]] = []
+        self.links = links or AgentLinks()  # what it is told and tells besides its GPUs and spool
         self.readings: list = []  # the GPUs as the last tick read them (their processes: serving discovery)
-        # pid -> TFLOPS of model work a job reports for that process (``profile_hook.report_throughput``)
-        self.throughputs: Callable[[float], dict[int, float]] = lambda now: {}
-        # pid -> (allocator peak, reserved peak) bytes a job reports (``profile_hook.report_memory``)
-        self.memory_peaks: Callable[[float], dict[int, tuple[int, int]]] = lambda now: {}
-        self.metrics = None  # a producers.agent.metrics.AgentMetrics, told of each tick
-        self.hurry: Callable[[], None] = lambda: None  # spooled a job's end: send it now (the forwarder's)
         self.held = HeldSamples(round(settings.hold_s * 1000) if allocations is not None else 0)
         restored = agent_checkpoint.load(spool.dir, settings.host) if settings.checkpoint else None
         self.coverage = Coverage(settings.host, restored)
@@ -166,7 +161,7 @@ class HostAgent:
             s.setdefault("workflow_cpu_pct", cpu.get(s["workflow_id"]))
             s.setdefault("workflow_memory_bytes", rss.get(s["workflow_id"]))
             s.setdefault("host_iowait_pct", host["iowait_pct"])
-        for observe in self.observers:
+        for observe in self.links.observers:
             observe(samples, host)
         unobserved = [] if allocated is None else self.coverage.gaps(allocated.current, allocated.ended, samples,
                                                                       self._charging, now)
@@ -185,15 +180,15 @@ class HostAgent:
         self._cover(released, finals, allocated)
         if ended:
             self.allocations.forget(a for a, _ in ended)  # spooled: the epilog's record has done its work
-            self.hurry()
+            self.links.hurry()
         self._last_tick_ms = now
         self._charging = {a.job_id for a in allocated.current} if allocated is not None else set()
         if self.settings.checkpoint:
             self._save(now)
         self.ticks += 1
         self.samples += len(samples)
-        if self.metrics is not None:
-            self.metrics.ticked(samples, time.perf_counter() - started)
+        if self.links.metrics is not None:
+            self.links.metrics.ticked(samples, time.perf_counter() - started)
         return len(samples)
 
     def _spool(self, released: list[dict], unobserved: list[dict], host: dict, events: list[dict],
@@ -262,8 +257,8 @@ class HostAgent:
         samples: list[dict] = []
         seen: dict[str, _Seen] = {}
         live = set()
-        reported = self.throughputs(now / 1000)
-        allocators = self.memory_peaks(now / 1000)
+        reported = self.links.throughputs(now / 1000)
+        allocators = self.links.memory_peaks(now / 1000)
         gpus_of = Counter(p.pid for r in readings for p in r.processes if p.pid in reported or p.pid in allocators)
         held = self._holders(allocated.current, readings) if allocated is not None else {}
         for r in readings:

@@ -39,10 +39,10 @@ class AgentMetrics(Collector):
     """The metrics of one ``HostAgent`` (``producers.agent.host_agent``), in a registry of their own;
     the agent calls ``ticked`` after each tick."""
 
-    def __init__(self, spool) -> None:
+    def __init__(self, spool, forwarder=None, serving=None) -> None:
         self.spool = spool
-        self.forwarder = None  # a producers.agent.spool.forward.Forwarder, for what it sent
-        self.serving = None  # a producers.serving.scrape.ServingReader, for its endpoints' failures
+        self.forwarder = forwarder  # a producers.agent.spool.forward.Forwarder, for what it sent
+        self.serving = serving  # a producers.serving.scrape.ServingReader, for its endpoints' failures
         self.latest: list[dict] = []  # replaced whole by each tick: a scrape reads one tick's samples
         self.registry = CollectorRegistry()
         self.tick_seconds = Histogram("gpufleet_agent_tick_seconds", "What one tick of the agent cost",

@@ -26,11 +26,13 @@ def run_agent(agent: HostAgent, forwarder, stop, drain_timeout_s: float = 30.0,
     GPU-seconds, and a late tick is not followed by a burst of catch-up ticks.
 
     ``wake`` (a ``threading.Event``): set when a capture starts, it ends the wait for the next
-    tick at once, so a capture shorter than the normal interval is still sampled at 10 Hz."""
+    tick at once, so a capture shorter than the normal interval is still sampled at 10 Hz.
+
+    Build the agent with the forwarder's ``hurry`` in its links (``AgentLinks``), so that a
+    job's end goes out at once rather than at the next send."""
     import threading
 
     sending = threading.Event()
-    agent.hurry = forwarder.hurry
     thread = threading.Thread(target=forwarder.run, args=(sending,), name="forwarder", daemon=True)
     thread.start()
     next_tick = clock()

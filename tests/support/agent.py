@@ -3,11 +3,15 @@ processes of one workflow, a Slurm job's, one of no workflow, and a GPU with not
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from producers.agent.gpus.attribute_process import ProcessAttributor
 from producers.agent.gpus.sample_nvml import NvmlSampler
 from producers.agent.host_agent import AgentSettings, HostAgent
+from producers.agent.links import AgentLinks
+from producers.agent.metrics import AgentMetrics
 from producers.agent.spool.disk import Spool
 from schemas.codec import Codec
 from tests.support.fake_nvml import FakeGpu, FakeNvml, FakeProcess
@@ -26,6 +30,12 @@ class Clock:
 
 @pytest.fixture
 def world(tmp_path):
+    return make_world(tmp_path)
+
+
+def make_world(tmp_path, links: AgentLinks | None = None, metrics: bool = False):
+    """The agent (built with ``links``, and with metrics of its spool if ``metrics``), its spool,
+    its fake GPUs and its clock."""
     proc = tmp_path / "proc"
     make_process(proc, 101, {"GPUFLEET_WORKFLOW_ID": "wf-a", "GPUFLEET_OWNER": "ana", "GPUFLEET_TEAM": "nlp",
                              "GPUFLEET_MODEL": "bert-large", "RANK": "0"})
@@ -43,6 +53,8 @@ def world(tmp_path):
     sampler.open()
     spool = Spool(tmp_path / "spool")
     clock = Clock()
+    if metrics:
+        links = replace(links or AgentLinks(), metrics=AgentMetrics(spool))
     agent = HostAgent(AgentSettings("node-7", heartbeat_s=10, ended_after_ticks=2, cluster="east-1"), spool, CODEC,
-                      nvml=sampler, attributor=ProcessAttributor(proc=proc), clock=clock)
+                      nvml=sampler, attributor=ProcessAttributor(proc=proc), clock=clock, links=links)
     return agent, spool, gpus, clock

@@ -17,6 +17,7 @@ from pathlib import Path
 from producers.agent.allocations.slurm import SlurmAllocations
 from producers.agent.gpus.attribute_process import ProcessAttributor
 from producers.agent.host_agent import AgentSettings, HostAgent
+from producers.agent.links import AgentLinks
 from producers.agent.run import run_agent
 from producers.agent.spool.disk import Spool
 from producers.agent.spool.forward import Forwarder
@@ -35,12 +36,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sampler = Sampler(JobGpus(args.registry, args.gpus))
     sampler.open()
+    spool = Spool(args.spool)
+    forwarder = Forwarder(spool, args.bootstrap, send_every_s=1.0)
     agent = HostAgent(AgentSettings(args.host, interval_s=1.0, cluster=args.cluster, topic_prefix=args.prefix),
-                      Spool(args.spool), Codec(), nvml=sampler, attributor=ProcessAttributor(),
-                      allocations=SlurmAllocations(args.allocations))
+                      spool, Codec(), nvml=sampler, attributor=ProcessAttributor(),
+                      allocations=SlurmAllocations(args.allocations), links=AgentLinks(hurry=forwarder.hurry))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    run_agent(agent, Forwarder(agent.spool, args.bootstrap, send_every_s=1.0), stop)
+    run_agent(agent, forwarder, stop)
     return 0
 
 

@@ -9,10 +9,10 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kafka_client.metrics import ComponentMetrics, reason_kind
-from producers.agent.metrics import AgentMetrics
 from schemas.codec import Codec, CodecError
 from schemas.validate_ids import ids_error
 from schemas.validate_sample import validate_sample
+from tests.support.agent import make_world
 from tests.support.samples import sample
 
 
@@ -64,11 +64,11 @@ def gpu_series(registry) -> dict[tuple, float]:
             if family.name.startswith("gpufleet_gpu_") for s in family.samples}
 
 
-def test_the_agent_shows_each_gpus_latest_reading_and_no_series_of_a_workflow_gone(world):
-    agent, spool, gpus, clock = world
-    agent.metrics = AgentMetrics(spool)
+def test_the_agent_shows_each_gpus_latest_reading_and_no_series_of_a_workflow_gone(tmp_path):
+    agent, spool, gpus, clock = make_world(tmp_path, metrics=True)
+    metrics = agent.links.metrics
     agent.tick()
-    series = gpu_series(agent.metrics.registry)
+    series = gpu_series(metrics.registry)
     utilization = {(uuid, wf): v for (name, uuid, wf), v in series.items()
                    if name == "gpufleet_gpu_utilization_percent"}
     assert utilization[("GPU-1", "wf-a")] == 80.0 and ("GPU-0", "slurm-77") in utilization
@@ -76,13 +76,13 @@ def test_the_agent_shows_each_gpus_latest_reading_and_no_series_of_a_workflow_go
     gpus[0].processes = [p for p in gpus[0].processes if p.pid != 201]  # slurm-77 left GPU-0
     clock.t += 1
     agent.tick()
-    assert not any(wf == "slurm-77" for _, _, wf in gpu_series(agent.metrics.registry))
-    registry = agent.metrics.registry
+    assert not any(wf == "slurm-77" for _, _, wf in gpu_series(metrics.registry))
+    registry = metrics.registry
     assert registry.get_sample_value("gpufleet_agent_tick_seconds_count") == 2.0
     assert registry.get_sample_value("gpufleet_agent_spool_records") == spool.pending() > 0
     assert registry.get_sample_value("gpufleet_agent_spool_dropped_total") == 0.0
     assert registry.get_sample_value("gpufleet_agent_records_sent_total") is None  # no forwarder yet
-    agent.metrics.forwarder = SimpleNamespace(sent=12, failed=1)
+    metrics.forwarder = SimpleNamespace(sent=12, failed=1)  # what a forwarder reports, once there is one
     assert registry.get_sample_value("gpufleet_agent_records_sent_total") == 12.0
     assert registry.get_sample_value("gpufleet_agent_records_refused_total") == 1.0
 

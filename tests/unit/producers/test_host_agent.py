@@ -7,11 +7,12 @@ import pytest
 
 from producers.agent.gpus.attribute_process import IDLE, UNATTRIBUTED
 from producers.agent.host_agent import AgentSettings, HostAgent
+from producers.agent.links import AgentLinks
 from producers.agent.spool.disk import Spool
 from producers.simulate.fleet import SimulatedGpus, build_fleet
 from schemas.sample_columns import rows_of
 from schemas.validate_sample import validate_sample
-from tests.support.agent import CODEC
+from tests.support.agent import CODEC, make_world
 from tests.support.fake_nvml import FakeProcess
 
 
@@ -47,13 +48,12 @@ def test_one_sample_per_gpu_and_workflow_with_shares(world):
     assert all(s["host_iowait_pct"] is not None for s in samples)
 
 
-def test_observers_see_each_ticks_samples_and_host_sample(world):
+def test_observers_see_each_ticks_samples_and_host_sample(tmp_path):
     """The profile coordinator builds a capture's context from these (producers/profiling/context.py)."""
     from producers.profiling.context import ProfileContext
 
-    agent, _, _, _ = world
     context = ProfileContext("wf-a", rank=1)
-    agent.observers.append(context.add)
+    agent, _, _, _ = make_world(tmp_path, AgentLinks(observers=(context.add,)))
     agent.tick()
     agent.tick()
     s = context.summary()
@@ -207,12 +207,12 @@ def test_a_capture_starting_mid_wait_is_sampled_from_its_start(world):
     assert intervals == [1000, 1000, 300, 100, 100]
 
 
-def test_the_model_work_a_job_reports_rides_on_its_gpus_samples(world):
+def test_the_model_work_a_job_reports_rides_on_its_gpus_samples(tmp_path):
     """What a job reports of its model work becomes model_tflops on the samples of its
     process's GPUs, shared among them; a job that reports nothing has none."""
-    agent, spool, gpus, _ = world
+    # pid -> TFLOPS, as the profile directory says
+    agent, spool, gpus, _ = make_world(tmp_path, AgentLinks(throughputs=lambda now: {101: 240.0}))
     gpus[1].processes.append(FakeProcess(101, sm_util=10))  # rank 0 now uses GPU-0 and GPU-1
-    agent.throughputs = lambda now: {101: 240.0}  # pid -> TFLOPS, as the profile directory says
     agent.tick()
     by = {(r["gpu_uuid"], r["workflow_id"]): r for _, _, r in spooled(spool)["GpuSample"]}
     assert by[("GPU-0", "wf-a")]["model_tflops"] == 120.0
@@ -241,13 +241,14 @@ def test_a_job_reports_its_model_work_through_the_profile_directory(tmp_path):
         report_throughput(float("nan"), directory=tmp_path / "profiles")
 
 
-def test_the_allocator_peaks_a_job_reports_ride_on_its_gpus_samples(world, tmp_path):
+def test_the_allocator_peaks_a_job_reports_ride_on_its_gpus_samples(tmp_path):
     """What the profiling hook's report_memory writes (PyTorch's allocator peaks over the
     process's GPUs) reaches the samples of those GPUs, shared among them; the agent reads a
     report while it is fresh and its process lives."""
     from producers.profiling.handoff import Handoff
 
-    agent, spool, gpus, _ = world
+    # (pid 101 is a fixture, no live process: the agent is given its report as the handoff reads it)
+    agent, spool, gpus, _ = make_world(tmp_path, AgentLinks(memory_peaks=lambda t: {101: (8 << 30, 12 << 30)}))
     gpus[1].processes.append(FakeProcess(101, sm_util=10))  # rank 0 now uses GPU-0 and GPU-1
     handoff = Handoff(tmp_path / "profiles")
     now = time.time()
@@ -255,7 +256,6 @@ def test_the_allocator_peaks_a_job_reports_ride_on_its_gpus_samples(world, tmp_p
     handoff.report_memory(os.getpid(), 1 << 30, 1 << 30, at=now - 3600)  # an hour old: none
     peaks = handoff.memory_peaks(now)
     assert set(peaks) <= {101} and handoff.memory_peaks(now + 3600) == {}
-    agent.memory_peaks = lambda t: {101: (8 << 30, 12 << 30)}  # (pid 101 is a fixture, no live process)
     agent.tick()
     by = {(r["gpu_uuid"], r["workflow_id"]): r for _, _, r in spooled(spool)["GpuSample"]}
     assert by[("GPU-0", "wf-a")]["allocator_peak_bytes"] == 4 << 30
