@@ -1,15 +1,19 @@
 """The window stage's decisions, called directly (``streams.stages.window_step``: state and a batch in,
 records out, no app and no broker): time no sample stands for, start-up that no alert judges,
-and a workflow's end, which resolves its alerts and stands its ladders down."""
+the capacity no job held, the GPUs a job never opens, and a workflow's end (the scheduler's,
+its hosts', or its samples stopping), which closes its windows, resolves its alerts and stands
+its ladders down."""
 
 from __future__ import annotations
 
 import pytest
 
 from schemas.goodput_buckets import BUCKETS
+from schemas.sample_columns import columns_of
 from schemas.topics import ALERTS, ENFORCEMENT, WORKFLOW_SUMMARIES, WORKFLOW_WINDOWS
+from schemas.validate_sample import IDLE, UNALLOCATED
 from streams.stages.window_step import Decoded
-from tests.support.samples import BASE_MS
+from tests.support.samples import BASE_MS, sample
 from tests.support.window_step import LADDER, Feed, make, ticks
 
 
@@ -125,3 +129,95 @@ def test_a_clock_that_jumps_past_the_retention_ends_a_workflow_before_forgetting
     assert last and set(last.values()) == {"RESOLVED"}
     feed(("PartitionClock", {"event_time": later + 1000, "worker": "w2", "sent_at": later}))
     assert "wf-quiet" not in store  # forgotten once it has ended
+
+
+def blocks(workflow_id: str, first_s: int, last_s: int) -> list[tuple[str, dict]]:
+    samples = [sample(workflow_id=workflow_id, owner=None, team=None, event_time=BASE_MS + t * 1000,
+                      utilization_pct=0.0) for t in range(first_s, last_s)]
+    return [("GpuSampleColumns", b) for b in columns_of(samples)]
+
+
+def ended(workflow_id: str, at_s: float, host: str = "gpu-host-000", scheduler: str | None = "slurm") -> tuple:
+    return ("WorkflowEvent", {
+        "workflow_id": workflow_id, "event": "ENDED", "event_time": BASE_MS + int(at_s * 1000), "host": host,
+        "owner": "ana", "team": "vision", "gpu_uuids": ["GPU-0"], "pids": [], "attribution": "allocation:slurm",
+        "scheduler_job_id": workflow_id.removeprefix("slurm-"), "scheduler": scheduler})
+
+
+@pytest.mark.parametrize("pseudo", [IDLE, UNALLOCATED])
+def test_gpus_no_workflow_holds_are_counted_but_never_alerted_or_summarised(pseudo):
+    """GPUs that no process (or no allocation) holds are the fleet's free capacity: their
+    windows go out, so that capacity is counted, but nobody is alerted about them, no ladder
+    climbs for them and no job ends."""
+    step, _ = make(ladders=[LADDER])
+    feed = Feed(step)
+    feed(*blocks(pseudo, 0, 600))
+    feed(*blocks("wf-real", 600, 601))  # the clock moves on: all closes
+    windows = [w for w in feed.of(WORKFLOW_WINDOWS) if w["workflow_id"] == pseudo]
+    assert len(windows) >= 9 and all(w["idle_gpus"] == 1 for w in windows)
+    assert feed.of(ALERTS) == [] and feed.of(ENFORCEMENT) == []
+    assert [s for s in feed.of(WORKFLOW_SUMMARIES) if s["workflow_id"] == pseudo] == []
+
+
+def test_a_schedulers_end_closes_the_jobs_windows_and_summarises_it_at_once():
+    """The end travels on the samples topic after the job's last samples: the job's last
+    window closes then, not when the fleet's clock passes it, and its summary goes out."""
+    feed = Feed(make()[0])
+    feed(*blocks("slurm-1", 0, 96), ended("slurm-1", 96))
+    windows = [w for w in feed.of(WORKFLOW_WINDOWS) if w["workflow_id"] == "slurm-1"]
+    assert [(w["window_start"] - BASE_MS, w["gpu_seconds"]) for w in windows] == [(0, 60.0), (60_000, 36.0)]
+    summary, = feed.of(WORKFLOW_SUMMARIES)
+    assert summary["workflow_id"] == "slurm-1" and summary["gpu_seconds"] == 96.0
+    assert summary["end_reason"] == "its scheduler (slurm) ended it"
+
+
+def test_a_job_on_two_hosts_ends_when_both_have_ended_it():
+    step, _ = make()
+    feed = Feed(step)
+    step.life_cycle(0, [Decoded(i, "WorkflowEvent", {**ended("slurm-2", 0, host)[1], "event": "STARTED"})
+                        for i, host in enumerate(("gpu-host-000", "gpu-host-001"))], BASE_MS)
+    feed(*blocks("slurm-2", 0, 90), ended("slurm-2", 90, "gpu-host-000"))
+    assert feed.of(WORKFLOW_SUMMARIES) == []
+    assert [w["window_start"] - BASE_MS for w in feed.of(WORKFLOW_WINDOWS)] == [0]
+    feed(*blocks("slurm-2", 90, 100), ended("slurm-2", 100, "gpu-host-001"))
+    summary, = feed.of(WORKFLOW_SUMMARIES)
+    assert summary["gpu_seconds"] == 100.0
+
+
+def test_a_sample_after_the_early_close_completes_the_window_as_a_new_version():
+    feed = Feed(make()[0])
+    feed(*blocks("slurm-3", 0, 90), ended("slurm-3", 90))
+    feed(*blocks("slurm-3", 90, 92))  # a straggler of the same window
+    versions = [(w["window_start"] - BASE_MS, w["version"], w["gpu_seconds"]) for w in feed.of(WORKFLOW_WINDOWS)]
+    assert versions == [(0, 1, 60.0), (60_000, 1, 30.0), (60_000, 2, 32.0)]
+
+
+def test_the_life_cycle_topic_leaves_a_schedulers_end_to_the_samples_topic():
+    """The same end on the life-cycle topic is not applied there: read before the job's last
+    samples, it would end the job early."""
+    step, store = make()
+    feed = Feed(step)
+    feed(*blocks("slurm-4", 0, 30))
+    step.life_cycle(0, [Decoded(0, *ended("slurm-4", 30))], BASE_MS + 30_000)
+    assert store["slurm-4"].ending is False
+    feed(ended("slurm-4", 30))
+    assert store["slurm-4"].ended and feed.of(WORKFLOW_SUMMARIES)
+
+
+def test_a_gpu_the_job_never_opens_and_a_foreign_process_are_alerted_with_names():
+    samples = []
+    for t in range(200):
+        at = BASE_MS + t * 1000
+        samples += [sample(workflow_id="slurm-5", event_time=at, gpu_uuid="GPU-0", gpu_index=0, process_count=1,
+                           utilization_pct=80.0),
+                    sample(workflow_id="slurm-5", event_time=at, gpu_uuid="GPU-1", gpu_index=1, process_count=0,
+                           utilization_pct=0.0, memory_used_bytes=0),
+                    sample(workflow_id="slurm-5", event_time=at, gpu_uuid="GPU-2", gpu_index=2, process_count=1,
+                           utilization_pct=30.0, foreign_workflow_id="wf-intruder")]
+    feed = Feed(make()[0])
+    feed(*[("GpuSampleColumns", b) for b in columns_of(samples)])
+    alerts = {a["detector"]: a for a in feed.of(ALERTS) if a["status"] == "FIRING"}
+    assert {"partial_use", "foreign_process"} <= set(alerts)
+    assert "gpu-host-000/gpu1" in alerts["partial_use"]["message"]
+    assert "no process of the job ever opened them: gpu-host-000/gpu1." in alerts["partial_use"]["message"]
+    assert "wf-intruder" in alerts["foreign_process"]["message"] and "slurm-5" in alerts["foreign_process"]["message"]

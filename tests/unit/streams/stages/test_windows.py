@@ -1,5 +1,6 @@
-"""The window stage's decisions on what a batch of samples leads to, driven through the stage
-itself (``WindowStage._apply_samples``) with its records recorded instead of sent."""
+"""The window stage's Faust side: what it does with Faust's own machinery, driven through Faust
+(its agents' test context, its timers), with the records it sends recorded instead of sent.
+What the stage decides is tested on its step (``tests/unit/streams/stages/test_window_step.py``)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,10 @@ import pytest
 
 from schemas.codec import Codec
 from schemas.sample_columns import columns_of
-from schemas.validate_sample import IDLE, UNALLOCATED
 from streams.alerts.detectors import DetectorConfig, Thresholds
 from streams.settings import StreamSettings
 from streams.stages import state as stage_state
-from streams.stages.windows import WindowStage
+from streams.stages.windows import LIFE_CYCLE, WindowStage
 from tests.support.samples import BASE_MS, sample
 
 
@@ -30,7 +30,11 @@ def stage(monkeypatch):
     async def send(codec, topic, spec, record):
         sent.append((spec.name, record))
 
+    async def dead_letter(codec, topic, stage_name, message, reason, now):
+        sent.append(("dead-letters", {"stage": stage_name, "offset": message.offset, "reason": reason}))
+
     monkeypatch.setattr(stage_state, "send", send)
+    monkeypatch.setattr(stage_state, "send_dead_letter", dead_letter)
     stage.sent = sent
     return stage
 
@@ -49,23 +53,6 @@ def blocks(workflow_id: str, first_s: int, last_s: int, **fields) -> list[tuple[
     return [("GpuSampleColumns", b) for b in columns_of(samples)]
 
 
-def of(stage, topic: str) -> list[dict]:
-    return [r for name, r in stage.sent if name.endswith(topic)]
-
-
-@pytest.mark.parametrize("pseudo", [IDLE, UNALLOCATED])
-def test_gpus_no_workflow_holds_are_counted_but_never_alerted_or_summarised(stage, pseudo):
-    """GPUs that no process (or no allocation) holds are the fleet's free capacity: their
-    windows go out, so that capacity is counted, but nobody is alerted about them, no ladder
-    climbs for them and no job ends."""
-    apply(stage, blocks(pseudo, 0, 600))
-    apply(stage, blocks("wf-real", 600, 601), first_offset=1000)  # the clock moves on: all closes
-    windows = [w for w in of(stage, "workflow-windows.v1") if w["workflow_id"] == pseudo]
-    assert len(windows) >= 9 and all(w["idle_gpus"] == 1 for w in windows)
-    assert of(stage, "alerts.v1") == []
-    assert [s for s in of(stage, "workflow-summaries.v1") if s["workflow_id"] == pseudo] == []
-
-
 def ended(workflow_id: str, at_s: float, host: str = "gpu-host-000", scheduler: str | None = "slurm") -> tuple:
     return ("WorkflowEvent", {
         "workflow_id": workflow_id, "event": "ENDED", "event_time": BASE_MS + int(at_s * 1000), "host": host,
@@ -73,75 +60,38 @@ def ended(workflow_id: str, at_s: float, host: str = "gpu-host-000", scheduler: 
         "scheduler_job_id": workflow_id.removeprefix("slurm-"), "scheduler": scheduler})
 
 
-def test_a_schedulers_end_closes_the_jobs_windows_and_summarises_it_at_once(stage):
-    """The end travels on the samples topic after the job's last samples: the job's last
-    window closes then, not when the fleet's clock passes it, and its summary goes out."""
-    apply(stage, [*blocks("slurm-1", 0, 96), ended("slurm-1", 96)])
-    windows = [w for w in of(stage, "workflow-windows.v1") if w["workflow_id"] == "slurm-1"]
-    assert [(w["window_start"] - BASE_MS, w["gpu_seconds"]) for w in windows] == [(0, 60.0), (60_000, 36.0)]
-    summary, = of(stage, "workflow-summaries.v1")
-    assert summary["workflow_id"] == "slurm-1" and summary["gpu_seconds"] == 96.0
-    assert summary["end_reason"] == "its scheduler (slurm) ended it"
+async def until(predicate, timeout_s: float = 10.0) -> None:
+    """Wait for the agent to have done what ``predicate`` checks (Faust runs it in its own task)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not predicate():
+        assert loop.time() < deadline, "the agent did not get there"
+        await asyncio.sleep(0.01)
 
 
-def test_a_job_on_two_hosts_ends_when_both_have_ended_it(stage):
-    for host in ("gpu-host-000", "gpu-host-001"):
-        stage.step._hear(0, {**ended("slurm-2", 0, host)[1], "event": "STARTED"})
-    apply(stage, [*blocks("slurm-2", 0, 90), ended("slurm-2", 90, "gpu-host-000")])
-    assert of(stage, "workflow-summaries.v1") == []
-    assert [w["window_start"] - BASE_MS for w in of(stage, "workflow-windows.v1")] == [0]
-    apply(stage, [*blocks("slurm-2", 90, 100), ended("slurm-2", 100, "gpu-host-001")], first_offset=100)
-    summary, = of(stage, "workflow-summaries.v1")
-    assert summary["gpu_seconds"] == 100.0
-
-
-def test_a_sample_after_the_early_close_completes_the_window_as_a_new_version(stage):
-    apply(stage, [*blocks("slurm-3", 0, 90), ended("slurm-3", 90)])
-    apply(stage, blocks("slurm-3", 90, 92), first_offset=100)  # a straggler of the same window
-    versions = [(w["window_start"] - BASE_MS, w["version"], w["gpu_seconds"]) for w in of(stage, "workflow-windows.v1")]
-    assert versions == [(0, 1, 60.0), (60_000, 1, 30.0), (60_000, 2, 32.0)]
-
-
-def test_the_life_cycle_topic_leaves_a_schedulers_end_to_the_samples_topic(stage):
-    """The same end on the life-cycle topic is not applied there: read before the job's last
-    samples, it would end the job early."""
-    apply(stage, blocks("slurm-4", 0, 30))
+def test_the_life_cycle_agent_reads_its_topic_through_faust(stage):
+    """Driven with Faust's test context: the agent decodes its topic's messages, applies the
+    agents' STARTED through the step, leaves a scheduler's end to the samples topic (read there
+    in order with the job's last samples) and sends what it cannot read to the dead letters."""
+    stage.register()
+    agent = stage.app.agents[LIFE_CYCLE]
     codec = Codec()
-    message = SimpleNamespace(value=codec.encode("WorkflowEvent", ended("slurm-4", 30)[1]), offset=0, partition=0,
-                              key=b"slurm-4", topic="gpufleet.workflow-events.v1")
+    started = {**ended("slurm-4", 0)[1], "event": "STARTED"}
+    apply(stage, blocks("slurm-4", 0, 30))
 
-    async def one_batch():
-        async def events():
-            yield [SimpleNamespace(message=message)]
+    async def run():
+        async with agent.test_context() as context:
+            await context.put(key=b"slurm-4", value=codec.encode("WorkflowEvent", started), partition=0)
+            await context.put(key=b"slurm-4", value=codec.encode(*ended("slurm-4", 30)), partition=0)
+            await context.put(key=b"slurm-4", value=b"\x00\x00\x00\x00\x01garbage", partition=0)
+            await until(lambda: any(name == "dead-letters" for name, _ in stage.sent))
 
-        class Stream:
-            def take_events(self, n, within):
-                return events()
-
-        await stage.life_cycle(Stream())
-
-    asyncio.run(one_batch())
-    assert stage.table.data["slurm-4"].ending is False
+    asyncio.run(run())
+    assert stage.table.data["slurm-4"].hosts == ["gpu-host-000"] and stage.table.data["slurm-4"].ending is False
+    letter, = [r for name, r in stage.sent if name == "dead-letters"]
+    assert letter["stage"] == "workflow-life-cycle" and letter["offset"] == 2
     apply(stage, [ended("slurm-4", 30)], first_offset=100)
-    assert stage.table.data["slurm-4"].ended and of(stage, "workflow-summaries.v1")
-
-
-def test_a_gpu_the_job_never_opens_and_a_foreign_process_are_alerted_with_names(stage):
-    samples = []
-    for t in range(200):
-        at = BASE_MS + t * 1000
-        samples += [sample(workflow_id="slurm-5", event_time=at, gpu_uuid="GPU-0", gpu_index=0, process_count=1,
-                           utilization_pct=80.0),
-                    sample(workflow_id="slurm-5", event_time=at, gpu_uuid="GPU-1", gpu_index=1, process_count=0,
-                           utilization_pct=0.0, memory_used_bytes=0),
-                    sample(workflow_id="slurm-5", event_time=at, gpu_uuid="GPU-2", gpu_index=2, process_count=1,
-                           utilization_pct=30.0, foreign_workflow_id="wf-intruder")]
-    apply(stage, [("GpuSampleColumns", b) for b in columns_of(samples)])
-    alerts = {a["detector"]: a for a in of(stage, "alerts.v1") if a["status"] == "FIRING"}
-    assert {"partial_use", "foreign_process"} <= set(alerts)
-    assert "gpu-host-000/gpu1" in alerts["partial_use"]["message"]
-    assert "no process of the job ever opened them: gpu-host-000/gpu1." in alerts["partial_use"]["message"]
-    assert "wf-intruder" in alerts["foreign_process"]["message"] and "slurm-5" in alerts["foreign_process"]["message"]
+    assert stage.table.data["slurm-4"].ended and any(name.endswith("workflow-summaries.v1") for name, _ in stage.sent)
 
 
 def test_summaries_decided_by_the_timer_are_sent_under_the_stages_lock(stage, monkeypatch):
