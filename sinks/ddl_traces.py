@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from schemas.codec import nested_records, newest_schema
 from schemas.topics import FINDINGS, PROFILE_REQUESTS, PROFILE_STATUSES, TRACE_ANALYSES
 from sinks.table import Table
 
@@ -19,23 +20,14 @@ SYSTEM_CONTEXT_FIELDS = (
 MFU_COLUMNS = (("gpu_name", "LowCardinality(Nullable(String))"), ("model_flops", "Nullable(Int64)"),
                ("model_flops_precision", "LowCardinality(Nullable(String))"), ("peak_tflops", "Nullable(Float64)"),
                ("mfu_pct", "Nullable(Float64)"))
+# Each nested list of a TraceAnalysis (idle per stream, kernel types, top kernels, memory copies,
+# collectives, operators, annotations, queue lengths, steps) is stored as an Array(Tuple(...)) whose
+# elements are its records' fields in the schema's order, read from the schema itself (the types
+# below name them; tests/unit/sinks/test_write_clickhouse.py holds the two to the same order).
+NESTED = nested_records(newest_schema(TRACE_ANALYSES.schema))
 # TraceAnalysis v4: the steps it covers, HTA's kernel breakdown, the memory copies per kind, the collectives,
 # the operators' roofline, the GPU time of the user's annotations, the launch queue per stream and per-step
 # timelines.
-KERNEL_TYPE_FIELDS = ("kernel_type", "time_us", "pct")
-TOP_KERNEL_FIELDS = (
-    "kernel_type",
-    "name",
-    "kernels",
-    "launches",
-    "time_us",
-    "min_us",
-    "max_us",
-    "mean_us",
-    "stddev_us",
-)
-MEMORY_COPY_FIELDS = ("kind", "copies", "bytes", "time_us", "achieved_gbps", "bw_samples", "bw_mean_gbps",
-                      "bw_std_gbps", "bw_min_gbps", "bw_p25_gbps", "bw_p50_gbps", "bw_p75_gbps", "bw_max_gbps")
 V4_COLUMNS = (
     ("profiler_steps", "UInt32"),
     ("kernel_types", "Array(Tuple(kernel_type LowCardinality(String), time_us Float64, pct Float64))"),
@@ -43,7 +35,7 @@ V4_COLUMNS = (
                      "time_us Float64, min_us Float64, max_us Float64, mean_us Float64, stddev_us Float64))")),
     ("memory_copies", ("Array(Tuple(kind LowCardinality(String), copies UInt64, bytes UInt64, time_us Float64, "
                        "achieved_gbps Nullable(Float64), bw_samples UInt64, "
-                       + ", ".join(f"{f} Nullable(Float64)" for f in MEMORY_COPY_FIELDS[6:]) + "))")),
+                       + ", ".join(f"{f} Nullable(Float64)" for f in NESTED["memory_copies"][6:]) + "))")),
     ("collectives", "Array(Tuple(name String, durations_us Array(Float64)))"),
     ("operators", ("Array(Tuple(name String, calls UInt64, flops UInt64, bytes Nullable(UInt64), gpu_time_us Float64, "
                    "precision LowCardinality(String), achieved_tflops Float64, achieved_gbps Nullable(Float64), "
@@ -58,11 +50,6 @@ V4_COLUMNS = (
     ("steps", ("Array(Tuple(step String, cpu_us Float64, gpu_events UInt64, gpu_span_us Float64, "
                "gpu_busy_us Float64, gpu_idle_us Float64, compute_us Float64))")),
 )
-STEP_FIELDS = ("step", "cpu_us", "gpu_events", "gpu_span_us", "gpu_busy_us", "gpu_idle_us", "compute_us")
-QUEUE_FIELDS = ("stream", "samples", "mean", "std", "min", "p25", "p50", "p75", "max", "blocked_us")
-ANNOTATION_FIELDS = TOP_KERNEL_FIELDS[1:]
-OPERATOR_FIELDS = ("name", "calls", "flops", "bytes", "gpu_time_us", "precision", "achieved_tflops", "achieved_gbps",
-                   "intensity", "peak_tflops", "peak_gbps", "bound", "roof_tflops", "roof_pct", "at_stake_us")
 TRACE_ANALYSIS_ADDED_COLUMNS = (*((f"system_{name}", typ) for name, typ in SYSTEM_CONTEXT_FIELDS), *MFU_COLUMNS,
                                 *V4_COLUMNS)
 
@@ -70,16 +57,8 @@ TRACE_ANALYSIS_ADDED_COLUMNS = (*((f"system_{name}", typ) for name, typ in SYSTE
 def _trace_analysis_row(record: dict) -> dict:
     system = record.get("system") or {}
     return {**record, **{f"system_{name}": system.get(name) for name, _ in SYSTEM_CONTEXT_FIELDS},
-            "idle_by_stream": [(s["stream"], s["host_wait_us"], s["kernel_wait_us"], s["other_us"])
-                               for s in record["idle_by_stream"]],
-            "kernel_types": [tuple(k[f] for f in KERNEL_TYPE_FIELDS) for k in record.get("kernel_types", [])],
-            "top_kernels": [tuple(k[f] for f in TOP_KERNEL_FIELDS) for k in record.get("top_kernels", [])],
-            "memory_copies": [tuple(k[f] for f in MEMORY_COPY_FIELDS) for k in record.get("memory_copies", [])],
-            "collectives": [(c["name"], c["durations_us"]) for c in record.get("collectives", [])],
-            "operators": [tuple(o[f] for f in OPERATOR_FIELDS) for o in record.get("operators", [])],
-            "gpu_annotations": [tuple(a[f] for f in ANNOTATION_FIELDS) for a in record.get("gpu_annotations", [])],
-            "queue_lengths": [tuple(q[f] for f in QUEUE_FIELDS) for q in record.get("queue_lengths", [])],
-            "steps": [tuple(x[f] for f in STEP_FIELDS) for x in record.get("steps", [])]}
+            **{name: [tuple(item.get(f) for f in fields) for item in record.get(name) or []]
+               for name, fields in NESTED.items()}}
 
 
 TRACE_ANALYSES_TABLE = Table(

@@ -281,6 +281,34 @@ def test_table_columns_match_the_schema(writer):
         assert list(table.columns) == fields, table.name
 
 
+def tuple_names(clickhouse_type: str) -> tuple[str, ...]:
+    """The element names of ``Array(Tuple(a T, b Nullable(U), ...))``."""
+    inner, depth, names, part = clickhouse_type.removeprefix("Array(Tuple(")[:-2], 0, [], ""
+    for ch in inner + ",":
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "," and depth == 0:
+            names.append(part.split()[0])
+            part = ""
+        else:
+            part += ch
+    return tuple(names)
+
+
+def test_a_trace_analysis_nested_lists_are_stored_in_their_schemas_order(writer):
+    """The sink stores each nested list as tuples in the schema's field order (``NESTED``, read
+    from the .avsc); ClickHouse names the tuple's elements as the DDL types them. The two must
+    agree, element by element, or values land under another field's name."""
+    from sinks.ddl_traces import NESTED
+
+    types = dict(writer.client.query(
+        f"SELECT name, type FROM system.columns WHERE database = '{writer.database}' AND table = 'trace_analyses'"
+    ).result_rows)
+    assert len(NESTED) == 9
+    for name, fields in NESTED.items():
+        assert tuple_names(types[name]) == fields, name
+
+
 def test_topics_map_to_tables():
     assert table_for_topic("x.gpufleet.alerts.v1", prefix="x.") is ALERTS_TABLE
     with pytest.raises(KeyError):
