@@ -130,6 +130,7 @@ def test_a_batch_without_records_writes_its_state_without_a_flush(stage):
 def test_the_trace_stage_sends_its_analysis_before_the_state_that_says_the_trace_is_done(monkeypatch):
     from streams import faust_fixes
     from streams.stages.traces import TraceStage
+    from streams.stages.window_step import Decoded
     from tests.support.kernel_events import end, kernel_events
 
     app = faust.App("test-trace-ordering", broker="kafka://127.0.0.1:1", store="memory://", autodiscover=False)
@@ -156,7 +157,8 @@ def test_the_trace_stage_sends_its_analysis_before_the_state_that_says_the_trace
 
     async def a_batch_then_a_commit():
         async with stage.state.batch():
-            await stage._persist_and_emit(stage.sessions.apply(0, kernel_events() + [end()], now_ms=10))
+            batch = [Decoded(i, name, r) for i, (name, r) in enumerate(kernel_events() + [end()])]
+            await stage.emit([], stage.step.events(0, batch, 10), 10)
         assert "state" not in [e[0] for e in events]  # the commit writes it
         assert await faust_fixes._force_commit_between_batches(CommittingConsumer(app, events)) is True
 
