@@ -5,7 +5,7 @@ the rest of the wasted GPU-seconds of low utilisation, and each antipattern that
 analysis found with the GPU-seconds it puts at stake -- summed across workflows, per cause
 and optionally per team, owner, workflow, framework, model, cluster or GPU model, with the number of
 workflows affected and the ones to look at first. ``--by regression``: the workflows whose latest
-profiles got slower than their previous ones (``streams.stages.comparison``), by the GPU time lost.
+profiles got slower than their previous ones (``streams.stages.comparison_step``), by the GPU time lost.
 ``--by right-size``: the GPU-hours the ended workflows would have freed had they asked for what
 ``streams.windows.right_size`` recommends (fewer GPUs, a MIG slice, a smaller model), by kind.
 """

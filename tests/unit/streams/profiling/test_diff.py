@@ -131,7 +131,7 @@ def test_gpufleet_diff_says_which_file_cannot_be_read(profiles, tmp_path, capsys
 
 def test_the_stage_compares_each_rank_with_its_previous_complete_profile(profiles):
     from streams.profiling.diff import ComparisonConfig
-    from streams.stages.comparison import compare
+    from streams.stages.comparison_step import compare
 
     base = {**analyze_file(profiles["base"], "wf"), "analyzed_at": 1}
     slow = {**analyze_file(profiles["slow"], "wf"), "analyzed_at": 2}

@@ -87,7 +87,7 @@ def test_the_ranks_critical_paths_side_by_side(tmp_path):
 def test_the_worker_names_the_straggler_of_a_requested_profile_as_its_ranks_arrive(tmp_path):
     from schemas.topics import trace_id_of
     from streams.profiling.diff import ComparisonConfig
-    from streams.stages.comparison import compare, expired
+    from streams.stages.comparison_step import compare, expired
 
     records = [analyze_file(p, "wf") for p in synthetic_rank_traces(tmp_path, ranks=3, straggler=1)]
     for r in records:
