@@ -80,7 +80,7 @@ def main() -> None:
     store(client, "gpufleet", "big-7d-64gpu", 64, 7 * 1440, start)
     store(client, "gpufleet", "small-1h-8gpu", 8, 60, start, first_offset=7 * 1440)
     print(f"stored in {time.perf_counter() - t0:.1f} s")
-    queries = QueryServer(path).start()
+    queries = QueryServer(path).start(AsgiServer)
     server = AsgiServer(create_app(Service(find_server(path), "gpufleet", Directory(),
                                            ProxyTrust.parse(["127.0.0.1"])))).start()
     try:

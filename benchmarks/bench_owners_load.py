@@ -35,6 +35,7 @@ DAY_MIN = 1440
 def sink_role(path: str, jobs: int, batch: int) -> None:
     """The sink's process: the jobs' history stored, the query server up, then ``ingest S`` runs."""
     from benchmarks.bench_job_page import store
+    from gpufleet.asgi_server import AsgiServer
     from producers.simulate.fleet import build_fleet
     from sinks.clickhouse_client import connect
     from sinks.clickhouse_ddl import GPU_SAMPLES_TABLE
@@ -51,7 +52,7 @@ def sink_role(path: str, jobs: int, batch: int) -> None:
     while len(records) < batch:
         records += list(fleet.samples_at(tick, start, 1000))
         tick += 1
-    queries = QueryServer(Path(path)).start()
+    queries = QueryServer(Path(path)).start(AsgiServer)
     print("ready", flush=True)
     offset = 0
     for line in sys.stdin:

@@ -43,12 +43,13 @@ def main() -> None:
 
     from clickhouse_connect.driver.exceptions import DatabaseError
 
+    from gpufleet.asgi_server import AsgiServer
     from sinks.clickhouse_client import connect
     from sinks.query_server import QueryServer, find_server
 
     path = tempfile.mkdtemp(prefix="gpufleet-bench-query-")
     connect(f"chdb://{path}").command("SELECT 1")  # the engine's directory made
-    server = QueryServer(path).start()
+    server = QueryServer(path).start(AsgiServer)
     remote = find_server(path)
     try:
         idle = probe(remote, args.probes, 0.05)

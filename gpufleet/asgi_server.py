@@ -1,5 +1,5 @@
 """An ASGI application served by Hypercorn in a thread of its own: what every HTTP endpoint of
-gpufleet's command line is served by (the schema registry; the owners' service to come).
+gpufleet's command line is served by (the schema registry, the owners' service, the sink's query server).
 
 Hypercorn parses the requests (a ``Content-Length`` that is not a number is a 400, never a
 dropped connection with a traceback), closes a connection idle for ``idle_s`` -- before its
@@ -41,6 +41,10 @@ class AsgiServer:
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    @property
+    def port(self) -> int:
+        return self._sock.getsockname()[1]
 
     @property
     def url(self) -> str:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from gpufleet.asgi_server import AsgiServer
 from gpufleet.demo_serving import DEMO_THRESHOLDS, serving_against_planted
 from gpufleet.local import kafka as local_kafka
 from gpufleet.reports.goodput import fleet_goodput
@@ -270,7 +271,7 @@ def run_demo(opts: DemoOptions) -> int:
         enforcer = Enforcer(broker.connection("enforcer"), ladders, act=False, group_id=ENFORCER_GROUP)
         enforcer_thread = threading.Thread(target=enforcer.run, args=(stop,), name="enforcer", daemon=True)
         enforcer_thread.start()
-        queries = QueryServer(Path(dsn[len("chdb://"):]), port=opts.query_port).start()
+        queries = QueryServer(Path(dsn[len("chdb://"):]), port=opts.query_port).start(AsgiServer)
         print(f"  sink writing to {dsn} (while it runs, `gpufleet sql` queries go through it)")
         owners = start_owners_service(data_dir, opts.serve_port, broker.connection("owners"))
 
@@ -379,7 +380,6 @@ def start_owners_service(data_dir: Path, port: int, kafka):
     server and taking actions through its broker."""
     import getpass
 
-    from gpufleet.asgi_server import AsgiServer
     from gpufleet.commands.serve import actions_on
     from gpufleet.web.app import Service, create_app
 

@@ -17,6 +17,11 @@ memory limits), and each query is checked first (``sinks.read_path.check_query``
 no KILL, no system table that shows the server). ``stop`` waits for the queries in flight,
 which their time limit bounds, before the engine may be closed. The token is compared in
 constant time.
+
+The HTTP side is an ASGI application (``QueryServer.app``) that the owning process serves with a
+well-kept server (``start(serve)``, with ``gpufleet.asgi_server.AsgiServer``: Hypercorn, which
+parses the requests and closes a connection that is idle or sends too slowly), so no local
+client, with the token or without, holds a connection or a thread for as long as it likes.
 """
 
 from __future__ import annotations
@@ -33,7 +38,6 @@ import urllib.request
 from collections import Counter
 from dataclasses import dataclass
 from datetime import date, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +94,7 @@ class QueryServer:
         self._busy = 0
         self._holding: Counter[str] = Counter()  # analyst -> sessions they hold now
         self._done = threading.Condition()
-        self._http: ThreadingHTTPServer | None = None
+        self._http = None  # what serves ``app`` once started
 
     def query(self, sql: str, parameters: dict | None = None, wait_s: float = 30.0, analyst: str = ""):
         """One query of ``analyst`` in a session of the pool, waiting up to ``wait_s`` for one to be
@@ -126,46 +130,48 @@ class QueryServer:
             self._done.wait_for(lambda: self._holding[analyst] >= at_least, timeout=wait_s)
             return self._holding[analyst]
 
-    def start(self) -> QueryServer:
-        server = self
+    def app(self):
+        """The read path over HTTP, as an ASGI application: ``POST /query`` with the token, a JSON
+        ``{"sql": ..., "parameters": ...}`` of at most ``MAX_REQUEST_BYTES``; the query runs in a
+        thread of Starlette's pool, in a session of this pool."""
+        from starlette.applications import Starlette
+        from starlette.concurrency import run_in_threadpool
+        from starlette.requests import Request
+        from starlette.responses import Response
+        from starlette.routing import Route
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                given = self.headers.get("Authorization", "").encode()
-                if not hmac.compare_digest(given, f"Bearer {server.token}".encode()):  # in constant time
-                    self._reply(403, {"error": "wrong or missing token"})
-                    return
-                try:
-                    length = int(self.headers.get("Content-Length", "0"))
-                    if not 0 <= length <= MAX_REQUEST_BYTES:
-                        raise ValueError(f"a request of {length} bytes (at most {MAX_REQUEST_BYTES})")
-                    request = json.loads(self.rfile.read(length))
-                    result = server.query(request["sql"], request.get("parameters"),
-                                          analyst=self.headers.get(ANALYST_HEADER, "")[:100])
-                    self._reply(200, {"columns": list(result.column_names),
-                                      "rows": [_encode(list(r)) for r in result.result_rows]})
-                except (ClickHouseError, ValueError, KeyError, TypeError) as exc:  # ClickHouse's own message
-                    self._reply(400, {"error": refusal(exc), "code": getattr(exc, "code", None)})
+        def reply(status: int, body: dict) -> Response:
+            return Response(json.dumps(body, default=str), status, media_type="application/json")
 
-            def _reply(self, status: int, body: dict) -> None:
-                data = json.dumps(body, default=str).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+        async def query(request: Request) -> Response:
+            given = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, f"Bearer {self.token}".encode()):  # in constant time
+                return reply(403, {"error": "wrong or missing token"})
+            body = b""
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > MAX_REQUEST_BYTES:
+                    return reply(413, {"error": f"a request of more than {MAX_REQUEST_BYTES} bytes"})
+            try:
+                asked = json.loads(body)
+                result = await run_in_threadpool(self.query, asked["sql"], asked.get("parameters"),
+                                                 analyst=request.headers.get(ANALYST_HEADER, "")[:100])
+            except (ClickHouseError, ValueError, KeyError, TypeError) as exc:  # ClickHouse's own message
+                return reply(400, {"error": refusal(exc), "code": getattr(exc, "code", None)})
+            return reply(200, {"columns": list(result.column_names),
+                               "rows": [_encode(list(r)) for r in result.result_rows]})
 
-            def log_message(self, *args: object) -> None:
-                pass
+        return Starlette(routes=[Route("/query", query, methods=["POST"])])
 
-        self._http = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self._http.daemon_threads = True
-        threading.Thread(target=self._http.serve_forever, name="query-server", daemon=True).start()
+    def start(self, serve) -> QueryServer:
+        """Serve ``app`` on loopback with ``serve`` (``gpufleet.asgi_server.AsgiServer``: request
+        parsing and idle and read timeouts are its), and leave the port and the token for clients."""
+        self._http = serve(self.app(), host="127.0.0.1", port=self.port, name="query-server").start()
         info = self.path / INFO_FILE
         fd = os.open(info, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
-            json.dump({"port": self._http.server_address[1], "pid": os.getpid(), "token": self.token}, f)
-        log.info("read-only queries on 127.0.0.1:%d for %s", self._http.server_address[1], self.path)
+            json.dump({"port": self._http.port, "pid": os.getpid(), "token": self.token}, f)
+        log.info("read-only queries on 127.0.0.1:%d for %s", self._http.port, self.path)
         return self
 
     def stop(self, timeout_s: float | None = None) -> None:
@@ -173,8 +179,7 @@ class QueryServer:
         must not close under a running query."""
         (self.path / INFO_FILE).unlink(missing_ok=True)
         if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
+            self._http.stop()
             self._http = None
         from sinks.read_path import query_limits
 

@@ -136,6 +136,7 @@ def embedded_queries(args: argparse.Namespace):
     """(the query server this command started, or None; the client to read with). On the embedded
     engine that no sink or demo holds, the service holds it and serves its read-only queries to
     the other commands (`gpufleet workflow`, `sql`) as the sink does; elsewhere it is a client."""
+    from gpufleet.asgi_server import AsgiServer
     from gpufleet.commands.common import clickhouse_dsn
     from sinks.query_server import QueryServer, find_server
 
@@ -148,7 +149,7 @@ def embedded_queries(args: argparse.Namespace):
     from clickhouse_connect.driver.exceptions import ClickHouseError
 
     try:
-        owned = QueryServer(path).start()
+        owned = QueryServer(path).start(AsgiServer)
     except ClickHouseError as exc:  # the engine would not open: said as every command says it
         raise Failed(f"cannot open the embedded ClickHouse at {dsn}: {str(exc).splitlines()[0]}. It allows one "
                      "process per data directory: if a sink is running on it, start it first and this service "

@@ -74,9 +74,10 @@ def cmd_sink(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     queries = None
     if dsn.startswith("chdb://"):  # let gpufleet sql & co. read while this process owns the engine
+        from gpufleet.asgi_server import AsgiServer
         from sinks.query_server import QueryServer
 
-        queries = QueryServer(Path(dsn[len("chdb://"):]), port=args.query_port).start()
+        queries = QueryServer(Path(dsn[len("chdb://"):]), port=args.query_port).start(AsgiServer)
     try:
         stats = sink.run(stop)
     finally:

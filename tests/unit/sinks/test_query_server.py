@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from clickhouse_connect.driver.exceptions import DatabaseError
 
+from gpufleet.asgi_server import AsgiServer
 from sinks.query_server import INFO_FILE, QueryServer, find_server
 
 
@@ -16,7 +17,7 @@ def served(chdb_client, database):
     chdb_client.command(f"CREATE DATABASE {database}")
     chdb_client.command(f"CREATE TABLE {database}.t (x UInt32, at DateTime64(3, 'UTC')) ENGINE = MergeTree ORDER BY x")
     chdb_client.command(f"INSERT INTO {database}.t VALUES (1, '2026-01-01 00:00:00'), (2, '2026-01-01 00:01:00')")
-    server = QueryServer(chdb_client.path).start()
+    server = QueryServer(chdb_client.path).start(AsgiServer)
     yield chdb_client, database, server
     server.stop()
 
@@ -70,7 +71,7 @@ def test_one_analysts_slow_query_holds_up_no_other(limited, served):
     import threading
 
     client, _, _ = served
-    slow_server = QueryServer(client.path).start()  # (the fixture's was opened before the limit was set)
+    slow_server = QueryServer(client.path).start(AsgiServer)  # (the fixture's was opened before the limit was set)
     remote = find_server(client.path)
     outcome = {}
 
@@ -97,7 +98,7 @@ def test_one_analyst_cannot_hold_every_session(limited, served, monkeypatch):
     import threading
 
     client, _, _ = served
-    server = QueryServer(client.path, sessions=4).start()  # (opened after the time limit was set)
+    server = QueryServer(client.path, sessions=4).start(AsgiServer)  # (opened after the time limit was set)
     remote = find_server(client.path)
     monkeypatch.setenv("GPUFLEET_ANALYST", "ana")
     outcomes: list[str] = []
@@ -186,11 +187,37 @@ def test_the_port_can_be_chosen_and_a_taken_one_is_refused(chdb_client):
     from gpufleet.local.kafka import free_port
 
     port = free_port()
-    server = QueryServer(chdb_client.path, port=port).start()
+    server = QueryServer(chdb_client.path, port=port).start(AsgiServer)
     try:
         assert json.loads((Path(chdb_client.path) / INFO_FILE).read_text())["port"] == port
         assert find_server(chdb_client.path).query("SELECT 7").result_rows == [(7,)]
         with pytest.raises(OSError, match="in use"):
-            QueryServer(chdb_client.path, port=port).start()
+            QueryServer(chdb_client.path, port=port).start(AsgiServer)
+    finally:
+        server.stop()
+
+
+def test_a_client_that_never_asks_or_stops_mid_body_holds_no_connection(chdb_client):
+    """Served by Hypercorn (``gpufleet.asgi_server``): connections that send nothing, or a body
+    shorter than their Content-Length, are closed by the server; an analyst's query is answered
+    meanwhile. (Before, http.server kept each one, and a thread, for as long as the client liked.)"""
+    import socket
+
+    def quick(app, **kwargs):
+        return AsgiServer(app, idle_s=0.5, read_s=0.5, **kwargs)
+
+    server = QueryServer(chdb_client.path).start(quick)
+    try:
+        port = json.loads((Path(chdb_client.path) / INFO_FILE).read_text())["port"]
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(50)]
+        short = socket.create_connection(("127.0.0.1", port))
+        short.sendall(b"POST /query HTTP/1.1\r\nHost: q\r\nAuthorization: Bearer " + server.token.encode()
+                      + b"\r\nContent-Length: 100\r\n\r\n{\"sql\":")
+        assert find_server(chdb_client.path).query("SELECT 7").result_rows == [(7,)]
+        for conn in [*idle, short]:
+            conn.settimeout(30)  # far beyond the server's timeouts: a hang fails here
+            while conn.recv(4096):  # (a 408 first, perhaps): read until the server closes it
+                pass
+            conn.close()
     finally:
         server.stop()
