@@ -48,3 +48,18 @@ def ticks(wf: str, first_s: int, last_s: int, util: float = 0.0, gpus: int = 2) 
     samples = [sample(workflow_id=wf, owner="ana", team="vision", event_time=BASE_MS + t * 1000, utilization_pct=util,
                       gpu_uuid=f"GPU-{g}", gpu_index=g) for t in range(first_s, last_s) for g in range(gpus)]
     return [("GpuSampleColumns", b) for b in columns_of(samples)]
+
+
+def blocks(workflow_id: str, first_s: int, last_s: int) -> list[tuple[str, dict]]:
+    """One GPU of a workflow at 0 %, a sample a second, with no owner or team (free capacity's)."""
+    samples = [sample(workflow_id=workflow_id, owner=None, team=None, event_time=BASE_MS + t * 1000,
+                      utilization_pct=0.0) for t in range(first_s, last_s)]
+    return [("GpuSampleColumns", b) for b in columns_of(samples)]
+
+
+def ended(workflow_id: str, at_s: float, host: str = "gpu-host-000", scheduler: str | None = "slurm") -> tuple:
+    """The ENDED of a Slurm job's workflow (``scheduler``: who ended it; None: its host)."""
+    return ("WorkflowEvent", {
+        "workflow_id": workflow_id, "event": "ENDED", "event_time": BASE_MS + int(at_s * 1000), "host": host,
+        "owner": "ana", "team": "vision", "gpu_uuids": ["GPU-0"], "pids": [], "attribution": "allocation:slurm",
+        "scheduler_job_id": workflow_id.removeprefix("slurm-"), "scheduler": scheduler})

@@ -14,7 +14,7 @@ from schemas.topics import ALERTS, ENFORCEMENT, WORKFLOW_SUMMARIES, WORKFLOW_WIN
 from schemas.validate_sample import IDLE, UNALLOCATED
 from streams.stages.window_step import Decoded
 from tests.support.samples import BASE_MS, sample
-from tests.support.window_step import LADDER, Feed, make, ticks
+from tests.support.window_step import LADDER, Feed, blocks, ended, make, ticks
 
 
 def unobserved(wf: str, from_s: float, to_s: float, gpus: float = 2.0, **extra) -> tuple[str, dict]:
@@ -131,17 +131,8 @@ def test_a_clock_that_jumps_past_the_retention_ends_a_workflow_before_forgetting
     assert "wf-quiet" not in store  # forgotten once it has ended
 
 
-def blocks(workflow_id: str, first_s: int, last_s: int) -> list[tuple[str, dict]]:
-    samples = [sample(workflow_id=workflow_id, owner=None, team=None, event_time=BASE_MS + t * 1000,
-                      utilization_pct=0.0) for t in range(first_s, last_s)]
-    return [("GpuSampleColumns", b) for b in columns_of(samples)]
 
 
-def ended(workflow_id: str, at_s: float, host: str = "gpu-host-000", scheduler: str | None = "slurm") -> tuple:
-    return ("WorkflowEvent", {
-        "workflow_id": workflow_id, "event": "ENDED", "event_time": BASE_MS + int(at_s * 1000), "host": host,
-        "owner": "ana", "team": "vision", "gpu_uuids": ["GPU-0"], "pids": [], "attribution": "allocation:slurm",
-        "scheduler_job_id": workflow_id.removeprefix("slurm-"), "scheduler": scheduler})
 
 
 @pytest.mark.parametrize("pseudo", [IDLE, UNALLOCATED])

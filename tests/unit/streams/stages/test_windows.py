@@ -11,12 +11,12 @@ import faust
 import pytest
 
 from schemas.codec import Codec
-from schemas.sample_columns import columns_of
 from streams.alerts.detectors import DetectorConfig, Thresholds
 from streams.settings import StreamSettings
 from streams.stages import state as stage_state
 from streams.stages.windows import LIFE_CYCLE, WindowStage
-from tests.support.samples import BASE_MS, sample
+from tests.support.samples import BASE_MS
+from tests.support.window_step import blocks, ended
 
 
 @pytest.fixture
@@ -32,10 +32,12 @@ def stage(monkeypatch):
 
     async def dead_letter(codec, topic, stage_name, message, reason, now):
         sent.append(("dead-letters", {"stage": stage_name, "offset": message.offset, "reason": reason}))
+        stage.lettered.set()
 
     monkeypatch.setattr(stage_state, "send", send)
     monkeypatch.setattr(stage_state, "send_dead_letter", dead_letter)
     stage.sent = sent
+    stage.lettered = asyncio.Event()  # set by the stage's first dead letter
     return stage
 
 
@@ -47,26 +49,10 @@ def apply(stage, records: list[tuple[str, dict]], first_offset: int = 0, now: in
     asyncio.run(stage._apply_samples(0, messages, now=now or BASE_MS + 3_600_000))
 
 
-def blocks(workflow_id: str, first_s: int, last_s: int, **fields) -> list[tuple[str, dict]]:
-    samples = [sample(workflow_id=workflow_id, owner=None, team=None, event_time=BASE_MS + t * 1000,
-                      utilization_pct=0.0, **fields) for t in range(first_s, last_s)]
-    return [("GpuSampleColumns", b) for b in columns_of(samples)]
 
 
-def ended(workflow_id: str, at_s: float, host: str = "gpu-host-000", scheduler: str | None = "slurm") -> tuple:
-    return ("WorkflowEvent", {
-        "workflow_id": workflow_id, "event": "ENDED", "event_time": BASE_MS + int(at_s * 1000), "host": host,
-        "owner": "ana", "team": "vision", "gpu_uuids": ["GPU-0"], "pids": [], "attribution": "allocation:slurm",
-        "scheduler_job_id": workflow_id.removeprefix("slurm-"), "scheduler": scheduler})
 
 
-async def until(predicate, timeout_s: float = 10.0) -> None:
-    """Wait for the agent to have done what ``predicate`` checks (Faust runs it in its own task)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not predicate():
-        assert loop.time() < deadline, "the agent did not get there"
-        await asyncio.sleep(0.01)
 
 
 def test_the_life_cycle_agent_reads_its_topic_through_faust(stage):
@@ -84,7 +70,8 @@ def test_the_life_cycle_agent_reads_its_topic_through_faust(stage):
             await context.put(key=b"slurm-4", value=codec.encode("WorkflowEvent", started), partition=0)
             await context.put(key=b"slurm-4", value=codec.encode(*ended("slurm-4", 30)), partition=0)
             await context.put(key=b"slurm-4", value=b"\x00\x00\x00\x00\x01garbage", partition=0)
-            await until(lambda: any(name == "dead-letters" for name, _ in stage.sent))
+            # The agent runs in Faust's task: the last message's dead letter says it has read all three.
+            await asyncio.wait_for(stage.lettered.wait(), timeout=10)
 
     asyncio.run(run())
     assert stage.table.data["slurm-4"].hosts == ["gpu-host-000"] and stage.table.data["slurm-4"].ending is False
