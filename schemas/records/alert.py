@@ -1,0 +1,100 @@
+"""Alert: its fields and versions (``schemas.fields``)."""
+
+from __future__ import annotations
+
+from schemas.fields import TIMESTAMP_MS, Enum, Field, Record, array, optional
+
+SEVERITY = Enum(
+    "Severity",
+    ("INFO", "WARNING", "CRITICAL"),
+)
+
+
+ALERT_STATUS = Enum(
+    "AlertStatus",
+    ("FIRING", "RESOLVED"),
+)
+
+
+ALERT_FINDING = Record(
+    "AlertFinding",
+    fields=(
+        Field("rule", "string"),
+        Field("severity", "string"),
+        Field("title", "string"),
+        Field("evidence", "string"),
+        Field("recommendation", "string"),
+        Field("gpu_seconds_at_stake", "double"),
+        Field("ranks", "int", "How many of the profiled ranks showed it."),
+    ),
+)
+
+
+ALERT = Record(
+    "Alert",
+    versions={
+        1: "Something a job owner should act on, with the evidence and what to try.",
+        2: ("An alert's transition (FIRING or RESOLVED) for one workflow and detector, with the evidence and what "
+            "to try. v2 adds the life cycle."),
+        3: ("An alert's transition (FIRING or RESOLVED) for one workflow and detector, with the evidence and what "
+            "to try. v2 adds the life cycle; v3 the automatic profile it caused and, once that profile is "
+            "analysed, its root cause (an update of the same alert_id)."),
+    },
+    fields=(
+        Field(
+            "alert_id",
+            "string",
+            "detector:workflow:episode start; a replay or restart repeats it, a RESOLVED has its FIRING's id.",
+        ),
+        Field("detector", "string"),
+        Field("severity", SEVERITY),
+        Field("status", ALERT_STATUS, since=2, default="FIRING"),
+        Field(
+            "notify",
+            "boolean",
+            "Whether the owner should be messaged (the rate limit allows it).",
+            since=2,
+            default=True,
+        ),
+        Field("workflow_id", "string"),
+        Field("owner", optional("string"), default=None),
+        Field("team", optional("string"), default=None),
+        Field("window_start", TIMESTAMP_MS),
+        Field("window_end", TIMESTAMP_MS),
+        Field("since", TIMESTAMP_MS, "Start of the episode: the first window of the violation.", since=2, default=0),
+        Field("observed", "double", "The measured value that tripped the detector."),
+        Field("threshold", "double"),
+        Field(
+            "wasted_gpu_hours_so_far",
+            optional("double"),
+            "GPU-hours the job has wasted since it started.",
+            since=2,
+            default=None,
+        ),
+        Field("message", "string", "What is wrong, in plain words."),
+        Field("advice", "string", "What to try."),
+        Field("fired_at", TIMESTAMP_MS),
+        Field(
+            "profile_request_id",
+            optional("string"),
+            ("The automatic profile this episode caused (ProfileRequest.request_id); its traces are "
+             "profile/<id>/<host>/rank<r>."),
+            since=3,
+            default=None,
+        ),
+        Field(
+            "root_cause",
+            optional("string"),
+            "What the automatic profile found, in words; null until its analysis lands.",
+            since=3,
+            default=None,
+        ),
+        Field(
+            "findings",
+            array(ALERT_FINDING),
+            "The profile's top findings, most GPU time at stake first.",
+            since=3,
+            default=[],
+        ),
+    ),
+)

@@ -1,0 +1,56 @@
+"""ProfileResult: its fields and versions (``schemas.fields``)."""
+
+from __future__ import annotations
+
+from schemas.fields import TIMESTAMP_MS, Field, Record, array, optional
+from schemas.records.trace_end import PROFILE_SYSTEM_CONTEXT
+
+PROFILE_FINDING = Record(
+    "ProfileFinding",
+    fields=(
+        Field("rule", "string"),
+        Field("severity", "string"),
+        Field("title", "string"),
+        Field("evidence", "string"),
+        Field("recommendation", "string"),
+        Field("gpu_seconds_at_stake", "double"),
+    ),
+)
+
+
+PROFILE_RESULT = Record(
+    "ProfileResult",
+    versions={
+        1: ("The analysis of one rank's trace of a requested profile, with its findings: what the worker learnt "
+            "from a ProfileRequest. Keyed by workflow_id and partitioned like the GPU samples, so the stage that "
+            "keeps the workflow's alerts can put the root cause into them."),
+        2: ("The analysis of one rank's trace of a requested profile, with its findings: what the worker learnt "
+            "from a ProfileRequest. Keyed by workflow_id and partitioned like the GPU samples, so the stage that "
+            "keeps the workflow's alerts can put the root cause into them."),
+    },
+    fields=(
+        Field("request_id", "string"),
+        Field("workflow_id", "string"),
+        Field("trace_id", "string"),
+        Field("host", "string"),
+        Field("rank", "int"),
+        Field("kernel_time_us", "double", "The profiled span of GPU time."),
+        Field("idle_pct", optional("double"), default=None),
+        Field(
+            "host_wait_pct_of_idle",
+            optional("double"),
+            "Of the GPU's idle time, the share spent waiting on the host (HTA's idle breakdown).",
+            default=None,
+        ),
+        Field("error", optional("string"), "Set when the trace was damaged or partial.", default=None),
+        Field("findings", array(PROFILE_FINDING)),
+        Field("analyzed_at", TIMESTAMP_MS),
+        Field(
+            "system",
+            optional(PROFILE_SYSTEM_CONTEXT),
+            "From the TraceAnalysis: what the host saw while the trace was captured.",
+            since=2,
+            default=None,
+        ),
+    ),
+)

@@ -1,0 +1,162 @@
+"""WorkflowEvent: its fields and versions (``schemas.fields``)."""
+
+from __future__ import annotations
+
+from schemas.fields import TIMESTAMP_MS, Enum, Field, Record, array, optional
+
+WORKFLOW_EVENT_TYPE = Enum(
+    "WorkflowEventType",
+    ("STARTED", "HEARTBEAT", "ENDED"),
+)
+
+
+WORKFLOW_EVENT = Record(
+    "WorkflowEvent",
+    versions={
+        1: ("A workflow's processes appeared on (STARTED), are still on (HEARTBEAT) or left (ENDED) a host, with "
+            "what the agent could learn about it."),
+        2: ("A workflow's processes appeared on (STARTED), are still on (HEARTBEAT) or left (ENDED) a host, with "
+            "what the agent could learn about it. v2 adds the model (from the job's environment) and the cluster "
+            "(from the agent)."),
+        3: ("A workflow's processes appeared on (STARTED), are still on (HEARTBEAT) or left (ENDED) a host, with "
+            "what the agent could learn about it. v2 adds the model (from the job's environment) and the cluster "
+            "(from the agent). v3 adds the scheduler's quality of service and partition (what enforcement ladders "
+            "may exempt)."),
+        4: ("A workflow appeared on (STARTED), is still on (HEARTBEAT) or left (ENDED) a host: its processes were "
+            "seen there or, where the agent reads the scheduler's allocations, the scheduler gave it GPUs there, "
+            "with what the agent could learn about it. v2 adds the model (from the job's environment) and the "
+            "cluster (from the agent). v3 adds the scheduler's quality of service and partition (what enforcement "
+            "ladders may exempt). v4 adds what the scheduler allocated (the scheduler, the job's name, time limit "
+            "and node list, when the allocation began on this host); an ENDED from the scheduler carries the "
+            "scheduler's end time as its event time and also travels on the samples topic, after the job's last "
+            "samples from the host, so that the worker can close the job's windows as soon as they are complete."),
+        5: ("A workflow appeared on (STARTED), is still on (HEARTBEAT) or left (ENDED) a host: its processes were "
+            "seen there or, where the agent reads the scheduler's allocations, the scheduler gave it GPUs there, "
+            "with what the agent could learn about it. v2 adds the model (from the job's environment) and the "
+            "cluster (from the agent). v3 adds the scheduler's quality of service and partition (what enforcement "
+            "ladders may exempt). v4 adds what the scheduler allocated (the scheduler, the job's name, time limit "
+            "and node list, when the allocation began on this host); an ENDED from the scheduler carries the "
+            "scheduler's end time as its event time and also travels on the samples topic, after the job's last "
+            "samples from the host, so that the worker can close the job's windows as soon as they are complete. "
+            "v5 adds what the scheduler could not be asked (scheduler_unknown, scheduler_problem) and, on an "
+            "ENDED from the scheduler, how the job ended (end_state, exit_code, exit_signal, cancelled_by)."),
+    },
+    fields=(
+        Field("workflow_id", "string"),
+        Field("event", WORKFLOW_EVENT_TYPE),
+        Field("event_time", TIMESTAMP_MS),
+        Field("host", "string"),
+        Field("owner", optional("string"), default=None),
+        Field("team", optional("string"), default=None),
+        Field("gpu_uuids", array("string")),
+        Field("pids", array("int")),
+        Field("cmdline", optional("string"), default=None),
+        Field("framework", optional("string"), default=None),
+        Field("framework_version", optional("string"), default=None),
+        Field("scheduler_job_id", optional("string"), default=None),
+        Field("attribution", "string", "How the workflow id was found: env:<KEY>, slurm-cgroup, k8s-cgroup, none."),
+        Field(
+            "model",
+            optional("string"),
+            "What the job trains or serves, from its environment (GPUFLEET_MODEL by default).",
+            since=2,
+            default=None,
+        ),
+        Field(
+            "cluster",
+            optional("string"),
+            "The cluster the host belongs to (gpufleet agent --cluster).",
+            since=2,
+            default=None,
+        ),
+        Field(
+            "scheduler_qos",
+            optional("string"),
+            "The scheduler's quality of service of the job (Slurm SLURM_JOB_QOS), where it has one.",
+            since=3,
+            default=None,
+        ),
+        Field(
+            "scheduler_partition",
+            optional("string"),
+            "The scheduler's partition (queue) of the job (Slurm SLURM_JOB_PARTITION), where it has one.",
+            since=3,
+            default=None,
+        ),
+        Field(
+            "scheduler",
+            optional("string"),
+            ("The allocation source that gave the workflow its GPUs on this host: slurm or kubernetes; null where "
+             "the agent saw its processes only."),
+            since=4,
+            default=None,
+        ),
+        Field(
+            "job_name",
+            optional("string"),
+            "The scheduler's name of the job (Slurm JobName, the pod's name).",
+            since=4,
+            default=None,
+        ),
+        Field(
+            "time_limit_s",
+            optional("long"),
+            "The job's time limit in seconds, where the scheduler sets one.",
+            since=4,
+            default=None,
+        ),
+        Field(
+            "nodes",
+            optional("string"),
+            "The job's nodes as the scheduler writes them (Slurm's node list).",
+            since=4,
+            default=None,
+        ),
+        Field(
+            "allocated_at",
+            optional(TIMESTAMP_MS),
+            "When the scheduler gave the job its resources (Slurm StartTime; first seen in the kubelet's list).",
+            since=4,
+            default=None,
+        ),
+        Field(
+            "scheduler_unknown",
+            array("string"),
+            ("The facts of the job its scheduler could not be asked (user, account, partition, qos, name, "
+             "time_limit, start, end, end_state): the enforcement ladders act on no job whose exemptions depend "
+             "on one of them."),
+            since=5,
+            default=[],
+        ),
+        Field(
+            "scheduler_problem",
+            optional("string"),
+            "Why those facts are unknown, as the prolog or epilog found it.",
+            since=5,
+            default=None,
+        ),
+        Field(
+            "end_state",
+            optional("string"),
+            ("On an ENDED from the scheduler: how the job ended (COMPLETED, CANCELLED, TIMEOUT, FAILED, "
+             "PREEMPTED, NODE_FAIL, OUT_OF_MEMORY, BOOT_FAIL, DEADLINE)."),
+            since=5,
+            default=None,
+        ),
+        Field(
+            "exit_code",
+            optional("int"),
+            "The job's exit code, as its scheduler's accounting keeps it.",
+            since=5,
+            default=None,
+        ),
+        Field("exit_signal", optional("int"), "The signal that ended the job (0: none).", since=5, default=None),
+        Field(
+            "cancelled_by",
+            optional("string"),
+            "Who cancelled the job (a user name), for a CANCELLED end.",
+            since=5,
+            default=None,
+        ),
+    ),
+)

@@ -1,0 +1,237 @@
+"""WorkflowSummary: its fields and versions (``schemas.fields``)."""
+
+from __future__ import annotations
+
+from schemas.fields import TIMESTAMP_MS, Field, Record, array, optional
+
+RIGHT_SIZE = Record(
+    "RightSize",
+    fields=(
+        Field("kind", "string", "gpu_count, mig, gpu_model or cpu_per_gpu"),
+        Field("current", optional("string"), default=None),
+        Field("recommended", "string"),
+        Field("reason", "string"),
+        Field("source", "string", "Which measurement it used (NVML used memory, GPM SM activity ...)."),
+        Field("gpu_hours_freed", "double", "Over the run so far, had the job asked for it."),
+    ),
+)
+
+
+WORKFLOW_SUMMARY = Record(
+    "WorkflowSummary",
+    versions={
+        1: ("The efficiency record of one executed workflow, from its first to its last window; emitted once when "
+            "it ends."),
+        2: ("The efficiency record of one executed workflow, from its first to its last window; emitted once when "
+            "it ends. v2 adds the job's goodput waterfall (its windows' buckets summed) and its GPUs' model."),
+        3: ("The efficiency record of one executed workflow, from its first to its last window; emitted once when "
+            "it ends. v2 adds the job's goodput waterfall (its windows' buckets summed) and its GPUs' model. v3 "
+            "adds right_size (what the job should ask for next time, streams.right_size) and the job's mean "
+            "tensor-core activity and model FLOPs utilisation."),
+        4: ("The efficiency record of one executed workflow, from its first to its last window; emitted once when "
+            "it ends. v2 adds the job's goodput waterfall (its windows' buckets summed) and its GPUs' model. v3 "
+            "adds right_size (what the job should ask for next time, streams.right_size) and the job's mean "
+            "tensor-core activity and model FLOPs utilisation. v4 adds the unobserved bucket and what the "
+            "scheduler says of the job: its id, its start and end, and how it ended."),
+        5: ("The efficiency record of one executed workflow, from its first to its last window; emitted once when "
+            "it ends. v2 adds the job's goodput waterfall (its windows' buckets summed) and its GPUs' model. v3 "
+            "adds right_size (what the job should ask for next time, streams.right_size) and the job's mean "
+            "tensor-core activity and model FLOPs utilisation. v4 adds the unobserved bucket and what the "
+            "scheduler says of the job: its id, its start and end, and how it ended. v5 adds untouched_gpus: the "
+            "GPUs no process of the job ever opened."),
+    },
+    fields=(
+        Field("workflow_id", "string"),
+        Field("owner", optional("string"), default=None),
+        Field("team", optional("string"), default=None),
+        Field("first_window_start", TIMESTAMP_MS),
+        Field("last_window_end", TIMESTAMP_MS),
+        Field("end_reason", "string"),
+        Field("windows", "int"),
+        Field("max_gpus", "int"),
+        Field("gpu_seconds", "double"),
+        Field("active_gpu_seconds", "double"),
+        Field("wasted_gpu_seconds", "double"),
+        Field("zero_util_gpu_seconds", "double"),
+        Field("throttled_gpu_seconds", "double"),
+        Field("utilization_mean_pct", "double"),
+        Field("memory_peak_fraction", optional("double"), default=None),
+        Field("energy_joules", optional("double"), default=None),
+        Field("xid_count", "int"),
+        Field("gpu_model", optional("string"), "The model of the workflow's GPUs.", since=2, default=None),
+        Field(
+            "unhealthy_gpu_seconds",
+            "double",
+            ("Goodput bucket unhealthy: XID, uncorrected ECC, pending row remapping, or a power or thermal clock "
+             "limit (GPU-seconds, weighted by share; the six buckets sum to gpu_seconds)."),
+            since=2,
+            default=0.0,
+        ),
+        Field(
+            "startup_gpu_seconds",
+            "double",
+            ("Goodput bucket startup: before the workflow's GPUs first did any work (at most the start-up limit "
+             "after its first sample) (GPU-seconds, weighted by share; the six buckets sum to gpu_seconds)."),
+            since=2,
+            default=0.0,
+        ),
+        Field(
+            "idle_gpu_seconds",
+            "double",
+            ("Goodput bucket idle: the GPU at 0 % while held (GPU-seconds, weighted by share; the six buckets sum "
+             "to gpu_seconds)."),
+            since=2,
+            default=0.0,
+        ),
+        Field(
+            "input_bound_gpu_seconds",
+            "double",
+            ("Goodput bucket input_bound: under the input-bound utilisation while the host starved the input (CPU "
+             "per GPU or I/O wait) (GPU-seconds, weighted by share; the six buckets sum to gpu_seconds)."),
+            since=2,
+            default=0.0,
+        ),
+        Field(
+            "low_util_gpu_seconds",
+            "double",
+            ("Goodput bucket low_util: under the low-utilisation threshold for another reason (GPU-seconds, "
+             "weighted by share; the six buckets sum to gpu_seconds)."),
+            since=2,
+            default=0.0,
+        ),
+        Field(
+            "productive_gpu_seconds",
+            "double",
+            ("Goodput bucket productive: the rest (GPU-seconds, weighted by share; the six buckets sum to "
+             "gpu_seconds)."),
+            since=2,
+            default=0.0,
+        ),
+        Field(
+            "unhealthy_joules",
+            "double",
+            "Energy of the unhealthy bucket's samples (the GPU's energy counter where read, else power x interval).",
+            since=2,
+            default=0.0,
+        ),
+        Field(
+            "startup_joules",
+            "double",
+            "Energy of the startup bucket's samples (the GPU's energy counter where read, else power x interval).",
+            since=2,
+            default=0.0,
+        ),
+        Field(
+            "idle_joules",
+            "double",
+            "Energy of the idle bucket's samples (the GPU's energy counter where read, else power x interval).",
+            since=2,
+            default=0.0,
+        ),
+        Field(
+            "input_bound_joules",
+            "double",
+            "Energy of the input_bound bucket's samples (the GPU's energy counter where read, else power x interval).",
+            since=2,
+            default=0.0,
+        ),
+        Field(
+            "low_util_joules",
+            "double",
+            "Energy of the low_util bucket's samples (the GPU's energy counter where read, else power x interval).",
+            since=2,
+            default=0.0,
+        ),
+        Field(
+            "productive_joules",
+            "double",
+            "Energy of the productive bucket's samples (the GPU's energy counter where read, else power x interval).",
+            since=2,
+            default=0.0,
+        ),
+        Field("alerts_fired", array("string"), "Detectors that fired during the job."),
+        Field(
+            "tensor_active_mean_pct",
+            optional("double"),
+            ("Mean tensor-core activity over the job (GPM, Hopper and later), weighted by GPU-seconds: the "
+             "hardware MFU estimate; null where the GPUs report none."),
+            since=3,
+            default=None,
+        ),
+        Field(
+            "model_mfu_pct",
+            optional("double"),
+            ("Model FLOPs utilisation over the job, from the model work it reported (the profiling hook's "
+             "report_throughput) against its GPUs' bf16 dense peak, weighted by GPU-seconds; null where it "
+             "reported none."),
+            since=3,
+            default=None,
+        ),
+        Field(
+            "right_size",
+            array(RIGHT_SIZE),
+            ("What the job should ask for next time, from its whole run: fewer GPUs, a MIG slice, a smaller GPU "
+             "model, CPU cores per GPU; each with the measurement it used and the GPU-hours following it would "
+             "have freed."),
+            since=3,
+            default=[],
+        ),
+        Field("summarized_at", TIMESTAMP_MS),
+        Field(
+            "unobserved_gpu_seconds",
+            "double",
+            "GPU-seconds the job held that no sample stands for (part of gpu_seconds).",
+            since=4,
+            default=0.0,
+        ),
+        Field("unobserved_joules", "double", "Always 0.", since=4, default=0.0),
+        Field(
+            "scheduler",
+            optional("string"),
+            "The scheduler that allocated the job (slurm, kubernetes); null for a workflow its processes named.",
+            since=4,
+            default=None,
+        ),
+        Field(
+            "scheduler_job_id",
+            optional("string"),
+            "The scheduler's own id of the job (Slurm's raw job id, also for an array task).",
+            since=4,
+            default=None,
+        ),
+        Field(
+            "allocated_at",
+            optional(TIMESTAMP_MS),
+            "When the scheduler gave the job its resources (its StartTime).",
+            since=4,
+            default=None,
+        ),
+        Field(
+            "ended_at",
+            optional(TIMESTAMP_MS),
+            "When the scheduler took them back (its EndTime); null where it did not say.",
+            since=4,
+            default=None,
+        ),
+        Field(
+            "end_state",
+            optional("string"),
+            ("How the scheduler says the job ended: COMPLETED, CANCELLED, TIMEOUT, FAILED, PREEMPTED, NODE_FAIL, "
+             "OUT_OF_MEMORY, BOOT_FAIL, DEADLINE."),
+            since=4,
+            default=None,
+        ),
+        Field("exit_code", optional("int"), "The job's exit code.", since=4, default=None),
+        Field("exit_signal", optional("int"), "The signal that ended the job (0: none).", since=4, default=None),
+        Field("cancelled_by", optional("string"), "Who cancelled the job, for a CANCELLED end.", since=4, default=None),
+        Field(
+            "untouched_gpus",
+            optional("int"),
+            ("GPUs the scheduler gave the job that no process of it ever opened, over its whole life (null: the "
+             "agents did not count processes). Equal to max_gpus: the job never used a GPU at all (it ran on the "
+             "CPU, or failed before CUDA started)."),
+            since=5,
+            default=None,
+        ),
+    ),
+)
