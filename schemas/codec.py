@@ -67,14 +67,6 @@ def load_catalog(schema_dir: Path = SCHEMA_DIR) -> list[SchemaVersion]:
     return versions
 
 
-def newest_schema(name: str, schema_dir: Path = SCHEMA_DIR) -> dict:
-    """The newest version of record ``name``, as its ``.avsc`` file says (not parsed)."""
-    entries = [e for e in json.loads((schema_dir / "catalog.json").read_text())["schemas"] if e["name"] == name]
-    if not entries:
-        raise CodecError(f"no schema named {name!r} in the catalog")
-    return json.loads((schema_dir / max(entries, key=lambda e: e["version"])["file"]).read_text())
-
-
 def nested_records(schema: dict) -> dict[str, tuple[str, ...]]:
     """Each field of ``schema`` that holds an array of records (or a union with one), and the
     names of those records' fields, in the schema's order."""

@@ -17,7 +17,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 
+from schemas.fields import conform
 from schemas.gpu_peaks import peak_tflops
+from schemas.records.trace_analysis import TRACE_ANALYSIS
 from streams.alerts.detectors import DetectorConfig
 from streams.traces.analysis import Finished, Options
 from streams.traces.annotations import GpuAnnotations
@@ -199,51 +201,27 @@ def trace_analysis_record(
     partial: bool, error: str | None, analyzed_at: int, system: dict | None = None,
     flops: dict[str, int] | None = None, gpu_name: str | None = None,
 ) -> dict:
-    """The ``TraceAnalysis`` record of a result of :meth:`TraceAnalyzer.result`; ``system``:
-    what the host saw during the capture (from the ``TraceEnd`` of a requested profile);
-    ``flops`` and ``gpu_name``: what the trace counted and ran on (from its ``TraceEnd``)."""
+    """The ``TraceAnalysis`` record of a result of :meth:`TraceAnalyzer.result`: each figure of the
+    result is the field of its name (``schemas/records/trace_analysis.py`` is the shape; a figure
+    with no field there is an error, a field with no figure its default). ``system``: what the
+    host saw during the capture (from the ``TraceEnd`` of a requested profile); ``flops`` and
+    ``gpu_name``: what the trace counted and ran on (from its ``TraceEnd``)."""
     t, o, launch = result["temporal"], result["overlap"], result["launch"]
     span_us = t["idle_time_us"] + t["compute_time_us"] + t["non_compute_time_us"]
-    return {
-        "trace_id": trace_id,
-        "workflow_id": workflow_id,
-        "rank": rank,
-        "source": source,
-        "partial": partial,
-        "error": error,
-        "events": result["events"],
-        "gpu_events": result["gpu_events"],
-        "gpu_events_without_launch": result["gpu_events_without_launch"],
-        "profiler_steps": result.get("profiler_steps", 0),
-        **{k: float(v) if k.endswith("_us") else v for k, v in t.items()},
-        **{k: float(v) if k.endswith("_us") else v for k, v in o.items()},
-        "idle_by_stream": [
-            {"stream": s, "host_wait_us": float(v["host_wait_us"]), "kernel_wait_us": float(v["kernel_wait_us"]),
-             "other_us": float(v["other_us"])}
-            for s, v in result["idle_by_stream"].items()
-        ],
-        "launches": launch["launches"],
-        "launch_delay_mean_us": launch["launch_delay_mean_us"],
-        "launch_delay_max_us": None if launch["launch_delay_max_us"] is None else float(launch["launch_delay_max_us"]),
-        "launch_delay_total_us": float(launch["launch_delay_total_us"]),
-        "cpu_duration_mean_us": launch["cpu_duration_mean_us"],
-        "gpu_duration_mean_us": launch["gpu_duration_mean_us"],
-        "short_kernels": launch["short_kernels"],
-        "short_kernel_gpu_us": float(launch["short_kernel_gpu_us"]),
-        "runtime_outliers": launch["runtime_outliers"],
-        "launch_delay_outliers": launch["launch_delay_outliers"],
-        **model_flops_utilization(flops, gpu_name, span_us),
-        "kernel_types": [{**k, "time_us": float(k["time_us"])} for k in result.get("kernel_types", [])],
-        "top_kernels": result.get("top_kernels", []),
-        "memory_copies": result.get("memory_copies", []),
-        "collectives": result.get("collectives", []),
-        "operators": result.get("operators", []),
-        "gpu_annotations": result.get("gpu_annotations", []),
-        "queue_lengths": result.get("queue_lengths", []),
-        "steps": result.get("steps", []),
-        "analyzed_at": analyzed_at,
-        "system": system,
-    }
+    figures = {k: v for k, v in result.items() if k not in _SECTIONS}  # each a field of the same name
+    first = {k: figures.pop(k) for k in _FIRST if k in figures}
+    pool = {**t, **o, "idle_by_stream": [{"stream": s, **v} for s, v in result["idle_by_stream"].items()],
+            **launch, **model_flops_utilization(flops, gpu_name, span_us), **figures, "analyzed_at": analyzed_at,
+            "system": system}
+    return conform(TRACE_ANALYSIS, {
+        "trace_id": trace_id, "workflow_id": workflow_id, "rank": rank, "source": source, "partial": partial,
+        "error": error, **first, **{f.name: pool.pop(f.name) for f in TRACE_ANALYSIS.fields if f.name in pool}, **pool,
+    })
+
+
+# The result's sections whose figures are fields of their own (or of no field: what the rules read).
+_SECTIONS = ("temporal", "overlap", "launch", "idle_by_stream", "antipatterns", "critical_path", "kernel_sequences")
+_FIRST = ("events", "gpu_events", "gpu_events_without_launch", "profiler_steps")  # (the record's order since v1)
 
 
 def findings_records(result: dict, analysis: dict, memory: dict | None, detected_at: int,

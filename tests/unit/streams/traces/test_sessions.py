@@ -2,6 +2,7 @@ import json
 
 import pytest
 
+from schemas.records.trace_end import PROFILE_SYSTEM_CONTEXT
 from streams.traces.analyze import analyze_events
 from streams.traces.sessions import TraceSessionConfig, TraceSessions
 from tests.support.kernel_events import end, kernel_events
@@ -24,7 +25,8 @@ def test_marker_ends_the_trace_with_the_offline_result():
 
 
 def test_the_hosts_view_of_a_requested_profile_travels_from_the_marker_to_the_analysis():
-    system = {"ticks": 3, "span_ms": 300, "host_cpu_mean_pct": 99.0}
+    system = {**dict.fromkeys(f.name for f in PROFILE_SYSTEM_CONTEXT.fields),  # as a TraceEnd decodes
+              "ticks": 3, "span_ms": 300, "gpus": 2, "host_cpu_mean_pct": 99.0}
     r = TraceSessions(CFG, {}).apply(0, kernel_events() + [end(system=system)], now_ms=10)
     assert r.analyses[0]["system"] == system
 
