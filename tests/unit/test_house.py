@@ -243,3 +243,10 @@ def test_every_package_is_installed():
     found = {".".join(p.parent.relative_to(ROOT).parts)
              for package in PACKAGES for p in (ROOT / package).rglob("__init__.py")}
     assert found == listed
+
+
+def test_every_package_says_what_it_offers():
+    """A package's ``__init__.py`` opens with what it holds, as the modules' docstrings do."""
+    silent = [str(p.relative_to(ROOT)) for package in PACKAGES for p in (ROOT / package).rglob("__init__.py")
+              if not p.name.endswith(GENERATED) and ast.get_docstring(ast.parse(p.read_text())) is None]
+    assert silent == []
