@@ -68,6 +68,23 @@ def add(serving: dict, record: dict, offset: int, size_ms: int) -> str | None:
     return None
 
 
+def unmatched(serving: dict, windows: dict, watermark: int | None, size_ms: int) -> list[int]:
+    """The starts of the replica's windows of traffic that the watermark has passed with no GPU
+    window of theirs open (``windows``: the workflow's open GPU windows): their GPU samples did not
+    come, or came too late to be judged with them. Judged by traffic alone (``close`` with a
+    window of no GPU), so what the replica served is never dropped unseen."""
+    if watermark is None:
+        return []
+    return sorted(int(k) for k in serving.get("windows", {}) if int(k) + size_ms <= watermark and k not in windows)
+
+
+def without_gpus(workflow_id: str, owner: str | None, team: str | None, start: int, size_ms: int) -> dict:
+    """The window ``close`` judges a window of traffic by where no GPU window came: no GPU, no
+    GPU-second (0 % as a window of unobserved time only has)."""
+    return {"workflow_id": workflow_id, "owner": owner, "team": team, "window_start": start,
+            "window_end": start + size_ms, "gpu_count": 0, "gpu_seconds": 0.0, "utilization_mean_pct": 0.0}
+
+
 def close(serving: dict, window: dict, config: DetectorConfig, now_ms: int) -> tuple[dict, dict]:
     """A closed window of the replica: (the figures its detectors judge, its ``ServingWindow``).
     Figures of windows before it that had no GPU window of their own are dropped with it."""

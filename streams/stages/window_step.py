@@ -105,6 +105,7 @@ class WindowStep:
         good: list[Incoming] = []
         clocks: list[int] = []
         ends: list[dict] = []  # the scheduler's ends of jobs, after their samples
+        served: set[str] = set()  # the serving replicas whose traffic this batch brought
         index_of: dict[int, int] = {}
         for d in batch:
             index_of[d.offset] = d.index
@@ -112,6 +113,8 @@ class WindowStep:
                 reason = ids_error(d.record) or serving_error(d.record) or self._serving(partition, d)
                 if reason:
                     out.dead.append((d.index, reason))
+                else:
+                    served.add(d.record["workflow_id"])
                 out.changed.add(d.record["workflow_id"])
                 out.stats["serving_samples"] += reason is None
             elif d.name == CLOCK:
@@ -132,6 +135,7 @@ class WindowStep:
         result = self.aggregator.process(partition, good, closed_at=now)
         out.dead += [(index_of[inc.offset], reason) for inc, reason in result.refused]
         self._finish(out, partition, result, now)
+        self._traffic_alone(out, partition, served, now)
         for event in ends:
             self._scheduler_end(out, partition, event, now)
         if clocks:
@@ -151,6 +155,20 @@ class WindowStep:
         if state.serving is None:
             state.serving = {}
         return traffic.add(state.serving, r, d.offset, self.settings.window.size_ms)
+
+    def _traffic_alone(self, out: Output, partition: int, served: set[str], now: int) -> None:
+        """The windows of traffic of ``served`` that the partition's clock passed with no GPU window
+        to judge them with: each a ``ServingWindow`` of no GPU (``traffic.unmatched``)."""
+        watermark, size = self.aggregator.watermark(partition), self.settings.window.size_ms
+        for wf in sorted(served):
+            state = self.store.get(wf)
+            if state is None or state.serving is None:
+                continue
+            for start in traffic.unmatched(state.serving, state.windows, watermark, size):
+                window = traffic.without_gpus(wf, state.owner, state.team, start, size)
+                _, record = traffic.close(state.serving, window, self.settings.thresholds.for_team(state.team), now)
+                out.send(SERVING_WINDOWS, record)
+                out.stats["serving_windows_without_gpus"] += 1
 
     def _scheduler_end(self, out: Output, partition: int, event: dict, now: int) -> None:
         """A job's end from its scheduler, read after the samples its agent sent before it (they

@@ -51,7 +51,7 @@ from streams.windows.batches import (
 )
 from streams.windows.goodput import add_unobserved
 from streams.windows.record import add_block, by_window, new_acc, to_window
-from streams.windows.workflow_state import WorkflowState, repair_future
+from streams.windows.workflow_state import WorkflowState, forgettable, repair_future
 
 log = logging.getLogger(__name__)
 
@@ -352,8 +352,7 @@ class WindowAggregator:
                 result.history_changed.discard(key)
                 result.history_removed.add(key)
         horizon = self._max_event_time[partition] - self.config.retention_ms  # (a clock jump ends them first)
-        for wf in [wf for wf in idle if self.store[wf].max_event_time < horizon
-                   and (self.store[wf].ended or wf in NOT_WORKFLOWS or self.store[wf].max_event_time < 0)]:
+        for wf in [wf for wf in idle if forgettable(wf, self.store[wf], horizon)]:
             idle.discard(wf)
             del self.store[wf]
             result.changed.discard(wf)

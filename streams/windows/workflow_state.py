@@ -32,6 +32,8 @@ import logging
 
 import msgspec
 
+from schemas.validate_sample import NOT_WORKFLOWS
+
 STATE_VERSION = 1
 
 log = logging.getLogger(__name__)
@@ -159,3 +161,11 @@ def repair_future(state: WorkflowState, limit: int, size_ms: int) -> list[str]:
         kept.append(state.job["last"] - 1)
     state.max_event_time = max(kept, default=-1)
     return future
+
+
+def forgettable(workflow_id: str, state: WorkflowState, horizon: int) -> bool:
+    """Whether a workflow silent since before ``horizon`` can be forgotten: it ended, holds no
+    workflow's GPUs, or never had a sample; and no traffic of it is still to be judged (a serving
+    replica's readings come before its GPU samples: ``streams.serving.traffic``)."""
+    return (state.max_event_time < horizon and (state.ended or workflow_id in NOT_WORKFLOWS or state.max_event_time < 0)
+            and not (state.serving or {}).get("windows"))

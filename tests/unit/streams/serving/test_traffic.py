@@ -87,6 +87,26 @@ def test_a_late_serving_sample_is_a_dead_letter_and_a_replayed_one_counts_once()
     assert step.store[WF].serving.get("windows", {}) == {}
 
 
+def test_traffic_whose_gpu_samples_never_come_is_judged_alone_once_the_clock_passes_it():
+    """A replica's readings whose GPU samples did not reach the worker (refused, or late past the
+    watermark) are not kept for ever nor dropped unseen: each window of them, once the partition's
+    clock passes it, is a ServingWindow of no GPU, judged by its traffic."""
+    step, store = make()
+    feed = Feed(step)
+    for t in range(0, 180, 10):
+        feed(served(t, 5.0 if t < 120 else 0.0), *ticks("other", t, t + 10))
+    feed(*ticks("other", 180, 240))  # the clock moves on, past every window of the replica
+    feed(served(240, 1.0))
+    windows = feed.of(SERVING_WINDOWS)
+    assert [(w["window_start"] - BASE_MS, w["requests"], w["gpu_count"], w["gpu_seconds"], w["state"])
+            for w in windows] == [(0, 30.0, 0, 0.0, "BUSY"), (60_000, 30.0, 0, 0.0, "BUSY"),
+                                  (120_000, 0.0, 0, 0.0, "IDLE")]
+    assert sum(w["requests"] for w in windows) == 5.0 * 12  # every request it read, once
+    assert list(store[WF].serving["windows"]) == [str(BASE_MS + 240_000)]  # only what the clock has not passed
+    late = feed(*ticks(WF, 30, 40))  # its GPU samples of a judged window, late: its windows, not a second judging
+    assert feed.of(SERVING_WINDOWS) == windows and not late.dead
+
+
 def test_a_serving_sample_of_gpus_no_workflow_holds_is_a_dead_letter():
     step, store = make()
     dead = Feed(step)(served(0, 3.0, wf="unallocated")).dead
