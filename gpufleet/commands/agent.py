@@ -63,8 +63,10 @@ def add(sub) -> None:
                         "beside the replica's GPU samples, and the worker judges the replica by it")
     p.add_argument("--serving-discover", action="store_true",
                    help="find the serving engines on this host too: every 5 min, ask the ports the GPUs' processes "
-                        "(and those that started them) listen on for /metrics; one that answers with an engine's "
-                        "metrics is read as a --serving-endpoint of those GPUs")
+                        "(and those that started them) listen on for /metrics, and on Kubernetes "
+                        "(--allocations kubernetes) where the pods holding GPUs are annotated for scraping "
+                        "(prometheus.io/scrape, /port, /path); one that answers with an engine's metrics is read as "
+                        "a --serving-endpoint of those GPUs")
     p.add_argument("--serving-interval-s", type=positive, default=10.0,
                    help="seconds between readings of each serving endpoint (default 10: its counters are "
                         "cumulative, so a window of 60 s loses nothing; each reading costs the agent ~0.6 ms of CPU)")
@@ -113,7 +115,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     from producers.profiling.agent import ProfileCoordinator, ProfileListener
     from producers.profiling.handoff import HandoffError, default_dir
     from producers.publish_kafka import Publisher
-    from producers.serving.discover import Discovery, gpu_processes
+    from producers.serving.discover import Discovery, gpu_indices, gpu_processes
     from producers.simulate.fleet import SimulatedGpus, build_fleet
     from producers.traces.outbox import TraceOutbox
     from schemas.codec import Codec
@@ -167,8 +169,11 @@ def cmd_agent(args: argparse.Namespace) -> int:
     agent = HostAgent(settings, spool, codec, nvml=nvml, simulated=simulated, attributor=ProcessAttributor(keys),
                       allocations=allocations, links=links)
     if serving is not None and args.serving_discover:
-        Discovery(serving, lambda: gpu_processes(agent.readings)).start()
-        print("looking for serving engines on the ports of the GPUs' processes every 5 min")
+        targets = getattr(allocations, "scrape_targets", None)  # Kubernetes: the pods' scrape annotations
+        Discovery(serving, lambda: gpu_processes(agent.readings), targets=targets,
+                  indices=lambda: gpu_indices(agent.readings)).start()
+        print("looking for serving engines on the ports of the GPUs' processes"
+              + (" and where their pods' scrape annotations point" if targets else "") + " every 5 min")
     serve_metrics(args, metrics.registry)
     for sig in (signal.SIGINT, signal.SIGTERM):  # stop now, not after the wait for the next tick
         signal.signal(sig, lambda *_: (stop.set(), coordinator.started.set()))

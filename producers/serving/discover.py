@@ -7,9 +7,12 @@ becomes an endpoint of the GPUs of those processes, read from then on like a con
 A port that answers anything else (a training job's rendezvous, TensorBoard) is asked again
 only at the next round. Ports are found with psutil, as the agent's host sampling does.
 
-On Kubernetes the pods' scrape annotations (``prometheus.io/port``) are the usual way; the
-kubelet's pod-resources API the agent reads does not carry them, so there as elsewhere the
-listening port finds the engine, or ``--serving-endpoint`` names it.
+On Kubernetes, each round also asks where the pods holding GPUs are annotated for scraping
+(``prometheus.io/scrape``, ``prometheus.io/port``, ``prometheus.io/path``: what the API server
+said of them, ``producers.agent.allocations.kubelet.scrape_targets``), at the pod's IP, the way
+the cluster's Prometheus finds them: a pod whose engine's port is not one its GPU processes (or
+their parents) listen on in this host's view (another network namespace) is found so. Either
+way, what answers must be an engine's metrics to become an endpoint.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import psutil
 
@@ -62,6 +66,30 @@ def candidates(gpu_pids: dict[int, set[int]], ports_of: Callable[[int], set[int]
     return {port: tuple(sorted(g)) for port, g in sorted(gpus.items())}
 
 
+def gpu_indices(readings) -> dict[str, int]:
+    """GPU (or MIG instance) UUID -> its index, from a tick's ``GpuReading`` list."""
+    return {r.uuid: r.index for r in readings}
+
+
+def annotated(targets: list[Any], indices: dict[str, int], known: set[str], get: Callable[[str, float], str],
+              timeout_s: float = 2.0) -> list[Endpoint]:
+    """The endpoints of engines answering where pods' scrape annotations point (``ScrapeTarget``:
+    the pod's GPUs by device id, the URL, the service it names), but those in ``known``."""
+    found = []
+    for target in targets:
+        gpus = tuple(sorted({indices[d] for d in target.gpus if d in indices}))
+        if target.url in known or not gpus:
+            continue  # read already, or its GPUs not sampled here (yet)
+        try:
+            reading = parse(get(target.url, timeout_s))
+        except (EndpointError, OSError, ValueError):
+            continue  # annotated for another exporter's metrics, or not up yet: asked again next round
+        log.info("serving endpoint found from its pod's annotations: %s (%s) for GPU(s) %s", target.url,
+                 reading.engine, ",".join(map(str, gpus)))
+        found.append(Endpoint(gpus, target.url, reading.engine, target.service))
+    return found
+
+
 def discover(gpu_pids: dict[int, set[int]], known: set[str], get: Callable[[str, float], str],
              timeout_s: float = 2.0, ports_of: Callable[[int], set[int]] = listening_ports) -> list[Endpoint]:
     """The endpoints of engines answering on the GPU processes' ports, but those in ``known`` (URLs)."""
@@ -81,11 +109,14 @@ def discover(gpu_pids: dict[int, set[int]], known: set[str], get: Callable[[str,
 
 class Discovery:
     """Looks for new endpoints every ``every_s`` on a thread of its own and hands them to the
-    reader; ``gpu_pids`` gives the processes on each GPU as the agent's last tick saw them."""
+    reader; ``gpu_pids`` gives the processes on each GPU as the agent's last tick saw them; on
+    Kubernetes, ``targets`` the pods' scrape annotations and ``indices`` each GPU's index by UUID."""
 
     def __init__(self, reader: ServingReader, gpu_pids: Callable[[], dict[int, set[int]]], every_s: float = 300.0,
-                 ports_of: Callable[[int], set[int]] = listening_ports) -> None:
+                 ports_of: Callable[[int], set[int]] = listening_ports, targets: Callable[[], list] | None = None,
+                 indices: Callable[[], dict[str, int]] = dict) -> None:
         self.reader, self.gpu_pids, self.every_s, self.ports_of = reader, gpu_pids, every_s, ports_of
+        self.targets, self.indices = targets, indices
         self.get = Fetcher()
         self._stop = reader.stopping  # ends with the reader
         self._thread: threading.Thread | None = None
@@ -93,7 +124,11 @@ class Discovery:
     def once(self) -> list[Endpoint]:
         """One round: the endpoints found and added."""
         known = {e.url for e in self.reader.endpoints}
-        found = discover(self.gpu_pids(), known, self.get, self.reader.timeout_s, self.ports_of)
+        found = []
+        if self.targets is not None:
+            found += annotated(self.targets(), self.indices(), known, self.get, self.reader.timeout_s)
+            known |= {e.url for e in found}
+        found += discover(self.gpu_pids(), known, self.get, self.reader.timeout_s, self.ports_of)
         return [e for e in found if self.reader.add(e)]
 
     def start(self) -> None:

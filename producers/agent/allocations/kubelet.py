@@ -12,6 +12,12 @@ kubelet restarting) ends nothing.
 The labels come from the API server (the agent's service account needs ``get`` on pods): the
 owner from the first of the configured label or annotation keys the pod has, the team likewise,
 else its namespace. Without the API server the pod is known by namespace and name only.
+
+The same answer says where a pod's metrics are: a pod annotated for scraping the way Prometheus'
+Kubernetes configurations read (``prometheus.io/scrape: "true"``, ``prometheus.io/port``, and
+``prometheus.io/path`` and ``prometheus.io/scheme`` where not ``/metrics`` over HTTP) at its IP is
+a ``ScrapeTarget`` of its GPUs (``scrape_targets``), which the serving discovery asks whether an
+engine answers there (``producers.serving.discover``).
 """
 
 from __future__ import annotations
@@ -41,6 +47,29 @@ class PodMetadata(msgspec.Struct, frozen=True):
     uid: str
     labels: dict[str, str] = {}
     annotations: dict[str, str] = {}
+    ip: str | None = None  # the pod's IP (status.podIP), where its containers listen
+
+
+class ScrapeTarget(msgspec.Struct, frozen=True):
+    """Where a pod's annotations say its metrics are, and the GPUs (device ids) it holds."""
+
+    gpus: tuple[str, ...]
+    url: str
+    service: str | None = None  # the pod's gpufleet.io/service, else its app.kubernetes.io/name
+
+
+def scrape_url(meta: PodMetadata) -> str | None:
+    """The URL of a pod's metrics as its Prometheus scrape annotations give it; None where it is
+    not annotated for scraping, names no port, or has no IP yet."""
+    a = meta.annotations
+    port = a.get("prometheus.io/port", "")
+    scheme = a.get("prometheus.io/scheme", "http")
+    if a.get("prometheus.io/scrape", "").lower() != "true" or not meta.ip or scheme not in ("http", "https") \
+            or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    path = a.get("prometheus.io/path") or "/metrics"
+    host = f"[{meta.ip}]" if ":" in meta.ip else meta.ip
+    return f"{scheme}://{host}:{int(port)}{path if path.startswith('/') else '/' + path}"
 
 
 class Pods(Protocol):
@@ -72,13 +101,16 @@ class ApiServerPods:
             request.add_header("Authorization", f"Bearer {self.token}")
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s, context=self.context) as response:
-                meta = json.loads(response.read()).get("metadata") or {}
+                pod = json.loads(response.read())
+                meta = pod.get("metadata") or {}
         except (OSError, ValueError) as exc:
             log.warning("pod %s/%s from the API server: %s", namespace, name, exc)
             return None
         if not isinstance(meta.get("uid"), str):
             return None
-        return PodMetadata(meta["uid"], _strings(meta.get("labels")), _strings(meta.get("annotations")))
+        ip = (pod.get("status") or {}).get("podIP")
+        return PodMetadata(meta["uid"], _strings(meta.get("labels")), _strings(meta.get("annotations")),
+                           ip if isinstance(ip, str) and ip else None)
 
 
 def _strings(value) -> dict[str, str]:
@@ -109,6 +141,7 @@ class KubeletAllocations:
         self.pods, self.owner_keys, self.team_keys = pods, owner_keys, team_keys
         self.resources, self.timeout_s, self.cluster = resources, timeout_s, cluster
         self._held: dict[tuple[str, str], Allocation] = {}  # (namespace, name) -> its allocation
+        self._meta: dict[tuple[str, str], PodMetadata] = {}  # what the API server said of each held pod
         self._failing = False
 
     def close(self) -> None:
@@ -141,13 +174,28 @@ class KubeletAllocations:
                 self._allocation(pod.namespace, pod.name, tuple(dict.fromkeys(devices)), before, now_ms)
         ended = tuple(msgspec.structs.replace(a, ended_ms=now_ms) for key, a in self._held.items() if key not in held)
         self._held = held
-        return Allocations(tuple(held.values()), ended)
+        self._meta = {key: meta for key, meta in self._meta.items() if key in held}  # (replaced whole: read by
+        return Allocations(tuple(held.values()), ended)                              # the discovery's thread)
+
+    def scrape_targets(self) -> list[ScrapeTarget]:
+        """The held pods that their annotations say to scrape, with their GPUs (``scrape_url``)."""
+        held, meta = self._held, self._meta
+        out = []
+        for key, m in meta.items():
+            url, job = scrape_url(m), held.get(key)
+            if url is not None and job is not None:
+                found = {**m.annotations, **m.labels}
+                out.append(ScrapeTarget(job.gpus, url, found.get("gpufleet.io/service")
+                                        or m.labels.get("app.kubernetes.io/name")))
+        return out
 
     def _allocation(self, namespace: str, name: str, gpus: tuple[str, ...], before: Allocation | None,
                     now_ms: int) -> Allocation:
         if before is not None:  # the same pod with other devices (resized): what we knew of it stays
             return msgspec.structs.replace(before, gpus=gpus)
         meta = self.pods.get(namespace, name) if self.pods is not None else None
+        if meta is not None:
+            self._meta = {**self._meta, (namespace, name): meta}
         found = {**meta.annotations, **meta.labels} if meta else {}
         job = meta.uid if meta else f"{namespace}/{name}"
         return Allocation(

@@ -73,13 +73,13 @@ def api_server():
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield ApiServerPods(f"http://127.0.0.1:{server.server_address[1]}", token="t0ken"), seen
+    yield ApiServerPods(f"http://127.0.0.1:{server.server_address[1]}", token="t0ken"), seen, pods
     server.shutdown()
 
 
 def test_pods_holding_gpus_are_jobs_with_owner_and_team_from_their_labels(kubelet, api_server):
     servicer, socket = kubelet
-    pods, seen = api_server
+    pods, seen, _ = api_server
     servicer.pods = [
         pod("ml", "train-0", [(GPU, ["GPU-a", "GPU-b"]), ("example.com/nic", ["nic0"])], [(GPU, ["GPU-c"])]),
         pod("ml", "notebook", [(MIG, ["MIG-x"])]),
@@ -140,3 +140,61 @@ def test_the_generated_modules_match_the_proto(tmp_path):
                             str(root / proto)]) == 0
     for name in ("api_pb2.py", "api_pb2_grpc.py"):
         assert (tmp_path / "producers/podresources_v1" / name).read_text() == (root / proto).with_name(name).read_text()
+
+
+def test_a_pod_annotated_for_scraping_is_where_the_discovery_finds_its_engine(kubelet, api_server):
+    """An inference pod annotated as Prometheus' Kubernetes configurations read it: its engine found
+    at the pod's IP and annotated port and path, an endpoint of the GPUs the kubelet gave the pod
+    (by their index on this host), named by the pod's service label; a pod annotated for another
+    exporter, or not annotated, is none."""
+    from producers.agent.gpus.reading import GpuReading
+    from producers.serving.discover import Discovery, gpu_indices
+    from producers.serving.scrape import ServingReader
+    from tests.support.serving_pages import DATA, serve
+
+    servicer, socket = kubelet
+    client, _, pods = api_server
+    engine, other = serve((DATA / "vllm-0.6.prom").read_bytes(), "/v1/metrics"), serve(b"<html></html>")
+    try:
+        def annotated(uid: str, port: int, labels: dict) -> dict:
+            return {"metadata": {"uid": uid, "labels": labels, "annotations": {
+                "prometheus.io/scrape": "true", "prometheus.io/port": str(port), "prometheus.io/path": "/v1/metrics"}},
+                "status": {"podIP": "127.0.0.1"}}
+        pods["ai/llm-0"] = annotated("u-llm", engine.server_address[1], {"app.kubernetes.io/name": "llama-70b"})
+        pods["ai/exporter"] = annotated("u-exp", other.server_address[1], {})
+        servicer.pods = [pod("ai", "llm-0", [(GPU, ["GPU-c", "GPU-d"])]), pod("ai", "exporter", [(GPU, ["GPU-e"])]),
+                         pod("ml", "train-0", [(GPU, ["GPU-a"])])]
+        source = KubeletAllocations(socket, pods=client)
+        source.read(1_000)
+        targets = {t.url.rsplit(":", 1)[1]: t for t in source.scrape_targets()}
+        assert {k: (t.gpus, t.service) for k, t in targets.items()} == {
+            f"{engine.server_address[1]}/v1/metrics": (("GPU-c", "GPU-d"), "llama-70b"),
+            f"{other.server_address[1]}/v1/metrics": (("GPU-e",), None)}
+        readings = [GpuReading(index=i, uuid=u, name="H200") for i, u in enumerate(["GPU-a", "GPU-b", "GPU-c",
+                                                                                       "GPU-d", "GPU-e"])]
+        reader = ServingReader([], 10.0)
+        found = Discovery(reader, dict, targets=source.scrape_targets,
+                          indices=lambda: gpu_indices(readings)).once()
+        assert [(e.gpus, e.url, e.engine, e.service) for e in found] == [
+            ((2, 3), f"http://127.0.0.1:{engine.server_address[1]}/v1/metrics", "vllm", "llama-70b")]
+        servicer.pods = servicer.pods[1:]  # the inference pod ends: no target of it is left
+        source.read(2_000)
+        assert [t.gpus for t in source.scrape_targets()] == [("GPU-e",)]
+        source.close()
+    finally:
+        engine.shutdown()
+        other.shutdown()
+
+
+def test_a_scrape_url_needs_the_annotation_a_port_and_an_ip():
+    from producers.agent.allocations.kubelet import PodMetadata, scrape_url
+
+    on = {"prometheus.io/scrape": "true", "prometheus.io/port": "8000"}
+    assert scrape_url(PodMetadata("u", annotations=on, ip="10.1.2.3")) == "http://10.1.2.3:8000/metrics"
+    assert scrape_url(PodMetadata("u", annotations={**on, "prometheus.io/scheme": "https", "prometheus.io/path":
+                                                    "stats"}, ip="fd00::7")) == "https://[fd00::7]:8000/stats"
+    assert scrape_url(PodMetadata("u", annotations=on)) is None  # no IP yet
+    assert scrape_url(PodMetadata("u", annotations={**on, "prometheus.io/scrape": "false"}, ip="10.1.2.3")) is None
+    for port in ("", "http", "0", "70000"):
+        assert scrape_url(PodMetadata("u", annotations={**on, "prometheus.io/port": port}, ip="10.1.2.3")) is None
+    assert scrape_url(PodMetadata("u", annotations={**on, "prometheus.io/scheme": "file"}, ip="10.1.2.3")) is None

@@ -9,9 +9,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
@@ -19,24 +16,7 @@ from producers.agent.gpus.reading import GpuProcess, GpuReading
 from producers.serving.discover import Discovery, candidates, discover, gpu_processes, listening_ports
 from producers.serving.scrape import Endpoint, Fetcher, ServingReader
 from tests.support.integration import wait_until
-
-DATA = Path(__file__).resolve().parents[2] / "data" / "serving"
-
-
-def serve(body: bytes):
-    class Page(BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200 if self.path == "/metrics" else 404)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Page)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    return httpd
+from tests.support.serving_pages import DATA, serve
 
 
 @pytest.fixture
