@@ -13,6 +13,7 @@ from streams.enforcement.ladder import Ladder
 from streams.profiling.auto import AutoProfileConfig
 from streams.profiling.diff import ComparisonConfig
 from streams.profiling.schedule import ScheduleConfig
+from streams.serving.traffic import Declared
 from streams.traces.sessions import TraceSessionConfig
 from streams.windows.batches import WindowConfig
 
@@ -39,6 +40,7 @@ class StreamSettings:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)  # periodic profiling
     comparison: ComparisonConfig = field(default_factory=ComparisonConfig)  # profiles against each other
     enforcement: tuple[Ladder, ...] = ()  # the enforcement ladders (streams.enforcement.ladder); none: no steps
+    serving: Declared = field(default_factory=Declared)  # the workflows the site declares serving replicas
     # A workflow with no sample for this long (event time) has ended: its WorkflowSummary goes out.
     workflow_ended_s: float = 600.0
     # A partition with no sample for this long (wall time) follows the busiest partition's clock.

@@ -41,6 +41,12 @@ def add(sub) -> None:
                    help="a workflow with no sample for this long (event time) has ended: summarise it")
     p.add_argument("--idle-partition-s", type=positive, default=60.0,
                    help="a partition with no sample for this long (wall time) follows the busiest one's clock")
+    p.add_argument("--serving-partitions", type=_names, default=frozenset(), metavar="P[,P...]",
+                   help="the Slurm partitions (or Kubernetes namespaces) whose jobs are serving replicas: judged "
+                        "as replicas (by their engines' traffic, else by their GPUs' idleness), never as training "
+                        "jobs' low utilisation")
+    p.add_argument("--serving-qos", type=_names, default=frozenset(), metavar="Q[,Q...]",
+                   help="likewise, the Slurm QoS whose jobs are serving replicas")
     p.add_argument("--thresholds", type=Path, default=None,
                    help="TOML file of detector thresholds: [default] and [teams.<name>] (DetectorConfig fields)")
     p.add_argument("--detector-min-s", type=non_negative, default=None,
@@ -85,6 +91,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from streams.enforcement.ladder import load_ladders
     from streams.profiling.diff import ComparisonConfig, RegressionConfig
     from streams.profiling.schedule import ScheduleConfig
+    from streams.serving.traffic import Declared
     from streams.settings import StreamSettings
     from streams.stages.io import METRICS
     from streams.windows.batches import WindowConfig
@@ -133,6 +140,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         thresholds=thresholds,
         alerts=AlertConfig(min_duration_s=args.detector_min_s),
         enforcement=ladders,
+        serving=Declared(args.serving_partitions, args.serving_qos),
         schedule=ScheduleConfig(enabled=args.periodic_profiles, interval_s=args.profile_every_s,
                                 budget_fraction=args.profile_budget, report_s=args.schedule_report_s,
                                 seed=args.schedule_seed),
@@ -147,6 +155,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
     worker.spinner = None
     worker.execute_from_commandline()
     return 0
+
+
+def _names(text: str) -> frozenset[str]:
+    """A comma-separated list of names (partitions, QoS), none of them empty."""
+    names = [n.strip() for n in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME[,NAME...]")
+    return frozenset(names)
 
 
 def _stream_partitions(kafka, prefix: str) -> tuple[int, int, int]:

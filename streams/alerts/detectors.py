@@ -285,9 +285,11 @@ def idle_replica(w: dict, c: DetectorConfig) -> Violation | None:
     minutes = (w["window_end"] - since) / 60_000
     if minutes * 60 < c.idle_replica_min_s:
         return None
+    did = ("served no request" if s.get("judged_by") != "gpus" else
+           "did no work on its GPUs (its engine's metrics are not read: a request would have used them)")
     return Violation(
         "idle_replica", "WARNING", minutes, c.idle_replica_min_s / 60,
-        f"The replica of {s['service']} served no request for {minutes:.0f} min while it held {w['gpu_count']} "
+        f"The replica of {s['service']} {did} for {minutes:.0f} min while it held {w['gpu_count']} "
         f"GPU(s) ({w['gpu_seconds'] / 3600:.2f} GPU-hours in its last {_minutes(w):g}-min window).",
         "Scale the deployment down when traffic is low (fewer replicas, or scale to zero), or send it traffic; "
         "if it is kept warm on purpose, ask for an exemption on its page.",

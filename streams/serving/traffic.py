@@ -22,9 +22,54 @@ replica (``streams.alerts.raising``): a replica at 5 % that answers every reques
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from streams.alerts.detectors import DetectorConfig
 
 BUSY, HEADROOM, IDLE, SATURATED = "BUSY", "HEADROOM", "IDLE", "SATURATED"
+WORKING = "WORKING"  # a declared replica whose engine tells nothing: its GPUs did some work
+
+
+@dataclass(frozen=True)
+class Declared:
+    """The workflows a site declares serving replicas by what their scheduler says of them (a
+    Slurm partition or QoS, a Kubernetes namespace: ``gpufleet worker --serving-partitions``,
+    ``--serving-qos``), whether or not their engine's metrics are read: a replica like any other
+    to the detectors of how GPUs are used, which stand aside. Where no reading of its engine comes,
+    its windows are judged by its GPUs alone (``by_gpus``)."""
+
+    partitions: frozenset[str] = frozenset()
+    qos: frozenset[str] = frozenset()
+
+    def says(self, partition: str | None, qos: str | None) -> bool:
+        return (partition is not None and partition in self.partitions) or (qos is not None and qos in self.qos)
+
+
+def declared(by: str) -> dict:
+    """The traffic state of a replica declared by ``by`` (its partition or QoS), before any reading."""
+    return {"service": by, "declared": True}
+
+
+def read(serving: dict) -> bool:
+    """Whether any reading of the replica's engine has come (else it is judged by its GPUs)."""
+    return "last_time" in serving
+
+
+def by_gpus(serving: dict, window: dict) -> dict:
+    """The figures of a closed window of a declared replica whose engine's metrics do not come: its
+    GPUs at 0 % the whole window served no request (an engine that answers one uses its GPU), any
+    work at all counts as serving; idle time runs from the end of its last window that worked."""
+    start, end = window["window_start"], window["window_end"]
+    if window.get("sample_count", 1) > 0 and (window.get("utilization_max_pct") or 0.0) <= 0.0:
+        state = IDLE
+        serving["idle_since"] = serving.get("idle_since", serving.get("last_request_end", start))
+    else:
+        state = WORKING
+        serving["last_request_end"] = end
+        serving.pop("idle_since", None)
+    return {"state": state, "service": serving.get("service", ""), "requests": None, "requests_per_s": None,
+            "queue_time_ms": None, "waiting_max": None, "capacity_per_s": None, "judged_by": "gpus",
+            "idle_since": serving.get("idle_since")}
 
 
 def _empty() -> dict:

@@ -232,6 +232,8 @@ class WindowStep:
     def _hear(self, partition: int, event: dict) -> workflow_state.WorkflowState:
         state = self.aggregator.state_of(event["workflow_id"], partition, event["owner"], event["team"])
         workflow_state.hear(state, event)
+        if state.serving is None and self.settings.serving.says(state.scheduler_partition, state.scheduler_qos):
+            state.serving = traffic.declared(state.scheduler_partition or state.scheduler_qos or "")
         return state
 
     # -- what a batch leads to ------------------------------------------------------------------
@@ -282,11 +284,13 @@ class WindowStep:
             state = self.store.get(window["workflow_id"])
             if state is not None:  # (a workflow forgotten in this batch has no more alerts)
                 judged = window
-                if state.serving is not None:
+                if state.serving is not None and traffic.read(state.serving):
                     figures, record = traffic.close(state.serving, window,
                                                     self.settings.thresholds.for_team(window.get("team")), now)
                     judged = {**window, "serving": figures}
                     served.append(record)
+                elif state.serving is not None:  # declared a replica, its engine unread: by its GPUs
+                    judged = {**window, "serving": traffic.by_gpus(state.serving, window)}
                 raised = raise_alerts(state, judged, self.settings.alerts, now, thresholds=self.settings.thresholds)
                 accumulate(state, window, raised)
                 alerts += raised

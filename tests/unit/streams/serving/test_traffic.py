@@ -5,12 +5,15 @@ low-utilisation ones; and a service's replicas needed, as a property."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given
 from hypothesis import strategies as st
 
 from gpufleet.reports.serving import idle_line, peak_line
 from schemas.topics import ALERTS, SERVING_WINDOWS
 from streams.serving.service import load, replicas_needed
+from streams.serving.traffic import Declared
 from streams.stages.window_step import Decoded
 from tests.support.samples import BASE_MS
 from tests.support.window_step import Feed, make, ticks
@@ -105,6 +108,37 @@ def test_traffic_whose_gpu_samples_never_come_is_judged_alone_once_the_clock_pas
     assert list(store[WF].serving["windows"]) == [str(BASE_MS + 240_000)]  # only what the clock has not passed
     late = feed(*ticks(WF, 30, 40))  # its GPU samples of a judged window, late: its windows, not a second judging
     assert feed.of(SERVING_WINDOWS) == windows and not late.dead
+
+
+def declared_run(declared: Declared, minutes_busy: int, minutes_idle: int):
+    """A Slurm job of partition ``inference`` whose engine's metrics are not read: its GPUs at 5 %
+    for ``minutes_busy``, then at 0 %; the worker told (or not) that the partition serves."""
+    step, _ = make()
+    step.settings = replace(step.settings, serving=declared)
+    step.life_cycle(0, [Decoded(0, "WorkflowEvent", {
+        "workflow_id": WF, "event": "STARTED", "event_time": BASE_MS, "host": "gpu-host-000", "owner": "ana",
+        "team": "vision", "gpu_uuids": ["GPU-0", "GPU-1"], "pids": [], "attribution": "allocation:slurm",
+        "scheduler": "slurm", "scheduler_job_id": "77", "scheduler_partition": "inference"})], BASE_MS)
+    feed = Feed(step)
+    for m in range(minutes_busy + minutes_idle):
+        feed(*ticks(WF, m * 60, m * 60 + 60, 5.0 if m < minutes_busy else 0.0))
+    feed(*ticks("other", (minutes_busy + minutes_idle) * 60 + 120, (minutes_busy + minutes_idle) * 60 + 121))
+    return feed
+
+
+def test_a_replica_the_site_declares_is_judged_as_one_even_where_its_engine_is_not_read():
+    """A job of a partition the worker is told serves (``--serving-partitions``): never judged as a
+    training job's low utilisation; where no reading of its engine comes, idle is its GPUs doing
+    nothing at all, for the idle-replica time."""
+    feed = declared_run(Declared(partitions=frozenset({"inference"})), 20, 40)
+    alerts = feed.of(ALERTS)
+    assert {a["detector"] for a in alerts} == {"idle_replica"}
+    (firing,) = [a for a in alerts if a["status"] == "FIRING"]
+    assert firing["window_end"] == BASE_MS + (20 + 30) * 60_000  # 30 minutes after its GPUs last worked
+    assert "did no work on its GPUs" in firing["message"] and "replica of inference" in firing["message"]
+    assert feed.of(SERVING_WINDOWS) == []  # no traffic was read: no window of it to store
+    undeclared = {a["detector"] for a in declared_run(Declared(), 20, 40).of(ALERTS)}
+    assert "low_utilization" in undeclared and "idle_replica" not in undeclared
 
 
 def test_a_serving_sample_of_gpus_no_workflow_holds_is_a_dead_letter():
