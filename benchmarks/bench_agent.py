@@ -248,6 +248,8 @@ def vllm_page() -> str:
 # vLLM and SGLang serve with, and Triton's and TGI's servers do). With "library", the page is
 # exposed through the Prometheus client library, as vLLM and SGLang expose theirs: it answers
 # ``name[]`` with those samples alone; without, the whole page whatever is asked (TGI, Triton).
+# Its counters move between two readings, as a replica's that serves: every counter and every
+# histogram's sum and count grows at each request, so no reading parses the same text twice.
 ENGINE_SERVER = """
 import sys, urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -256,20 +258,25 @@ from prometheus_client.parser import text_string_to_metric_families
 page = open(sys.argv[1]).read()
 library = sys.argv[2] == "library"
 families = list(text_string_to_metric_families(page))
+served = [0]
+def grown(sample):
+    moves = sample.name.endswith(("_total", "_sum", "_count")) or "_bucket" in sample.name
+    return sample._replace(value=sample.value + served[0]) if moves else sample
 class Page:
     def collect(self):
-        return iter(families)
+        for f in families:
+            moved = type(f)(f.name, f.documentation, f.type, f.unit)
+            moved.samples = [grown(s) for s in f.samples]
+            yield moved
 registry = CollectorRegistry(auto_describe=True)
 registry.register(Page())
 class H(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # as uvicorn's sockets: no 40 ms wait between headers and body
     def do_GET(self):
+        served[0] += 1
         names = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query).get("name[]")
-        if library:
-            body = generate_latest(registry.restricted_registry(names) if names else registry)
-        else:
-            body = page.encode()
+        body = generate_latest(registry.restricted_registry(names) if library and names else registry)
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()

@@ -150,7 +150,8 @@ class ServingReader:
             return
         with self._lock:
             self._latest[i] = (self.clock(), reading)
-        self._urls.setdefault(i, restricted(e.url, reading.engine))
+        if i not in self._urls:  # (once: the URL of the samples the reading needs)
+            self._urls[i] = restricted(e.url, reading.engine)
 
     def _failed(self, e: Endpoint, reason: str, exc: Exception) -> None:
         with self._lock:
