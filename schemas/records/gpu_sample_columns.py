@@ -45,9 +45,9 @@ GPU_SAMPLE_COLUMNS = Record(
         Field("team", optional("string"), "Of the workflow, as on each GpuSample.", default=None),
         Field("event_time", array(TIMESTAMP_MS), "When the sample was taken (UTC)."),
         Field("interval_ms", array("int"), "Sampling interval this sample stands for; GPU-seconds are summed from it."),
-        Field("gpu_index", array("int")),
-        Field("gpu_uuid", array("string")),
-        Field("gpu_model", array("string")),
+        Field("gpu_index", array("int"), "The GPU's index on its host (NVML's). (a column: one per sample)"),
+        Field("gpu_uuid", array("string"), "The GPU's UUID (a MIG instance's own UUID). (a column: one per sample)"),
+        Field("gpu_model", array("string"), "The GPU's model, as NVML names it. (a column: one per sample)"),
         Field("utilization_pct", array("float"), "Share of the interval in which a kernel ran, 0-100."),
         Field(
             "memory_utilization_pct",

@@ -21,8 +21,8 @@ OWNER_ACTION = Record(
     },
     fields=(
         Field("action_id", "string", "Unique per action (a replay carries the same id)."),
-        Field("workflow_id", "string"),
-        Field("kind", OWNER_ACTION_KIND),
+        Field("workflow_id", "string", "The job acted on."),
+        Field("kind", OWNER_ACTION_KIND, "What was done."),
         Field("alert_id", optional("string"), "The alert episode acknowledged or snoozed.", default=None),
         Field("actor", "string", "The user who did it, as the service was told (the proxy's header, MUNGE)."),
         Field("role", "string", "owner, team lead or operator: what the actor was to this job."),

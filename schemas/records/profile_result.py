@@ -8,12 +8,12 @@ from schemas.records.trace_end import PROFILE_SYSTEM_CONTEXT
 PROFILE_FINDING = Record(
     "ProfileFinding",
     fields=(
-        Field("rule", "string"),
-        Field("severity", "string"),
-        Field("title", "string"),
-        Field("evidence", "string"),
-        Field("recommendation", "string"),
-        Field("gpu_seconds_at_stake", "double"),
+        Field("rule", "string", "The rule that found it (streams/traces/rules.py)."),
+        Field("severity", "string", "INFO, WARNING or CRITICAL."),
+        Field("title", "string", "What was found, in a line."),
+        Field("evidence", "string", "The figures it rests on."),
+        Field("recommendation", "string", "What to try."),
+        Field("gpu_seconds_at_stake", "double", "GPU-seconds it cost in the profiled span."),
     ),
 )
 
@@ -29,13 +29,13 @@ PROFILE_RESULT = Record(
             "keeps the workflow's alerts can put the root cause into them."),
     },
     fields=(
-        Field("request_id", "string"),
-        Field("workflow_id", "string"),
-        Field("trace_id", "string"),
-        Field("host", "string"),
-        Field("rank", "int"),
+        Field("request_id", "string", "The request."),
+        Field("workflow_id", "string", "The workflow profiled."),
+        Field("trace_id", "string", "The trace analysed."),
+        Field("host", "string", "Its host."),
+        Field("rank", "int", "Its rank."),
         Field("kernel_time_us", "double", "The profiled span of GPU time."),
-        Field("idle_pct", optional("double"), default=None),
+        Field("idle_pct", optional("double"), "The GPU's idle time over the trace's span, in percent.", default=None),
         Field(
             "host_wait_pct_of_idle",
             optional("double"),
@@ -43,8 +43,8 @@ PROFILE_RESULT = Record(
             default=None,
         ),
         Field("error", optional("string"), "Set when the trace was damaged or partial.", default=None),
-        Field("findings", array(PROFILE_FINDING)),
-        Field("analyzed_at", TIMESTAMP_MS),
+        Field("findings", array(PROFILE_FINDING), "What the analysis found."),
+        Field("analyzed_at", TIMESTAMP_MS, "When it was analysed."),
         Field(
             "system",
             optional(PROFILE_SYSTEM_CONTEXT),

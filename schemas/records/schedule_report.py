@@ -17,8 +17,8 @@ SCHEDULE_REPORT = Record(
             "The window stage's partition reporting; null for a report of finished profiles only.",
             default=None,
         ),
-        Field("at", TIMESTAMP_MS),
-        Field("running", array("string"), default=[]),
+        Field("at", TIMESTAMP_MS, "When the window stage reported."),
+        Field("running", array("string"), "The workflows running on its partitions.", default=[]),
         Field(
             "finished",
             array("string"),

@@ -4,150 +4,17 @@ from __future__ import annotations
 
 from schemas.fields import TIMESTAMP_MS, Field, Record, array, optional
 from schemas.records.trace_end import PROFILE_SYSTEM_CONTEXT
-
-STREAM_IDLE = Record(
-    "StreamIdle",
-    fields=(
-        Field("stream", "int"),
-        Field("host_wait_us", "double"),
-        Field("kernel_wait_us", "double"),
-        Field("other_us", "double"),
-    ),
+from schemas.records.trace_figures import (
+    ANNOTATION_TIME,
+    COLLECTIVE_LAUNCHES,
+    KERNEL_TYPE_TIME,
+    MEMORY_COPY_KIND,
+    OPERATOR_ROOFLINE,
+    STEP_TIMELINE,
+    STREAM_IDLE,
+    STREAM_QUEUE,
+    TOP_KERNEL,
 )
-
-
-KERNEL_TYPE_TIME = Record(
-    "KernelTypeTime",
-    fields=(
-        Field("kernel_type", "string"),
-        Field("time_us", "double"),
-        Field("pct", "double", "Share of the time of all kernel types, in percent."),
-    ),
-)
-
-
-TOP_KERNEL = Record(
-    "TopKernel",
-    fields=(
-        Field("kernel_type", "string"),
-        Field("name", "string", "The kernel's name, or 'others'."),
-        Field("kernels", "int", "Distinct kernels in the row: 1, or how many kernels 'others' holds."),
-        Field("launches", "long"),
-        Field("time_us", "double"),
-        Field("min_us", "double"),
-        Field("max_us", "double"),
-        Field("mean_us", "double"),
-        Field("stddev_us", "double", "Sample standard deviation (n-1) of the launches' durations; 0 for one launch."),
-    ),
-)
-
-
-MEMORY_COPY_KIND = Record(
-    "MemoryCopyKind",
-    fields=(
-        Field("kind", "string"),
-        Field("copies", "long"),
-        Field("bytes", "long"),
-        Field("time_us", "double"),
-        Field("achieved_gbps", optional("double"), "Bytes over GPU time of the kind's copies, GB/s.", default=None),
-        Field(
-            "bw_samples",
-            "long",
-            ("HTA's memory bandwidth summary: values of the kind's concurrent bandwidth after each change, zeros "
-             "left out; their count, mean, std, min, quartiles, max."),
-        ),
-        Field("bw_mean_gbps", optional("double"), default=None),
-        Field("bw_std_gbps", optional("double"), default=None),
-        Field("bw_min_gbps", optional("double"), default=None),
-        Field("bw_p25_gbps", optional("double"), default=None),
-        Field("bw_p50_gbps", optional("double"), default=None),
-        Field("bw_p75_gbps", optional("double"), default=None),
-        Field("bw_max_gbps", optional("double"), default=None),
-    ),
-)
-
-
-COLLECTIVE_LAUNCHES = Record(
-    "CollectiveLaunches",
-    fields=(
-        Field("name", "string"),
-        Field("durations_us", array("double")),
-    ),
-)
-
-
-OPERATOR_ROOFLINE = Record(
-    "OperatorRoofline",
-    fields=(
-        Field("name", "string"),
-        Field("calls", "long"),
-        Field("flops", "long"),
-        Field(
-            "bytes",
-            optional("long"),
-            "Bytes moved at least (inputs, and outputs whose shape follows from them); null without shapes.",
-            default=None,
-        ),
-        Field("gpu_time_us", "double", "GPU time of the kernels launched from inside the operator."),
-        Field("precision", "string"),
-        Field("achieved_tflops", "double"),
-        Field("achieved_gbps", optional("double"), default=None),
-        Field("intensity", optional("double"), "FLOPs per byte.", default=None),
-        Field("peak_tflops", optional("double"), default=None),
-        Field("peak_gbps", optional("double"), default=None),
-        Field("bound", optional("string"), "compute or memory; null without bytes or peaks.", default=None),
-        Field("roof_tflops", optional("double"), default=None),
-        Field("roof_pct", optional("double"), default=None),
-        Field("at_stake_us", "double", "GPU time the operator would save at 70 % of its roof."),
-    ),
-)
-
-
-ANNOTATION_TIME = Record(
-    "AnnotationTime",
-    fields=(
-        Field("name", "string"),
-        Field("kernels", "int", "Names in the row: 1, or how many 'others' holds."),
-        Field("launches", "long", "Ranges."),
-        Field("time_us", "double"),
-        Field("min_us", "double"),
-        Field("max_us", "double"),
-        Field("mean_us", "double"),
-        Field("stddev_us", "double"),
-    ),
-)
-
-
-STREAM_QUEUE = Record(
-    "StreamQueue",
-    fields=(
-        Field("stream", "int"),
-        Field("samples", "long"),
-        Field("mean", optional("double"), default=None),
-        Field("std", optional("double"), default=None),
-        Field("min", optional("double"), default=None),
-        Field("p25", optional("double"), default=None),
-        Field("p50", optional("double"), default=None),
-        Field("p75", optional("double"), default=None),
-        Field("max", optional("double"), default=None),
-        Field("blocked_us", "double", "Time the queue held at least 1024 operations: the host could not launch."),
-    ),
-)
-
-
-STEP_TIMELINE = Record(
-    "StepTimeline",
-    fields=(
-        Field("step", "string"),
-        Field("cpu_us", "double"),
-        Field("gpu_events", "long"),
-        Field("gpu_span_us", "double", "From the first start to the last end of the step's GPU events."),
-        Field("gpu_busy_us", "double"),
-        Field("gpu_idle_us", "double"),
-        Field("compute_us", "double"),
-    ),
-)
-
 
 TRACE_ANALYSIS = Record(
     "TraceAnalysis",
@@ -167,36 +34,69 @@ TRACE_ANALYSIS = Record(
             "FLOPs, the GPU time of the user's annotations, the launch queue per stream, and per-step timelines."),
     },
     fields=(
-        Field("trace_id", "string"),
-        Field("workflow_id", "string"),
-        Field("rank", "int"),
-        Field("source", optional("string"), default=None),
-        Field("partial", "boolean"),
-        Field("error", optional("string"), default=None),
-        Field("events", "long"),
-        Field("gpu_events", "long"),
-        Field("gpu_events_without_launch", "long"),
-        Field("kernel_time_us", "double"),
-        Field("idle_time_us", "double"),
-        Field("compute_time_us", "double"),
-        Field("non_compute_time_us", "double"),
-        Field("idle_pct", optional("double"), default=None),
-        Field("compute_pct", optional("double"), default=None),
-        Field("non_compute_pct", optional("double"), default=None),
-        Field("communication_time_us", "double"),
-        Field("comp_comm_overlap_us", "double"),
-        Field("comp_comm_overlap_pct", optional("double"), default=None),
-        Field("idle_by_stream", array(STREAM_IDLE)),
-        Field("launches", "long"),
-        Field("launch_delay_mean_us", optional("double"), default=None),
-        Field("launch_delay_max_us", optional("double"), default=None),
-        Field("launch_delay_total_us", "double"),
-        Field("cpu_duration_mean_us", optional("double"), default=None),
-        Field("gpu_duration_mean_us", optional("double"), default=None),
-        Field("short_kernels", "long"),
-        Field("short_kernel_gpu_us", "double"),
-        Field("runtime_outliers", "long"),
-        Field("launch_delay_outliers", "long"),
+        Field(
+            "trace_id",
+            "string",
+            "The trace's id (the record's key): workflow/file, or profile/request/host/rank for a requested profile.",
+        ),
+        Field("workflow_id", "string", "The workflow profiled."),
+        Field("rank", "int", "The rank of the trace (its distributed info; 0 where it has none)."),
+        Field("source", optional("string"), "The trace file it was read from.", default=None),
+        Field(
+            "partial",
+            "boolean",
+            ("Whether the trace was cut short (a damaged file, a capture that ended early): the figures cover what "
+             "was read."),
+        ),
+        Field("error", optional("string"), "What cut it short, where it was.", default=None),
+        Field("events", "long", "Events analysed."),
+        Field("gpu_events", "long", "Kernels, copies and memsets among them."),
+        Field("gpu_events_without_launch", "long", "GPU events whose runtime call is not in the trace."),
+        Field(
+            "kernel_time_us",
+            "double",
+            ("The GPU timeline's span: from the first GPU event's start to the last one's end (HTA's temporal "
+             "breakdown)."),
+        ),
+        Field("idle_time_us", "double", "Time in that span when no kernel ran."),
+        Field("compute_time_us", "double", "Time when a computation kernel ran."),
+        Field("non_compute_time_us", "double", "Time when only communication or memory kernels ran."),
+        Field("idle_pct", optional("double"), "Idle time over the span, in percent.", default=None),
+        Field("compute_pct", optional("double"), "Compute time over the span, in percent.", default=None),
+        Field("non_compute_pct", optional("double"), "Non-compute time over the span, in percent.", default=None),
+        Field("communication_time_us", "double", "Time when a communication kernel ran (HTA's overlap analysis)."),
+        Field("comp_comm_overlap_us", "double", "Communication time during which computation ran too."),
+        Field(
+            "comp_comm_overlap_pct",
+            optional("double"),
+            "That overlap over the communication time, in percent.",
+            default=None,
+        ),
+        Field("idle_by_stream", array(STREAM_IDLE), "Idle time per CUDA stream, by cause (HTA's idle time breakdown)."),
+        Field(
+            "launches",
+            "long",
+            "Kernel launches joined to their runtime call (HTA's CUDA kernel launch statistics).",
+        ),
+        Field(
+            "launch_delay_mean_us",
+            optional("double"),
+            "Mean time from a launch call's start to its kernel's start.",
+            default=None,
+        ),
+        Field("launch_delay_max_us", optional("double"), "The longest of those.", default=None),
+        Field("launch_delay_total_us", "double", "Their sum."),
+        Field(
+            "cpu_duration_mean_us",
+            optional("double"),
+            "Mean duration of the launch calls on the CPU.",
+            default=None,
+        ),
+        Field("gpu_duration_mean_us", optional("double"), "Mean duration of the kernels they launched.", default=None),
+        Field("short_kernels", "long", "Kernels shorter than HTA's short-kernel threshold."),
+        Field("short_kernel_gpu_us", "double", "Their GPU time."),
+        Field("runtime_outliers", "long", "Launch calls longer on the CPU than HTA's runtime cutoff."),
+        Field("launch_delay_outliers", "long", "Launches with a delay longer than HTA's launch-delay cutoff."),
         Field("gpu_name", optional("string"), "The rank's GPU, as the trace names it.", since=3, default=None),
         Field(
             "model_flops",
@@ -301,7 +201,11 @@ TRACE_ANALYSIS = Record(
             since=4,
             default=[],
         ),
-        Field("analyzed_at", TIMESTAMP_MS),
+        Field(
+            "analyzed_at",
+            TIMESTAMP_MS,
+            "When the analysis was made (it replaces an older one of the same trace_id).",
+        ),
         Field(
             "system",
             optional(PROFILE_SYSTEM_CONTEXT),

@@ -14,7 +14,7 @@ PROFILE_SYSTEM_CONTEXT = Record(
         Field("span_ms", "long", "The time they cover."),
         Field("interval_ms_mean", optional("double"), "Mean time between samples.", default=None),
         Field("gpus", "int", "GPUs of the rank (of the workflow on the host when samples carry no rank)."),
-        Field("gpu_utilization_mean_pct", optional("double"), default=None),
+        Field("gpu_utilization_mean_pct", optional("double"), "Mean NVML utilisation of those GPUs.", default=None),
         Field(
             "gpu_zero_utilization_share",
             optional("double"),
@@ -22,7 +22,7 @@ PROFILE_SYSTEM_CONTEXT = Record(
             default=None,
         ),
         Field("sm_active_mean_pct", optional("double"), "GPM SM activity, where the GPU reports it.", default=None),
-        Field("power_mean_watts", optional("double"), default=None),
+        Field("power_mean_watts", optional("double"), "Mean power of those GPUs.", default=None),
         Field(
             "memory_peak_fraction",
             optional("double"),
@@ -35,8 +35,8 @@ PROFILE_SYSTEM_CONTEXT = Record(
             "CPU of the workflow's processes on the host, percent of one core.",
             default=None,
         ),
-        Field("host_cpu_mean_pct", optional("double"), default=None),
-        Field("host_iowait_mean_pct", optional("double"), default=None),
+        Field("host_cpu_mean_pct", optional("double"), "Mean CPU use of the host.", default=None),
+        Field("host_iowait_mean_pct", optional("double"), "Mean I/O wait of the host.", default=None),
     ),
 )
 
@@ -50,15 +50,15 @@ TRACE_END = Record(
             "profiler counted and the GPU's name: model FLOPs utilisation."),
     },
     fields=(
-        Field("trace_id", "string"),
-        Field("workflow_id", "string"),
-        Field("rank", "int"),
+        Field("trace_id", "string", "The trace that ended."),
+        Field("workflow_id", "string", "The workflow profiled."),
+        Field("rank", "int", "The trace's rank."),
         Field("events", "long", "How many KernelEvents were published for the trace."),
         Field("events_read", "long", "Trace events the reader parsed from the file."),
         Field("source", "string", "Where the trace came from (file path)."),
         Field("partial", "boolean", "The file was damaged; only what preceded the damage was published."),
-        Field("error", optional("string"), default=None),
-        Field("last_step_dropped", "boolean"),
+        Field("error", optional("string"), "What cut it short, where it was.", default=None),
+        Field("last_step_dropped", "boolean", "Whether its last profiler step was dropped, as HTA drops it."),
         Field(
             "memory_peak_bytes",
             optional("long"),
@@ -81,7 +81,7 @@ TRACE_END = Record(
             since=3,
             default=None,
         ),
-        Field("published_at", TIMESTAMP_MS),
+        Field("published_at", TIMESTAMP_MS, "When its last event was published."),
         Field(
             "system",
             optional(PROFILE_SYSTEM_CONTEXT),

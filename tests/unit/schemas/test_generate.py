@@ -84,3 +84,21 @@ def test_a_record_is_conformed_to_its_field_list():
     with pytest.raises(ValueError, match="Whole.id has no value and no default"):
         conform(r, {"total": None})
     assert conform(r, {"id": "x"}, version=1) == {"id": "x", "total": None}
+
+
+def test_every_field_has_its_one_doc():
+    """Each field, nested ones too, says what it holds, once for every version that has it."""
+    def undocumented(r: Record, seen: set[str]) -> list[str]:
+        out = []
+        for f in r.fields:
+            out += [] if f.doc else [f"{r.name}.{f.name}"]
+            for t in f.type if isinstance(f.type, list) else [f.type]:
+                t = t["items"] if isinstance(t, dict) and t.get("type") == "array" else t
+                t = t.at(max(t.by_version)) if isinstance(t, Versioned) else t
+                if isinstance(t, Record) and t.name not in seen:
+                    seen.add(t.name)
+                    out += undocumented(t, seen)
+        return out
+
+    seen: set[str] = set()
+    assert [name for r in RECORDS for name in undocumented(r, seen)] == []
