@@ -69,7 +69,8 @@ def add(sub) -> None:
                         "a --serving-endpoint of those GPUs")
     p.add_argument("--serving-interval-s", type=positive, default=10.0,
                    help="seconds between readings of each serving endpoint (default 10: its counters are "
-                        "cumulative, so a window of 60 s loses nothing; each reading of a replica that serves costs the agent ~0.5 ms of CPU)")
+                        "cumulative, so a window of 60 s loses nothing; each reading of a replica that serves "
+                        "costs the agent ~0.5 ms of CPU)")
     p.add_argument("--serving-timeout-s", type=positive, default=2.0,
                    help="seconds a serving endpoint may take to answer (it is read beside the GPU sampling, "
                         "which never waits for it)")
