@@ -1,9 +1,10 @@
 """The one place a record's shape is written: its fields in order, each with its type, its doc and
 the version it first appeared in (``since``), and a doc per version of the record. Every
 version's Avro schema is made from that list (``Record.schema(version)``): version N holds the
-fields with ``since <= N``, in the list's order. ``python -m schemas.generate`` writes them as
-the ``.avsc`` files the catalog names; ``tests/unit/schemas/test_generate.py`` fails where a
-file and its making differ, and ``schemas/released.py`` where a released version changed.
+fields with ``since <= N``, in the list's order. ``python -m schemas.generate`` writes the
+versions not yet released as the ``.avsc`` files the catalog names; a released file stays as
+released, docs too (``schemas/released.py``), and ``tests/unit/schemas/test_generate.py`` fails
+where it is not what its list makes on the wire, or an unreleased file not to the byte.
 
 A type is an Avro type as JSON has it (``"long"``, ``["null", "string"]``, a dict), or one of
 the named types below (``Record``, ``Enum``), written inline where a schema first uses it and
@@ -199,3 +200,9 @@ def _default(record: Record, f: Field) -> Any:
     if f.default is NO_DEFAULT:
         raise ValueError(f"{record.name}.{f.name} has no value and no default")
     return f.default
+
+
+# The fields many records carry alike, written once.
+OWNER = Field("owner", optional("string"), "The job's owner, as its scheduler (or its processes) say.", default=None)
+TEAM = Field("team", optional("string"), "The job's team (its Slurm account, Kubernetes namespace or team label).",
+             default=None)

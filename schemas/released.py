@@ -1,14 +1,9 @@
-"""Released schemas are frozen: ``released.json`` holds each released schema id's fingerprint,
-and ``tests/unit/schemas/test_released.py`` fails when a released id's schema no longer matches
-it. A subscriber (a deserializer that cached id 46, ClickHouse's ``AvroConfluent``) holds the
-schema it was given for an id; changing that schema in place makes it read new records wrongly.
-A change is a new version in the record's field list (``schemas/records/``, ``since``) and a
-new id in ``catalog.json``.
-
-The fingerprint is the SHA-256 of the schema as parsed JSON, keys sorted, without its ``doc``
-strings: every name, type, default, order, namespace and logical type is in it (all a reader
-resolves by), the prose is not, so a field's doc can be written once and better for every
-version (``schemas.fields``) without moving what any version means on the wire.
+"""Released schemas are frozen: ``released.json`` holds each released schema id's fingerprint
+(the SHA-256 of its ``.avsc`` as parsed JSON, keys sorted: any change to a field, a default, a
+type or a doc changes it), and ``tests/unit/schemas/test_released.py`` fails when a released
+id's file no longer matches it. A subscriber (a deserializer that cached id 46, ClickHouse's
+``AvroConfluent``) holds the schema it was given for an id; changing that schema in place makes
+it read new records wrongly. A change is a new file and a new id in ``catalog.json``.
 
 ``python -m schemas.released`` records the catalog's new ids (the ones a release adds) and
 refuses to change a recorded one.
@@ -19,22 +14,13 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
 
 SCHEMA_DIR = Path(__file__).parent
 LOCK = SCHEMA_DIR / "released.json"
 
 
-def without_docs(node: Any) -> Any:
-    if isinstance(node, dict):
-        return {k: without_docs(v) for k, v in node.items() if k != "doc"}
-    if isinstance(node, list):
-        return [without_docs(v) for v in node]
-    return node
-
-
 def fingerprint(schema_file: Path) -> str:
-    canonical = json.dumps(without_docs(json.loads(schema_file.read_text())), sort_keys=True, separators=(",", ":"))
+    canonical = json.dumps(json.loads(schema_file.read_text()), sort_keys=True, separators=(",", ":"))
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 

@@ -1,6 +1,7 @@
 """Every record gpufleet puts on a topic, each written once in a module of its own as a field
-list with the version each field came in (``schemas.fields``); every version's ``.avsc`` is made
-from it (``python -m schemas.generate``). In the order their first versions were released."""
+list with the version each field came in (``schemas.fields``); a new version's ``.avsc`` is made
+from it, a released one is held to it (``python -m schemas.generate``). In the order their first
+versions were released."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from schemas.fields import TIMESTAMP_MS, Enum, Field, Record, array, optional
+from schemas.fields import OWNER, TEAM, TIMESTAMP_MS, Enum, Field, Record, array, optional
 
 SEVERITY = Enum(
     "Severity",
@@ -57,13 +57,8 @@ ALERT = Record(
             default=True,
         ),
         Field("workflow_id", "string", "The workflow (the record's key)."),
-        Field("owner", optional("string"), "The job's owner, as its scheduler (or its processes) say.", default=None),
-        Field(
-            "team",
-            optional("string"),
-            "The job's team (its Slurm account, Kubernetes namespace or team label).",
-            default=None,
-        ),
+        OWNER,
+        TEAM,
         Field("window_start", TIMESTAMP_MS, "The start of the window that decided the transition."),
         Field("window_end", TIMESTAMP_MS, "That window's end."),
         Field("since", TIMESTAMP_MS, "Start of the episode: the first window of the violation.", since=2, default=0),

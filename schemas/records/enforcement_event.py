@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from schemas.fields import TIMESTAMP_MS, Enum, Field, Record, array, optional
+from schemas.fields import OWNER, TEAM, TIMESTAMP_MS, Enum, Field, Record, array, optional
 
 ENFORCEMENT_STEP = Enum(
     "EnforcementStep",
@@ -31,13 +31,8 @@ ENFORCEMENT_EVENT = Record(
         Field("policy", "string", "The name of the ladder (policy file) that decided."),
         Field("detector", "string", "The detector whose alert the ladder climbs on."),
         Field("workflow_id", "string", "The workflow (the record's key)."),
-        Field("owner", optional("string"), "The job's owner, as its scheduler (or its processes) say.", default=None),
-        Field(
-            "team",
-            optional("string"),
-            "The job's team (its Slurm account, Kubernetes namespace or team label).",
-            default=None,
-        ),
+        OWNER,
+        TEAM,
         Field("cluster", optional("string"), "The job's cluster.", default=None),
         Field("scheduler_job_id", optional("string"), "The scheduler's id of the job acted on.", default=None),
         Field("since", TIMESTAMP_MS, "When the condition started (event time)."),

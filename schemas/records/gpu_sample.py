@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from schemas.fields import TIMESTAMP_MS, Field, Record, array, optional
+from schemas.fields import OWNER, TEAM, TIMESTAMP_MS, Field, Record, array, optional
 
 GPU_SAMPLE = Record(
     "GpuSample",
@@ -48,13 +48,8 @@ GPU_SAMPLE = Record(
         Field("gpu_uuid", "string", "The GPU's UUID (a MIG instance's own UUID)."),
         Field("gpu_model", "string", "The GPU's model, as NVML names it."),
         Field("workflow_id", "string", "The workflow holding this GPU."),
-        Field("owner", optional("string"), "The job's owner, as its scheduler (or its processes) say.", default=None),
-        Field(
-            "team",
-            optional("string"),
-            "The job's team (its Slurm account, Kubernetes namespace or team label).",
-            default=None,
-        ),
+        OWNER,
+        TEAM,
         Field("utilization_pct", "float", "Share of the interval in which a kernel ran, 0-100."),
         Field(
             "memory_utilization_pct",

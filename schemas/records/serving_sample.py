@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from schemas.fields import TIMESTAMP_MS, Field, Record, array, optional
+from schemas.fields import OWNER, TEAM, TIMESTAMP_MS, Field, Record, array, optional
 
 SERVING_SAMPLE = Record(
     "ServingSample",
@@ -16,13 +16,8 @@ SERVING_SAMPLE = Record(
     fields=(
         Field("workflow_id", "string", "The workflow that holds the replica's GPUs."),
         Field("host", "string", "The replica's host."),
-        Field("owner", optional("string"), "The job's owner, as its scheduler (or its processes) say.", default=None),
-        Field(
-            "team",
-            optional("string"),
-            "The job's team (its Slurm account, Kubernetes namespace or team label).",
-            default=None,
-        ),
+        OWNER,
+        TEAM,
         Field("gpu_uuids", array("string"), "The GPUs the replica runs on."),
         Field("service", "string", "The model or deployment the replica serves: its replicas are one service."),
         Field("engine", "string", "vllm, sglang, tgi, triton, or recorded (a replay)."),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from schemas.fields import TIMESTAMP_MS, Enum, Field, Record, optional
+from schemas.fields import OWNER, TEAM, TIMESTAMP_MS, Enum, Field, Record, optional
 
 SERVING_STATE = Enum(
     "ServingState",
@@ -22,13 +22,8 @@ SERVING_WINDOW = Record(
     },
     fields=(
         Field("workflow_id", "string", "The replica's workflow."),
-        Field("owner", optional("string"), "The job's owner, as its scheduler (or its processes) say.", default=None),
-        Field(
-            "team",
-            optional("string"),
-            "The job's team (its Slurm account, Kubernetes namespace or team label).",
-            default=None,
-        ),
+        OWNER,
+        TEAM,
         Field("service", "string", "The service it serves (a model or deployment)."),
         Field("engine", "string", "vllm, sglang, tgi or triton."),
         Field("window_start", TIMESTAMP_MS, "The window's start (event time)."),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from schemas.fields import TIMESTAMP_MS, Field, Record, array, optional
+from schemas.fields import OWNER, TEAM, TIMESTAMP_MS, Field, Record, array, optional
 
 UNOBSERVED_TIME = Record(
     "UnobservedTime",
@@ -15,13 +15,8 @@ UNOBSERVED_TIME = Record(
     fields=(
         Field("workflow_id", "string", "The workflow (the record's key)."),
         Field("host", "string", "The host whose agent did not sample."),
-        Field("owner", optional("string"), "The job's owner, as its scheduler (or its processes) say.", default=None),
-        Field(
-            "team",
-            optional("string"),
-            "The job's team (its Slurm account, Kubernetes namespace or team label).",
-            default=None,
-        ),
+        OWNER,
+        TEAM,
         Field("scheduler_job_id", optional("string"), "The scheduler's id of the job.", default=None),
         Field("from_time", TIMESTAMP_MS, "Where its samples stopped (or the job's start)."),
         Field("to_time", TIMESTAMP_MS, "Where they begin again (or the job's end)."),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from schemas.fields import TIMESTAMP_MS, Enum, Field, Record, array, optional
+from schemas.fields import OWNER, TEAM, TIMESTAMP_MS, Enum, Field, Record, array, optional
 
 WORKFLOW_EVENT_TYPE = Enum(
     "WorkflowEventType",
@@ -46,13 +46,8 @@ WORKFLOW_EVENT = Record(
         Field("event", WORKFLOW_EVENT_TYPE, "STARTED, HEARTBEAT or ENDED."),
         Field("event_time", TIMESTAMP_MS, "When the agent (or the scheduler) saw it."),
         Field("host", "string", "The host that tells it."),
-        Field("owner", optional("string"), "The job's owner, as its scheduler (or its processes) say.", default=None),
-        Field(
-            "team",
-            optional("string"),
-            "The job's team (its Slurm account, Kubernetes namespace or team label).",
-            default=None,
-        ),
+        OWNER,
+        TEAM,
         Field("gpu_uuids", array("string"), "The workflow's GPUs on the host."),
         Field("pids", array("int"), "Its processes on the GPUs."),
         Field("cmdline", optional("string"), "The command line of one of them.", default=None),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from schemas.fields import TIMESTAMP_MS, Field, Record, array, optional
+from schemas.fields import OWNER, TEAM, TIMESTAMP_MS, Field, Record, array, optional
 
 RIGHT_SIZE = Record(
     "RightSize",
@@ -42,13 +42,8 @@ WORKFLOW_SUMMARY = Record(
     },
     fields=(
         Field("workflow_id", "string", "The workflow (the record's key)."),
-        Field("owner", optional("string"), "The job's owner, as its scheduler (or its processes) say.", default=None),
-        Field(
-            "team",
-            optional("string"),
-            "The job's team (its Slurm account, Kubernetes namespace or team label).",
-            default=None,
-        ),
+        OWNER,
+        TEAM,
         Field("first_window_start", TIMESTAMP_MS, "The start of its first window."),
         Field("last_window_end", TIMESTAMP_MS, "The end of its last window."),
         Field("end_reason", "string", "Why it is known to have ended."),

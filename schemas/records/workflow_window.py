@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from schemas.fields import TIMESTAMP_MS, Field, Record, optional
+from schemas.fields import OWNER, TEAM, TIMESTAMP_MS, Field, Record, optional
 
 WORKFLOW_WINDOW = Record(
     "WorkflowWindow",
@@ -36,13 +36,8 @@ WORKFLOW_WINDOW = Record(
     },
     fields=(
         Field("workflow_id", "string", "The workflow (the record's key)."),
-        Field("owner", optional("string"), "The job's owner, as its scheduler (or its processes) say.", default=None),
-        Field(
-            "team",
-            optional("string"),
-            "The job's team (its Slurm account, Kubernetes namespace or team label).",
-            default=None,
-        ),
+        OWNER,
+        TEAM,
         Field("window_start", TIMESTAMP_MS, "The window's start (event time)."),
         Field("window_end", TIMESTAMP_MS, "Its end, excluded."),
         Field("sample_count", "long", "GPU samples in the window."),
