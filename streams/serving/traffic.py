@@ -47,7 +47,7 @@ class Declared:
 
 def declared(by: str) -> dict:
     """The traffic state of a replica declared by ``by`` (its partition or QoS), before any reading."""
-    return {"service": by, "declared": True}
+    return {"service": by}
 
 
 def read(serving: dict) -> bool:
@@ -130,14 +130,17 @@ def without_gpus(workflow_id: str, owner: str | None, team: str | None, start: i
             "window_end": start + size_ms, "gpu_count": 0, "gpu_seconds": 0.0, "utilization_mean_pct": 0.0}
 
 
+def before(serving: dict, start: int) -> list[int]:
+    """The starts of the replica's windows of traffic before ``start``, still to judge: a GPU window
+    after them is closing, so none of theirs will (judge each alone, ``without_gpus``, first)."""
+    return sorted(int(k) for k in serving.get("windows", {}) if int(k) < start)
+
+
 def close(serving: dict, window: dict, config: DetectorConfig, now_ms: int) -> tuple[dict, dict]:
     """A closed window of the replica: (the figures its detectors judge, its ``ServingWindow``).
-    Figures of windows before it that had no GPU window of their own are dropped with it."""
+    The windows of traffic before it are judged first (``before``, ``unmatched``)."""
     start, end = window["window_start"], window["window_end"]
-    windows = serving.setdefault("windows", {})
-    acc = windows.pop(str(start), None) or _empty()
-    for key in [k for k in windows if int(k) < start]:
-        del windows[key]
+    acc = serving.setdefault("windows", {}).pop(str(start), None) or _empty()
     serving["closed_through"] = max(serving.get("closed_through", -1), start)
     span_s = max(1e-9, (end - start) / 1000)
     rps = acc["requests"] / span_s

@@ -159,16 +159,20 @@ class WindowStep:
     def _traffic_alone(self, out: Output, partition: int, served: set[str], now: int) -> None:
         """The windows of traffic of ``served`` that the partition's clock passed with no GPU window
         to judge them with: each a ``ServingWindow`` of no GPU (``traffic.unmatched``)."""
-        watermark, size = self.aggregator.watermark(partition), self.settings.window.size_ms
+        watermark = self.aggregator.watermark(partition)
         for wf in sorted(served):
             state = self.store.get(wf)
-            if state is None or state.serving is None:
-                continue
-            for start in traffic.unmatched(state.serving, state.windows, watermark, size):
-                window = traffic.without_gpus(wf, state.owner, state.team, start, size)
-                _, record = traffic.close(state.serving, window, self.settings.thresholds.for_team(state.team), now)
-                out.send(SERVING_WINDOWS, record)
-                out.stats["serving_windows_without_gpus"] += 1
+            if state is not None and state.serving is not None:
+                for record in self._alone(wf, state, traffic.unmatched(state.serving, state.windows, watermark,
+                                                                       self.settings.window.size_ms), now):
+                    out.send(SERVING_WINDOWS, record)
+                    out.stats["serving_windows_without_gpus"] += 1
+
+    def _alone(self, wf: str, state: workflow_state.WorkflowState, starts: list[int], now: int) -> list[dict]:
+        """The ``ServingWindow`` of each window of traffic at ``starts``, judged with no GPU window."""
+        size, config = self.settings.window.size_ms, self.settings.thresholds.for_team(state.team)
+        return [traffic.close(state.serving, traffic.without_gpus(wf, state.owner, state.team, start, size), config,
+                              now)[1] for start in starts]
 
     def _scheduler_end(self, out: Output, partition: int, event: dict, now: int) -> None:
         """A job's end from its scheduler, read after the samples its agent sent before it (they
@@ -285,6 +289,8 @@ class WindowStep:
             if state is not None:  # (a workflow forgotten in this batch has no more alerts)
                 judged = window
                 if state.serving is not None and traffic.read(state.serving):
+                    served += self._alone(window["workflow_id"], state,
+                                          traffic.before(state.serving, window["window_start"]), now)
                     figures, record = traffic.close(state.serving, window,
                                                     self.settings.thresholds.for_team(window.get("team")), now)
                     judged = {**window, "serving": figures}

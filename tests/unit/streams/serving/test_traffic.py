@@ -110,6 +110,20 @@ def test_traffic_whose_gpu_samples_never_come_is_judged_alone_once_the_clock_pas
     assert feed.of(SERVING_WINDOWS) == windows and not late.dead
 
 
+def test_traffic_before_a_gpu_window_that_closes_is_judged_alone_first():
+    """Readings of a window whose GPU samples never came, then a window with them: when both close
+    in one batch, the first is judged alone, not dropped with the second's closing."""
+    step, _ = make()
+    feed = Feed(step)
+    for t in range(0, 120, 10):
+        feed(served(t, 2.0 if t < 60 else 3.0))
+    feed(*ticks(WF, 60, 120))  # the second window's GPU samples (the first's never come), late as held
+    feed(*ticks("other", 200, 201))  # one batch's clock passes both windows
+    windows = feed.of(SERVING_WINDOWS)
+    assert [(w["window_start"] - BASE_MS, w["requests"], w["gpu_count"]) for w in windows] == [
+        (0, 12.0, 0), (60_000, 18.0, 2)]
+
+
 def declared_run(declared: Declared, minutes_busy: int, minutes_idle: int):
     """A Slurm job of partition ``inference`` whose engine's metrics are not read: its GPUs at 5 %
     for ``minutes_busy``, then at 0 %; the worker told (or not) that the partition serves."""
