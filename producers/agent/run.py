@@ -23,7 +23,9 @@ def run_agent(agent: HostAgent, forwarder, stop, drain_timeout_s: float = 30.0,
     Each tick's samples stand for the time since the previous tick, measured: a host whose
     tick takes longer than the interval (eight pre-Hopper GPUs spend ~0.4 s in NVML's PCIe
     counters alone, too slow for 10 Hz) samples less often instead of under-counting its
-    GPU-seconds, and a late tick is not followed by a burst of catch-up ticks.
+    GPU-seconds, and a late tick is not followed by a burst of catch-up ticks. (Measured on the
+    monotonic clock; where the wall clock that places the samples stepped meanwhile, the agent
+    reconciles the two: ``HostAgent._on_the_wall_clock``.)
 
     ``wake`` (a ``threading.Event``): set when a capture starts, it ends the wait for the next
     tick at once, so a capture shorter than the normal interval is still sampled at 10 Hz.

@@ -249,3 +249,43 @@ def test_a_gpu_handed_from_one_job_to_the_next_is_charged_to_one_at_a_time(world
         assert begin >= end, spans  # no millisecond of the GPU in two samples
     assert max(e for _, e, wf in spans if wf == "slurm-1") == T0 + 1_500
     assert min(b for b, _, wf in spans if wf == "slurm-2") == T0 + 1_600
+
+
+@pytest.mark.parametrize("step_ms", [82, -82, -600])
+def test_a_step_of_the_wall_clock_neither_loses_nor_doubles_a_jobs_time(world, step_ms):
+    """The agent's loop times its ticks by the monotonic clock (``run_agent`` gives each tick the
+    seconds since the last); its samples are placed by the wall clock, as the scheduler's start
+    and end are. Where the wall clock steps between two ticks (NTP, a VM's time sync), the job's
+    samples still cover it once, from the scheduler's start to its end: no gap, no overlap."""
+    agent, spool, slurm, clock = world
+    agent.tick()
+    slurm.started(job("99", ("1", "3"), started_ms=T0 - 600), now_ms=T0 + 100)
+    for t in range(1, 6):
+        clock.ms = T0 + t * 1000 + (step_ms if t >= 3 else 0)  # the step, between the 2nd and 3rd ticks
+        agent.tick(interval_s=1.0)  # a second of the monotonic clock each
+    end = T0 + 5_400 + step_ms  # the scheduler's end, read on the stepped clock
+    slurm.ended(job("99", ("1", "3"), started_ms=T0 - 600, ended_ms=end), now_ms=end + 300)
+    clock.ms = T0 + 6_000 + step_ms
+    agent.tick(interval_s=1.0)
+    mine = samples_of(spooled(spool), "slurm-99")
+    for gpu in ("GPU-1", "GPU-3"):
+        spans = sorted((s["event_time"] - s["interval_ms"], s["event_time"]) for s in mine if s["gpu_uuid"] == gpu)
+        assert spans[0][0] == T0 - 600 and spans[-1][1] == end, spans
+        assert all(b == a for (_, a), (b, _) in itertools.pairwise(spans)), spans  # each begins where the last ended
+    assert sum(s["interval_ms"] * s["share"] for s in mine) == 2 * (end - (T0 - 600))  # GPUs x Slurm's Elapsed
+
+
+def test_a_step_of_the_wall_clock_longer_than_a_tick_is_said_and_not_charged(world, caplog):
+    """A wall clock set an hour forward between two ticks: the samples stand for the second that
+    passed, not for the hour the clock skipped, and the log says so."""
+    agent, spool, slurm, clock = world
+    slurm.started(job("99", ("1",), started_ms=T0), now_ms=T0)
+    agent.tick()
+    clock.ms = T0 + 1_000
+    agent.tick(interval_s=1.0)
+    clock.ms = T0 + 2_000 + 3_600_000
+    with caplog.at_level("WARNING"):
+        agent.tick(interval_s=1.0)
+    last = max(samples_of(spooled(spool), "slurm-99"), key=lambda s: s["event_time"])
+    assert (last["event_time"], last["interval_ms"]) == (T0 + 3_602_000, 1_000)
+    assert "wall clock" in caplog.text and "+3600.0 s" in caplog.text, caplog.text
