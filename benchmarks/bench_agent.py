@@ -21,8 +21,8 @@
 
 6. Reading a serving engine's endpoint per replica per tick (``--serving-endpoint``: 8 replicas
    of one GPU, each a vLLM endpoint of ~500 lines, as vLLM's histograms make it, served by another
-   process) against the agent as before, at 8 GPUs: CPU per tick, the two alternating, medians.
-   Goal: at most 5 % more.
+   process) against the agent as before, at 8 GPUs: CPU per tick, the two alternating, medians
+   (``bench_agent_serving.py``). Goal: at most 5 % more.
 
     python benchmarks/bench_agent.py [--calls-only | --allocations-only | --serving-only]
 """
@@ -231,162 +231,9 @@ def allocations_cost(tmp: Path, ticks: int = 100, rounds: int = 41) -> None:
           f"allocations too: {alloc_calls / base_calls:.3f}x")
 
 
-def vllm_page() -> str:
-    """A vLLM endpoint as large as vLLM makes it: the documented metrics, and 14 histograms of 25
-    buckets each (vLLM's latency and token histograms), for one model."""
-    page = (ROOT / "tests" / "data" / "serving" / "vllm-0.6.prom").read_text()
-    label = 'model_name="meta-llama/Llama-3.1-8B-Instruct"'
-    for h in range(14):
-        name = f"vllm:histogram_{h}_seconds"
-        page += f"# HELP {name} A latency histogram.\n# TYPE {name} histogram\n"
-        page += "".join(f'{name}_bucket{{le="{2 ** (b - 10):g}",{label}}} {b * 7}.0\n' for b in range(24))
-        page += f'{name}_bucket{{le="+Inf",{label}}} 200.0\n{name}_count{{{label}}} 200.0\n{name}_sum{{{label}}} 31.5\n'
-    return page
-
-
-# An engine's endpoint in a process of its own: HTTP/1.1, connections kept open (as uvicorn, which
-# vLLM and SGLang serve with, and Triton's and TGI's servers do). With "library", the page is
-# exposed through the Prometheus client library, as vLLM and SGLang expose theirs: it answers
-# ``name[]`` with those samples alone; without, the whole page whatever is asked (TGI, Triton).
-# Its counters move between two readings, as a replica's that serves: every counter and every
-# histogram's sum and count grows at each request, so no reading parses the same text twice.
-ENGINE_SERVER = """
-import sys, urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
-page = open(sys.argv[1]).read()
-library = sys.argv[2] == "library"
-families = list(text_string_to_metric_families(page))
-served = [0]
-def grown(sample):
-    moves = sample.name.endswith(("_total", "_sum", "_count")) or "_bucket" in sample.name
-    return sample._replace(value=sample.value + served[0]) if moves else sample
-class Page:
-    def collect(self):
-        for f in families:
-            moved = type(f)(f.name, f.documentation, f.type, f.unit)
-            moved.samples = [grown(s) for s in f.samples]
-            yield moved
-registry = CollectorRegistry(auto_describe=True)
-registry.register(Page())
-class H(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True  # as uvicorn's sockets: no 40 ms wait between headers and body
-    def do_GET(self):
-        served[0] += 1
-        names = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query).get("name[]")
-        body = generate_latest(registry.restricted_registry(names) if library and names else registry)
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
-s = ThreadingHTTPServer(("127.0.0.1", 0), H)
-print(s.server_address[1], flush=True)
-s.serve_forever()
-"""
-
-
-def serving_cost(tmp: Path, ticks: int = 60, rounds: int = 21) -> None:
-    """CPU per tick of the agent reading 8 replicas' endpoints (each read once a tick, as the
-    reader's threads do at 1 Hz; their CPU is the agent's) against the same agent without: the
-    endpoints exposed as vLLM and SGLang do (the client library: ``name[]`` answered), then as a
-    whole page whatever is asked (TGI, Triton)."""
-    (tmp / "www").mkdir()
-    (tmp / "www" / "metrics").write_text(vllm_page())
-    proc = tmp / "proc-serving"
-    for i in range(8):
-        make_process(proc, 3000 + i, {"GPUFLEET_WORKFLOW_ID": f"svc-{i}", "USER": "ana"})
-    for exposition in ("library", "page"):
-        _serving_cost(tmp, proc, exposition, ticks, rounds)
-
-
-def _serving_cost(tmp: Path, proc: Path, exposition: str, ticks: int, rounds: int) -> None:
-    import statistics
-    import subprocess
-
-    from producers.agent.links import AgentLinks
-    from producers.serving.scrape import Endpoint, ServingObserver, ServingReader
-
-    server = subprocess.Popen([sys.executable, "-c", ENGINE_SERVER, str(tmp / "www" / "metrics"), exposition],
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        port = int(server.stdout.readline())
-
-        def agent(reader: ServingReader | None = None) -> HostAgent:
-            gpus = [FakeGpu(f"GPU-{i}", processes=[FakeProcess(3000 + i, sm_util=20)], minor=i) for i in range(8)]
-            sampler = NvmlSampler(FakeNvml(gpus))
-            sampler.open()
-            spool, codec = Spool(tmp / f"spool-{exposition}-{id(gpus)}"), Codec()
-            observers = () if reader is None else (ServingObserver(reader, lambda schema, key, record: spool.append(
-                "bench." + GPU_SAMPLES.name, key, codec.encode(schema, record)), "bench-host"),)
-            return HostAgent(AgentSettings("bench-host", topic_prefix="bench.", checkpoint=False), spool, codec,
-                             nvml=sampler, attributor=ProcessAttributor(proc=proc),
-                             links=AgentLinks(observers=observers))
-
-        reader = ServingReader([Endpoint((i,), f"http://127.0.0.1:{port}/metrics") for i in range(8)], 1.0)
-        plain, serving = agent(), agent(reader)
-
-        every = [1]  # read the endpoints every this many ticks (1: each tick; 10: the agent's default, 10 s)
-
-        def serving_tick() -> None:
-            if serving.ticks % every[0] == 0:
-                for i in range(8):
-                    reader.read_once(i)
-            serving.tick()
-
-        for _ in range(5):
-            plain.tick()
-            serving_tick()
-        where = {"library": "exposed by the client library (vLLM, SGLang: only the samples read are sent)",
-                 "page": "exposed as a whole page (TGI, Triton)"}[exposition]
-        budgets: list[float] = []  # per reading, what 5 % of the agent's tick leaves
-        for every[0] in (1, 10):
-            cost: dict[str, list[float]] = {"GPUs only": [], "with 8 serving endpoints": []}
-            for r in range(rounds):
-                pair = (("GPUs only", plain.tick), ("with 8 serving endpoints", serving_tick))
-                for name, tick in (pair if r % 2 else pair[::-1]):
-                    cpu0 = time.process_time()
-                    for _ in range(ticks):
-                        tick()
-                    cost[name].append((time.process_time() - cpu0) / ticks)
-            assert not reader.errors, reader.errors
-            base, with_serving = (statistics.median(v) for v in cost.values())
-            ratio = statistics.median(b / a for a, b in zip(*cost.values()))
-            print(f"agent, 8 GPUs, 8 vLLM endpoints ({len(vllm_page().splitlines())} lines a page) {where}, read "
-                  f"every {every[0]} tick(s) of 1 s: {base * 1e3:.3f} ms CPU per tick sampling the GPUs, "
-                  f"{with_serving * 1e3:.3f} ms with the endpoints; median ratio of neighbouring rounds {ratio:.3f}x "
-                  f"(goal <= 1.05x); {(with_serving - base) * every[0] / 8 * 1e3:.2f} ms per reading")
-            budgets.append(0.05 * base * every[0] / 8)
-        fetch, parsing = reading_parts(reader)
-        print(f"  a reading's parts: the HTTP request {fetch * 1e3:.3f} ms, the client library's parse of the samples "
-              f"read {parsing * 1e3:.3f} ms; the 5 % goal leaves {budgets[0] * 1e3:.3f} ms a reading read every tick, "
-              f"{budgets[1] * 1e3:.3f} ms every 10")
-    finally:
-        server.terminate()
-        server.wait(10)
-
-
-def reading_parts(reader, n: int = 400) -> tuple[float, float]:
-    """CPU of one reading's two parts, each alone: the HTTP request of endpoint 0 over its kept-open
-    connection, and the client library's parse of the samples the reading keeps (no cache)."""
-    from producers.serving import engines
-
-    url, get = reader._urls.get(0, reader.endpoints[0].url), reader.gets[0]
-    cpu0 = time.process_time()
-    for _ in range(n):
-        text = get(url, reader.timeout_s)
-    fetch = (time.process_time() - cpu0) / n
-    spec = engines.ENGINES["vllm"]
-    cpu0 = time.process_time()
-    for _ in range(n):
-        engines._parsed.__wrapped__(engines._wanted(text, spec), spec.name)
-    return fetch, (time.process_time() - cpu0) / n
-
-
 def main() -> None:
+    from benchmarks.bench_agent_serving import serving_cost
+
     if "--serving-only" in sys.argv:
         with tempfile.TemporaryDirectory(prefix="gpufleet-bench-agent-") as d:
             serving_cost(Path(d))

@@ -35,6 +35,7 @@ from producers.agent import checkpoint as agent_checkpoint
 from producers.agent.allocated_samples import READING_FIELDS, final_samples, first_interval
 from producers.agent.allocations.allocation import Allocation, Allocations, AllocationSource, holders
 from producers.agent.checkpoint import Active, Checkpoint, Coverage
+from producers.agent.clocks import tick_interval
 from producers.agent.gpus.attribute_process import IDLE, UNATTRIBUTED, ProcessAttributor, ProcessInfo
 from producers.agent.gpus.reading import GpuReading
 from producers.agent.gpus.sample_nvml import NvmlSampler
@@ -138,7 +139,7 @@ class HostAgent:
         ``interval_s``: the time this tick stands for (the settings' interval by default)."""
         started = time.perf_counter()
         now = int(self.clock() * 1000)
-        interval = self._on_the_wall_clock(now, round((interval_s or self.settings.interval_s) * 1000))
+        interval = tick_interval(self._last_tick_ms, now, round((interval_s or self.settings.interval_s) * 1000))
         if self.coverage.observing_since is None:
             self.coverage.observing_since = now - interval
         allocated = self.allocations.read(now) if self.allocations is not None else None
@@ -190,25 +191,6 @@ class HostAgent:
         if self.links.metrics is not None:
             self.links.metrics.ticked(samples, time.perf_counter() - started)
         return len(samples)
-
-    def _on_the_wall_clock(self, now: int, interval: int) -> int:
-        """The time this tick's samples stand for, on the wall clock that places them. The loop
-        measures ``interval`` on the monotonic clock; where the wall clock stepped since the last
-        tick (NTP, a VM's time sync), the two differ, and a sample of the measured interval would
-        leave the step uncovered (forward) or cover time twice (back), against the scheduler's
-        start and end, which are on the wall clock too. A step within one interval is absorbed:
-        the samples run from the last tick's time to this one's. A longer one (a clock set by
-        hours, or back past the last tick) is not GPU time: the samples keep the measured
-        interval, and the log says how far the clock moved."""
-        if self._last_tick_ms is None:
-            return interval
-        since = now - self._last_tick_ms
-        if 0 < since <= 2 * interval:
-            return since
-        log.warning("the wall clock moved %+.1f s in %.1f s since the agent's last tick: its samples stand for the "
-                    "%.1f s that passed; the time between is no sample's", (since - interval) / 1000, interval / 1000,
-                    interval / 1000)
-        return interval
 
     def _spool(self, released: list[dict], unobserved: list[dict], host: dict, events: list[dict],
                finals: list[tuple[Allocation, list[dict]]]) -> None:

@@ -25,7 +25,7 @@ def run_agent(agent: HostAgent, forwarder, stop, drain_timeout_s: float = 30.0,
     counters alone, too slow for 10 Hz) samples less often instead of under-counting its
     GPU-seconds, and a late tick is not followed by a burst of catch-up ticks. (Measured on the
     monotonic clock; where the wall clock that places the samples stepped meanwhile, the agent
-    reconciles the two: ``HostAgent._on_the_wall_clock``.)
+    reconciles the two: ``producers.agent.clocks``.)
 
     ``wake`` (a ``threading.Event``): set when a capture starts, it ends the wait for the next
     tick at once, so a capture shorter than the normal interval is still sampled at 10 Hz.
