@@ -171,6 +171,13 @@ SERVING_FIGURES = ("requests", "tokens", "running", "waiting", "queue_time_ms", 
 MAX_SERVING_RATE = 1e9  # requests or tokens in one interval, a queue, a wait in ms: beyond any engine
 
 
+def service_error(service: str | None) -> str | None:
+    """None when ``service`` may name a serving service (or is None), else what is wrong with it."""
+    if service is not None and (not service.strip() or len(service) > 256 or not service.isprintable()):
+        return f"service {service[:80]!r} is not a printable name of 1 to 256 characters"
+    return None
+
+
 def serving_error(r: dict) -> str | None:
     """None when a ``ServingSample`` can be used, else what is wrong with it: an event time
     outside the bounds, an interval of none or over an hour, a figure that is negative, not a
@@ -179,8 +186,9 @@ def serving_error(r: dict) -> str | None:
         return f"event_time {r['event_time']} is outside 2000-01-01..2299-12-31 (expected epoch milliseconds)"
     if not 0 < r["interval_ms"] <= MAX_INTERVAL_MS:
         return f"interval_ms {r['interval_ms']} is outside 1..{MAX_INTERVAL_MS}"
-    if not r["service"].strip() or len(r["service"]) > 256 or not r["service"].isprintable():
-        return f"service {r['service'][:80]!r} is not a printable name of 1 to 256 characters"
+    reason = service_error(r["service"])
+    if reason:
+        return reason
     for name in SERVING_FIGURES:
         value = r.get(name)
         if value is not None and not 0.0 <= value <= MAX_SERVING_RATE:  # (False for NaN)

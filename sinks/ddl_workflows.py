@@ -99,7 +99,7 @@ WORKFLOW_EVENTS_TABLE = Table(
     ("workflow_id", "event", "event_time", "host", "owner", "team", "gpu_uuids", "pids", "cmdline",
      "framework", "framework_version", "scheduler_job_id", "attribution", "model", "cluster", "scheduler_qos",
      "scheduler_partition", "scheduler", "job_name", "time_limit_s", "nodes", "allocated_at", "scheduler_unknown",
-     "scheduler_problem", "end_state", "exit_code", "exit_signal", "cancelled_by"),
+     "scheduler_problem", "end_state", "exit_code", "exit_signal", "cancelled_by", "service"),
     """
     CREATE TABLE IF NOT EXISTS {db}.{name} (
         workflow_id String,
@@ -132,7 +132,9 @@ WORKFLOW_EVENTS_TABLE = Table(
                    # WorkflowEvent v5: what the scheduler could not say, and how the job ended
                    ("scheduler_unknown", "Array(LowCardinality(String))"), ("scheduler_problem", "Nullable(String)"),
                    ("end_state", "LowCardinality(Nullable(String))"), ("exit_code", "Nullable(Int32)"),
-                   ("exit_signal", "Nullable(Int32)"), ("cancelled_by", "LowCardinality(Nullable(String))")),
+                   ("exit_signal", "Nullable(Int32)"), ("cancelled_by", "LowCardinality(Nullable(String))"),
+                   # WorkflowEvent v6: the service its labels or environment declare it a replica of
+                   ("service", "LowCardinality(Nullable(String))")),
     prepare=lambda r: {**r, "scheduler_unknown": r.get("scheduler_unknown") or []},  # (older releases: none)
 )
 

@@ -39,6 +39,9 @@ def add(sub) -> None:
     p.add_argument("--owner-keys", default="GPUFLEET_OWNER,SLURM_JOB_USER,USER")
     p.add_argument("--team-keys", default="GPUFLEET_TEAM,SLURM_JOB_ACCOUNT")
     p.add_argument("--model-keys", default="GPUFLEET_MODEL", help="environment variables naming the job's model")
+    p.add_argument("--service-keys", default="GPUFLEET_SERVICE",
+                   help="environment variables naming the service a process serves: its workflow is declared a "
+                        "serving replica of it, judged by its traffic")
     p.add_argument("--cluster", default=os.environ.get("GPUFLEET_CLUSTER"),
                    help="the cluster this host belongs to, on every workflow event (env GPUFLEET_CLUSTER)")
     p.add_argument("--allocations", choices=["none", "slurm", "kubernetes"],
@@ -56,6 +59,10 @@ def add(sub) -> None:
                    help="kubernetes: pod labels or annotations naming the job's owner, first found wins")
     p.add_argument("--team-labels", default="gpufleet.io/team",
                    help="kubernetes: pod labels or annotations naming the team (else the pod's namespace)")
+    p.add_argument("--serving-labels", default="gpufleet.io/service", metavar="KEY[=VALUE][,...]",
+                   help="kubernetes: pod labels or annotations that declare a pod a serving replica, judged by its "
+                        "traffic (KEY: any value; KEY=VALUE: that value; default gpufleet.io/service). Its "
+                        "service: gpufleet.io/service, else app.kubernetes.io/name, else app, else the pod's name")
     p.add_argument("--serving-endpoint", action="append", type=_serving_endpoint, default=[], metavar="GPUS=URL",
                    help="a serving engine's Prometheus endpoint on this host (vLLM, SGLang, TGI, Triton) and the "
                         "GPUs of its replica: GPUS=URL[;service=NAME][;engine=ENGINE], e.g. "
@@ -147,6 +154,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     keys = AttributionKeys(
         workflow=tuple(args.workflow_keys.split(",")), owner=tuple(args.owner_keys.split(",")),
         team=tuple(args.team_keys.split(",")), model=tuple(args.model_keys.split(",")),
+        service=tuple(k for k in args.service_keys.split(",") if k),
     )
     spool_dir = args.spool_dir or args.data_dir / "agent-spool"
     spool = Spool(spool_dir, max_bytes=args.spool_max_mb << 20)
@@ -234,7 +242,8 @@ def allocation_source(args: argparse.Namespace):
 
             source = KubeletAllocations(args.kubelet_socket, pods=ApiServerPods.in_cluster(),
                                         owner_keys=tuple(args.owner_labels.split(",")),
-                                        team_keys=tuple(args.team_labels.split(",")), cluster=args.cluster)
+                                        team_keys=tuple(args.team_labels.split(",")), cluster=args.cluster,
+                                        serving_labels=tuple(k for k in args.serving_labels.split(",") if k))
         except ImportError as exc:
             raise Failed(f"--allocations kubernetes needs gpufleet's 'kubernetes' extra (grpcio, protobuf): {exc}") \
                 from None

@@ -378,7 +378,7 @@ class HostAgent:
             "owner": info.owner, "team": info.team, "gpu_uuids": sorted(entry.gpus), "pids": sorted(entry.pids),
             "cmdline": info.cmdline, "framework": info.framework, "framework_version": info.framework_version,
             "scheduler_job_id": info.scheduler_job_id, "attribution": info.source,
-            "model": info.model, "cluster": self.settings.cluster, "scheduler_qos": info.qos,
+            "model": info.model, "service": info.service, "cluster": self.settings.cluster, "scheduler_qos": info.qos,
             "scheduler_partition": info.partition, "scheduler": None, "job_name": None, "time_limit_s": None,
             "nodes": None, "allocated_at": None, "scheduler_unknown": [], "scheduler_problem": None,
             "end_state": None, "exit_code": None, "exit_signal": None, "cancelled_by": None,
@@ -389,7 +389,7 @@ class HostAgent:
                          cluster=self.settings.cluster or job.cluster, scheduler=job.scheduler, job_name=job.name,
                          time_limit_s=job.time_limit_s, nodes=job.nodes, allocated_at=job.started_ms,
                          attribution=f"allocation:{job.scheduler}", scheduler_unknown=list(job.unknown),
-                         scheduler_problem=job.problem)
+                         scheduler_problem=job.problem, service=job.service or info.service)
             if kind == "ENDED":
                 event.update(end_state=job.end_state, exit_code=job.exit_code, exit_signal=job.exit_signal,
                              cancelled_by=job.cancelled_by)

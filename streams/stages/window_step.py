@@ -38,7 +38,7 @@ from schemas.topics import (
     TopicSpec,
 )
 from schemas.validate_ids import ids_error
-from schemas.validate_sample import NOT_WORKFLOWS, serving_error, unobserved_error
+from schemas.validate_sample import NOT_WORKFLOWS, service_error, serving_error, unobserved_error
 from streams.alerts.raising import end_alerts, raise_alerts
 from streams.enforcement.ladder import climb, stand_down
 from streams.profiling.auto import auto_profile_requests
@@ -120,7 +120,7 @@ class WindowStep:
             elif d.name == CLOCK:
                 clocks.append(d.record["event_time"])
             elif d.name == WORKFLOW_EVENTS.schema and d.record["event"] == "ENDED":
-                reason = ids_error(d.record)
+                reason = ids_error(d.record) or service_error(d.record.get("service"))
                 (out.dead.append((d.index, reason)) if reason else ends.append(d.record))
             elif d.name == UNOBSERVED:
                 reason = ids_error(d.record) or unobserved_error(d.record)
@@ -198,7 +198,7 @@ class WindowStep:
                 continue
             if d.record["event"] == "ENDED" and d.record.get("scheduler"):
                 continue  # read in order with the job's samples, on the samples topic
-            reason = ids_error(d.record)
+            reason = ids_error(d.record) or service_error(d.record.get("service"))
             if reason:
                 out.dead.append((d.index, reason))
                 continue
@@ -236,7 +236,9 @@ class WindowStep:
     def _hear(self, partition: int, event: dict) -> workflow_state.WorkflowState:
         state = self.aggregator.state_of(event["workflow_id"], partition, event["owner"], event["team"])
         workflow_state.hear(state, event)
-        if state.serving is None and self.settings.serving.says(state.scheduler_partition, state.scheduler_qos):
+        if state.serving is None and event.get("service"):  # its labels or environment say it serves
+            state.serving = traffic.declared(event["service"])
+        elif state.serving is None and self.settings.serving.says(state.scheduler_partition, state.scheduler_qos):
             state.serving = traffic.declared(state.scheduler_partition or state.scheduler_qos or "")
         return state
 

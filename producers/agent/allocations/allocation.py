@@ -35,6 +35,9 @@ class Allocation(msgspec.Struct, frozen=True, kw_only=True):
     nodes: str | None = None
     cluster: str | None = None
     started_ms: int | None = None  # when the scheduler gave it its resources
+    # The service it is a replica of, where its labels declare it a serving replica (a pod's:
+    # ``KubeletAllocations.serving_labels``): judged by its traffic from its first window.
+    service: str | None = None
     ended_ms: int | None = None  # when it gave them back (set on the allocations that ended)
     # The facts the scheduler could not be asked (``producers.agent.allocations.slurm_facts.FACTS``: "qos", "end", ...),
     # and why: the enforcement ladders hold a job whose exemptions depend on one of them.

@@ -13,6 +13,10 @@ The labels come from the API server (the agent's service account needs ``get`` o
 owner from the first of the configured label or annotation keys the pod has, the team likewise,
 else its namespace. Without the API server the pod is known by namespace and name only.
 
+A pod whose labels (or annotations) have one of ``serving_labels`` (``KEY`` or ``KEY=VALUE``;
+``gpufleet.io/service`` by default) is declared a serving replica: its allocation names the
+service (``service_of``), and the worker judges it by its traffic from its first window.
+
 The same answer says where a pod's metrics are: a pod annotated for scraping the way Prometheus'
 Kubernetes configurations read (``prometheus.io/scrape: "true"``, ``prometheus.io/port``, and
 ``prometheus.io/path`` and ``prometheus.io/scheme`` where not ``/metrics`` over HTTP) at its IP is
@@ -35,6 +39,7 @@ from typing import Protocol
 import msgspec
 
 from producers.agent.allocations.allocation import KUBERNETES, Allocation, Allocations
+from schemas.validate_sample import service_error
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +60,7 @@ class ScrapeTarget(msgspec.Struct, frozen=True):
 
     gpus: tuple[str, ...]
     url: str
-    service: str | None = None  # the pod's gpufleet.io/service, else its app.kubernetes.io/name
+    service: str | None = None  # as the pod's labels name it (``service_of``)
 
 
 def scrape_url(meta: PodMetadata) -> str | None:
@@ -70,6 +75,25 @@ def scrape_url(meta: PodMetadata) -> str | None:
     path = a.get("prometheus.io/path") or "/metrics"
     host = f"[{meta.ip}]" if ":" in meta.ip else meta.ip
     return f"{scheme}://{host}:{int(port)}{path if path.startswith('/') else '/' + path}"
+
+
+def service_of(meta: PodMetadata, name: str | None = None) -> str | None:
+    """The service a pod is a replica of, as its labels name it: ``gpufleet.io/service`` (label or
+    annotation), else ``app.kubernetes.io/name``, else ``app``, else ``name`` (the pod's)."""
+    found = {**meta.annotations, **meta.labels}
+    return found.get("gpufleet.io/service") or meta.labels.get("app.kubernetes.io/name") or \
+        meta.labels.get("app") or name
+
+
+def declares(meta: PodMetadata, serving_labels: tuple[str, ...]) -> bool:
+    """Whether a pod's labels or annotations have one of ``serving_labels`` (``KEY``: any value
+    but empty; ``KEY=VALUE``: that value)."""
+    found = {**meta.annotations, **meta.labels}
+    for label in serving_labels:
+        key, sep, value = label.partition("=")
+        if (found.get(key) == value) if sep else bool(found.get(key)):
+            return True
+    return False
 
 
 class Pods(Protocol):
@@ -129,7 +153,7 @@ class KubeletAllocations:
                  owner_keys: tuple[str, ...] = ("gpufleet.io/owner",),
                  team_keys: tuple[str, ...] = ("gpufleet.io/team",),
                  resources: tuple[str, ...] = GPU_RESOURCES, timeout_s: float = 2.0,
-                 cluster: str | None = None) -> None:
+                 cluster: str | None = None, serving_labels: tuple[str, ...] = ("gpufleet.io/service",)) -> None:
         import grpc  # the optional 'kubernetes' extra: only an agent that reads the kubelet needs it
 
         from producers.podresources_v1 import api_pb2, api_pb2_grpc
@@ -140,6 +164,7 @@ class KubeletAllocations:
         self._errors = (grpc.RpcError,)
         self.pods, self.owner_keys, self.team_keys = pods, owner_keys, team_keys
         self.resources, self.timeout_s, self.cluster = resources, timeout_s, cluster
+        self.serving_labels = serving_labels
         self._held: dict[tuple[str, str], Allocation] = {}  # (namespace, name) -> its allocation
         self._meta: dict[tuple[str, str], PodMetadata] = {}  # what the API server said of each held pod
         self._failing = False
@@ -184,9 +209,7 @@ class KubeletAllocations:
         for key, m in meta.items():
             url, job = scrape_url(m), held.get(key)
             if url is not None and job is not None:
-                found = {**m.annotations, **m.labels}
-                out.append(ScrapeTarget(job.gpus, url, found.get("gpufleet.io/service")
-                                        or m.labels.get("app.kubernetes.io/name")))
+                out.append(ScrapeTarget(job.gpus, url, service_of(m)))
         return out
 
     def _allocation(self, namespace: str, name: str, gpus: tuple[str, ...], before: Allocation | None,
@@ -198,12 +221,16 @@ class KubeletAllocations:
             self._meta = {**self._meta, (namespace, name): meta}
         found = {**meta.annotations, **meta.labels} if meta else {}
         job = meta.uid if meta else f"{namespace}/{name}"
+        service = service_of(meta, name) if meta and declares(meta, self.serving_labels) else None
+        if service_error(service):
+            log.warning("pod %s/%s: %s; it is not declared a serving replica", namespace, name, service_error(service))
+            service = None
         return Allocation(
             scheduler=KUBERNETES, job_id=job,
             workflow_id=f"k8s-pod-{meta.uid}" if meta else f"k8s-pod-{namespace}.{name}",
             gpus=gpus, owner=next((found[k] for k in self.owner_keys if found.get(k)), None),
             team=next((found[k] for k in self.team_keys if found.get(k)), namespace),
-            partition=namespace, name=name, cluster=self.cluster, started_ms=now_ms,
+            partition=namespace, name=name, cluster=self.cluster, started_ms=now_ms, service=service,
         )
 
     def forget(self, ended: Iterable[Allocation]) -> None:

@@ -9,11 +9,18 @@ Results are cached per process (pid and start time, so a reused pid is looked up
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from schemas.validate_sample import IDLE, UNATTRIBUTED  # noqa: F401 - part of this module's interface
+from schemas.validate_sample import (  # noqa: F401 - IDLE, UNATTRIBUTED: part of this module's interface
+    IDLE,
+    UNATTRIBUTED,
+    service_error,
+)
+
+log = logging.getLogger(__name__)
 
 SLURM_CGROUP = re.compile(r"/job_(\d+)(?:/|$)")
 K8S_CGROUP = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
@@ -36,6 +43,7 @@ class AttributionKeys:
     owner: tuple[str, ...] = ("GPUFLEET_OWNER", "SLURM_JOB_USER", "USER")
     team: tuple[str, ...] = ("GPUFLEET_TEAM", "SLURM_JOB_ACCOUNT")
     model: tuple[str, ...] = ("GPUFLEET_MODEL",)
+    service: tuple[str, ...] = ("GPUFLEET_SERVICE",)  # names the service a serving replica's processes serve
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,7 @@ class ProcessInfo:
     framework: str | None = None
     framework_version: str | None = None
     model: str | None = None
+    service: str | None = None  # the service its environment declares it a replica of
     rank: int | None = None  # distributed rank (RANK as torchrun sets it, else SLURM_PROCID)
     qos: str | None = None  # the scheduler's quality of service and partition (Slurm), for the ladders' exemptions
     partition: str | None = None
@@ -110,8 +119,13 @@ class ProcessAttributor:
             framework, version = self._framework_from_maps(pid)
         job = env.get("SLURM_JOB_ID")
         rank = _first(env, ("RANK", "SLURM_PROCID"))
+        service = _first(env, self.keys.service)
+        if service_error(service):
+            log.warning("process %d: %s; its workflow is not declared a serving replica", pid, service_error(service))
+            service = None
         common = {"owner": owner, "team": team, "cmdline": cmdline, "framework": framework,
                   "framework_version": version, "model": _first(env, self.keys.model),
+                  "service": service,
                   "rank": int(rank) if rank is not None and rank.isdigit() else None,
                   "qos": env.get("SLURM_JOB_QOS"), "partition": env.get("SLURM_JOB_PARTITION")}
         found = workflow_of_environment(env, self.keys.workflow)

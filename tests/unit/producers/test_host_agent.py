@@ -97,6 +97,30 @@ def test_workflow_life_cycle(world):
     assert events == [("wf-a", "HEARTBEAT"), ("slurm-77", "HEARTBEAT"), ("slurm-77", "ENDED")]
 
 
+def test_a_process_whose_environment_names_its_service_declares_its_workflow_a_replica(tmp_path, caplog):
+    """``GPUFLEET_SERVICE`` on a process (``--service-keys``): its workflow's events name the
+    service, which the worker judges it a replica of; a value that cannot be a name declares
+    nothing, and the log says why."""
+    from producers.agent.gpus.attribute_process import ProcessAttributor
+    from producers.agent.gpus.sample_nvml import NvmlSampler
+    from tests.support.fake_nvml import FakeGpu, FakeNvml
+    from tests.support.proc_tree import make_process
+
+    proc = tmp_path / "proc"
+    make_process(proc, 101, {"GPUFLEET_WORKFLOW_ID": "wf-sd", "GPUFLEET_SERVICE": "sd-xl"})
+    make_process(proc, 102, {"GPUFLEET_WORKFLOW_ID": "wf-bad", "GPUFLEET_SERVICE": "sd\x1b[2J"})
+    sampler = NvmlSampler(FakeNvml([FakeGpu("GPU-0", util=5, processes=[FakeProcess(101)]),
+                                    FakeGpu("GPU-1", util=5, processes=[FakeProcess(102)])]))
+    sampler.open()
+    spool = Spool(tmp_path / "spool")
+    agent = HostAgent(AgentSettings("node-7"), spool, CODEC, nvml=sampler, attributor=ProcessAttributor(proc=proc))
+    with caplog.at_level("WARNING"):
+        agent.tick()
+    events = {r["workflow_id"]: r for _, _, r in spooled(spool)["WorkflowEvent"]}
+    assert (events["wf-sd"]["service"], events["wf-bad"]["service"]) == ("sd-xl", None)
+    assert "process 102: service 'sd\\x1b[2J' is not a printable name" in caplog.text
+
+
 def test_simulated_source_publishes_its_hosts_gpus(tmp_path):
     fleet = build_fleet(seed=3, hosts=2, gpus_per_host=4, workflows=3)
     spool = Spool(tmp_path / "spool")

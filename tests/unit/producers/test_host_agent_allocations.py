@@ -101,6 +101,7 @@ def test_the_scheduler_decides_whose_each_gpu_is(world):
                if name == "WorkflowEvent" and r["event_time"] == T0 + 1000}
     assert set(started) == {"slurm-77", "slurm-88"}
     assert started["slurm-88"]["event"] == "STARTED" and started["slurm-88"]["pids"] == []
+    assert (started["slurm-77"]["service"], started["slurm-88"]["service"]) == (None, None)  # no label says so
     e = started["slurm-77"]
     assert (e["scheduler"], e["scheduler_job_id"], e["owner"], e["team"], e["scheduler_partition"],
             e["scheduler_qos"], e["job_name"], e["time_limit_s"], e["allocated_at"], e["attribution"]) == (
@@ -289,3 +290,13 @@ def test_a_step_of_the_wall_clock_longer_than_a_tick_is_said_and_not_charged(wor
     last = max(samples_of(spooled(spool), "slurm-99"), key=lambda s: s["event_time"])
     assert (last["event_time"], last["interval_ms"]) == (T0 + 3_602_000, 1_000)
     assert "wall clock" in caplog.text and "+3600.0 s" in caplog.text, caplog.text
+
+
+def test_a_job_its_labels_declare_a_replica_names_its_service_on_its_events(world):
+    """An allocation whose labels declare a serving replica (a pod's, ``KubeletAllocations``): its
+    events name the service."""
+    agent, spool, slurm, _ = world
+    slurm.started(job("88", ("2",), started_ms=T0, service="sd-xl"), now_ms=T0)
+    agent.tick()
+    (event,) = [r for _, name, r in spooled(spool) if name == "WorkflowEvent" and r["workflow_id"] == "slurm-88"]
+    assert (event["event"], event["service"]) == ("STARTED", "sd-xl")

@@ -198,3 +198,27 @@ def test_a_scrape_url_needs_the_annotation_a_port_and_an_ip():
     for port in ("", "http", "0", "70000"):
         assert scrape_url(PodMetadata("u", annotations={**on, "prometheus.io/port": port}, ip="10.1.2.3")) is None
     assert scrape_url(PodMetadata("u", annotations={**on, "prometheus.io/scheme": "file"}, ip="10.1.2.3")) is None
+
+
+def test_a_pod_its_labels_declare_a_serving_replica_names_its_service(kubelet, api_server):
+    """``gpufleet.io/service`` (the default) or a label the site names (``--serving-labels``)
+    declares a pod a replica, of the service its labels name; a pod without is none, and a
+    service that cannot be a name declares nothing."""
+    servicer, socket = kubelet
+    client, _, pods = api_server
+    pods["ai/sd-0"] = {"metadata": {"uid": "u-sd", "labels": {"gpufleet.io/service": "sd-xl"}}}
+    pods["ai/chat-0"] = {"metadata": {"uid": "u-chat", "labels": {"app.kubernetes.io/component": "inference",
+                                                                  "app.kubernetes.io/name": "chat-llm"}}}
+    pods["ai/batch-0"] = {"metadata": {"uid": "u-batch", "labels": {"app.kubernetes.io/component": "batch"}}}
+    pods["ai/bad-0"] = {"metadata": {"uid": "u-bad", "annotations": {"gpufleet.io/service": "sd\nxl"}}}
+    servicer.pods = [pod("ai", name, [(GPU, [f"GPU-{i}"])]) for i, name in
+                     enumerate(["sd-0", "chat-0", "batch-0", "bad-0"])] + [pod("ml", "train-0", [(GPU, ["GPU-9"])])]
+    by_default = KubeletAllocations(socket, pods=client)
+    assert {a.name: a.service for a in by_default.read(1_000).current} == {
+        "sd-0": "sd-xl", "chat-0": None, "batch-0": None, "bad-0": None, "train-0": None}
+    by_component = KubeletAllocations(socket, pods=client, serving_labels=(
+        "gpufleet.io/service", "app.kubernetes.io/component=inference"))
+    assert {a.name: a.service for a in by_component.read(1_000).current} == {
+        "sd-0": "sd-xl", "chat-0": "chat-llm", "batch-0": None, "bad-0": None, "train-0": None}
+    by_default.close()
+    by_component.close()

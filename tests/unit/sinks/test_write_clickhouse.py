@@ -88,9 +88,10 @@ def test_a_database_of_the_previous_release_is_migrated(chdb_client, database):
     event = {"workflow_id": "wf-a", "event": "STARTED", "event_time": BASE_MS, "host": "h1", "owner": "ana",
              "team": "nlp", "gpu_uuids": ["GPU-0"], "pids": [1], "cmdline": "python train.py", "framework": "pytorch",
              "framework_version": "2.5", "scheduler_job_id": None, "attribution": "env", "model": "llama-8b",
-             "cluster": "east"}
+             "cluster": "east", "service": "sd-xl"}
     assert writer.insert(WORKFLOW_EVENTS_TABLE, [Row(0, 0, event)]) == []
     assert chdb_client.query(f"SELECT model, cluster FROM {db}.workflows").result_rows == [("llama-8b", "east")]
+    assert chdb_client.query(f"SELECT service FROM {db}.workflow_events").result_rows == [("sd-xl",)]  # (v6)
     assert chdb_client.query(f"SELECT version FROM {db}.schema_migrations ORDER BY version").result_rows == [
         (1,), (2,), (3,), (4,)]
 

@@ -124,15 +124,38 @@ def test_traffic_before_a_gpu_window_that_closes_is_judged_alone_first():
         (0, 12.0, 0), (60_000, 18.0, 2)]
 
 
-def declared_run(declared: Declared, minutes_busy: int, minutes_idle: int):
+def test_a_replica_its_labels_declare_is_judged_as_one_by_the_service_they_name():
+    """A pod labelled ``gpufleet.io/service: sd-xl`` (its WorkflowEvent's ``service``): a replica of
+    sd-xl from its first window, with no setting of the worker's, its engine read or not."""
+    feed = declared_run(Declared(), 20, 40, service="sd-xl")
+    alerts = feed.of(ALERTS)
+    assert {a["detector"] for a in alerts} == {"idle_replica"}
+    (firing,) = [a for a in alerts if a["status"] == "FIRING"]
+    assert "replica of sd-xl" in firing["message"] and "did no work on its GPUs" in firing["message"]
+
+
+def test_a_service_name_that_cannot_be_a_name_is_a_dead_letter_and_declares_nothing():
+    step, store = make()
+    out = step.life_cycle(0, [Decoded(0, "WorkflowEvent", {**started("inference"), "service": "sd\nxl\x1b[31m"})],
+                          BASE_MS)
+    assert [why for _, why in out.dead] == [
+        "service 'sd\\nxl\\x1b[31m' is not a printable name of 1 to 256 characters"]
+    assert WF not in store or store[WF].serving is None
+
+
+def started(partition: str) -> dict:
+    return {"workflow_id": WF, "event": "STARTED", "event_time": BASE_MS, "host": "gpu-host-000", "owner": "ana",
+            "team": "vision", "gpu_uuids": ["GPU-0", "GPU-1"], "pids": [], "attribution": "allocation:slurm",
+            "scheduler": "slurm", "scheduler_job_id": "77", "scheduler_partition": partition}
+
+
+def declared_run(declared: Declared, minutes_busy: int, minutes_idle: int, service: str | None = None):
     """A Slurm job of partition ``inference`` whose engine's metrics are not read: its GPUs at 5 %
-    for ``minutes_busy``, then at 0 %; the worker told (or not) that the partition serves."""
+    for ``minutes_busy``, then at 0 %; the worker told (or not) that the partition serves, its
+    event naming (or not) the service it is a replica of."""
     step, _ = make()
     step.settings = replace(step.settings, serving=declared)
-    step.life_cycle(0, [Decoded(0, "WorkflowEvent", {
-        "workflow_id": WF, "event": "STARTED", "event_time": BASE_MS, "host": "gpu-host-000", "owner": "ana",
-        "team": "vision", "gpu_uuids": ["GPU-0", "GPU-1"], "pids": [], "attribution": "allocation:slurm",
-        "scheduler": "slurm", "scheduler_job_id": "77", "scheduler_partition": "inference"})], BASE_MS)
+    step.life_cycle(0, [Decoded(0, "WorkflowEvent", {**started("inference"), "service": service})], BASE_MS)
     feed = Feed(step)
     for m in range(minutes_busy + minutes_idle):
         feed(*ticks(WF, m * 60, m * 60 + 60, 5.0 if m < minutes_busy else 0.0))
