@@ -10,6 +10,19 @@ WORKFLOW_EVENT_TYPE = Enum(
 )
 
 
+# Each version's doc is the one before's, and what it adds.
+_V5_DOC = ("A workflow appeared on (STARTED), is still on (HEARTBEAT) or left (ENDED) a host: its processes were "
+           "seen there or, where the agent reads the scheduler's allocations, the scheduler gave it GPUs there, "
+           "with what the agent could learn about it. v2 adds the model (from the job's environment) and the "
+           "cluster (from the agent). v3 adds the scheduler's quality of service and partition (what enforcement "
+           "ladders may exempt). v4 adds what the scheduler allocated (the scheduler, the job's name, time limit "
+           "and node list, when the allocation began on this host); an ENDED from the scheduler carries the "
+           "scheduler's end time as its event time and also travels on the samples topic, after the job's last "
+           "samples from the host, so that the worker can close the job's windows as soon as they are complete. "
+           "v5 adds what the scheduler could not be asked (scheduler_unknown, scheduler_problem) and, on an "
+           "ENDED from the scheduler, how the job ended (end_state, exit_code, exit_signal, cancelled_by).")
+
+
 WORKFLOW_EVENT = Record(
     "WorkflowEvent",
     versions={
@@ -30,28 +43,9 @@ WORKFLOW_EVENT = Record(
             "and node list, when the allocation began on this host); an ENDED from the scheduler carries the "
             "scheduler's end time as its event time and also travels on the samples topic, after the job's last "
             "samples from the host, so that the worker can close the job's windows as soon as they are complete."),
-        5: ("A workflow appeared on (STARTED), is still on (HEARTBEAT) or left (ENDED) a host: its processes were "
-            "seen there or, where the agent reads the scheduler's allocations, the scheduler gave it GPUs there, "
-            "with what the agent could learn about it. v2 adds the model (from the job's environment) and the "
-            "cluster (from the agent). v3 adds the scheduler's quality of service and partition (what enforcement "
-            "ladders may exempt). v4 adds what the scheduler allocated (the scheduler, the job's name, time limit "
-            "and node list, when the allocation began on this host); an ENDED from the scheduler carries the "
-            "scheduler's end time as its event time and also travels on the samples topic, after the job's last "
-            "samples from the host, so that the worker can close the job's windows as soon as they are complete. "
-            "v5 adds what the scheduler could not be asked (scheduler_unknown, scheduler_problem) and, on an "
-            "ENDED from the scheduler, how the job ended (end_state, exit_code, exit_signal, cancelled_by)."),
-        6: ("A workflow appeared on (STARTED), is still on (HEARTBEAT) or left (ENDED) a host: its processes were "
-            "seen there or, where the agent reads the scheduler's allocations, the scheduler gave it GPUs there, "
-            "with what the agent could learn about it. v2 adds the model (from the job's environment) and the "
-            "cluster (from the agent). v3 adds the scheduler's quality of service and partition (what enforcement "
-            "ladders may exempt). v4 adds what the scheduler allocated (the scheduler, the job's name, time limit "
-            "and node list, when the allocation began on this host); an ENDED from the scheduler carries the "
-            "scheduler's end time as its event time and also travels on the samples topic, after the job's last "
-            "samples from the host, so that the worker can close the job's windows as soon as they are complete. "
-            "v5 adds what the scheduler could not be asked (scheduler_unknown, scheduler_problem) and, on an "
-            "ENDED from the scheduler, how the job ended (end_state, exit_code, exit_signal, cancelled_by). "
-            "v6 adds the service the workflow is a replica of, where its labels or its environment declare it a "
-            "serving replica."),
+        5: _V5_DOC,
+        6: _V5_DOC + (" v6 adds the service the workflow is a replica of, where its labels or its environment "
+                      "declare it a serving replica."),
     },
     fields=(
         Field("workflow_id", "string", "The workflow (the record's key)."),
