@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from confluent_kafka import Producer
 
+from benchmarks.bench_agent_serving import at_one_hertz, serving_cost
 from gpufleet.local import kafka as local_kafka
 from kafka_client.admin import ensure_topics
 from kafka_client.config import producer_config
@@ -65,8 +66,8 @@ def per_tick_cost(bootstrap: str, tmp: Path, ticks: int = 300) -> None:
     sampler.open()
     spool = Spool(tmp / "spool-tick")
     forwarder = Forwarder(spool, bootstrap)
-    agent = HostAgent(AgentSettings("bench-host", topic_prefix="bench."), spool, Codec(), nvml=sampler,
-                      attributor=ProcessAttributor(proc=proc))
+    agent = at_one_hertz(HostAgent(AgentSettings("bench-host", topic_prefix="bench."), spool, Codec(), nvml=sampler,
+                                   attributor=ProcessAttributor(proc=proc)))
     for _ in range(5):  # warm up caches and connections
         agent.tick()
         forwarder.step(0)
@@ -196,8 +197,9 @@ def allocations_cost(tmp: Path, ticks: int = 100, rounds: int = 41) -> None:
         gpus = [FakeGpu(f"GPU-{i}", processes=[FakeProcess(2000 + i, sm_util=60)], minor=i) for i in range(8)]
         sampler = NvmlSampler(FakeNvml(gpus))
         sampler.open()
-        a = HostAgent(AgentSettings("bench-host", topic_prefix="bench."), Spool(tmp / f"spool-{id(gpus)}"), Codec(),
-                      nvml=sampler, attributor=ProcessAttributor(proc=proc), allocations=allocations)
+        a = at_one_hertz(HostAgent(AgentSettings("bench-host", topic_prefix="bench."), Spool(tmp / f"spool-{id(gpus)}"),
+                                   Codec(), nvml=sampler, attributor=ProcessAttributor(proc=proc),
+                                   allocations=allocations))
         for _ in range(5):
             a.tick()
         return a
@@ -232,8 +234,6 @@ def allocations_cost(tmp: Path, ticks: int = 100, rounds: int = 41) -> None:
 
 
 def main() -> None:
-    from benchmarks.bench_agent_serving import serving_cost
-
     if "--serving-only" in sys.argv:
         with tempfile.TemporaryDirectory(prefix="gpufleet-bench-agent-") as d:
             serving_cost(Path(d))

@@ -29,6 +29,14 @@ from tests.support.fake_nvml import FakeGpu, FakeNvml, FakeProcess
 from tests.support.proc_tree import make_process
 
 
+def at_one_hertz(agent: HostAgent) -> HostAgent:
+    """``agent`` with a wall clock a second later at each tick, as the agent's loop ticks at 1 Hz:
+    a benchmark ticks it back to back, and the samples still stand for a second each."""
+    start = time.time()
+    agent.clock = lambda: start + agent.ticks
+    return agent
+
+
 def vllm_page() -> str:
     """A vLLM endpoint as large as vLLM makes it: the documented metrics, and 14 histograms of 25
     buckets each (vLLM's latency and token histograms), for one model."""
@@ -114,9 +122,9 @@ def _serving_cost(tmp: Path, proc: Path, exposition: str, ticks: int, rounds: in
             spool, codec = Spool(tmp / f"spool-{exposition}-{id(gpus)}"), Codec()
             observers = () if reader is None else (ServingObserver(reader, lambda schema, key, record: spool.append(
                 "bench." + GPU_SAMPLES.name, key, codec.encode(schema, record)), "bench-host"),)
-            return HostAgent(AgentSettings("bench-host", topic_prefix="bench.", checkpoint=False), spool, codec,
-                             nvml=sampler, attributor=ProcessAttributor(proc=proc),
-                             links=AgentLinks(observers=observers))
+            return at_one_hertz(HostAgent(AgentSettings("bench-host", topic_prefix="bench.", checkpoint=False), spool,
+                                          codec, nvml=sampler, attributor=ProcessAttributor(proc=proc),
+                                          links=AgentLinks(observers=observers)))
 
         reader = ServingReader([Endpoint((i,), f"http://127.0.0.1:{port}/metrics") for i in range(8)], 1.0)
         plain, serving = agent(), agent(reader)
