@@ -24,7 +24,7 @@
    process) against the agent as before, at 8 GPUs: CPU per tick, the two alternating, medians
    (``bench_agent_serving.py``). Goal: at most 5 % more.
 
-    python benchmarks/bench_agent.py [--calls-only | --allocations-only | --serving-only]
+    python benchmarks/bench_agent.py [--calls-only | --allocations-only | --serving-only [--nvml]]
 """
 
 from __future__ import annotations
@@ -236,7 +236,7 @@ def allocations_cost(tmp: Path, ticks: int = 100, rounds: int = 41) -> None:
 def main() -> None:
     if "--serving-only" in sys.argv:
         with tempfile.TemporaryDirectory(prefix="gpufleet-bench-agent-") as d:
-            serving_cost(Path(d))
+            serving_cost(Path(d), real_nvml="--nvml" in sys.argv)
         return
     if "--calls-only" in sys.argv:
         nvml_calls()

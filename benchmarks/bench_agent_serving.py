@@ -3,7 +3,8 @@ agent reading a serving engine's endpoint per replica per tick (``--serving-endp
 replicas of one GPU, each a vLLM endpoint of ~500 lines, as vLLM's histograms make it, served by
 another process) against the agent as before, at 8 GPUs: CPU per tick, the two alternating,
 medians; then each part of a reading alone against what the goal leaves it. Goal: at most 5 %
-more."""
+more. ``--nvml``: the host's own GPUs through NVML instead of the fake's 8, a replica a GPU (on a
+GPU machine: the honest baseline, a tick as NVML costs it there)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from producers.agent.allocations.allocation import Allocation, Allocations
 from producers.agent.gpus.attribute_process import ProcessAttributor
 from producers.agent.gpus.sample_nvml import NvmlSampler
 from producers.agent.host_agent import AgentSettings, HostAgent
@@ -95,45 +97,77 @@ s.serve_forever()
 """
 
 
-def serving_cost(tmp: Path, ticks: int = 60, rounds: int = 21) -> None:
-    """CPU per tick of the agent reading 8 replicas' endpoints (each read once a tick, as the
-    reader's threads do at 1 Hz; their CPU is the agent's) against the same agent without: the
+class Holding:
+    """An allocation source whose one job holds every GPU: on real GPUs (no process of ours on
+    them), their samples are still a workflow's, whose replicas' readings are sent."""
+
+    scheduler = "slurm"
+
+    def __init__(self, gpus: int) -> None:
+        self.job = Allocation(scheduler="slurm", job_id="1", workflow_id="slurm-1", owner="ana", team="ml",
+                              gpus=tuple(str(i) for i in range(gpus)), started_ms=int(time.time() * 1000))
+
+    def read(self, now_ms: int) -> Allocations:
+        return Allocations((self.job,))
+
+    def forget(self, ended) -> None:
+        pass
+
+
+def serving_cost(tmp: Path, ticks: int = 60, rounds: int = 21, real_nvml: bool = False) -> None:
+    """CPU per tick of the agent reading a replica's endpoint per GPU (each read once a tick, as
+    the reader's threads do at 1 Hz; their CPU is the agent's) against the same agent without: the
     endpoints exposed as vLLM and SGLang do (the client library: ``name[]`` answered), then as a
-    whole page whatever is asked (TGI, Triton)."""
+    whole page whatever is asked (TGI, Triton). 8 GPUs of the fake NVML; with ``real_nvml``, the
+    host's own GPUs through NVML (``--nvml``: on a GPU machine, the tick as it costs there)."""
     (tmp / "www").mkdir()
     (tmp / "www" / "metrics").write_text(vllm_page())
     proc = tmp / "proc-serving"
     for i in range(8):
         make_process(proc, 3000 + i, {"GPUFLEET_WORKFLOW_ID": f"svc-{i}", "USER": "ana"})
     for exposition in ("library", "page"):
-        _serving_cost(tmp, proc, exposition, ticks, rounds)
+        _serving_cost(tmp, proc, exposition, ticks, rounds, real_nvml)
 
 
-def _serving_cost(tmp: Path, proc: Path, exposition: str, ticks: int, rounds: int) -> None:
+def _sampler(real_nvml: bool) -> tuple[NvmlSampler, Holding | None, str]:
+    """The agent's GPUs: 8 of the fake NVML, or the host's own (with a job holding them all)."""
+    if real_nvml:
+        sampler = NvmlSampler()
+        sampler.open()
+        readings = sampler.tick()
+        return sampler, Holding(len(readings)), f"{len(readings)} x {readings[0].name} (real NVML)"
+    gpus = [FakeGpu(f"GPU-{i}", processes=[FakeProcess(3000 + i, sm_util=20)], minor=i) for i in range(8)]
+    sampler = NvmlSampler(FakeNvml(gpus))
+    sampler.open()
+    return sampler, None, "8 GPUs (fake NVML)"
+
+
+def _serving_cost(tmp: Path, proc: Path, exposition: str, ticks: int, rounds: int, real_nvml: bool) -> None:
     server = subprocess.Popen([sys.executable, "-c", ENGINE_SERVER, str(tmp / "www" / "metrics"), exposition],
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         port = int(server.stdout.readline())
+        gpus = [0]  # how many the agents sample
 
         def agent(reader: ServingReader | None = None) -> HostAgent:
-            gpus = [FakeGpu(f"GPU-{i}", processes=[FakeProcess(3000 + i, sm_util=20)], minor=i) for i in range(8)]
-            sampler = NvmlSampler(FakeNvml(gpus))
-            sampler.open()
-            spool, codec = Spool(tmp / f"spool-{exposition}-{id(gpus)}"), Codec()
+            sampler, holding, gpus[0] = _sampler(real_nvml)
+            spool, codec = Spool(tmp / f"spool-{exposition}-{id(sampler)}"), Codec()
             observers = () if reader is None else (ServingObserver(reader, lambda schema, key, record: spool.append(
                 "bench." + GPU_SAMPLES.name, key, codec.encode(schema, record)), "bench-host"),)
             return at_one_hertz(HostAgent(AgentSettings("bench-host", topic_prefix="bench.", checkpoint=False), spool,
                                           codec, nvml=sampler, attributor=ProcessAttributor(proc=proc),
-                                          links=AgentLinks(observers=observers)))
+                                          allocations=holding, links=AgentLinks(observers=observers)))
 
-        reader = ServingReader([Endpoint((i,), f"http://127.0.0.1:{port}/metrics") for i in range(8)], 1.0)
-        plain, serving = agent(), agent(reader)
+        plain = agent()
+        n = int(gpus[0].split(" ")[0])
+        reader = ServingReader([Endpoint((i,), f"http://127.0.0.1:{port}/metrics") for i in range(n)], 1.0)
+        serving = agent(reader)
 
         every = [1]  # read the endpoints every this many ticks (1: each tick; 10: the agent's default, 10 s)
 
         def serving_tick() -> None:
             if serving.ticks % every[0] == 0:
-                for i in range(8):
+                for i in range(n):
                     reader.read_once(i)
             serving.tick()
 
@@ -144,9 +178,9 @@ def _serving_cost(tmp: Path, proc: Path, exposition: str, ticks: int, rounds: in
                  "page": "exposed as a whole page (TGI, Triton)"}[exposition]
         budgets: list[float] = []  # per reading, what 5 % of the agent's tick leaves
         for every[0] in (1, 10):
-            cost: dict[str, list[float]] = {"GPUs only": [], "with 8 serving endpoints": []}
+            cost: dict[str, list[float]] = {"GPUs only": [], "with the serving endpoints": []}
             for r in range(rounds):
-                pair = (("GPUs only", plain.tick), ("with 8 serving endpoints", serving_tick))
+                pair = (("GPUs only", plain.tick), ("with the serving endpoints", serving_tick))
                 for name, tick in (pair if r % 2 else pair[::-1]):
                     cpu0 = time.process_time()
                     for _ in range(ticks):
@@ -155,11 +189,11 @@ def _serving_cost(tmp: Path, proc: Path, exposition: str, ticks: int, rounds: in
             assert not reader.errors, reader.errors
             base, with_serving = (statistics.median(v) for v in cost.values())
             ratio = statistics.median(b / a for a, b in zip(*cost.values()))
-            print(f"agent, 8 GPUs, 8 vLLM endpoints ({len(vllm_page().splitlines())} lines a page) {where}, read "
-                  f"every {every[0]} tick(s) of 1 s: {base * 1e3:.3f} ms CPU per tick sampling the GPUs, "
+            print(f"agent, {gpus[0]}, {n} vLLM endpoints ({len(vllm_page().splitlines())} lines a page) {where}, "
+                  f"read every {every[0]} tick(s) of 1 s: {base * 1e3:.3f} ms CPU per tick sampling the GPUs, "
                   f"{with_serving * 1e3:.3f} ms with the endpoints; median ratio of neighbouring rounds {ratio:.3f}x "
-                  f"(goal <= 1.05x); {(with_serving - base) * every[0] / 8 * 1e3:.2f} ms per reading")
-            budgets.append(0.05 * base * every[0] / 8)
+                  f"(goal <= 1.05x); {(with_serving - base) * every[0] / n * 1e3:.2f} ms per reading")
+            budgets.append(0.05 * base * every[0] / n)
         fetch, parsing = reading_parts(reader)
         print(f"  a reading's parts: the HTTP request {fetch * 1e3:.3f} ms, the client library's parse of the samples "
               f"read {parsing * 1e3:.3f} ms; the 5 % goal leaves {budgets[0] * 1e3:.3f} ms a reading read every tick, "
@@ -188,4 +222,4 @@ if __name__ == "__main__":
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="gpufleet-bench-agent-") as d:
-        serving_cost(Path(d))
+        serving_cost(Path(d), real_nvml="--nvml" in sys.argv)
