@@ -129,17 +129,18 @@ def serving_cost(tmp: Path, ticks: int = 60, rounds: int = 21, real_nvml: bool =
         _serving_cost(tmp, proc, exposition, ticks, rounds, real_nvml)
 
 
-def _sampler(real_nvml: bool) -> tuple[NvmlSampler, Holding | None, str]:
-    """The agent's GPUs: 8 of the fake NVML, or the host's own (with a job holding them all)."""
+def _sampler(real_nvml: bool) -> tuple[NvmlSampler, Holding | None, int, str]:
+    """The agent's GPUs: 8 of the fake NVML, or the host's own (with a job holding them all); how
+    many, and in words."""
     if real_nvml:
         sampler = NvmlSampler()
         sampler.open()
         readings = sampler.tick()
-        return sampler, Holding(len(readings)), f"{len(readings)} x {readings[0].name} (real NVML)"
+        return sampler, Holding(len(readings)), len(readings), f"{len(readings)} x {readings[0].name} (real NVML)"
     gpus = [FakeGpu(f"GPU-{i}", processes=[FakeProcess(3000 + i, sm_util=20)], minor=i) for i in range(8)]
     sampler = NvmlSampler(FakeNvml(gpus))
     sampler.open()
-    return sampler, None, "8 GPUs (fake NVML)"
+    return sampler, None, 8, "8 GPUs (fake NVML)"
 
 
 def _serving_cost(tmp: Path, proc: Path, exposition: str, ticks: int, rounds: int, real_nvml: bool) -> None:
@@ -147,10 +148,10 @@ def _serving_cost(tmp: Path, proc: Path, exposition: str, ticks: int, rounds: in
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         port = int(server.stdout.readline())
-        gpus = [0]  # how many the agents sample
+        sampled: dict = {}  # how many GPUs the agents sample, and in words
 
         def agent(reader: ServingReader | None = None) -> HostAgent:
-            sampler, holding, gpus[0] = _sampler(real_nvml)
+            sampler, holding, sampled["n"], sampled["gpus"] = _sampler(real_nvml)
             spool, codec = Spool(tmp / f"spool-{exposition}-{id(sampler)}"), Codec()
             observers = () if reader is None else (ServingObserver(reader, lambda schema, key, record: spool.append(
                 "bench." + GPU_SAMPLES.name, key, codec.encode(schema, record)), "bench-host"),)
@@ -159,7 +160,7 @@ def _serving_cost(tmp: Path, proc: Path, exposition: str, ticks: int, rounds: in
                                           allocations=holding, links=AgentLinks(observers=observers)))
 
         plain = agent()
-        n = int(gpus[0].split(" ")[0])
+        n, gpus = sampled["n"], sampled["gpus"]
         reader = ServingReader([Endpoint((i,), f"http://127.0.0.1:{port}/metrics") for i in range(n)], 1.0)
         serving = agent(reader)
 
@@ -189,7 +190,7 @@ def _serving_cost(tmp: Path, proc: Path, exposition: str, ticks: int, rounds: in
             assert not reader.errors, reader.errors
             base, with_serving = (statistics.median(v) for v in cost.values())
             ratio = statistics.median(b / a for a, b in zip(*cost.values()))
-            print(f"agent, {gpus[0]}, {n} vLLM endpoints ({len(vllm_page().splitlines())} lines a page) {where}, "
+            print(f"agent, {gpus}, {n} vLLM endpoints ({len(vllm_page().splitlines())} lines a page) {where}, "
                   f"read every {every[0]} tick(s) of 1 s: {base * 1e3:.3f} ms CPU per tick sampling the GPUs, "
                   f"{with_serving * 1e3:.3f} ms with the endpoints; median ratio of neighbouring rounds {ratio:.3f}x "
                   f"(goal <= 1.05x); {(with_serving - base) * every[0] / n * 1e3:.2f} ms per reading")

@@ -206,3 +206,26 @@ def _default(record: Record, f: Field) -> Any:
 OWNER = Field("owner", optional("string"), "The job's owner, as its scheduler (or its processes) say.", default=None)
 TEAM = Field("team", optional("string"), "The job's team (its Slurm account, Kubernetes namespace or team label).",
              default=None)
+
+# Each observed goodput bucket (schemas.goodput_buckets) as a window and a job's summary carry it:
+# its GPU-seconds, then its energy. What puts a GPU-second in each: streams.windows.goodput.
+_BUCKET_DOCS = {
+    "unhealthy": "XID, uncorrected ECC, pending row remapping, or a power or thermal clock limit",
+    "startup": "before the workflow's GPUs first did any work (at most the start-up limit after its first sample)",
+    "idle": "the GPU at 0 % while held",
+    "input_bound": "under the input-bound utilisation while the host starved the input (CPU per GPU or I/O wait)",
+    "low_util": "under the low-utilisation threshold for another reason",
+    "productive": "the rest",
+}
+
+
+def goodput_fields(since: int) -> tuple[Field, ...]:
+    """The observed buckets' ``<bucket>_gpu_seconds`` then ``<bucket>_joules``, added in version ``since``."""
+    from schemas.goodput_buckets import OBSERVED_BUCKETS
+
+    seconds = tuple(Field(f"{b}_gpu_seconds", "double", f"Goodput bucket {b}: {_BUCKET_DOCS[b]} (GPU-seconds, "
+                          "weighted by share; the six buckets sum to gpu_seconds).", since=since, default=0.0)
+                    for b in OBSERVED_BUCKETS)
+    joules = tuple(Field(f"{b}_joules", "double", f"Energy of the {b} bucket's samples (the GPU's energy counter "
+                         "where read, else power x interval).", since=since, default=0.0) for b in OBSERVED_BUCKETS)
+    return (*seconds, *joules)

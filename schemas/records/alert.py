@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from schemas.fields import OWNER, TEAM, TIMESTAMP_MS, Enum, Field, Record, array, optional
+from schemas.records.finding import CARRIED
 
 SEVERITY = Enum(
     "Severity",
@@ -19,12 +20,7 @@ ALERT_STATUS = Enum(
 ALERT_FINDING = Record(
     "AlertFinding",
     fields=(
-        Field("rule", "string", "The rule that found it (streams/traces/rules.py)."),
-        Field("severity", "string", "INFO, WARNING or CRITICAL."),
-        Field("title", "string", "What was found, in a line."),
-        Field("evidence", "string", "The figures it rests on."),
-        Field("recommendation", "string", "What to try."),
-        Field("gpu_seconds_at_stake", "double", "GPU-seconds it cost in the profiled span."),
+        *CARRIED,
         Field("ranks", "int", "How many of the profiled ranks showed it."),
     ),
 )

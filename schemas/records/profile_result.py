@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 from schemas.fields import TIMESTAMP_MS, Field, Record, array, optional
+from schemas.records.finding import CARRIED
 from schemas.records.trace_end import PROFILE_SYSTEM_CONTEXT
 
 PROFILE_FINDING = Record(
     "ProfileFinding",
     fields=(
-        Field("rule", "string", "The rule that found it (streams/traces/rules.py)."),
-        Field("severity", "string", "INFO, WARNING or CRITICAL."),
-        Field("title", "string", "What was found, in a line."),
-        Field("evidence", "string", "The figures it rests on."),
-        Field("recommendation", "string", "What to try."),
-        Field("gpu_seconds_at_stake", "double", "GPU-seconds it cost in the profiled span."),
+        *CARRIED,
     ),
 )
 

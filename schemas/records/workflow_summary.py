@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from schemas.fields import OWNER, TEAM, TIMESTAMP_MS, Field, Record, array, optional
+from schemas.fields import OWNER, TEAM, TIMESTAMP_MS, Field, Record, array, goodput_fields, optional
 
 RIGHT_SIZE = Record(
     "RightSize",
@@ -64,96 +64,7 @@ WORKFLOW_SUMMARY = Record(
         Field("energy_joules", optional("double"), "The energy its GPUs used.", default=None),
         Field("xid_count", "int", "XID errors its GPUs reported."),
         Field("gpu_model", optional("string"), "The model of the workflow's GPUs.", since=2, default=None),
-        Field(
-            "unhealthy_gpu_seconds",
-            "double",
-            ("Goodput bucket unhealthy: XID, uncorrected ECC, pending row remapping, or a power or thermal clock "
-             "limit (GPU-seconds, weighted by share; the six buckets sum to gpu_seconds)."),
-            since=2,
-            default=0.0,
-        ),
-        Field(
-            "startup_gpu_seconds",
-            "double",
-            ("Goodput bucket startup: before the workflow's GPUs first did any work (at most the start-up limit "
-             "after its first sample) (GPU-seconds, weighted by share; the six buckets sum to gpu_seconds)."),
-            since=2,
-            default=0.0,
-        ),
-        Field(
-            "idle_gpu_seconds",
-            "double",
-            ("Goodput bucket idle: the GPU at 0 % while held (GPU-seconds, weighted by share; the six buckets sum "
-             "to gpu_seconds)."),
-            since=2,
-            default=0.0,
-        ),
-        Field(
-            "input_bound_gpu_seconds",
-            "double",
-            ("Goodput bucket input_bound: under the input-bound utilisation while the host starved the input (CPU "
-             "per GPU or I/O wait) (GPU-seconds, weighted by share; the six buckets sum to gpu_seconds)."),
-            since=2,
-            default=0.0,
-        ),
-        Field(
-            "low_util_gpu_seconds",
-            "double",
-            ("Goodput bucket low_util: under the low-utilisation threshold for another reason (GPU-seconds, "
-             "weighted by share; the six buckets sum to gpu_seconds)."),
-            since=2,
-            default=0.0,
-        ),
-        Field(
-            "productive_gpu_seconds",
-            "double",
-            ("Goodput bucket productive: the rest (GPU-seconds, weighted by share; the six buckets sum to "
-             "gpu_seconds)."),
-            since=2,
-            default=0.0,
-        ),
-        Field(
-            "unhealthy_joules",
-            "double",
-            "Energy of the unhealthy bucket's samples (the GPU's energy counter where read, else power x interval).",
-            since=2,
-            default=0.0,
-        ),
-        Field(
-            "startup_joules",
-            "double",
-            "Energy of the startup bucket's samples (the GPU's energy counter where read, else power x interval).",
-            since=2,
-            default=0.0,
-        ),
-        Field(
-            "idle_joules",
-            "double",
-            "Energy of the idle bucket's samples (the GPU's energy counter where read, else power x interval).",
-            since=2,
-            default=0.0,
-        ),
-        Field(
-            "input_bound_joules",
-            "double",
-            "Energy of the input_bound bucket's samples (the GPU's energy counter where read, else power x interval).",
-            since=2,
-            default=0.0,
-        ),
-        Field(
-            "low_util_joules",
-            "double",
-            "Energy of the low_util bucket's samples (the GPU's energy counter where read, else power x interval).",
-            since=2,
-            default=0.0,
-        ),
-        Field(
-            "productive_joules",
-            "double",
-            "Energy of the productive bucket's samples (the GPU's energy counter where read, else power x interval).",
-            since=2,
-            default=0.0,
-        ),
+        *goodput_fields(since=2),
         Field("alerts_fired", array("string"), "Detectors that fired during the job."),
         Field(
             "tensor_active_mean_pct",

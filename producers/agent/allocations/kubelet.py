@@ -222,8 +222,8 @@ class KubeletAllocations:
         found = {**meta.annotations, **meta.labels} if meta else {}
         job = meta.uid if meta else f"{namespace}/{name}"
         service = service_of(meta, name) if meta and declares(meta, self.serving_labels) else None
-        if service_error(service):
-            log.warning("pod %s/%s: %s; it is not declared a serving replica", namespace, name, service_error(service))
+        if (wrong := service_error(service)) is not None:
+            log.warning("pod %s/%s: %s; it is not declared a serving replica", namespace, name, wrong)
             service = None
         return Allocation(
             scheduler=KUBERNETES, job_id=job,

@@ -120,8 +120,8 @@ class ProcessAttributor:
         job = env.get("SLURM_JOB_ID")
         rank = _first(env, ("RANK", "SLURM_PROCID"))
         service = _first(env, self.keys.service)
-        if service_error(service):
-            log.warning("process %d: %s; its workflow is not declared a serving replica", pid, service_error(service))
+        if (wrong := service_error(service)) is not None:
+            log.warning("process %d: %s; its workflow is not declared a serving replica", pid, wrong)
             service = None
         common = {"owner": owner, "team": team, "cmdline": cmdline, "framework": framework,
                   "framework_version": version, "model": _first(env, self.keys.model),
