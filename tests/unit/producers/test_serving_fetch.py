@@ -1,0 +1,86 @@
+"""The agent's HTTP reading of an engine's endpoint (``scrape.Fetcher``, libcurl): one kept-open
+connection for reading after reading, opened again where the server closes it; a page too long,
+an HTTP error and a closed port each refused with its reason."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
+
+import pytest
+
+from producers.serving.engines import EndpointError
+from producers.serving.scrape import MAX_BYTES, Fetcher
+
+
+class Page(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    connections: ClassVar[set[tuple]] = set()  # the clients' addresses: one per connection
+
+    def do_GET(self):
+        Page.connections.add(self.client_address)  # (a connection is its client port)
+        if self.path == "/chunked-huge":  # no length: the reader must stop it itself
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            piece = b"x" * (1 << 20)
+            try:
+                for _ in range(MAX_BYTES // len(piece) + 2):
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                self.wfile.write(b"0\r\n\r\n")
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            return
+        status, body = {"/error": (500, b"no"), "/huge": (200, b"x" * (MAX_BYTES + 1))}.get(self.path, (200, b"ok"))
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        if self.path == "/close":
+            self.send_header("Connection", "close")
+        self.end_headers()
+        try:
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def base():
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+def test_one_connection_serves_every_reading(base):
+    get, Page.connections = Fetcher(), set()
+    assert [get(f"{base}/metrics", 2.0) for _ in range(5)] == ["ok"] * 5
+    assert len(Page.connections) == 1
+
+
+def test_a_connection_the_server_closes_is_opened_again(base):
+    get, Page.connections = Fetcher(), set()
+    assert [get(f"{base}/close", 2.0) for _ in range(3)] == ["ok"] * 3
+    assert len(Page.connections) == 3
+
+
+@pytest.mark.parametrize("path, why", [("/error", "HTTP 500"), ("/huge", "longer than"),
+                                       ("/chunked-huge", "longer than")])
+def test_what_is_not_a_page_is_refused_with_the_reason(base, path, why):
+    get = Fetcher()
+    with pytest.raises(EndpointError, match=why):
+        get(f"{base}{path}", 5.0)
+    assert get(f"{base}/metrics", 2.0) == "ok"  # and the next reading goes on
+
+
+def test_a_closed_port_is_unreachable():
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    with pytest.raises(ConnectionError):
+        Fetcher()(f"http://127.0.0.1:{port}/metrics", 1.0)
