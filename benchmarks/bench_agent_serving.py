@@ -91,6 +91,7 @@ class H(BaseHTTPRequestHandler):
         self.wfile.write(body)
     def log_message(self, *a):
         pass
+ThreadingHTTPServer.request_queue_size = 128  # (as uvicorn's backlog: 8 connections at once are no SYN dropped)
 s = ThreadingHTTPServer(("127.0.0.1", 0), H)
 print(s.server_address[1], flush=True)
 s.serve_forever()
@@ -168,8 +169,7 @@ def _serving_cost(tmp: Path, proc: Path, exposition: str, ticks: int, rounds: in
 
         def serving_tick() -> None:
             if serving.ticks % every[0] == 0:
-                for i in range(n):
-                    reader.read_once(i)
+                reader.read_all()  # (every endpoint asked at once, as the reader's loop asks them)
             serving.tick()
 
         for _ in range(5):
@@ -180,13 +180,14 @@ def _serving_cost(tmp: Path, proc: Path, exposition: str, ticks: int, rounds: in
         budgets: list[float] = []  # per reading, what 5 % of the agent's tick leaves
         for every[0] in (1, 10):
             cost: dict[str, list[float]] = {"GPUs only": [], "with the serving endpoints": []}
+            span = ticks * (1 if every[0] == 1 else 4)  # (a round holds 6 readings of each endpoint, or 24)
             for r in range(rounds):
                 pair = (("GPUs only", plain.tick), ("with the serving endpoints", serving_tick))
                 for name, tick in (pair if r % 2 else pair[::-1]):
                     cpu0 = time.process_time()
-                    for _ in range(ticks):
+                    for _ in range(span):
                         tick()
-                    cost[name].append((time.process_time() - cpu0) / ticks)
+                    cost[name].append((time.process_time() - cpu0) / span)
             assert not reader.errors, reader.errors
             base, with_serving = (statistics.median(v) for v in cost.values())
             ratio = statistics.median(b / a for a, b in zip(*cost.values()))
@@ -196,12 +197,46 @@ def _serving_cost(tmp: Path, proc: Path, exposition: str, ticks: int, rounds: in
                   f"(goal <= 1.05x); {(with_serving - base) * every[0] / n * 1e3:.2f} ms per reading")
             budgets.append(0.05 * base * every[0] / n)
         fetch, parsing = reading_parts(reader)
+        inline, looped = loop_cost(reader)
         print(f"  a reading's parts: the HTTP request {fetch * 1e3:.3f} ms, the reading of its page "
               f"{parsing * 1e3:.3f} ms; the 5 % goal leaves {budgets[0] * 1e3:.3f} ms a reading read every tick, "
               f"{budgets[1] * 1e3:.3f} ms every 10")
+        print(f"  the reader's loop on its thread: {looped * 1e3:.3f} ms CPU a reading, against {inline * 1e3:.3f} ms "
+              f"read in the benchmark's ticks ({looped / inline:.2f}x)")
     finally:
         server.terminate()
         server.wait(10)
+
+
+class Counted(ServingReader):
+    """A reader that counts the answers it takes."""
+
+    taken = 0
+
+    def _took(self, *args) -> bool:
+        self.taken += 1
+        return super()._took(*args)
+
+
+def loop_cost(reader: ServingReader, seconds: float = 4.0, interval_s: float = 0.1) -> tuple[float, float]:
+    """CPU a reading of ``reader``'s endpoints: all read at once in the benchmark's own thread
+    (``read_all``, as in its ticks), and by the reader's loop on its thread, as the agent runs it
+    (every ``interval_s``, the process otherwise asleep): what the thread costs beside."""
+    inline = Counted(reader.endpoints, interval_s)
+    cpu0 = time.process_time()
+    while inline.taken < 400:
+        inline.read_all()
+    inline_cost = (time.process_time() - cpu0) / inline.taken
+    looped = Counted(reader.endpoints, interval_s)
+    looped.start()
+    try:
+        time.sleep(0.5)  # (its connections open)
+        cpu0, taken0 = time.process_time(), looped.taken
+        time.sleep(seconds)
+        looped_cost = (time.process_time() - cpu0) / max(1, looped.taken - taken0)
+    finally:
+        looped.stop()
+    return inline_cost, looped_cost
 
 
 def reading_parts(reader, n: int = 400) -> tuple[float, float]:

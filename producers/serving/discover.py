@@ -25,7 +25,8 @@ from typing import Any
 import psutil
 
 from producers.serving.engines import EndpointError, parse
-from producers.serving.scrape import Endpoint, Fetcher, ServingReader
+from producers.serving.fetch import Fetcher
+from producers.serving.scrape import Endpoint, ServingReader
 
 log = logging.getLogger(__name__)
 

@@ -35,3 +35,55 @@ def test_sim_agent_publishes_and_flushes_on_sigterm(kafka, prefix, tmp_path):
     assert len(batches) < ticks and max(len(set(b["event_time"])) for b in batches) > 1
     hosts = read_topic(kafka.bootstrap, prefix + HOST_SAMPLES.name, HOST_SAMPLES.partitions)
     assert len(hosts) == ticks
+
+
+def test_the_agent_reads_a_serving_endpoint_beside_its_gpus(kafka, prefix, tmp_path):
+    """`gpufleet agent --serving-endpoint`: the reader's loop asks the engine's page at its rate and
+    each two readings become a ServingSample on the GPU samples' topic, with the traffic between."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from tests.support.serving_pages import DATA
+
+    page, served = (DATA / "vllm-0.6.prom").read_text(), [0]
+
+    class Engine(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self):  # 5 more requests finished at each reading
+            served[0] += 1
+            stop = 'vllm:request_success_total{finished_reason="stop",model_name="meta-llama/Llama-3.1-8B-Instruct"}'
+            body = page.replace(f"{stop} 990.0", f"{stop} {990 + 5 * served[0]}.0").encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}/metrics"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpufleet", "--data-dir", str(tmp_path), "agent", "--source", "sim",
+         "--bootstrap", kafka.bootstrap, "--topic-prefix", prefix, "--interval", "0.2", "--hosts", "1",
+         "--gpus-per-host", "2", "--workflows", "1", "--host", "gpu-host-000",
+         "--serving-endpoint", f"0={url};service=sd-xl", "--serving-interval-s", "0.2"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        def serving():
+            return [r for *_, n, r in read_topic(kafka.bootstrap, prefix + GPU_SAMPLES.name, GPU_SAMPLES.partitions)
+                    if n == "ServingSample"]
+        wait_until(lambda: len(serving()) >= 3 or proc.poll() is not None, 90, "three serving samples")
+        assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        httpd.shutdown()
+    assert proc.returncode == 0, out
+    samples = serving()
+    assert {(s["service"], s["engine"], s["host"]) for s in samples} == {("sd-xl", "vllm", "gpu-host-000")}
+    # the traffic between two readings: 5 requests a reading, however many readings a sample spans
+    assert all(s["requests"] > 0 and s["requests"] % 5 == 0 for s in samples)
+    assert sum(s["requests"] for s in samples) <= 5 * served[0]

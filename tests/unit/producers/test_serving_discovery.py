@@ -14,7 +14,8 @@ import pytest
 
 from producers.agent.gpus.reading import GpuProcess, GpuReading
 from producers.serving.discover import Discovery, candidates, discover, gpu_processes, listening_ports
-from producers.serving.scrape import Endpoint, Fetcher, ServingReader
+from producers.serving.fetch import Fetcher
+from producers.serving.scrape import Endpoint, ServingReader
 from tests.support.integration import wait_until
 from tests.support.serving_pages import DATA, serve
 

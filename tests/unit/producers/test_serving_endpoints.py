@@ -5,6 +5,7 @@ between releases, and an endpoint that is down, slow or answers garbage never ho
 from __future__ import annotations
 
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import ClassVar
@@ -14,6 +15,7 @@ import pytest
 from producers.serving.engines import EndpointError, parse, traffic
 from producers.serving.scrape import Endpoint, EndpointSettingError, ServingObserver, ServingReader, endpoint
 from schemas.codec import Codec
+from tests.support.integration import wait_until
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "serving"
 
@@ -209,8 +211,7 @@ def test_an_engine_known_is_asked_only_for_what_its_reading_needs():
                                clock=lambda: float(next(times)))
         pairs = []
         for _ in range(2):
-            reader.read_once(0)
-            reader.read_once(1)
+            reader.read_all()  # (both asked at once, as the reader's loop asks them)
             pairs += reader.pairs()
     finally:
         httpd.shutdown()
@@ -221,3 +222,48 @@ def test_an_engine_known_is_asked_only_for_what_its_reading_needs():
     assert not reader.errors
     (_, (_, first), (_, second)), (_, (_, strict_first), (_, strict_second)) = pairs
     assert second.values == first.values == strict_second.values == strict_first.values  # the same, either way
+
+
+class Timed(Engine):
+    """``Engine``, with the time each request came at."""
+
+    asked: ClassVar[list[tuple[str, float]]] = []
+
+    def do_GET(self):
+        Timed.asked.append((self.path, time.monotonic()))
+        super().do_GET()
+
+
+def test_one_thread_reads_every_endpoint_and_a_slow_one_holds_up_no_other():
+    """The reader's loop asks every endpoint on one thread, each on its own connection: while the
+    slow endpoint's request waits out its timeout, the good one is read again at its own rate."""
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Timed)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{httpd.server_address[1]}"
+    Timed.asked.clear()
+    reader = ServingReader([Endpoint((0,), f"{base}/good"), Endpoint((1,), f"{base}/slow"),
+                            Endpoint((2,), f"{base}/good?copy")], interval_s=0.25, timeout_s=1.0)
+    reader.start()
+    try:
+        wait_until(lambda: (f"{base}/slow", "timeout") in reader.errors, 30, "the slow endpoint's timeout")
+        readers = [t.name for t in threading.enumerate() if t.name.startswith("serving")]
+    finally:
+        reader.stop()
+        Engine.release.set()
+        httpd.shutdown()
+        Engine.release.clear()
+    assert readers == ["serving-reader"]  # one thread, for three endpoints
+    slow_asked = next(at for path, at in Timed.asked if path == "/slow")
+    good_while_slow = [at for path, at in Timed.asked if path.startswith("/good") and slow_asked < at < slow_asked + 1]
+    assert len(good_while_slow) >= 2 and not reader.errors.keys() - {(f"{base}/slow", "timeout")}
+
+
+def test_the_loop_ends_with_stop_and_reads_an_endpoint_added_at_once(server):
+    reader = ServingReader([], interval_s=60.0)
+    reader.start()
+    try:
+        assert reader.add(Endpoint((0,), f"{server}/good")) and not reader.add(Endpoint((1,), f"{server}/good"))
+        wait_until(lambda: reader._latest, 30, "the added endpoint read")  # at once, not a minute later
+    finally:
+        reader.stop()
+    assert not reader._thread.is_alive()
