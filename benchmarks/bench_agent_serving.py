@@ -178,24 +178,35 @@ def _serving_cost(tmp: Path, proc: Path, exposition: str, ticks: int, rounds: in
         where = {"library": "exposed by the client library (vLLM, SGLang: only the samples read are sent)",
                  "page": "exposed as a whole page (TGI, Triton)"}[exposition]
         budgets: list[float] = []  # per reading, what 5 % of the agent's tick leaves
+        neighbour = Neighbour([reader._url(i) for i in range(n)])  # (the pages the reader asks)
+
+        def neighboured_tick() -> None:
+            if plain.ticks % every[0] == 0:
+                neighbour.ask()
+            plain.tick()
+
         for every[0] in (1, 10):
-            cost: dict[str, list[float]] = {"GPUs only": [], "with the serving endpoints": []}
+            cost: dict[str, list[float]] = {"GPUs only": [], "engines asked by another": [], "with the endpoints": []}
             span = ticks * (1 if every[0] == 1 else 4)  # (a round holds 6 readings of each endpoint, or 24)
             for r in range(rounds):
-                pair = (("GPUs only", plain.tick), ("with the serving endpoints", serving_tick))
-                for name, tick in (pair if r % 2 else pair[::-1]):
+                turns = [("GPUs only", plain.tick), ("engines asked by another", neighboured_tick),
+                         ("with the endpoints", serving_tick)]
+                for name, tick in turns[r % 3:] + turns[:r % 3]:
                     cpu0 = time.process_time()
                     for _ in range(span):
                         tick()
                     cost[name].append((time.process_time() - cpu0) / span)
             assert not reader.errors, reader.errors
-            base, with_serving = (statistics.median(v) for v in cost.values())
-            ratio = statistics.median(b / a for a, b in zip(*cost.values()))
+            base, _, with_serving = (statistics.median(v) for v in cost.values())
+            ratio = statistics.median(c / a for a, _, c in zip(*cost.values()))
+            alike = statistics.median(c / b for _, b, c in zip(*cost.values()))
             print(f"agent, {gpus}, {n} vLLM endpoints ({len(vllm_page().splitlines())} lines a page) {where}, "
                   f"read every {every[0]} tick(s) of 1 s: {base * 1e3:.3f} ms CPU per tick sampling the GPUs, "
-                  f"{with_serving * 1e3:.3f} ms with the endpoints; median ratio of neighbouring rounds {ratio:.3f}x "
-                  f"(goal <= 1.05x); {(with_serving - base) * every[0] / n * 1e3:.2f} ms per reading")
+                  f"{with_serving * 1e3:.3f} ms with the endpoints; median ratio of neighbouring rounds {ratio:.3f}x, "
+                  f"{alike:.3f}x against the agent beside a scraper asking the same pages (goal <= 1.05x); "
+                  f"{(with_serving - base) * every[0] / n * 1e3:.2f} ms per reading")
             budgets.append(0.05 * base * every[0] / n)
+        neighbour.close()
         fetch, parsing = reading_parts(reader)
         inline, looped = loop_cost(reader)
         print(f"  a reading's parts: the HTTP request {fetch * 1e3:.3f} ms, the reading of its page "
@@ -206,6 +217,52 @@ def _serving_cost(tmp: Path, proc: Path, exposition: str, ticks: int, rounds: in
     finally:
         server.terminate()
         server.wait(10)
+
+
+# Another process asking the engines the same pages at the same moments (as the cluster's own
+# Prometheus would): the agent without the endpoints beside it. The engine's answering takes CPU
+# on the machine's other core, which slows whatever shares it (2 vCPUs here): with the engines
+# asked as often on both sides, the ratio is the agent's own cost alone.
+NEIGHBOUR = """
+import sys, pycurl
+multi, handles = pycurl.CurlMulti(), []
+for url in sys.argv[1:]:
+    c = pycurl.Curl()
+    c.setopt(pycurl.URL, url)
+    c.setopt(pycurl.WRITEFUNCTION, lambda chunk: None)
+    handles.append(c)
+for _ in sys.stdin:
+    for c in handles:
+        multi.add_handle(c)
+    left = len(handles)
+    while left:
+        while multi.perform()[0] == pycurl.E_CALL_MULTI_PERFORM:
+            pass
+        _, ok, failed = multi.info_read()
+        for c in ok + [f[0] for f in failed]:
+            multi.remove_handle(c)
+            left -= 1
+        if left:
+            multi.select(0.1)
+    print("asked", flush=True)
+"""
+
+
+class Neighbour:
+    """A process that asks every endpoint's page at once when told, and says when all answered."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", NEIGHBOUR, *urls],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def ask(self) -> None:
+        self.proc.stdin.write("ask\n")
+        self.proc.stdin.flush()
+        self.proc.stdout.readline()
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(10)
 
 
 class Counted(ServingReader):
