@@ -177,6 +177,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
         metrics=metrics, hurry=forwarder.hurry)  # a job's end is sent at once
     agent = HostAgent(settings, spool, codec, nvml=nvml, simulated=simulated, attributor=ProcessAttributor(keys),
                       allocations=allocations, links=links)
+    for observer in serving_observers:  # (samples named by the service a workflow declares)
+        observer.declared = agent.declared_service
     if serving is not None and args.serving_discover:
         targets = getattr(allocations, "scrape_targets", None)  # Kubernetes: the pods' scrape annotations
         Discovery(serving, lambda: gpu_processes(agent.readings), targets=targets,

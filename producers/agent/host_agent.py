@@ -51,6 +51,7 @@ from producers.agent.hold_samples import HeldSamples
 from producers.agent.links import AgentLinks
 from producers.agent.sample_host import HostSampler
 from producers.agent.spool.disk import Spool
+from producers.agent.workflow_event import declared_service, workflow_event
 from producers.simulate.fleet import SimulatedGpus
 from schemas.codec import Codec
 from schemas.sample_columns import columns_of
@@ -363,6 +364,12 @@ class HostAgent:
                 del self.active[wf]
         return events
 
+    def declared_service(self, workflow_id: str) -> str | None:
+        """The service ``workflow_id``'s labels (its allocation's) or its processes' environment
+        declare it a replica of, as its events say; None where nothing does."""
+        entry = self.active.get(workflow_id)
+        return None if entry is None else declared_service(entry.info, entry.allocation)
+
     def _ended(self, allocation: Allocation) -> dict:
         """The scheduler's end of a job here: at its end time, with what the scheduler and the
         job's processes said of it; the job is no longer active on this host."""
@@ -372,25 +379,5 @@ class HostAgent:
         return self._event(allocation.workflow_id, "ENDED", entry, now)
 
     def _event(self, wf: str, kind: str, entry: _Active, now: int) -> dict:
-        info, job = entry.info or ProcessInfo(0, wf), entry.allocation
-        event = {
-            "workflow_id": wf, "event": kind, "event_time": now, "host": self.settings.host,
-            "owner": info.owner, "team": info.team, "gpu_uuids": sorted(entry.gpus), "pids": sorted(entry.pids),
-            "cmdline": info.cmdline, "framework": info.framework, "framework_version": info.framework_version,
-            "scheduler_job_id": info.scheduler_job_id, "attribution": info.source,
-            "model": info.model, "service": info.service, "cluster": self.settings.cluster, "scheduler_qos": info.qos,
-            "scheduler_partition": info.partition, "scheduler": None, "job_name": None, "time_limit_s": None,
-            "nodes": None, "allocated_at": None, "scheduler_unknown": [], "scheduler_problem": None,
-            "end_state": None, "exit_code": None, "exit_signal": None, "cancelled_by": None,
-        }
-        if job is not None:  # the scheduler's word wins over what the processes' environment says
-            event.update(owner=job.owner or info.owner, team=job.team or info.team, scheduler_job_id=job.job_id,
-                         scheduler_qos=job.qos or info.qos, scheduler_partition=job.partition or info.partition,
-                         cluster=self.settings.cluster or job.cluster, scheduler=job.scheduler, job_name=job.name,
-                         time_limit_s=job.time_limit_s, nodes=job.nodes, allocated_at=job.started_ms,
-                         attribution=f"allocation:{job.scheduler}", scheduler_unknown=list(job.unknown),
-                         scheduler_problem=job.problem, service=job.service or info.service)
-            if kind == "ENDED":
-                event.update(end_state=job.end_state, exit_code=job.exit_code, exit_signal=job.exit_signal,
-                             cancelled_by=job.cancelled_by)
-        return event
+        return workflow_event(wf, kind, now, self.settings.host, self.settings.cluster, entry.info, entry.allocation,
+                              entry.gpus, entry.pids)

@@ -259,10 +259,16 @@ class ServingReader:
 
 class ServingObserver:
     """Called with each tick's GPU samples (a ``HostAgent`` observer): spools a ``ServingSample``
-    per endpoint with a new reading, attributed to the workflow holding the replica's GPUs."""
+    per endpoint with a new reading, attributed to the workflow holding the replica's GPUs, and
+    named by the endpoint's setting, else the service the workflow declares, else the model the
+    engine serves, else the endpoint's address."""
 
-    def __init__(self, reader: ServingReader, put: Callable[[str, bytes | None, dict], None], host: str) -> None:
+    def __init__(self, reader: ServingReader, put: Callable[[str, bytes | None, dict], None], host: str,
+                 declared: Callable[[str], str | None] = lambda workflow_id: None) -> None:
         self.reader, self.put, self.host = reader, put, host
+        # the service a workflow's labels or environment declare it a replica of (the agent's
+        # ``HostAgent.declared_service``): the name its samples carry where no setting gives one
+        self.declared = declared
         self.unattributed = 0  # readings of a replica whose GPUs no workflow held
 
     def __call__(self, samples: list[dict], host_sample: dict) -> None:
@@ -277,7 +283,8 @@ class ServingObserver:
             first = held[0]
             record = {"workflow_id": first["workflow_id"], "host": self.host, "owner": first.get("owner"),
                       "team": first.get("team"), "gpu_uuids": [s["gpu_uuid"] for s in held],
-                      "service": e.service or now.model or e.url.split("/")[2], "engine": now.engine,
+                      "service": e.service or self.declared(first["workflow_id"]) or now.model or e.url.split("/")[2],
+                      "engine": now.engine,
                       "event_time": int(t1 * 1000), "interval_ms": max(1, int((t1 - t0) * 1000)),
                       **traffic(before, now)}
             self.put(SCHEMA, key_of(GPU_SAMPLES, record), record)

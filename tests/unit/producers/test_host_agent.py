@@ -118,6 +118,7 @@ def test_a_process_whose_environment_names_its_service_declares_its_workflow_a_r
         agent.tick()
     events = {r["workflow_id"]: r for _, _, r in spooled(spool)["WorkflowEvent"]}
     assert (events["wf-sd"]["service"], events["wf-bad"]["service"]) == ("sd-xl", None)
+    assert (agent.declared_service("wf-sd"), agent.declared_service("wf-bad")) == ("sd-xl", None)  # (its readings')
     assert "process 102: service 'sd\\x1b[2J' is not a printable name" in caplog.text
 
 

@@ -300,3 +300,4 @@ def test_a_job_its_labels_declare_a_replica_names_its_service_on_its_events(worl
     agent.tick()
     (event,) = [r for _, name, r in spooled(spool) if name == "WorkflowEvent" and r["workflow_id"] == "slurm-88"]
     assert (event["event"], event["service"]) == ("STARTED", "sd-xl")
+    assert agent.declared_service("slurm-88") == "sd-xl"  # what its serving readings are named by

@@ -267,3 +267,20 @@ def test_the_loop_ends_with_stop_and_reads_an_endpoint_added_at_once(server):
     finally:
         reader.stop()
     assert not reader._thread.is_alive()
+
+
+@pytest.mark.parametrize("setting, declared, expected", [
+    (None, None, "meta-llama/Llama-3.1-8B-Instruct"),  # the model the engine serves
+    (None, "sd-xl", "sd-xl"),  # the service the workflow's labels or environment declare
+    ("chat", "sd-xl", "chat"),  # the endpoint's own setting first
+])
+def test_a_replicas_samples_are_named_by_setting_then_declaration_then_model(setting, declared, expected):
+    reader = ServingReader([Endpoint((0,), "http://x/metrics", service=setting)], interval_s=1.0)
+    reader._latest[0] = (1.0, read("vllm-0.6"))
+    reader.pairs()
+    reader._latest[0] = (2.0, read("vllm-0.6-later"))
+    spooled = []
+    observe = ServingObserver(reader, lambda *a: spooled.append(a[2]), host="h",
+                              declared={"svc-1": declared}.get)
+    observe([{"gpu_index": 0, "gpu_uuid": "GPU-0", "workflow_id": "svc-1", "owner": "ana", "team": "ml"}], {})
+    assert [r["service"] for r in spooled] == [expected]
