@@ -213,31 +213,42 @@ class ServingReader:
     def _run(self) -> None:
         """Each endpoint asked every ``interval_s``, all on one beat (one wake asks every endpoint),
         the answers taken as they come; between, the thread sleeps until the next is due or an
-        endpoint is added."""
+        endpoint is added. A fault of the loop's own (not an endpoint's: those are counted) is
+        logged and the requests in flight dropped; the endpoints are asked again at the next beat."""
         multi, flight, due = pycurl.CurlMulti(), {}, {}
         try:
             while not self._stop.is_set():
-                self._added.clear()
-                now = time.monotonic()
-                asked = {i for i, _ in flight.values()}
-                with self._lock:
-                    count = len(self.endpoints)
-                for i in range(count):
-                    if i not in asked and due.setdefault(i, now) <= now:
-                        # (on the endpoints' common beat, so that one wake asks them all; a beat
-                        # missed, behind a slow answer, is not made up)
-                        later = due[i] + self.interval_s
-                        due[i] = later if later > now else now + self.interval_s
-                        self._ask(multi, flight, i, self._url(i))
-                self._answers(multi, flight)
-                if flight:
-                    self._wait(multi, max(0.0, min(due.values()) - time.monotonic()))
-                else:
-                    self._added.wait(max(0.0, min(due.values(), default=now + self.interval_s) - time.monotonic()))
-        except Exception:  # (never silently: the readings stop, the GPU sampling goes on)
-            log.exception("the serving endpoints' reader failed; no endpoint is read from now on")
+                try:
+                    self._beat(multi, flight, due)
+                except Exception:
+                    with self._lock:
+                        self.errors[("reader", "fault")] += 1  # (on the metrics endpoint: endpoint="reader")
+                    log.exception("the serving endpoints' reader failed; asked again in %g s", self.interval_s)
+                    self._close(multi, flight)
+                    multi = pycurl.CurlMulti()
+                    self._stop.wait(self.interval_s)
         finally:
             self._close(multi, flight)
+
+    def _beat(self, multi: pycurl.CurlMulti, flight: dict, due: dict[int, float]) -> None:
+        """Asks the endpoints that are due, takes the answers that came, then waits for the next."""
+        self._added.clear()
+        now = time.monotonic()
+        asked = {i for i, _ in flight.values()}
+        with self._lock:
+            count = len(self.endpoints)
+        for i in range(count):
+            if i not in asked and due.setdefault(i, now) <= now:
+                # (on the endpoints' common beat, so that one wake asks them all; a beat missed,
+                # behind a slow answer, is not made up)
+                later = due[i] + self.interval_s
+                due[i] = later if later > now else now + self.interval_s
+                self._ask(multi, flight, i, self._url(i))
+        self._answers(multi, flight)
+        if flight:
+            self._wait(multi, max(0.0, min(due.values()) - time.monotonic()))
+        else:
+            self._added.wait(max(0.0, min(due.values(), default=now + self.interval_s) - time.monotonic()))
 
     def stop(self) -> None:
         self._stop.set()

@@ -284,3 +284,23 @@ def test_a_replicas_samples_are_named_by_setting_then_declaration_then_model(set
                               declared={"svc-1": declared}.get)
     observe([{"gpu_index": 0, "gpu_uuid": "GPU-0", "workflow_id": "svc-1", "owner": "ana", "team": "ml"}], {})
     assert [r["service"] for r in spooled] == [expected]
+
+
+def test_a_fault_of_the_readers_own_is_counted_and_the_readings_go_on(server, caplog):
+    reader = ServingReader([Endpoint((0,), f"{server}/good")], interval_s=0.05)
+    answers, faults = reader._answers, []
+
+    def faulty(multi, flight):
+        if not faults:
+            faults.append(1)
+            raise RuntimeError("a fault of the loop's own")
+        answers(multi, flight)
+
+    reader._answers = faulty
+    with caplog.at_level("ERROR"):
+        reader.start()
+        try:
+            wait_until(lambda: reader._latest, 30, "a reading after the fault")
+        finally:
+            reader.stop()
+    assert reader.errors[("reader", "fault")] == 1 and "a fault of the loop's own" in caplog.text
