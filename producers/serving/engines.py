@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 import urllib.parse
 from dataclasses import dataclass, field
 
@@ -156,7 +157,8 @@ def parse(text: str, engine: str | None = None) -> Reading:
         raise EndpointError("no serving engine's metrics (vLLM, SGLang, TGI, Triton) in the text")
     lines = [line.strip() for line in _wanted(text, spec).splitlines()]
     heads, tails = _split(lines)
-    layout = _LAYOUTS.get((spec.name, heads))
+    with _LAYOUTS_LOCK:
+        layout = _LAYOUTS.get((spec.name, heads))
     if layout is not None:
         try:
             return _reading(spec, layout, [_value(t) for t in tails])
@@ -164,7 +166,8 @@ def parse(text: str, engine: str | None = None) -> Reading:
             pass  # a value token the layout's reading does not take: the parser reads the text whole
     reading, layout = _parsed(lines, spec, tails)
     if layout is not None:
-        _LAYOUTS[(spec.name, heads)] = layout
+        with _LAYOUTS_LOCK:
+            _LAYOUTS[(spec.name, heads)] = layout
     return reading
 
 
@@ -176,6 +179,7 @@ def parse(text: str, engine: str | None = None) -> Reading:
 # kept only where the parser's values are exactly the lines' last tokens (no timestamp, no
 # exemplar); any other text, or a token that conversion refuses, is parsed whole, as before.
 _LAYOUTS: LRUCache = LRUCache(maxsize=256)
+_LAYOUTS_LOCK = threading.Lock()  # (the reader's thread and the discovery's both read pages)
 
 
 @dataclass(frozen=True)
