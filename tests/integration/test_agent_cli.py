@@ -40,30 +40,16 @@ def test_sim_agent_publishes_and_flushes_on_sigterm(kafka, prefix, tmp_path):
 def test_the_agent_reads_a_serving_endpoint_beside_its_gpus(kafka, prefix, tmp_path):
     """`gpufleet agent --serving-endpoint`: the reader's loop asks the engine's page at its rate and
     each two readings become a ServingSample on the GPU samples' topic, with the traffic between."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    from tests.support.serving_pages import DATA
+    from tests.support.serving_pages import DATA, serve
 
     page, served = (DATA / "vllm-0.6.prom").read_text(), [0]
+    stop = 'vllm:request_success_total{finished_reason="stop",model_name="meta-llama/Llama-3.1-8B-Instruct"}'
 
-    class Engine(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    def moving() -> bytes:  # 5 more requests finished at each reading
+        served[0] += 1
+        return page.replace(f"{stop} 990.0", f"{stop} {990 + 5 * served[0]}.0").encode()
 
-        def do_GET(self):  # 5 more requests finished at each reading
-            served[0] += 1
-            stop = 'vllm:request_success_total{finished_reason="stop",model_name="meta-llama/Llama-3.1-8B-Instruct"}'
-            body = page.replace(f"{stop} 990.0", f"{stop} {990 + 5 * served[0]}.0").encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    httpd = serve(moving)
     url = f"http://127.0.0.1:{httpd.server_address[1]}/metrics"
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpufleet", "--data-dir", str(tmp_path), "agent", "--source", "sim",

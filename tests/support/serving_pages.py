@@ -4,20 +4,26 @@ discovery meet one: the scrape texts recorded in ``tests/data/serving`` (each wi
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "serving"
 
 
-def serve(body: bytes, path: str = "/metrics") -> ThreadingHTTPServer:
-    """``body`` at ``path`` (404 elsewhere), on a port of its own; ``shutdown()`` it after."""
+def serve(body: bytes | Callable[[], bytes], path: str = "/metrics") -> ThreadingHTTPServer:
+    """``body`` at ``path`` (404 elsewhere), on a port of its own, over kept-open connections as the
+    engines' servers; a callable body is asked at each request (a page whose counters move).
+    ``shutdown()`` it after."""
     class Page(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
         def do_GET(self):
+            page = body() if callable(body) else body
             self.send_response(200 if self.path == path else 404)
-            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Content-Length", str(len(page)))
             self.end_headers()
-            self.wfile.write(body)
+            self.wfile.write(page)
 
         def log_message(self, *args):
             pass
