@@ -34,9 +34,11 @@ class Fetcher:
         c.setopt(pycurl.HTTPHEADER, ["Accept: text/plain"])
         c.setopt(pycurl.MAXFILESIZE_LARGE, MAX_BYTES)
         c.setopt(pycurl.WRITEFUNCTION, self._write)
-        cafile = ssl.get_default_verify_paths().cafile
-        if cafile:
-            c.setopt(pycurl.CAINFO, cafile)  # (the host's CAs, as Python's own HTTPS would trust)
+        trusted = ssl.get_default_verify_paths()  # the CAs Python's own HTTPS trusts (SSL_CERT_FILE/_DIR too)
+        if trusted.cafile:
+            c.setopt(pycurl.CAINFO, trusted.cafile)
+        if trusted.capath:
+            c.setopt(pycurl.CAPATH, trusted.capath)
 
     def _write(self, chunk: bytes) -> int | None:
         self.size += len(chunk)

@@ -90,3 +90,28 @@ def test_a_closed_port_is_unreachable():
     closed.close()
     with pytest.raises(ConnectionError):
         Fetcher()(f"http://127.0.0.1:{port}/metrics", 1.0)
+
+
+def test_an_https_endpoint_is_read_where_its_ca_is_trusted_and_refused_where_not(tmp_path, monkeypatch):
+    """An engine behind TLS (a pod's ``prometheus.io/scheme: https``): read where the host trusts
+    its CA, as Python's own HTTPS would (here ``SSL_CERT_FILE``), and refused where it does not."""
+    import ssl
+
+    from gpufleet.local.certificates import Authority
+
+    ca = Authority.create("engines' CA")
+    trusted = ca.save(tmp_path / "ca")
+    issued = ca.issue(tmp_path / "engine", "engine", hosts=("127.0.0.1",), server=True)
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(issued.cert, issued.key)
+    httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"https://127.0.0.1:{httpd.server_address[1]}/metrics"
+    try:
+        with pytest.raises(ConnectionError, match="certificate"):
+            Fetcher()(url, 5.0)  # a CA the host does not trust
+        monkeypatch.setenv("SSL_CERT_FILE", str(trusted.cert))
+        assert Fetcher()(url, 5.0) == "ok"
+    finally:
+        httpd.shutdown()
