@@ -283,8 +283,11 @@ class ServingObserver:
         self.unattributed = 0  # readings of a replica whose GPUs no workflow held
 
     def __call__(self, samples: list[dict], host_sample: dict) -> None:
+        pairs = self.reader.pairs()
+        if not pairs:
+            return  # (most ticks: the endpoints are read every few)
         by_gpu = {s["gpu_index"]: s for s in samples if s["workflow_id"] not in NOT_WORKFLOWS}
-        for e, (t0, before), (t1, now) in self.reader.pairs():
+        for e, (t0, before), (t1, now) in pairs:
             held = [by_gpu[g] for g in e.gpus if g in by_gpu]
             if t1 - t0 > MAX_GAP_S:
                 continue  # the endpoint was away: what it counted meanwhile stands for no one tick

@@ -10,42 +10,34 @@ WORKFLOW_EVENT_TYPE = Enum(
 )
 
 
-# Each version's doc is the one before's, and what it adds.
-_V5_DOC = ("A workflow appeared on (STARTED), is still on (HEARTBEAT) or left (ENDED) a host: its processes were "
-           "seen there or, where the agent reads the scheduler's allocations, the scheduler gave it GPUs there, "
-           "with what the agent could learn about it. v2 adds the model (from the job's environment) and the "
-           "cluster (from the agent). v3 adds the scheduler's quality of service and partition (what enforcement "
-           "ladders may exempt). v4 adds what the scheduler allocated (the scheduler, the job's name, time limit "
-           "and node list, when the allocation began on this host); an ENDED from the scheduler carries the "
-           "scheduler's end time as its event time and also travels on the samples topic, after the job's last "
-           "samples from the host, so that the worker can close the job's windows as soon as they are complete. "
-           "v5 adds what the scheduler could not be asked (scheduler_unknown, scheduler_problem) and, on an "
-           "ENDED from the scheduler, how the job ended (end_state, exit_code, exit_signal, cancelled_by).")
+# Each version's doc is the one before's, and what it adds (v4 says anew what a workflow's event
+# is: a scheduler's allocation makes one too).
+_PROCESSES = ("A workflow's processes appeared on (STARTED), are still on (HEARTBEAT) or left (ENDED) a host, with "
+              "what the agent could learn about it.")
+_ALLOCATIONS = ("A workflow appeared on (STARTED), is still on (HEARTBEAT) or left (ENDED) a host: its processes "
+                "were seen there or, where the agent reads the scheduler's allocations, the scheduler gave it GPUs "
+                "there, with what the agent could learn about it.")
+_V2 = " v2 adds the model (from the job's environment) and the cluster (from the agent)."
+_V3 = " v3 adds the scheduler's quality of service and partition (what enforcement ladders may exempt)."
+_V4 = (" v4 adds what the scheduler allocated (the scheduler, the job's name, time limit and node list, when the "
+       "allocation began on this host); an ENDED from the scheduler carries the scheduler's end time as its event "
+       "time and also travels on the samples topic, after the job's last samples from the host, so that the "
+       "worker can close the job's windows as soon as they are complete.")
+_V5 = (" v5 adds what the scheduler could not be asked (scheduler_unknown, scheduler_problem) and, on an ENDED "
+       "from the scheduler, how the job ended (end_state, exit_code, exit_signal, cancelled_by).")
+_V6 = (" v6 adds the service the workflow is a replica of, where its labels or its environment declare it a "
+       "serving replica.")
 
 
 WORKFLOW_EVENT = Record(
     "WorkflowEvent",
     versions={
-        1: ("A workflow's processes appeared on (STARTED), are still on (HEARTBEAT) or left (ENDED) a host, with "
-            "what the agent could learn about it."),
-        2: ("A workflow's processes appeared on (STARTED), are still on (HEARTBEAT) or left (ENDED) a host, with "
-            "what the agent could learn about it. v2 adds the model (from the job's environment) and the cluster "
-            "(from the agent)."),
-        3: ("A workflow's processes appeared on (STARTED), are still on (HEARTBEAT) or left (ENDED) a host, with "
-            "what the agent could learn about it. v2 adds the model (from the job's environment) and the cluster "
-            "(from the agent). v3 adds the scheduler's quality of service and partition (what enforcement ladders "
-            "may exempt)."),
-        4: ("A workflow appeared on (STARTED), is still on (HEARTBEAT) or left (ENDED) a host: its processes were "
-            "seen there or, where the agent reads the scheduler's allocations, the scheduler gave it GPUs there, "
-            "with what the agent could learn about it. v2 adds the model (from the job's environment) and the "
-            "cluster (from the agent). v3 adds the scheduler's quality of service and partition (what enforcement "
-            "ladders may exempt). v4 adds what the scheduler allocated (the scheduler, the job's name, time limit "
-            "and node list, when the allocation began on this host); an ENDED from the scheduler carries the "
-            "scheduler's end time as its event time and also travels on the samples topic, after the job's last "
-            "samples from the host, so that the worker can close the job's windows as soon as they are complete."),
-        5: _V5_DOC,
-        6: _V5_DOC + (" v6 adds the service the workflow is a replica of, where its labels or its environment "
-                      "declare it a serving replica."),
+        1: _PROCESSES,
+        2: _PROCESSES + _V2,
+        3: _PROCESSES + _V2 + _V3,
+        4: _ALLOCATIONS + _V2 + _V3 + _V4,
+        5: _ALLOCATIONS + _V2 + _V3 + _V4 + _V5,
+        6: _ALLOCATIONS + _V2 + _V3 + _V4 + _V5 + _V6,
     },
     fields=(
         Field("workflow_id", "string", "The workflow (the record's key)."),
