@@ -144,37 +144,55 @@ def _sampler(real_nvml: bool) -> tuple[NvmlSampler, Holding | None, int, str]:
     return sampler, None, 8, "8 GPUs (fake NVML)"
 
 
+TICK_GAP_S = 0.01  # between two benchmarked ticks: the agent sleeps a second; here the engine's answers come meanwhile
+
+
 def _serving_cost(tmp: Path, proc: Path, exposition: str, ticks: int, rounds: int, real_nvml: bool) -> None:
     server = subprocess.Popen([sys.executable, "-c", ENGINE_SERVER, str(tmp / "www" / "metrics"), exposition],
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         port = int(server.stdout.readline())
         sampled: dict = {}  # how many GPUs the agents sample, and in words
+        sent = [0]  # ServingSamples the agent with the endpoints spooled
 
         def agent(reader: ServingReader | None = None) -> HostAgent:
             sampler, holding, sampled["n"], sampled["gpus"] = _sampler(real_nvml)
             spool, codec = Spool(tmp / f"spool-{exposition}-{id(sampler)}"), Codec()
-            observers = () if reader is None else (ServingObserver(reader, lambda schema, key, record: spool.append(
-                "bench." + GPU_SAMPLES.name, key, codec.encode(schema, record)), "bench-host"),)
+
+            def put(schema: str, key, record: dict) -> None:
+                sent[0] += 1
+                spool.append("bench." + GPU_SAMPLES.name, key, codec.encode(schema, record))
+
+            observers = () if reader is None else (ServingObserver(reader, put, "bench-host"),)
             return at_one_hertz(HostAgent(AgentSettings("bench-host", topic_prefix="bench.", checkpoint=False), spool,
                                           codec, nvml=sampler, attributor=ProcessAttributor(proc=proc),
                                           allocations=holding, links=AgentLinks(observers=observers)))
 
         plain = agent()
         n, gpus = sampled["n"], sampled["gpus"]
-        reader = ServingReader([Endpoint((i,), f"http://127.0.0.1:{port}/metrics") for i in range(n)], 1.0)
+        every = [1]  # read the endpoints every this many ticks (1: each tick; 10: the agent's default, 10 s)
+        beat = [0.0]  # the reader's clock, in its intervals: it reads at each whole one
+        # the agent's reader as the agent runs it, in its ticks
+        reader = ServingReader([Endpoint((i,), f"http://127.0.0.1:{port}/metrics") for i in range(n)], 1.0,
+                               monotonic=lambda: beat[0])
+        # (the ticks' clock runs ~70x the wall's here: 2 s of it would leave the engine 30 ms to answer
+        # when this 2-vCPU machine is busy; no endpoint here hangs)
+        reader.timeout_s = 60.0
         serving = agent(reader)
 
-        every = [1]  # read the endpoints every this many ticks (1: each tick; 10: the agent's default, 10 s)
-
         def serving_tick() -> None:
-            if serving.ticks % every[0] == 0:
-                reader.read_all()  # (every endpoint asked at once, as the reader's loop asks them)
+            beat[0] += 1 / every[0]
             serving.tick()
 
+        def gap(tick):
+            def ticked() -> None:
+                tick()
+                time.sleep(TICK_GAP_S)
+            return ticked
+
         for _ in range(5):
-            plain.tick()
-            serving_tick()
+            gap(plain.tick)()
+            gap(serving_tick)()
         where = {"library": "exposed by the client library (vLLM, SGLang: only the samples read are sent)",
                  "page": "exposed as a whole page (TGI, Triton)"}[exposition]
         budgets: list[float] = []  # per reading, what 5 % of the agent's tick leaves
@@ -187,33 +205,38 @@ def _serving_cost(tmp: Path, proc: Path, exposition: str, ticks: int, rounds: in
 
         for every[0] in (1, 10):
             cost: dict[str, list[float]] = {"GPUs only": [], "engines asked by another": [], "with the endpoints": []}
-            span = ticks * (1 if every[0] == 1 else 4)  # (a round holds 6 readings of each endpoint, or 24)
+            readings: list[int] = []
+            span = ticks * (1 if every[0] == 1 else 4)  # (a round holds 60 readings of each endpoint, or 24)
             for r in range(rounds):
-                turns = [("GPUs only", plain.tick), ("engines asked by another", neighboured_tick),
-                         ("with the endpoints", serving_tick)]
+                turns = [("GPUs only", gap(plain.tick)), ("engines asked by another", gap(neighboured_tick)),
+                         ("with the endpoints", gap(serving_tick))]
                 for name, tick in turns[r % 3:] + turns[:r % 3]:
+                    sent0 = sent[0]
                     cpu0 = time.process_time()
                     for _ in range(span):
                         tick()
                     cost[name].append((time.process_time() - cpu0) / span)
+                    if name == "with the endpoints":
+                        readings.append(sent[0] - sent0)
             assert not reader.errors, reader.errors
             base, _, with_serving = (statistics.median(v) for v in cost.values())
             ratio = statistics.median(c / a for a, _, c in zip(*cost.values()))
             alike = statistics.median(c / b for _, b, c in zip(*cost.values()))
+            per_tick = statistics.median(readings) / span
             print(f"agent, {gpus}, {n} vLLM endpoints ({len(vllm_page().splitlines())} lines a page) {where}, "
-                  f"read every {every[0]} tick(s) of 1 s: {base * 1e3:.3f} ms CPU per tick sampling the GPUs, "
-                  f"{with_serving * 1e3:.3f} ms with the endpoints; median ratio of neighbouring rounds {ratio:.3f}x, "
-                  f"{alike:.3f}x against the agent beside a scraper asking the same pages (goal <= 1.05x); "
-                  f"{(with_serving - base) * every[0] / n * 1e3:.2f} ms per reading")
-            budgets.append(0.05 * base * every[0] / n)
+                  f"read every {every[0]} tick(s) of 1 s ({per_tick:.2f} readings a tick): {base * 1e3:.3f} ms CPU "
+                  f"per tick sampling the GPUs, {with_serving * 1e3:.3f} ms with the endpoints; median ratio of "
+                  f"neighbouring rounds {ratio:.3f}x, {alike:.3f}x against the agent beside a scraper asking the same "
+                  f"pages (goal <= 1.05x); {(with_serving - base) / per_tick * 1e3:.2f} ms per reading")
+            budgets.append(0.05 * base / per_tick)
         neighbour.close()
         fetch, parsing = reading_parts(reader)
-        inline, looped = loop_cost(reader)
+        stepped, waited = step_cost(reader)
         print(f"  a reading's parts: the HTTP request {fetch * 1e3:.3f} ms, the reading of its page "
               f"{parsing * 1e3:.3f} ms; the 5 % goal leaves {budgets[0] * 1e3:.3f} ms a reading read every tick, "
               f"{budgets[1] * 1e3:.3f} ms every 10")
-        print(f"  the reader's loop on its thread: {looped * 1e3:.3f} ms CPU a reading, against {inline * 1e3:.3f} ms "
-              f"read in the benchmark's ticks ({looped / inline:.2f}x)")
+        print(f"  a reading taken in the ticks (asked at one, its answer taken at the next): {stepped * 1e3:.3f} ms "
+              f"CPU, against {waited * 1e3:.3f} ms asked and waited for as each answer comes ({stepped / waited:.2f}x)")
     finally:
         server.terminate()
         server.wait(10)
@@ -275,25 +298,25 @@ class Counted(ServingReader):
         return super()._took(*args)
 
 
-def loop_cost(reader: ServingReader, seconds: float = 4.0, interval_s: float = 0.1) -> tuple[float, float]:
-    """CPU a reading of ``reader``'s endpoints: all read at once in the benchmark's own thread
-    (``read_all``, as in its ticks), and by the reader's loop on its thread, as the agent runs it
-    (every ``interval_s``, the process otherwise asleep): what the thread costs beside."""
-    inline = Counted(reader.endpoints, interval_s)
+def step_cost(reader: ServingReader, readings: int = 800) -> tuple[float, float]:
+    """CPU a reading of ``reader``'s endpoints, the ticks ``TICK_GAP_S`` apart: asked at one tick
+    and taken at the next (``step``, as the agent reads them), against asked and waited for as
+    each answer comes (``read_all``: a thread that woke for the answers did the same)."""
+    beat = [0.0]
+    stepped = Counted(reader.endpoints, 1.0, monotonic=lambda: beat[0])
+    stepped.timeout_s = 60.0  # (its clock, too, runs far ahead of the wall's)
     cpu0 = time.process_time()
-    while inline.taken < 400:
-        inline.read_all()
-    inline_cost = (time.process_time() - cpu0) / inline.taken
-    looped = Counted(reader.endpoints, interval_s)
-    looped.start()
-    try:
-        time.sleep(0.5)  # (its connections open)
-        cpu0, taken0 = time.process_time(), looped.taken
-        time.sleep(seconds)
-        looped_cost = (time.process_time() - cpu0) / max(1, looped.taken - taken0)
-    finally:
-        looped.stop()
-    return inline_cost, looped_cost
+    while stepped.taken < readings:
+        stepped.step()
+        beat[0] += 0.5  # (asked every other tick: the answers taken at the tick between)
+        time.sleep(TICK_GAP_S)
+    stepped_cost = (time.process_time() - cpu0) / stepped.taken
+    waited = Counted(reader.endpoints, 1.0)
+    cpu0 = time.process_time()
+    while waited.taken < readings:
+        waited.read_all()
+        time.sleep(TICK_GAP_S)
+    return stepped_cost, (time.process_time() - cpu0) / waited.taken
 
 
 def reading_parts(reader, n: int = 400) -> tuple[float, float]:

@@ -79,8 +79,9 @@ def add(sub) -> None:
                         "cumulative, so a window of 60 s loses nothing; each reading of a replica that serves "
                         "costs the agent ~0.5 ms of CPU)")
     p.add_argument("--serving-timeout-s", type=positive, default=2.0,
-                   help="seconds a serving endpoint may take to answer (it is read beside the GPU sampling, "
-                        "which never waits for it)")
+                   help="seconds a serving endpoint may take to answer (it is read in the agent's ticks, which "
+                        "never wait for it: asked at one, its answer taken at the next; a request is given up "
+                        "once this old and two ticks later)")
     p.add_argument("--spool-dir", type=Path, default=None, help="default: <data dir>/agent-spool")
     p.add_argument("--spool-max-mb", type=positive_int, default=256)
     p.add_argument("--trace-spool-max-mb", type=positive_int, default=2048,
@@ -215,8 +216,9 @@ def _serving_endpoint(text: str):
 
 
 def serving_reader(args: argparse.Namespace, spool, codec, host: str):
-    """The serving endpoints' reader (``--serving-endpoint``, ``--serving-discover``), started,
-    and the agent's observer that spools its samples beside the GPU samples; (None, ()) without."""
+    """The serving endpoints' reader (``--serving-endpoint``, ``--serving-discover``) and the
+    agent's observer that reads them in its ticks and spools their samples beside the GPU
+    samples; (None, ()) without."""
     if not args.serving_endpoint and not args.serving_discover:
         return None, ()
     from producers.serving.scrape import ServingObserver, ServingReader
@@ -226,7 +228,6 @@ def serving_reader(args: argparse.Namespace, spool, codec, host: str):
     reader = ServingReader(args.serving_endpoint, args.serving_interval_s, args.serving_timeout_s)
     observer = ServingObserver(reader, lambda schema, key, record: spool.append(
         topic, key, codec.encode(schema, record)), host)
-    reader.start()
     print(f"reading {len(args.serving_endpoint)} serving endpoint(s) beside the GPUs")
     return reader, (observer,)
 

@@ -69,7 +69,7 @@ class AgentMetrics(Collector):
             errors = CounterMetricFamily("gpufleet_agent_serving_errors", "Serving endpoint readings that failed, "
                                          "by endpoint and reason (unreachable, timeout, garbage)",
                                          labels=["endpoint", "reason"])
-            for (url, reason), n in sorted(self.serving.errors.items()):
+            for (url, reason), n in sorted(self.serving.failures().items()):
                 errors.add_metric([url, reason], n)
             yield errors
         samples = self.latest

@@ -1,6 +1,6 @@
 """An engine's endpoint read over HTTP with libcurl (pycurl): each endpoint's own curl handle,
 its connection kept open between readings, used alone (``Fetcher.__call__``) or beside the other
-endpoints' in one ``pycurl.CurlMulti`` (the reader's loop: ``scrape.ServingReader``)."""
+endpoints' in one ``pycurl.CurlMulti`` (the agent's ticks: ``scrape.ServingReader``)."""
 
 from __future__ import annotations
 
@@ -47,11 +47,12 @@ class Fetcher:
         self.body.append(chunk)
         return None
 
-    def start(self, url: str, timeout_s: float) -> None:
-        """Make the handle ready to read ``url`` (then ``perform``, or a ``CurlMulti``'s)."""
+    def start(self, url: str, timeout_s: float | None) -> None:
+        """Make the handle ready to read ``url`` (then ``perform``, or a ``CurlMulti``'s); with
+        ``timeout_s`` None, libcurl gives it no time limit (its owner keeps one)."""
         self.body, self.size = [], 0
         self.curl.setopt(pycurl.URL, url)
-        self.curl.setopt(pycurl.TIMEOUT_MS, max(1, int(timeout_s * 1000)))
+        self.curl.setopt(pycurl.TIMEOUT_MS, 0 if timeout_s is None else max(1, int(timeout_s * 1000)))
 
     def result(self, error: pycurl.error | None = None) -> str:
         """The page the handle read, or what went wrong as the reader counts it: ``EndpointError``

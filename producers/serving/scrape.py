@@ -1,7 +1,7 @@
-"""The host agent's reading of the serving engines on its host: every endpoint read at the
-agent's rate on a thread beside the GPU sampling, each with a timeout, so that an endpoint that
-is down, slow or answers garbage holds up neither another endpoint nor the GPU sampling: the
-agent's tick takes whatever readings are ready and never waits. What went wrong is counted by
+"""The host agent's reading of the serving engines on its host: every endpoint read at its rate
+in the agent's ticks, asked at one tick and its answer taken at the next, each with a timeout, so
+that an endpoint that is down, slow or answers garbage holds up neither another endpoint nor the
+GPU sampling: a tick never waits for an answer. What went wrong is counted by
 endpoint and reason (``gpufleet_agent_serving_errors_total``, on the agent's metrics endpoint)
 and logged once per kind of failure.
 
@@ -67,63 +67,100 @@ def endpoint(text: str) -> Endpoint:
     return Endpoint(gpus, url, named.get("engine") or None, named.get("service") or None)
 
 
+@dataclass(slots=True)
+class _Asked:
+    """A request in flight: to which endpoint, at which URL, when (by the reader's ``clock``: the
+    reading's date; by its ``monotonic``), and how many ticks have moved it on since."""
+
+    endpoint: int
+    url: str
+    at: float
+    since: float
+    moved: int = 0
+
+
 class ServingReader:
-    """Reads every endpoint every ``interval_s`` on one thread: the endpoints due are asked at once,
-    each on its own kept-open connection and with its own timeout, over one ``pycurl.CurlMulti``,
-    and each answer is read as it comes, so an endpoint that is slow or down holds up no other.
-    ``pairs`` hands the agent each endpoint's newest two readings once (never waiting for a read).
-    One thread rather than one for each endpoint: a thread woken for each reading cost the agent more
-    CPU than the reading itself (0.27 against 0.15 ms a reading, 8 endpoints)."""
+    """Reads every endpoint every ``interval_s`` in the agent's own ticks (``step``), never waiting:
+    the endpoints due are asked at once, each on its own kept-open connection and with its own
+    timeout, over one ``pycurl.CurlMulti``, and each answer is taken at the next tick, by then long
+    come. An endpoint that is slow or down holds up neither another nor the tick: a request in
+    flight moves on at each tick and is given up at its timeout. ``pairs`` hands the agent each
+    endpoint's newest two readings once.
+
+    In the ticks rather than on a thread of its own: the agent ticks every second anyway, and a
+    reading taken there costs the CPU of its request and its page alone. Waited for as each answer
+    came (as the reader's own thread did, which cost more still for its wakes), a reading cost the
+    agent 0.16-0.25 ms against 0.13-0.20 ms taken at the next tick (8 endpoints, same runs;
+    ``bench_agent.py --serving-only``). A reading is dated when it was asked, which is when the
+    engine made its page."""
 
     def __init__(self, endpoints: list[Endpoint], interval_s: float, timeout_s: float = 2.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.endpoints, self.interval_s, self.timeout_s = list(endpoints), interval_s, min(timeout_s, interval_s * 4)
         self._urls: dict[int, str] = {}  # endpoint -> the URL it is read from (its needed samples only)
         self.gets = [Fetcher() for _ in endpoints]  # each endpoint's own curl handle (its connection)
-        self.clock = clock
-        self.errors: Counter = Counter()  # (url, reason) -> count
+        self.clock, self.monotonic = clock, monotonic
+        self.errors: Counter = Counter()  # (url, reason) -> count; read by the agent's metrics endpoint
         self._latest: dict[int, tuple[float, Reading]] = {}
         self._taken: dict[int, tuple[float, Reading]] = {}
-        self._lock = threading.Lock()
-        self.stopping = self._stop = threading.Event()  # set by stop(): the discovery's too
-        self._added = threading.Event()  # an endpoint added: the loop asks it at once
-        self._thread: threading.Thread | None = None
-        self._inline: pycurl.CurlMulti | None = None  # read_all's
+        self._lock = threading.Lock()  # endpoints added by the discovery's thread; errors read by the metrics'
+        self.stopping = threading.Event()  # set by stop(): the discovery's end too
+        self._multi = pycurl.CurlMulti()
+        self._flight: dict[pycurl.Curl, _Asked] = {}  # the requests in flight, by their handle
+        self._due: dict[int, float] = {}  # endpoint -> when it is next asked (monotonic)
 
-    def read_once(self, i: int) -> None:
-        """One reading of endpoint ``i``, here and now, on this thread (a reader whose loop does
-        not run: a started reader's loop reads every endpoint)."""
-        url = self._url(i)
-        if self._took(i, url, self._fetched(i, url)):
-            self._took(i, self.endpoints[i].url, self._fetched(i, self.endpoints[i].url))
+    def step(self) -> None:
+        """The agent's tick: takes the answers that came since the last (never waiting for one),
+        then asks the endpoints that are due. A fault of the reader's own (not an endpoint's: those
+        are counted by endpoint) is counted and logged; the requests in flight are dropped and the
+        endpoints asked again when next due."""
+        if self.stopping.is_set():
+            return
+        try:
+            if self._flight:
+                self._answers()
+            self._ask_due()
+        except Exception:
+            with self._lock:
+                self.errors[("reader", "fault")] += 1  # (on the metrics endpoint: endpoint="reader")
+            log.exception("the serving endpoints' reader failed; asked again in %g s", self.interval_s)
+            self._close()
+            self._multi = pycurl.CurlMulti()
 
     def read_all(self) -> None:
-        """One reading of every endpoint, all asked at once as the loop asks them, back when each
-        has answered or timed out (a reader whose loop does not run)."""
-        if self._inline is None:
-            self._inline = pycurl.CurlMulti()  # (kept: the connections are the multi handle's)
-        multi, flight = self._inline, {}
-        try:
-            for i in range(len(self.endpoints)):
-                self._ask(multi, flight, i, self._url(i))
-            while flight:
-                self._answers(multi, flight)
-                if flight:
-                    self._wait(multi)
-        finally:
-            for curl in list(flight):
-                multi.remove_handle(curl)
+        """One reading of every endpoint, all asked at once, back when each has answered or timed
+        out (a one-off reading, and the benchmark's baseline: the agent's ticks ``step``)."""
+        with self._lock:
+            count = len(self.endpoints)
+        asked = {a.endpoint for a in self._flight.values()}
+        for i in range(count):
+            if i not in asked:
+                self._ask(i, self._url(i))
+        while self._flight:
+            self._answers()
+            if self._flight:
+                self._wait()
+
+    def _ask_due(self) -> None:
+        now = self.monotonic()
+        asked = {a.endpoint for a in self._flight.values()}
+        with self._lock:
+            count = len(self.endpoints)
+        for i in range(count):
+            if i not in asked and self._due.setdefault(i, now) <= now:
+                # (on the endpoints' common beat, so that one tick asks them all; a beat missed,
+                # behind a slow answer, is not made up)
+                later = self._due[i] + self.interval_s
+                self._due[i] = later if later > now else now + self.interval_s
+                self._ask(i, self._url(i))
+        if self._flight:
+            self._perform()  # (the requests sent: on a kept-open connection, now)
+            self._perform()  # (on a new one, the first call connects and this one sends)
 
     def _url(self, i: int) -> str:
         return self._urls.get(i, self.endpoints[i].url)
 
-    def _fetched(self, i: int, url: str) -> str | Exception:
-        try:
-            return self.gets[i](url, self.timeout_s)
-        except (OSError, ValueError) as exc:  # refused, timed out, HTTP errors (EndpointError is a ValueError)
-            return exc
-
-    def _took(self, i: int, url: str, answer: str | Exception) -> bool:
+    def _took(self, i: int, url: str, answer: str | Exception, asked_at: float) -> bool:
         """Endpoint ``i``'s answer from ``url``: its reading kept, or counted as an error. Once its
         engine is known, only the samples its reading needs are asked for (``engines.restricted``).
         True where the endpoint refused that question: it is to be asked for its whole page again,
@@ -143,51 +180,75 @@ class ServingReader:
             self._failed(e, "timeout" if "timed out" in str(exc) else "unreachable", exc)
             return False
         with self._lock:
-            self._latest[i] = (self.clock(), reading)
+            self._latest[i] = (asked_at, reading)
         if i not in self._urls:  # (once: the URL of the samples the reading needs)
             self._urls[i] = restricted(e.url, reading.engine)
         return False
 
-    def _ask(self, multi: pycurl.CurlMulti, flight: dict, i: int, url: str) -> None:
+    def _ask(self, i: int, url: str) -> None:
         get = self.gets[i]
-        get.start(url, self.timeout_s)
-        multi.add_handle(get.curl)
-        flight[get.curl] = (i, url)
+        get.start(url, None)  # (the timeout is the reader's: ``_expired``)
+        self._multi.add_handle(get.curl)
+        self._flight[get.curl] = _Asked(i, url, self.clock(), self.monotonic())
 
-    def _answers(self, multi: pycurl.CurlMulti, flight: dict) -> None:
+    def _perform(self) -> None:
+        while self._multi.perform()[0] == pycurl.E_CALL_MULTI_PERFORM:
+            pass
+
+    def _answers(self) -> None:
         """Moves the requests in flight on; takes each answer that came (an endpoint that refused
         its narrow question is asked again at once, for its whole page)."""
-        while multi.perform()[0] == pycurl.E_CALL_MULTI_PERFORM:
-            pass
+        self._perform()
+        for asked in self._flight.values():
+            asked.moved += 1
+        again = False
         while True:
-            queued, ok, failed = multi.info_read()
+            queued, ok, failed = self._multi.info_read()
             for curl, error in [(c, None) for c in ok] + [(c, pycurl.error(n, m)) for c, n, m in failed]:
-                i, url = flight.pop(curl)
-                multi.remove_handle(curl)
+                asked = self._flight.pop(curl)
+                i, url = asked.endpoint, asked.url
+                self._multi.remove_handle(curl)
                 try:
                     answer: str | Exception = self.gets[i].result(error)
                 except (OSError, ValueError) as exc:
                     answer = exc
-                if self._took(i, url, answer):
-                    self._ask(multi, flight, i, self.endpoints[i].url)
+                if self._took(i, url, answer, asked.at):
+                    self._ask(i, self.endpoints[i].url)
+                    again = True
             if not queued:
-                return
+                break
+        self._expired()
+        if again:
+            self._perform()
 
-    def _wait(self, multi: pycurl.CurlMulti, most_s: float = 0.1) -> None:
+    def _expired(self) -> None:
+        """Gives up each request in flight for longer than the timeout and moved on by two ticks
+        since it was asked (one to send it where its connection was still opening, one to take
+        its answer), once what came has been taken. An answer that came in time waits in its
+        socket for the tick: libcurl's own timeout would refuse it at a tick that came late, and
+        at every tick of an agent that ticks less often than the timeout."""
+        now = self.monotonic()
+        for curl, asked in list(self._flight.items()):
+            if now - asked.since > self.timeout_s and asked.moved >= 2:
+                del self._flight[curl]
+                self._multi.remove_handle(curl)  # (its connection closed: a new one at the next asking)
+                self._failed(self.endpoints[asked.endpoint], "timeout",
+                             TimeoutError(f"no answer in {now - asked.since:.3g} s"))
+
+    def _wait(self, most_s: float = 0.1) -> None:
         """Until a socket of a request in flight is ready, or libcurl has a timeout to keep."""
-        ms = multi.timeout()
+        ms = self._multi.timeout()
         wait = most_s if ms < 0 else min(ms / 1000, most_s)
-        if any(multi.fdset()):
-            multi.select(wait)
+        if any(self._multi.fdset()):
+            self._multi.select(wait)
         else:
-            self._stop.wait(min(wait, 0.01))  # (no socket yet, a name being resolved: a short while)
+            self.stopping.wait(min(wait, 0.01))  # (no socket yet, a name being resolved: a short while)
 
-    @staticmethod
-    def _close(multi: pycurl.CurlMulti, flight: dict) -> None:
-        for curl in list(flight):
-            multi.remove_handle(curl)
-        flight.clear()
-        multi.close()
+    def _close(self) -> None:
+        for curl in list(self._flight):
+            self._multi.remove_handle(curl)
+        self._flight.clear()
+        self._multi.close()
 
     def _failed(self, e: Endpoint, reason: str, exc: Exception) -> None:
         with self._lock:
@@ -195,66 +256,29 @@ class ServingReader:
             first = self.errors[(e.url, reason)] == 1
         (log.warning if first else log.debug)("serving endpoint %s: %s (%s); GPU sampling goes on", e.url, reason, exc)
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="serving-reader", daemon=True)
-        self._thread.start()
+    def failures(self) -> dict[tuple[str, str], int]:
+        """The readings that failed so far, by (endpoint, reason): a copy (the metrics endpoint's
+        thread reads it while the ticks count)."""
+        with self._lock:
+            return dict(self.errors)
 
     def add(self, e: Endpoint) -> bool:
-        """Read ``e`` too from now on (one found on the host: ``producers.serving.discover``);
-        False where an endpoint of its URL is read already."""
+        """Read ``e`` too from now on, from the next tick (one found on the host:
+        ``producers.serving.discover``); False where an endpoint of its URL is read already."""
         with self._lock:
             if any(x.url == e.url for x in self.endpoints):
                 return False
             self.gets.append(Fetcher())
             self.endpoints.append(e)
-        self._added.set()
         return True
 
-    def _run(self) -> None:
-        """Each endpoint asked every ``interval_s``, all on one beat (one wake asks every endpoint),
-        the answers taken as they come; between, the thread sleeps until the next is due or an
-        endpoint is added. A fault of the loop's own (not an endpoint's: those are counted) is
-        logged and the requests in flight dropped; the endpoints are asked again at the next beat."""
-        multi, flight, due = pycurl.CurlMulti(), {}, {}
-        try:
-            while not self._stop.is_set():
-                try:
-                    self._beat(multi, flight, due)
-                except Exception:
-                    with self._lock:
-                        self.errors[("reader", "fault")] += 1  # (on the metrics endpoint: endpoint="reader")
-                    log.exception("the serving endpoints' reader failed; asked again in %g s", self.interval_s)
-                    self._close(multi, flight)
-                    multi = pycurl.CurlMulti()
-                    self._stop.wait(self.interval_s)
-        finally:
-            self._close(multi, flight)
-
-    def _beat(self, multi: pycurl.CurlMulti, flight: dict, due: dict[int, float]) -> None:
-        """Asks the endpoints that are due, takes the answers that came, then waits for the next."""
-        self._added.clear()
-        now = time.monotonic()
-        asked = {i for i, _ in flight.values()}
-        with self._lock:
-            count = len(self.endpoints)
-        for i in range(count):
-            if i not in asked and due.setdefault(i, now) <= now:
-                # (on the endpoints' common beat, so that one wake asks them all; a beat missed,
-                # behind a slow answer, is not made up)
-                later = due[i] + self.interval_s
-                due[i] = later if later > now else now + self.interval_s
-                self._ask(multi, flight, i, self._url(i))
-        self._answers(multi, flight)
-        if flight:
-            self._wait(multi, max(0.0, min(due.values()) - time.monotonic()))
-        else:
-            self._added.wait(max(0.0, min(due.values(), default=now + self.interval_s) - time.monotonic()))
-
     def stop(self) -> None:
-        self._stop.set()
-        self._added.set()
-        if self._thread is not None:
-            self._thread.join(self.timeout_s + 1)
+        """No more readings: the requests in flight dropped, the connections closed (with the
+        agent's last tick; the discovery's thread ends too)."""
+        self.stopping.set()
+        self._close()
+        for get in self.gets:
+            get.close()
 
     def pairs(self) -> list[tuple[Endpoint, tuple[float, Reading], tuple[float, Reading]]]:
         """Each endpoint's (previous, newest) readings where a new one came since the last call."""
@@ -267,6 +291,7 @@ class ServingReader:
                 if before is None or newest[0] > before[0]:
                     self._taken[i] = newest
         return out
+
 
 class ServingObserver:
     """Called with each tick's GPU samples (a ``HostAgent`` observer): spools a ``ServingSample``
@@ -283,6 +308,7 @@ class ServingObserver:
         self.unattributed = 0  # readings of a replica whose GPUs no workflow held
 
     def __call__(self, samples: list[dict], host_sample: dict) -> None:
+        self.reader.step()
         pairs = self.reader.pairs()
         if not pairs:
             return  # (most ticks: the endpoints are read every few)

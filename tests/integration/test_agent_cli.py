@@ -38,7 +38,7 @@ def test_sim_agent_publishes_and_flushes_on_sigterm(kafka, prefix, tmp_path):
 
 
 def test_the_agent_reads_a_serving_endpoint_beside_its_gpus(kafka, prefix, tmp_path):
-    """`gpufleet agent --serving-endpoint`: the reader's loop asks the engine's page at its rate and
+    """`gpufleet agent --serving-endpoint`: the agent's ticks ask the engine's page at its rate and
     each two readings become a ServingSample on the GPU samples' topic, with the traffic between."""
     from tests.support.serving_pages import DATA, serve
 

@@ -61,13 +61,13 @@ def test_a_found_endpoint_is_read_from_then_on(engine_and_other, worker):
     engine, _ = engine_and_other
     reader = ServingReader([], interval_s=0.05, timeout_s=1.0)
     discovery = Discovery(reader, lambda: {4: {worker}})
-    reader.start()
     try:
         url = f"http://127.0.0.1:{engine}/metrics"
         assert url in [e.url for e in discovery.once()]
         assert url not in [e.url for e in discovery.once()]  # found once
-        # its own thread reads it at the reader's rate: two readings make the first pair
-        pairs = wait_until(lambda: [p for p in reader.pairs() if p[0].url == url], 30, "two readings of it")
+        # the agent's ticks read it at the reader's rate: two readings make the first pair
+        pairs = wait_until(lambda: (reader.step(), [p for p in reader.pairs() if p[0].url == url])[1], 30,
+                           "two readings of it")
         assert pairs[0][0].gpus == (4,) and pairs[0][2][1].engine == "vllm"
     finally:
         reader.stop()

@@ -100,7 +100,7 @@ class Engine(BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
-        except BrokenPipeError:
+        except (BrokenPipeError, ConnectionResetError):
             pass  # the reader gave up waiting (the slow endpoint): what the test wants
 
     def log_message(self, *args):
@@ -118,7 +118,15 @@ def server():
     Engine.release.clear()
 
 
+def stepped(reader: ServingReader, done, what: str):
+    """Ticks ``reader`` (its clock stopped: nothing more comes due) until ``done()``."""
+    return wait_until(lambda: (reader.step(), done())[1], 30, what)
+
+
 def test_an_endpoint_down_slow_or_garbled_is_counted_and_never_holds_up_a_tick(server):
+    """Read in the agent's ticks: each endpoint asked at one tick, its answer taken at a later one;
+    the slow endpoint's request stays in flight while the ticks go on and the good endpoint's
+    readings become a sample, until its timeout gives it up."""
     import socket
 
     closed = socket.socket()
@@ -127,29 +135,44 @@ def test_an_endpoint_down_slow_or_garbled_is_counted_and_never_holds_up_a_tick(s
     closed.close()
     endpoints = [Endpoint((0,), f"{server}/good"), Endpoint((1,), down), Endpoint((2,), f"{server}/garbage"),
                  Endpoint((3,), f"{server}/slow")]
-    times = iter(range(100, 200, 10))
-    reader = ServingReader(endpoints, interval_s=1.0, timeout_s=0.5, clock=lambda: float(next(times)))
-    for i in range(3):
-        reader.read_once(i)
+    now = [0.0]  # the agent's ticks' clock, in seconds
+    reader = ServingReader(endpoints, interval_s=1.0, timeout_s=2.0, clock=lambda: 100 + 10 * now[0],
+                           monotonic=lambda: now[0])
+    stepped(reader, lambda: 0 in reader._latest and len(reader.errors) == 2, "the first answers")
     assert dict(reader.errors) == {(down, "unreachable"): 1, (f"{server}/garbage", "garbage"): 1}
-    slow = threading.Thread(target=reader.read_once, args=(3,))
-    slow.start()  # the slow endpoint's read is in flight (its own thread, as the reader runs it) ...
     spooled = []
     observe = ServingObserver(reader, lambda schema, key, record: spooled.append(record), host="h")
     samples = [{"gpu_index": g, "gpu_uuid": f"GPU-{g}", "workflow_id": "svc-1", "owner": "ana", "team": "ml"}
                for g in range(4)]
-    observe(samples, {})  # ... and a tick goes on: nothing to send yet (one reading of /good)
-    reader.read_once(0)  # (on the connection the first reading opened)
-    observe(samples, {})
+    observe(samples, {})  # a tick: nothing to send yet (one reading of /good)
+    assert spooled == []
+    now[0] = 1.0  # the next second: the endpoints asked again, but the slow one, still in flight
+    wait_until(lambda: (observe(samples, {}), spooled)[1], 30, "the good endpoint's sample")
     assert [(r["workflow_id"], r["gpu_uuids"], r["service"], r["engine"], r["interval_ms"]) for r in spooled] == \
         [("svc-1", ["GPU-0"], "meta-llama/Llama-3.1-8B-Instruct", "vllm", 10_000)]
     Codec().encode("ServingSample", spooled[0])  # what the agent spools is the schema's
-    slow.join(10)
-    assert (f"{server}/slow", "timeout") in reader.errors and not slow.is_alive()
+    # the sample went while the slow endpoint had not answered: no tick waited for it
+    assert not Engine.release.is_set() and [a.url for a in reader._flight.values()] == [f"{server}/slow"]
+    assert (f"{server}/slow", "timeout") not in reader.errors
+    now[0] = 2.5  # past its timeout: given up
+    reader.step()
+    assert reader.errors[(f"{server}/slow", "timeout")] == 1
+
+
+def test_an_answer_that_came_in_time_is_taken_at_a_tick_that_came_late(server):
+    """An agent that ticks less often than the endpoints' timeout (``--interval 5``), or a tick
+    that came late: an answer that came while the agent slept is in its socket, and is taken."""
+    reader = ServingReader([Endpoint((0,), f"{server}/good")], interval_s=10.0, timeout_s=0.2)
+    reader.step()  # asked
+    asked = time.monotonic()
+    wait_until(lambda: time.monotonic() - asked > 0.4, 30, "twice the timeout without a tick")
+    reader.step()
+    assert 0 in reader._latest and not reader.errors
 
 
 def test_a_replica_whose_gpus_no_workflow_holds_sends_nothing():
     reader = ServingReader([Endpoint((5,), "http://x/metrics")], interval_s=1.0)
+    reader.step = lambda: None  # (its readings set by hand)
     reader._latest[0] = (1.0, read("vllm-0.6"))
     reader.pairs()
     reader._latest[0] = (2.0, read("vllm-0.6-later"))
@@ -211,7 +234,7 @@ def test_an_engine_known_is_asked_only_for_what_its_reading_needs():
                                clock=lambda: float(next(times)))
         pairs = []
         for _ in range(2):
-            reader.read_all()  # (both asked at once, as the reader's loop asks them)
+            reader.read_all()  # (both asked at once, as the agent's ticks ask them)
             pairs += reader.pairs()
     finally:
         httpd.shutdown()
@@ -224,54 +247,46 @@ def test_an_engine_known_is_asked_only_for_what_its_reading_needs():
     assert second.values == first.values == strict_second.values == strict_first.values  # the same, either way
 
 
-class Timed(Engine):
-    """``Engine``, with the time each request came at."""
-
-    asked: ClassVar[list[tuple[str, float]]] = []
-
-    def do_GET(self):
-        Timed.asked.append((self.path, time.monotonic()))
-        super().do_GET()
-
-
-def test_one_thread_reads_every_endpoint_and_a_slow_one_holds_up_no_other():
-    """The reader's loop asks every endpoint on one thread, each on its own connection: while the
-    slow endpoint's request waits out its timeout, the good one is read again at its own rate."""
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Timed)
+def test_the_ticks_read_every_endpoint_and_a_slow_one_holds_up_no_other():
+    """Each endpoint on its own connection: while the slow endpoint's request waits out its
+    timeout (1 s), each good one is asked again at its rate (every 0.25 s of the ticks' clock),
+    its answer taken at the next tick, on no thread of the reader's own."""
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{httpd.server_address[1]}"
-    Timed.asked.clear()
+    now = [0.0]
     reader = ServingReader([Endpoint((0,), f"{base}/good"), Endpoint((1,), f"{base}/slow"),
-                            Endpoint((2,), f"{base}/good?copy")], interval_s=0.25, timeout_s=1.0)
-    reader.start()
+                            Endpoint((2,), f"{base}/good?copy")], interval_s=0.25, timeout_s=1.0,
+                           clock=lambda: now[0], monotonic=lambda: now[0])
+    read_at: dict[int, set[float]] = {0: set(), 2: set()}  # when each good endpoint's readings were asked
     try:
-        wait_until(lambda: (f"{base}/slow", "timeout") in reader.errors, 30, "the slow endpoint's timeout")
-        readers = [t.name for t in threading.enumerate() if t.name.startswith("serving")]
+        while (f"{base}/slow", "timeout") not in reader.errors:
+            stepped(reader, lambda: not {0, 2} & {a.endpoint for a in reader._flight.values()}, "the good answers")
+            for i, at in read_at.items():
+                at.add(reader._latest[i][0])
+            now[0] += 0.25
+            assert now[0] < 10
+        assert not [t.name for t in threading.enumerate() if t.name.startswith("serving")]  # (no thread of its own)
     finally:
-        reader.stop()
         Engine.release.set()
         httpd.shutdown()
         Engine.release.clear()
-    assert readers == ["serving-reader"]  # one thread, for three endpoints
-    slow_asked = next(at for path, at in Timed.asked if path == "/slow")
-    # each good endpoint asked again at its rate (every 0.25 s) while the slow one's first request
-    # waits out its timeout (1 s): at least twice before 0.9 s
-    for good in ("/good", "/good?copy"):
-        again = [at for path, at in Timed.asked if path.split("&")[0].split("?name")[0] == good
-                 and slow_asked < at < slow_asked + 0.9]
-        assert len(again) >= 2, (good, Timed.asked)
-    assert not reader.errors.keys() - {(f"{base}/slow", "timeout")}
+    # the slow one asked at 0 s and given up after its 1 s; each good one read at every beat meanwhile
+    assert read_at[0] >= {0.0, 0.25, 0.5, 0.75, 1.0} and read_at[2] >= {0.0, 0.25, 0.5, 0.75, 1.0}, read_at
+    assert reader.errors[(f"{base}/slow", "timeout")] == 1 and len(reader.errors) == 1
 
 
-def test_the_loop_ends_with_stop_and_reads_an_endpoint_added_at_once(server):
+def test_an_endpoint_added_is_read_at_the_next_tick_and_stop_ends_the_readings(server):
     reader = ServingReader([], interval_s=60.0)
-    reader.start()
-    try:
-        assert reader.add(Endpoint((0,), f"{server}/good")) and not reader.add(Endpoint((1,), f"{server}/good"))
-        wait_until(lambda: reader._latest, 30, "the added endpoint read")  # at once, not a minute later
-    finally:
-        reader.stop()
-    assert not reader._thread.is_alive()
+    assert reader.add(Endpoint((0,), f"{server}/good")) and not reader.add(Endpoint((1,), f"{server}/good"))
+    stepped(reader, lambda: reader._latest, "the added endpoint read")  # at once, not a minute later
+    reader.add(Endpoint((1,), f"{server}/slow"))
+    reader.step()
+    assert reader._flight
+    reader.stop()
+    assert reader.stopping.is_set() and not reader._flight  # (the discovery's thread ends with it)
+    reader.step()  # a tick after the stop reads nothing
+    assert not reader._flight and not reader.errors
 
 
 @pytest.mark.parametrize("setting, declared, expected", [
@@ -281,6 +296,7 @@ def test_the_loop_ends_with_stop_and_reads_an_endpoint_added_at_once(server):
 ])
 def test_a_replicas_samples_are_named_by_setting_then_declaration_then_model(setting, declared, expected):
     reader = ServingReader([Endpoint((0,), "http://x/metrics", service=setting)], interval_s=1.0)
+    reader.step = lambda: None  # (its readings set by hand)
     reader._latest[0] = (1.0, read("vllm-0.6"))
     reader.pairs()
     reader._latest[0] = (2.0, read("vllm-0.6-later"))
@@ -292,20 +308,34 @@ def test_a_replicas_samples_are_named_by_setting_then_declaration_then_model(set
 
 
 def test_a_fault_of_the_readers_own_is_counted_and_the_readings_go_on(server, caplog):
-    reader = ServingReader([Endpoint((0,), f"{server}/good")], interval_s=0.05)
+    now = [0.0]
+    reader = ServingReader([Endpoint((0,), f"{server}/good")], interval_s=1.0, monotonic=lambda: now[0])
     answers, faults = reader._answers, []
 
-    def faulty(multi, flight):
+    def faulty():
         if not faults:
             faults.append(1)
-            raise RuntimeError("a fault of the loop's own")
-        answers(multi, flight)
+            raise RuntimeError("a fault of the reader's own")
+        answers()
 
     reader._answers = faulty
     with caplog.at_level("ERROR"):
-        reader.start()
-        try:
-            wait_until(lambda: reader._latest, 30, "a reading after the fault")
-        finally:
-            reader.stop()
-    assert reader.errors[("reader", "fault")] == 1 and "a fault of the loop's own" in caplog.text
+        reader.step()  # asked
+        reader.step()  # the fault: the request in flight dropped
+    assert reader.errors[("reader", "fault")] == 1 and "a fault of the reader's own" in caplog.text
+    assert not reader._flight
+    now[0] = 1.0  # asked again when next due
+    stepped(reader, lambda: reader._latest, "a reading after the fault")
+
+
+def test_the_failed_readings_are_on_the_agents_metrics_endpoint(server, tmp_path):
+    from prometheus_client import generate_latest
+
+    from producers.agent.metrics import AgentMetrics
+    from producers.agent.spool.disk import Spool
+
+    reader = ServingReader([Endpoint((0,), f"{server}/garbage"), Endpoint((1,), f"{server}/good")], interval_s=1.0)
+    stepped(reader, lambda: reader._latest and reader.errors, "a reading of each")
+    text = generate_latest(AgentMetrics(Spool(tmp_path), serving=reader).registry).decode()
+    assert f'gpufleet_agent_serving_errors_total{{endpoint="{server}/garbage",reason="garbage"}} 1.0' in text
+    assert f"{server}/good" not in text
