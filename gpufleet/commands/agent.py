@@ -76,8 +76,8 @@ def add(sub) -> None:
                         "a --serving-endpoint of those GPUs")
     p.add_argument("--serving-interval-s", type=positive, default=10.0,
                    help="seconds between readings of each serving endpoint (default 10: its counters are "
-                        "cumulative, so a window of 60 s loses nothing; each reading of a replica that serves "
-                        "costs the agent ~0.5 ms of CPU)")
+                        "cumulative, so a window of 60 s loses nothing; each reading costs the agent 0.1-0.2 ms of "
+                        "CPU, in its ticks; an interval shorter than --interval reads at every tick)")
     p.add_argument("--serving-timeout-s", type=positive, default=2.0,
                    help="seconds a serving endpoint may take to answer (it is read in the agent's ticks, which "
                         "never wait for it: asked at one, its answer taken at the next; a request is given up "
