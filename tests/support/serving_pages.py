@@ -3,6 +3,7 @@ discovery meet one: the scrape texts recorded in ``tests/data/serving`` (each wi
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -11,7 +12,22 @@ from pathlib import Path
 DATA = Path(__file__).resolve().parents[1] / "data" / "serving"
 
 
-def serve(body: bytes | Callable[[], bytes], path: str = "/metrics") -> ThreadingHTTPServer:
+class EngineServer(ThreadingHTTPServer):
+    """A ``ThreadingHTTPServer`` that takes a client going away (a request given up at its
+    timeout, a connection closed with an answer unread: a reset) as the engines' servers do, in
+    silence. The standard library's prints a traceback from the connection's thread, and Python
+    3.11 parses source to draw one (``traceback``'s carets): beside the test's own thread
+    compiling a module at that moment, its parser's state is not thread-safe (CPython
+    gh-106905: "AST constructor recursion depth mismatch", the session failed at its end)."""
+
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            super().handle_error(request, client_address)
+
+
+def serve(body: bytes | Callable[[], bytes], path: str = "/metrics") -> EngineServer:
     """``body`` at ``path`` (404 elsewhere), on a port of its own, over kept-open connections as the
     engines' servers; a callable body is asked at each request (a page whose counters move).
     ``shutdown()`` it after."""
@@ -28,6 +44,6 @@ def serve(body: bytes | Callable[[], bytes], path: str = "/metrics") -> Threadin
         def log_message(self, *args):
             pass
 
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    httpd = EngineServer(("127.0.0.1", 0), Page)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     return httpd

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import ClassVar
 
@@ -16,6 +16,7 @@ from producers.serving.engines import EndpointError, parse, traffic
 from producers.serving.scrape import Endpoint, EndpointSettingError, ServingObserver, ServingReader, endpoint
 from schemas.codec import Codec
 from tests.support.integration import wait_until
+from tests.support.serving_pages import EngineServer
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "serving"
 
@@ -109,7 +110,7 @@ class Engine(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def server():
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
+    httpd = EngineServer(("127.0.0.1", 0), Engine)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}"
@@ -251,7 +252,7 @@ def test_the_ticks_read_every_endpoint_and_a_slow_one_holds_up_no_other():
     """Each endpoint on its own connection: while the slow endpoint's request waits out its
     timeout (1 s), each good one is asked again at its rate (every 0.25 s of the ticks' clock),
     its answer taken at the next tick, on no thread of the reader's own."""
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
+    httpd = EngineServer(("127.0.0.1", 0), Engine)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{httpd.server_address[1]}"
     now = [0.0]

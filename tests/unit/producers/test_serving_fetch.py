@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import socket
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import ClassVar
 
 import pytest
 
 from producers.serving.engines import EndpointError
 from producers.serving.fetch import MAX_BYTES, Fetcher
+from tests.support.serving_pages import EngineServer
 
 
 class Page(BaseHTTPRequestHandler):
@@ -56,7 +57,7 @@ class Page(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def base():
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    httpd = EngineServer(("127.0.0.1", 0), Page)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}"
     httpd.shutdown()
@@ -102,7 +103,7 @@ def test_an_https_endpoint_is_read_where_its_ca_is_trusted_and_refused_where_not
     ca = Authority.create("engines' CA")
     trusted = ca.save(tmp_path / "ca")
     issued = ca.issue(tmp_path / "engine", "engine", hosts=("127.0.0.1",), server=True)
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    httpd = EngineServer(("127.0.0.1", 0), Page)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(issued.cert, issued.key)
     httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
