@@ -116,8 +116,8 @@ class Holding:
 
 
 def serving_cost(tmp: Path, ticks: int = 60, rounds: int = 21, real_nvml: bool = False) -> None:
-    """CPU per tick of the agent reading a replica's endpoint per GPU (each read once a tick, as
-    the reader's threads do at 1 Hz; their CPU is the agent's) against the same agent without: the
+    """CPU per tick of the agent reading a replica's endpoint per GPU (each read every tick, then
+    every 10, in the agent's ticks as it reads them) against the same agent without: the
     endpoints exposed as vLLM and SGLang do (the client library: ``name[]`` answered), then as a
     whole page whatever is asked (TGI, Triton). 8 GPUs of the fake NVML; with ``real_nvml``, the
     host's own GPUs through NVML (``--nvml``: on a GPU machine, the tick as it costs there)."""

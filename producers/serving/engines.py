@@ -179,7 +179,7 @@ def parse(text: str, engine: str | None = None) -> Reading:
 # kept only where the parser's values are exactly the lines' last tokens (no timestamp, no
 # exemplar); any other text, or a token that conversion refuses, is parsed whole, as before.
 _LAYOUTS: LRUCache = LRUCache(maxsize=256)
-_LAYOUTS_LOCK = threading.Lock()  # (the reader's thread and the discovery's both read pages)
+_LAYOUTS_LOCK = threading.Lock()  # (the agent's ticks and the discovery's thread both read pages)
 
 
 @dataclass(frozen=True)
