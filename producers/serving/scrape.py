@@ -130,24 +130,24 @@ class ServingReader:
     def read_all(self) -> None:
         """One reading of every endpoint, all asked at once, back when each has answered or timed
         out (a one-off reading, and the benchmark's baseline: the agent's ticks ``step``)."""
-        with self._lock:
-            count = len(self.endpoints)
-        asked = {a.endpoint for a in self._flight.values()}
-        for i in range(count):
-            if i not in asked:
-                self._ask(i, self._url(i))
+        for i in self._idle():
+            self._ask(i, self._url(i))
         while self._flight:
             self._answers()
             if self._flight:
                 self._wait()
 
-    def _ask_due(self) -> None:
-        now = self.monotonic()
-        asked = {a.endpoint for a in self._flight.values()}
+    def _idle(self) -> list[int]:
+        """The endpoints with no request in flight (those the discovery's thread added too)."""
         with self._lock:
             count = len(self.endpoints)
-        for i in range(count):
-            if i not in asked and self._due.setdefault(i, now) <= now:
+        asked = {a.endpoint for a in self._flight.values()}
+        return [i for i in range(count) if i not in asked]
+
+    def _ask_due(self) -> None:
+        now = self.monotonic()
+        for i in self._idle():
+            if self._due.setdefault(i, now) <= now:
                 # (on the endpoints' common beat, so that one tick asks them all; a beat missed,
                 # behind a slow answer, is not made up)
                 later = self._due[i] + self.interval_s
