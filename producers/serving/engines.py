@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import threading
 import urllib.parse
 from dataclasses import dataclass, field
@@ -116,26 +117,53 @@ def _families(spec: Engine) -> tuple[frozenset[str], tuple[str, ...]]:
     return frozenset(f for n in names for f in (n, *(n.removesuffix(x) for x in ("_total", "_sum", "_count")))), names
 
 
-def _wanted(text: str, spec: Engine) -> str:
-    """The lines of ``text`` that hold what ``spec`` reads, under their families' TYPE lines (HELP
-    says nothing a reading needs): an engine's page is mostly histogram buckets and metrics
-    gpufleet does not read, and the parser's cost is per line (~25 us). The page is cut at its
-    TYPE lines (in C) and only the families read are looked into; what is kept is parsed as
-    written. Samples before any TYPE line (an untyped page) are looked at one by one."""
+# Within a line: whitespace but its end (what ``str.strip`` takes off a line the parser reads), and
+# what separates a comment line's words (the parser's ``string.whitespace``, but the line's end).
+_BLANK = r"[^\S\n]"
+_SEP = r"[ \t\r\x0b\x0c]"
+
+
+@functools.cache
+def _picking(spec: Engine) -> re.Pattern[str]:
+    """The lines of a page (each after a newline) that a reading of ``spec`` needs: the TYPE lines
+    of the families it reads, and its samples, named as a page may write them (a counter's
+    without its ``_total`` too: the parser adds it)."""
     families, names = _families(spec)
-    chunks = text.split("# TYPE ")
-    keep = [line for line in chunks[0].splitlines() if line.startswith(names) and _named_as(line, names)]
-    for chunk in chunks[1:]:
-        if chunk[:max(0, chunk.find(" "))] not in families:
-            continue
-        lines = chunk.splitlines()
-        keep.append("# TYPE " + lines[0])
-        keep += [line for line in lines[1:] if line.startswith(names) and _named_as(line, names)]
-    return "\n".join(keep) + "\n"
+    written = {*names, *(n.removesuffix("_total") for n in names)}
+    return re.compile(rf"\n{_BLANK}*(#{_SEP}+TYPE{_SEP}+{_alternatives(families)}{_SEP}[^\n]*"
+                      rf"|{_alternatives(written)}(?:{_BLANK}|\{{)[^\n]*)")
 
 
-def _named_as(line: str, names: tuple[str, ...]) -> bool:
-    return line.split("{", 1)[0].split(" ", 1)[0] in names
+def _alternatives(words: set[str] | frozenset[str]) -> str:
+    """A pattern matching any of ``words``, as a tree of their common beginnings: the regular
+    expression engine tries a group's alternatives one after the other, at every line."""
+    tree: dict = {}
+    for word in words:
+        node = tree
+        for c in word:
+            node = node.setdefault(c, {})
+        node[""] = {}
+
+    def pattern(node: dict) -> str:
+        branches = [re.escape(c) + pattern(child) for c, child in sorted(node.items()) if c]
+        body = "" if not branches else branches[0] if len(branches) == 1 else f"(?:{'|'.join(branches)})"
+        return f"(?:{body})?" if "" in node and body else body
+
+    return f"(?:{pattern(tree)})"
+
+
+def _picked(text: str, spec: Engine) -> list[str]:
+    """The lines of ``text`` that hold what ``spec`` reads, as the parser reads them (stripped), in
+    their order: an engine's page is mostly histogram buckets and metrics gpufleet does not read,
+    and the parser's cost is per line (~25 us). One scan of the page in C picks them: the TYPE
+    lines of the families read, and every sample line of a name read, wherever it stands (an
+    untyped sample after a family not read included). Lines end at ``\n`` alone, as the parser's
+    do (a label value may hold any other line separator). HELP lines are left (a reading needs
+    none), and so are samples named only inside their braces (``{"name"}``, ``{__name__=...}``:
+    the format's UTF-8 names, which no engine read here writes). Where a page breaks the format's
+    rule that a metric's lines are one group (its samples after another metric's TYPE or HELP
+    line), its samples may be typed by the TYPE line before them here."""
+    return [line.strip() for line in _picking(spec).findall("\n" + text)]
 
 
 def restricted(url: str, engine: str) -> str:
@@ -155,7 +183,7 @@ def parse(text: str, engine: str | None = None) -> Reading:
     spec = ENGINES.get(engine or "")
     if spec is None:
         raise EndpointError("no serving engine's metrics (vLLM, SGLang, TGI, Triton) in the text")
-    lines = [line.strip() for line in _wanted(text, spec).splitlines()]
+    lines = _picked(text, spec)
     heads, tails = _split(lines)
     with _LAYOUTS_LOCK:
         layout = _LAYOUTS.get((spec.name, heads))
