@@ -155,7 +155,7 @@ def _serving_cost(tmp: Path, proc: Path, exposition: str, ticks: int, rounds: in
         sampled: dict = {}  # how many GPUs the agents sample, and in words
         sent = [0]  # ServingSamples the agent with the endpoints spooled
 
-        def agent(reader: ServingReader | None = None) -> HostAgent:
+        def agent(reader: ServingReader | None = None, observer=None) -> HostAgent:
             sampler, holding, sampled["n"], sampled["gpus"] = _sampler(real_nvml)
             spool, codec = Spool(tmp / f"spool-{exposition}-{id(sampler)}"), Codec()
 
@@ -163,7 +163,8 @@ def _serving_cost(tmp: Path, proc: Path, exposition: str, ticks: int, rounds: in
                 sent[0] += 1
                 spool.append("bench." + GPU_SAMPLES.name, key, codec.encode(schema, record))
 
-            observers = () if reader is None else (ServingObserver(reader, put, "bench-host"),)
+            observers = (ServingObserver(reader, put, "bench-host"),) if reader is not None else \
+                (observer,) if observer is not None else ()
             return at_one_hertz(HostAgent(AgentSettings("bench-host", topic_prefix="bench.", checkpoint=False), spool,
                                           codec, nvml=sampler, attributor=ProcessAttributor(proc=proc),
                                           allocations=holding, links=AgentLinks(observers=observers)))
@@ -198,17 +199,21 @@ def _serving_cost(tmp: Path, proc: Path, exposition: str, ticks: int, rounds: in
         budgets: list[float] = []  # per reading, what 5 % of the agent's tick leaves
         neighbour = Neighbour([reader._url(i) for i in range(n)])  # (the pages the reader asks)
 
-        def neighboured_tick() -> None:
-            if plain.ticks % every[0] == 0:
+        def asking(samples: list[dict], host: dict) -> None:
+            """The neighbour told to ask where the agent's reader asks: in the tick, at its observers."""
+            if neighboured.ticks % every[0] == 0:
                 neighbour.ask()
-            plain.tick()
+
+        neighboured = agent(observer=asking)
+        for _ in range(5):
+            gap(neighboured.tick)()
 
         for every[0] in (1, 10):
             cost: dict[str, list[float]] = {"GPUs only": [], "engines asked by another": [], "with the endpoints": []}
             readings: list[int] = []
             span = ticks * (1 if every[0] == 1 else 4)  # (a round holds 60 readings of each endpoint, or 24)
             for r in range(rounds):
-                turns = [("GPUs only", gap(plain.tick)), ("engines asked by another", gap(neighboured_tick)),
+                turns = [("GPUs only", gap(plain.tick)), ("engines asked by another", gap(neighboured.tick)),
                          ("with the endpoints", gap(serving_tick))]
                 for name, tick in turns[r % 3:] + turns[:r % 3]:
                     sent0 = sent[0]
@@ -245,43 +250,50 @@ def _serving_cost(tmp: Path, proc: Path, exposition: str, ticks: int, rounds: in
 # Another process asking the engines the same pages at the same moments (as the cluster's own
 # Prometheus would): the agent without the endpoints beside it. The engine's answering takes CPU
 # on the machine's other core, which slows whatever shares it (2 vCPUs here): with the engines
-# asked as often on both sides, the ratio is the agent's own cost alone.
+# asked as often on both sides, and at the same point of the agent's tick (its observers' turn,
+# where the reader asks), the ratio is the agent's own cost alone. As the reader, it asks an
+# endpoint again only once its last answer came, and takes the answers as they come, in its own
+# process (the agent's reader takes them at its next tick).
 NEIGHBOUR = """
-import sys, pycurl
-multi, handles = pycurl.CurlMulti(), []
+import os, select, sys, pycurl
+multi, idle = pycurl.CurlMulti(), []
 for url in sys.argv[1:]:
     c = pycurl.Curl()
     c.setopt(pycurl.URL, url)
     c.setopt(pycurl.WRITEFUNCTION, lambda chunk: None)
-    handles.append(c)
-for _ in sys.stdin:
-    for c in handles:
-        multi.add_handle(c)
-    left = len(handles)
-    while left:
-        while multi.perform()[0] == pycurl.E_CALL_MULTI_PERFORM:
-            pass
-        _, ok, failed = multi.info_read()
+    idle.append(c)
+while True:
+    r, w, x = multi.fdset()
+    ms = multi.timeout()
+    if 0 in select.select([0, *r], w, x, 0.05 if ms < 0 else min(ms / 1000, 0.05))[0]:
+        told = os.read(0, 4096)
+        if not told:
+            break
+        for c in idle:
+            multi.add_handle(c)
+        idle = []
+    while multi.perform()[0] == pycurl.E_CALL_MULTI_PERFORM:
+        pass
+    while True:
+        queued, ok, failed = multi.info_read()
         for c in ok + [f[0] for f in failed]:
             multi.remove_handle(c)
-            left -= 1
-        if left:
-            multi.select(0.1)
-    print("asked", flush=True)
+            idle.append(c)
+        if not queued:
+            break
 """
 
 
 class Neighbour:
-    """A process that asks every endpoint's page at once when told, and says when all answered."""
+    """A process that asks every endpoint's page when told (those it is not still waiting for),
+    without the teller waiting for the answers."""
 
     def __init__(self, urls: list[str]) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", NEIGHBOUR, *urls],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen([sys.executable, "-c", NEIGHBOUR, *urls], stdin=subprocess.PIPE)
 
     def ask(self) -> None:
-        self.proc.stdin.write("ask\n")
+        self.proc.stdin.write(b"ask\n")
         self.proc.stdin.flush()
-        self.proc.stdout.readline()
 
     def close(self) -> None:
         self.proc.stdin.close()
