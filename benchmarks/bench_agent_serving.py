@@ -12,6 +12,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -155,7 +156,8 @@ def _serving_cost(tmp: Path, proc: Path, exposition: str, ticks: int, rounds: in
         sampled: dict = {}  # how many GPUs the agents sample, and in words
         sent = [0]  # ServingSamples the agent with the endpoints spooled
 
-        def agent(reader: ServingReader | None = None, observer=None) -> HostAgent:
+        def agent(reader: ServingReader | None = None, observer: Callable[[list, dict], None] | None = None
+                  ) -> HostAgent:
             sampler, holding, sampled["n"], sampled["gpus"] = _sampler(real_nvml)
             spool, codec = Spool(tmp / f"spool-{exposition}-{id(sampler)}"), Codec()
 
@@ -163,11 +165,11 @@ def _serving_cost(tmp: Path, proc: Path, exposition: str, ticks: int, rounds: in
                 sent[0] += 1
                 spool.append("bench." + GPU_SAMPLES.name, key, codec.encode(schema, record))
 
-            observers = (ServingObserver(reader, put, "bench-host"),) if reader is not None else \
-                (observer,) if observer is not None else ()
+            observers = [ServingObserver(reader, put, "bench-host")] if reader is not None else []
+            observers += [observer] if observer is not None else []
             return at_one_hertz(HostAgent(AgentSettings("bench-host", topic_prefix="bench.", checkpoint=False), spool,
                                           codec, nvml=sampler, attributor=ProcessAttributor(proc=proc),
-                                          allocations=holding, links=AgentLinks(observers=observers)))
+                                          allocations=holding, links=AgentLinks(observers=tuple(observers))))
 
         plain = agent()
         n, gpus = sampled["n"], sampled["gpus"]
