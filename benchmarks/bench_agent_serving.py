@@ -214,17 +214,22 @@ def _serving_cost(tmp: Path, proc: Path, exposition: str, ticks: int, rounds: in
             cost: dict[str, list[float]] = {"GPUs only": [], "engines asked by another": [], "with the endpoints": []}
             readings: list[int] = []
             span = ticks * (1 if every[0] == 1 else 4)  # (a round holds 60 readings of each endpoint, or 24)
-            for r in range(rounds):
-                turns = [("GPUs only", gap(plain.tick)), ("engines asked by another", gap(neighboured.tick)),
-                         ("with the endpoints", gap(serving_tick))]
-                for name, tick in turns[r % 3:] + turns[:r % 3]:
-                    sent0 = sent[0]
-                    cpu0 = time.process_time()
-                    for _ in range(span):
+            turns = [("GPUs only", plain.tick), ("engines asked by another", neighboured.tick),
+                     ("with the endpoints", serving_tick)]
+            for _ in range(rounds):
+                # the three agents tick in turn, tick by tick (each tick followed by the gap, the
+                # order turning), so that what drifts on the machine drifts under all three alike
+                spent = dict.fromkeys(cost, 0.0)
+                sent0 = sent[0]
+                for k in range(span):
+                    for name, tick in turns[k % 3:] + turns[:k % 3]:
+                        cpu0 = time.process_time()
                         tick()
-                    cost[name].append((time.process_time() - cpu0) / span)
-                    if name == "with the endpoints":
-                        readings.append(sent[0] - sent0)
+                        spent[name] += time.process_time() - cpu0
+                        time.sleep(TICK_GAP_S)
+                for name, cpu in spent.items():
+                    cost[name].append(cpu / span)
+                readings.append(sent[0] - sent0)
             assert not reader.errors, reader.errors
             base, _, with_serving = (statistics.median(v) for v in cost.values())
             ratio = statistics.median(c / a for a, _, c in zip(*cost.values()))
@@ -232,9 +237,9 @@ def _serving_cost(tmp: Path, proc: Path, exposition: str, ticks: int, rounds: in
             per_tick = statistics.median(readings) / span
             print(f"agent, {gpus}, {n} vLLM endpoints ({len(vllm_page().splitlines())} lines a page) {where}, "
                   f"read every {every[0]} tick(s) of 1 s ({per_tick:.2f} readings a tick): {base * 1e3:.3f} ms CPU "
-                  f"per tick sampling the GPUs, {with_serving * 1e3:.3f} ms with the endpoints; median ratio of "
-                  f"neighbouring rounds {ratio:.3f}x, {alike:.3f}x against the agent beside a scraper asking the same "
-                  f"pages (goal <= 1.05x); {(with_serving - base) / per_tick * 1e3:.2f} ms per reading")
+                  f"per tick sampling the GPUs, {with_serving * 1e3:.3f} ms with the endpoints, ticking in turn; "
+                  f"median ratio over rounds {ratio:.3f}x, {alike:.3f}x against the agent beside a scraper asking "
+                  f"the same pages (goal <= 1.05x); {(with_serving - base) / per_tick * 1e3:.2f} ms per reading")
             budgets.append(0.05 * base / per_tick)
         neighbour.close()
         fetch, parsing = reading_parts(reader)
