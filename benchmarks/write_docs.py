@@ -24,8 +24,9 @@ ABOUT = {
     "agent": "The host agent's tick: CPU and NVML calls per GPU per tick with the fake NVML, and what reading "
              "the scheduler's allocations adds.",
     "agent_serving": "The host agent reading a serving engine's endpoint per replica beside its GPUs, in its "
-                     "ticks: CPU per tick against the agent without (ticks 10 ms apart, the engines' answers "
-                     "coming between), read every tick and every 10 (the default).",
+                     "ticks: CPU per tick against the agent without, alone and beside a scraper asking the same "
+                     "pages at the same point of its tick (the three agents ticking in turn, 10 ms apart, the "
+                     "engines' answers coming between), read every tick and every 10 (the default).",
     "serving_stage": "The window stage with serving replicas' traffic beside their GPU samples: GPU samples a "
                      "second against the samples alone.",
     "sink": "The ClickHouse sink: rows a second into the embedded engine, by path.",
