@@ -90,7 +90,7 @@ class ServingReader:
     In the ticks rather than on a thread of its own: the agent ticks every second anyway, and a
     reading taken there costs the CPU of its request and its page alone. Waited for as each answer
     came (as the reader's own thread did, which cost more still for its wakes), a reading cost the
-    agent 0.15-0.25 ms against 0.10-0.20 ms taken at the next tick (8 endpoints, same runs;
+    agent 0.11-0.25 ms against 0.09-0.20 ms taken at the next tick (8 endpoints, same runs;
     ``bench_agent.py --serving-only``). A reading is dated when it was asked, which is when the
     engine made its page."""
 

@@ -3,13 +3,34 @@ discovery meet one: the scrape texts recorded in ``tests/data/serving`` (each wi
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
+from producers.serving import engines
+
 DATA = Path(__file__).resolve().parents[1] / "data" / "serving"
+
+
+def by_the_library(text: str, engine: str) -> dict[str, float]:
+    """What a reading of ``text`` should hold: every sample ``engine`` reads, summed over its label
+    sets, as the client library's parser reads the whole page."""
+    wanted, sums = set(engines._named(engines.ENGINES[engine])), {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name in wanted:
+                sums[s.name] = sums.get(s.name, 0.0) + float(s.value)
+    return sums
+
+
+def same(a: dict[str, float], b: dict[str, float]) -> bool:
+    """The same names with the same values (NaN as NaN)."""
+    return a.keys() == b.keys() and all(a[k] == b[k] or (math.isnan(a[k]) and math.isnan(b[k])) for k in a)
 
 
 class EngineServer(ThreadingHTTPServer):

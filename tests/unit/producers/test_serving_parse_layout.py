@@ -5,43 +5,24 @@ the parser wherever the values are not the lines' last tokens."""
 
 from __future__ import annotations
 
-import math
 import re
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prometheus_client.parser import text_string_to_metric_families
 
 from producers.serving import engines
-from producers.serving.engines import ENGINES, EndpointError, parse
+from producers.serving.engines import EndpointError, parse
+from tests.support.serving_pages import DATA, by_the_library, same
 
-DATA = Path(__file__).resolve().parents[2] / "data" / "serving"
 PAGES = {"vllm": "vllm-0.6", "sglang": "sglang", "tgi": "tgi", "triton": "triton"}
 SAMPLE = re.compile(r"^([^#\s][^\n]*?) (\S+)$", re.MULTILINE)  # a sample line: up to its value token, and the token
-
-
-def by_the_library(text: str, engine: str) -> dict[str, float]:
-    """What the reading should hold: every sample the engine reads, summed over its label sets, as
-    the client library's parser reads the whole page."""
-    spec, sums = ENGINES[engine], {}
-    wanted = set(engines._named(spec))
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name in wanted:
-                sums[s.name] = sums.get(s.name, 0.0) + float(s.value)
-    return sums
 
 
 def moved(text: str, values: list[str]) -> str:
     """``text`` with its sample lines' values replaced, in turn, by ``values`` (cycled)."""
     it = iter(values * (len(text) // max(1, len(values)) + 1))
     return SAMPLE.sub(lambda m: f"{m.group(1)} {next(it)}", text)
-
-
-def same(a: dict[str, float], b: dict[str, float]) -> bool:
-    return a.keys() == b.keys() and all(a[k] == b[k] or (math.isnan(a[k]) and math.isnan(b[k])) for k in a)
 
 
 values = st.one_of(st.integers(0, 10**15).map(str), st.floats(0, 1e12, allow_nan=False).map(repr),

@@ -8,14 +8,12 @@ returns and leading blanks where the format lets a line have them."""
 
 from __future__ import annotations
 
-import math
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prometheus_client.parser import text_string_to_metric_families
 
 from producers.serving import engines
 from producers.serving.engines import ENGINES, EndpointError, parse
+from tests.support.serving_pages import by_the_library, same
 
 TYPES = ("counter", "gauge", "histogram", "summary", "untyped")
 
@@ -73,16 +71,6 @@ def page(draw) -> tuple[str, str]:
     return engine, "\n".join(lines) + draw(st.sampled_from(["\n", ""]))
 
 
-def by_the_library(text: str, engine: str) -> dict[str, float]:
-    """Every sample the engine reads, summed over its label sets, as the library reads the page."""
-    wanted, sums = set(engines._named(ENGINES[engine])), {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name in wanted:
-                sums[s.name] = sums.get(s.name, 0.0) + float(s.value)
-    return sums
-
-
 @settings(max_examples=600, deadline=None)
 @given(page())
 def test_what_is_picked_reads_as_the_whole_page(drawn):
@@ -97,8 +85,7 @@ def test_what_is_picked_reads_as_the_whole_page(drawn):
         raise AssertionError("a page without the engine's request counter was read")
     for _ in range(2):  # (the first reading learns the page's layout, the second reads by it)
         got = {k: v for k, v in parse(text, engine).values.items() if k in wanted}
-        assert got.keys() == expected.keys()
-        assert all(got[k] == expected[k] or (math.isnan(got[k]) and math.isnan(expected[k])) for k in got)
+        assert same(got, expected)
 
 
 def test_an_untyped_sample_after_a_metric_not_read_is_read():
