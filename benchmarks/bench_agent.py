@@ -24,7 +24,7 @@
    process) against the agent as before, at 8 GPUs: CPU per tick, the two alternating, medians
    (``bench_agent_serving.py``). Goal: at most 5 % more.
 
-    python benchmarks/bench_agent.py [--calls-only | --allocations-only | --serving-only [--nvml]]
+    python benchmarks/bench_agent.py [--calls-only | --allocations-only | --serving-only [--nvml] [--budget-s S]]
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from confluent_kafka import Producer
 
-from benchmarks.bench_agent_serving import at_one_hertz, serving_cost
+from benchmarks.bench_agent_serving import at_one_hertz, budget, serving_cost
 from gpufleet.local import kafka as local_kafka
 from kafka_client.admin import ensure_topics
 from kafka_client.config import producer_config
@@ -236,7 +236,7 @@ def allocations_cost(tmp: Path, ticks: int = 100, rounds: int = 41) -> None:
 def main() -> None:
     if "--serving-only" in sys.argv:
         with tempfile.TemporaryDirectory(prefix="gpufleet-bench-agent-") as d:
-            serving_cost(Path(d), real_nvml="--nvml" in sys.argv)
+            serving_cost(Path(d), real_nvml="--nvml" in sys.argv, budget_s=budget(sys.argv))
         return
     if "--calls-only" in sys.argv:
         nvml_calls()

@@ -4,7 +4,9 @@ replicas of one GPU, each a vLLM endpoint of ~500 lines, as vLLM's histograms ma
 another process) against the agent as before, at 8 GPUs: CPU per tick, the two alternating,
 medians; then each part of a reading alone against what the goal leaves it. Goal: at most 5 %
 more. ``--nvml``: the host's own GPUs through NVML instead of the fake's 8, a replica a GPU (on a
-GPU machine: the honest baseline, a tick as NVML costs it there)."""
+GPU machine: the honest baseline, a tick as NVML costs it there). ``--budget-s S``: as many
+rounds as fit in about S seconds of wall time (at least 5), sized from the warm-up's ticks (a lent
+GPU machine's time is short: ``benchmarks/gpu_machine.sh``)."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from producers.agent.host_agent import AgentSettings, HostAgent
 from producers.agent.links import AgentLinks
 from producers.agent.spool.disk import Spool
 from producers.serving import engines
+from producers.serving.fetch import Fetcher
 from producers.serving.scrape import Endpoint, ServingObserver, ServingReader
 from schemas.codec import Codec
 from schemas.topics import GPU_SAMPLES
@@ -116,19 +119,21 @@ class Holding:
         pass
 
 
-def serving_cost(tmp: Path, ticks: int = 60, rounds: int = 21, real_nvml: bool = False) -> None:
+def serving_cost(tmp: Path, ticks: int = 60, rounds: int = 21, real_nvml: bool = False,
+                 budget_s: float | None = None) -> None:
     """CPU per tick of the agent reading a replica's endpoint per GPU (each read every tick, then
     every 10, in the agent's ticks as it reads them) against the same agent without: the
     endpoints exposed as vLLM and SGLang do (the client library: ``name[]`` answered), then as a
     whole page whatever is asked (TGI, Triton). 8 GPUs of the fake NVML; with ``real_nvml``, the
-    host's own GPUs through NVML (``--nvml``: on a GPU machine, the tick as it costs there)."""
+    host's own GPUs through NVML (``--nvml``: on a GPU machine, the tick as it costs there). With
+    ``budget_s``, the rounds are as many as fit in about that many seconds (``sized``)."""
     (tmp / "www").mkdir()
     (tmp / "www" / "metrics").write_text(vllm_page())
     proc = tmp / "proc-serving"
     for i in range(8):
         make_process(proc, 3000 + i, {"GPUFLEET_WORKFLOW_ID": f"svc-{i}", "USER": "ana"})
     for exposition in ("library", "page"):
-        _serving_cost(tmp, proc, exposition, ticks, rounds, real_nvml)
+        _serving_cost(tmp, proc, exposition, ticks, rounds, real_nvml, None if budget_s is None else budget_s / 2)
 
 
 def _sampler(real_nvml: bool) -> tuple[NvmlSampler, Holding | None, int, str]:
@@ -148,7 +153,19 @@ def _sampler(real_nvml: bool) -> tuple[NvmlSampler, Holding | None, int, str]:
 TICK_GAP_S = 0.01  # between two benchmarked ticks: the agent sleeps a second; here the engine's answers come meanwhile
 
 
-def _serving_cost(tmp: Path, proc: Path, exposition: str, ticks: int, rounds: int, real_nvml: bool) -> None:
+def sized(rounds: int, span: int, turn_s: float, share_s: float | None) -> tuple[int, int]:
+    """How many rounds of how many turns (the three agents' ticks, ``turn_s`` seconds of wall time
+    together) fit in ``share_s``: ``rounds`` of ``span`` at most, an odd number of rounds (a median
+    of its own) and never under 5; where 5 do not fit, shorter rounds (whole 30s of turns: every
+    reading interval's and the agents' order's)."""
+    fit = rounds if share_s is None else int(share_s / (span * turn_s))
+    if fit >= 5:
+        return min(rounds, fit if fit % 2 else fit - 1), span
+    return 5, min(span, max(30, int(share_s / (5 * turn_s)) // 30 * 30))
+
+
+def _serving_cost(tmp: Path, proc: Path, exposition: str, ticks: int, rounds: int, real_nvml: bool,
+                  budget_s: float | None) -> None:
     server = subprocess.Popen([sys.executable, "-c", ENGINE_SERVER, str(tmp / "www" / "metrics"), exposition],
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
@@ -209,27 +226,19 @@ def _serving_cost(tmp: Path, proc: Path, exposition: str, ticks: int, rounds: in
         neighboured = agent(observer=asking)
         for _ in range(5):
             gap(neighboured.tick)()
+        began = time.perf_counter()  # (a turn: the three agents' ticks, each with its gap)
+        for _ in range(5):
+            for tick in (plain.tick, neighboured.tick, serving_tick):
+                gap(tick)()
+        turn_s = (time.perf_counter() - began) / 5
 
         for every[0] in (1, 10):
-            cost: dict[str, list[float]] = {"GPUs only": [], "engines asked by another": [], "with the endpoints": []}
-            readings: list[int] = []
             span = ticks * (1 if every[0] == 1 else 4)  # (a round holds 60 readings of each endpoint, or 24)
-            turns = [("GPUs only", plain.tick), ("engines asked by another", neighboured.tick),
-                     ("with the endpoints", serving_tick)]
-            for _ in range(rounds):
-                # the three agents tick in turn, tick by tick (each tick followed by the gap, the
-                # order turning), so that what drifts on the machine drifts under all three alike
-                spent = dict.fromkeys(cost, 0.0)
-                sent0 = sent[0]
-                for k in range(span):
-                    for name, tick in turns[k % 3:] + turns[:k % 3]:
-                        cpu0 = time.process_time()
-                        tick()
-                        spent[name] += time.process_time() - cpu0
-                        time.sleep(TICK_GAP_S)
-                for name, cpu in spent.items():
-                    cost[name].append(cpu / span)
-                readings.append(sent[0] - sent0)
+            # (of the budget, a third to reading every tick, the rest to every 10: its rounds are 4x as long)
+            share = None if budget_s is None else budget_s * (0.3 if every[0] == 1 else 0.6)
+            runs, span = sized(rounds, span, turn_s, share)
+            cost, readings = in_turn([("GPUs only", plain.tick), ("engines asked by another", neighboured.tick),
+                                      ("with the endpoints", serving_tick)], span, runs, sent)
             assert not reader.errors, reader.errors
             base, _, with_serving = (statistics.median(v) for v in cost.values())
             ratio = statistics.median(c / a for a, _, c in zip(*cost.values()))
@@ -238,12 +247,13 @@ def _serving_cost(tmp: Path, proc: Path, exposition: str, ticks: int, rounds: in
             print(f"agent, {gpus}, {n} vLLM endpoints ({len(vllm_page().splitlines())} lines a page) {where}, "
                   f"read every {every[0]} tick(s) of 1 s ({per_tick:.2f} readings a tick): {base * 1e3:.3f} ms CPU "
                   f"per tick sampling the GPUs, {with_serving * 1e3:.3f} ms with the endpoints, ticking in turn; "
-                  f"median ratio over rounds {ratio:.3f}x, {alike:.3f}x against the agent beside a scraper asking "
-                  f"the same pages (goal <= 1.05x); {(with_serving - base) / per_tick * 1e3:.2f} ms per reading")
+                  f"median ratio over {runs} rounds of {span} ticks {ratio:.3f}x, {alike:.3f}x against the agent "
+                  f"beside a scraper asking the same pages (goal <= 1.05x); "
+                  f"{(with_serving - base) / per_tick * 1e3:.2f} ms per reading")
             budgets.append(0.05 * base / per_tick)
         neighbour.close()
         fetch, parsing = reading_parts(reader)
-        stepped, waited = step_cost(reader)
+        stepped, waited = step_cost(reader, readings=100 * n)
         print(f"  a reading's parts: the HTTP request {fetch * 1e3:.3f} ms, the reading of its page "
               f"{parsing * 1e3:.3f} ms; the 5 % goal leaves {budgets[0] * 1e3:.3f} ms a reading read every tick, "
               f"{budgets[1] * 1e3:.3f} ms every 10")
@@ -252,6 +262,29 @@ def _serving_cost(tmp: Path, proc: Path, exposition: str, ticks: int, rounds: in
     finally:
         server.terminate()
         server.wait(10)
+
+
+def in_turn(turns: list[tuple[str, Callable[[], object]]], span: int, runs: int, sent: list[int]
+            ) -> tuple[dict[str, list[float]], list[int]]:
+    """``runs`` rounds of ``span`` ticks of each agent: CPU per tick by agent and round, and the
+    readings each round sent (``sent``: the reading agent's count of ServingSamples). The agents
+    tick in turn, tick by tick (each tick followed by the gap, the order turning), so that what
+    drifts on the machine drifts under all three alike."""
+    cost: dict[str, list[float]] = {name: [] for name, _ in turns}
+    readings: list[int] = []
+    for _ in range(runs):
+        spent = dict.fromkeys(cost, 0.0)
+        sent0 = sent[0]
+        for k in range(span):
+            for name, tick in turns[k % 3:] + turns[:k % 3]:
+                cpu0 = time.process_time()
+                tick()
+                spent[name] += time.process_time() - cpu0
+                time.sleep(TICK_GAP_S)
+        for name, cpu in spent.items():
+            cost[name].append(cpu / span)
+        readings.append(sent[0] - sent0)
+    return cost, readings
 
 
 # Another process asking the engines the same pages at the same moments (as the cluster's own
@@ -342,19 +375,26 @@ def reading_parts(reader, n: int = 400) -> tuple[float, float]:
     """CPU of one reading's two parts, each alone: the HTTP request of endpoint 0 over its kept-open
     connection, and the reading of the page it answered (the lines read picked out, then read from
     their values by the layout the client library's parser gave the page's first reading)."""
-    url, get = reader._urls.get(0, reader.endpoints[0].url), reader.gets[0]
+    url, get = reader._urls.get(0, reader.endpoints[0].url), Fetcher()  # (the reader's may be in flight)
+    text = get(url, reader.timeout_s)  # (its connection opened)
     cpu0 = time.process_time()
     for _ in range(n):
         text = get(url, reader.timeout_s)
     fetch = (time.process_time() - cpu0) / n
+    get.close()
     cpu0 = time.process_time()
     for _ in range(n):
         engines.parse(text, "vllm")
     return fetch, (time.process_time() - cpu0) / n
 
 
+def budget(argv: list[str]) -> float | None:
+    """``--budget-s S``'s seconds, if given."""
+    return float(argv[argv.index("--budget-s") + 1]) if "--budget-s" in argv else None
+
+
 if __name__ == "__main__":
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="gpufleet-bench-agent-") as d:
-        serving_cost(Path(d), real_nvml="--nvml" in sys.argv)
+        serving_cost(Path(d), real_nvml="--nvml" in sys.argv, budget_s=budget(sys.argv))
