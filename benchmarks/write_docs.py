@@ -27,6 +27,9 @@ ABOUT = {
                      "ticks: CPU per tick against the agent without, alone and beside a scraper asking the same "
                      "pages at the same point of its tick (the three agents ticking in turn, 10 ms apart, the "
                      "engines' answers coming between), read every tick and every 10 (the default).",
+    "agent_serving_gpu": "The same comparison on a machine with NVIDIA GPUs, against a tick of its own GPUs "
+                         "through NVML (a replica a GPU; `bench_agent_serving.py --nvml`): the agent's cost as a GPU "
+                         "host pays it, where the fake NVML's tick is the cheap side.",
     "serving_stage": "The window stage with serving replicas' traffic beside their GPU samples: GPU samples a "
                      "second against the samples alone.",
     "sink": "The ClickHouse sink: rows a second into the embedded engine, by path.",
@@ -46,7 +49,9 @@ ABOUT = {
             "oracle's check that every GPU-second, sample, alert and action ended where it should, once "
             "(`make bench-fleet`).",
 }
-MADE_BY = {"fleet": "make bench-fleet", "sink_kafka": "make bench-fleet", "soak": "make bench-fleet"}
+MADE_BY = {"fleet": "make bench-fleet", "sink_kafka": "make bench-fleet", "soak": "make bench-fleet",
+           "agent_serving_gpu": "benchmarks/gpu_machine.sh run"}
+WHERE = {"agent_serving_gpu": " on a machine with NVIDIA GPUs (`benchmarks/gpu_machine.sh wheels` here first)"}
 
 
 def main(results: Path = RESULTS, doc: Path = DOC) -> None:
@@ -67,7 +72,7 @@ def main(results: Path = RESULTS, doc: Path = DOC) -> None:
                 f"({meta.get('machine', '?')})"), "", "```", body.rstrip(), "```"]
     for name in (n for n in ABOUT if not (results / f"{n}.txt").exists()):
         out += ["", f"## {name.replace('_', ' ')}", "", ABOUT[name], "",
-                f"No result yet: run `{MADE_BY.get(name, 'make bench')}`."]
+                f"No result yet: run `{MADE_BY.get(name, 'make bench')}`{WHERE.get(name, '')}."]
     doc.write_text("\n".join(out) + "\n")
     print(f"wrote {doc} from {len(files)} results")
 
