@@ -5,6 +5,7 @@ and a replay of the same windows, which decides alike and takes no step twice.""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +24,7 @@ from streams.enforcement.ladder import (
     load_ladders,
     render,
 )
+from streams.serving.traffic import by_gpus
 from streams.windows.workflow_state import WorkflowState
 from tests.support.samples import BASE_MS, window
 
@@ -211,3 +213,35 @@ def test_a_warning_carries_the_right_size_advice():
         out += climb(state, w, (LADDER,), now_ms=0)
     (first,) = out
     assert first["step"] == FIRST_WARNING and "Right-sizing: ask for 2 GPUs" in first["reason"]
+
+
+SHIPPED = Path(__file__).resolve().parents[4] / "docker" / "config" / "enforcement.toml"
+
+
+def run_replica(state: WorkflowState, minutes, ladders, serving: dict) -> list[tuple[int, dict]]:
+    """As ``run``, for a declared replica whose engine's metrics are not read: each window judged
+    by its GPUs (``streams.serving.traffic.by_gpus``), as the window step judges it."""
+    out = []
+    for m, idle in minutes:
+        w = minute(m, idle, utilization_max_pct=0.0 if idle else 80.0)
+        w["serving"] = by_gpus(serving, w)
+        raise_alerts(state, w, AlertConfig(), now_ms=w["window_end"], thresholds=DEFAULTS)
+        state.job = {"max_gpus": 2}
+        out += [(m, e) for e in climb(state, w, ladders, now_ms=w["window_end"])]
+    return out
+
+
+def test_a_job_declaring_itself_a_replica_is_not_taken_off_the_shipped_idle_ladders():
+    """The idle-allocation detector stands aside for a replica, and what declares one is the job's
+    own (``GPUFLEET_SERVICE`` in its environment, a pod's label): under the policy gpufleet ships,
+    a job whose GPUs sit at 0 % reaches the action whether or not it says it serves, and no later
+    than the same job saying nothing; a replica that works is never warned."""
+    ladders = load_ladders(SHIPPED)
+    plain = run(job(), [(m, True) for m in range(150)], ladders[0])
+    said = run_replica(job(), [(m, True) for m in range(150)], ladders, {"service": "chat"})
+    assert [s for _, s in steps(plain)] == [FIRST_WARNING, SECOND_WARNING, ACTION_DUE]
+    assert [s for _, s in steps(said)] == [FIRST_WARNING, SECOND_WARNING, ACTION_DUE], said
+    assert steps(said)[-1][0] <= steps(plain)[-1][0]
+    assert said[-1][1]["command"] == ["scancel", "4242"] and said[-1][1]["detector"] == "idle_replica"
+    working = run_replica(job(), [(m, m % 20 == 0) for m in range(150)], ladders, {"service": "chat"})
+    assert working == []
