@@ -34,18 +34,24 @@ ANCESTORS = 2  # a GPU worker's parent and grandparent: the API server that runs
 FIRST_ROUND_S = 10.0
 
 
-def listening_ports(pid: int) -> set[int]:
+def listening_ports(pid: int) -> dict[int, str]:
     """The TCP ports ``pid`` and the processes that started it listen on, on an address this host
-    reaches (any or loopback)."""
-    ports: set[int] = set()
+    reaches (any or loopback), each with the loopback host to ask it at: ``127.0.0.1`` where it
+    listens on IPv4, ``[::1]`` where on IPv6 alone (an engine started with ``--host ::1``, or on
+    ``::`` where IPv6 sockets take no IPv4, answers no one at 127.0.0.1)."""
+    ports: dict[int, str] = {}
     try:
         process: psutil.Process | None = psutil.Process(pid)
         for _ in range(ANCESTORS + 1):
             if process is None or process.pid <= 1:
                 break
             for c in process.net_connections(kind="tcp"):
-                if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.ip in ("0.0.0.0", "::", "127.0.0.1", "::1"):
-                    ports.add(c.laddr.port)
+                if c.status != psutil.CONN_LISTEN or not c.laddr:
+                    continue
+                if c.laddr.ip in ("0.0.0.0", "127.0.0.1"):
+                    ports[c.laddr.port] = "127.0.0.1"
+                elif c.laddr.ip in ("::", "::1"):
+                    ports.setdefault(c.laddr.port, "[::1]")
             process = process.parent()
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         pass  # gone, or not ours to look at: what was found so far
@@ -57,14 +63,15 @@ def gpu_processes(readings) -> dict[int, set[int]]:
     return {r.index: {p.pid for p in r.processes} for r in readings}
 
 
-def candidates(gpu_pids: dict[int, set[int]], ports_of: Callable[[int], set[int]]) -> dict[int, tuple[int, ...]]:
-    """Port -> the GPUs (by index) whose processes listen on it."""
-    gpus: dict[int, set[int]] = {}
+def candidates(gpu_pids: dict[int, set[int]], ports_of: Callable[[int], dict[int, str]]
+               ) -> dict[str, tuple[int, ...]]:
+    """Where to ask (``host:port``) -> the GPUs (by index) whose processes listen there."""
+    gpus: dict[str, set[int]] = {}
     for index, pids in gpu_pids.items():
         for pid in pids:
-            for port in ports_of(pid):
-                gpus.setdefault(port, set()).add(index)
-    return {port: tuple(sorted(g)) for port, g in sorted(gpus.items())}
+            for port, host in ports_of(pid).items():
+                gpus.setdefault(f"{host}:{port}", set()).add(index)
+    return {at: tuple(sorted(g)) for at, g in sorted(gpus.items())}
 
 
 def gpu_indices(readings) -> dict[str, int]:
@@ -92,11 +99,11 @@ def annotated(targets: list[Any], indices: dict[str, int], known: set[str], get:
 
 
 def discover(gpu_pids: dict[int, set[int]], known: set[str], get: Callable[[str, float], str],
-             timeout_s: float = 2.0, ports_of: Callable[[int], set[int]] = listening_ports) -> list[Endpoint]:
+             timeout_s: float = 2.0, ports_of: Callable[[int], dict[int, str]] = listening_ports) -> list[Endpoint]:
     """The endpoints of engines answering on the GPU processes' ports, but those in ``known`` (URLs)."""
     found = []
-    for port, gpus in candidates(gpu_pids, ports_of).items():
-        url = f"http://127.0.0.1:{port}/metrics"
+    for at, gpus in candidates(gpu_pids, ports_of).items():
+        url = f"http://{at}/metrics"
         if url in known:
             continue
         try:
@@ -114,7 +121,7 @@ class Discovery:
     Kubernetes, ``targets`` the pods' scrape annotations and ``indices`` each GPU's index by UUID."""
 
     def __init__(self, reader: ServingReader, gpu_pids: Callable[[], dict[int, set[int]]], every_s: float = 300.0,
-                 ports_of: Callable[[int], set[int]] = listening_ports, targets: Callable[[], list] | None = None,
+                 ports_of: Callable[[int], dict[int, str]] = listening_ports, targets: Callable[[], list] | None = None,
                  indices: Callable[[], dict[str, int]] = dict) -> None:
         self.reader, self.gpu_pids, self.every_s, self.ports_of = reader, gpu_pids, every_s, ports_of
         self.targets, self.indices = targets, indices

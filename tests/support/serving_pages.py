@@ -4,6 +4,7 @@ discovery meet one: the scrape texts recorded in ``tests/data/serving`` (each wi
 from __future__ import annotations
 
 import math
+import socket
 import sys
 import threading
 from collections.abc import Callable
@@ -48,10 +49,14 @@ class EngineServer(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
-def serve(body: bytes | Callable[[], bytes], path: str = "/metrics") -> EngineServer:
-    """``body`` at ``path`` (404 elsewhere), on a port of its own, over kept-open connections as the
-    engines' servers; a callable body is asked at each request (a page whose counters move).
-    ``shutdown()`` it after."""
+class EngineServer6(EngineServer):
+    address_family = socket.AF_INET6
+
+
+def serve(body: bytes | Callable[[], bytes], path: str = "/metrics", host: str = "127.0.0.1") -> EngineServer:
+    """``body`` at ``path`` (404 elsewhere), on a port of its own of ``host`` (``::1``: IPv6's
+    loopback alone), over kept-open connections as the engines' servers; a callable body is asked
+    at each request (a page whose counters move). ``shutdown()`` it after."""
     class Page(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -65,6 +70,6 @@ def serve(body: bytes | Callable[[], bytes], path: str = "/metrics") -> EngineSe
         def log_message(self, *args):
             pass
 
-    httpd = EngineServer(("127.0.0.1", 0), Page)
+    httpd = (EngineServer6 if ":" in host else EngineServer)((host, 0), Page)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     return httpd

@@ -40,9 +40,9 @@ def worker():
 
 def test_the_ports_of_a_process_and_of_its_parent_are_found(engine_and_other, worker):
     engine, other = engine_and_other
-    assert {engine, other} <= listening_ports(os.getpid())
-    assert {engine, other} <= listening_ports(worker)  # through its parent
-    assert listening_ports(2**22 + 7) == set()  # no such process: nothing, no error
+    assert {engine, other} <= set(listening_ports(os.getpid()))
+    assert listening_ports(worker)[engine] == "127.0.0.1"  # through its parent, asked where it listens
+    assert listening_ports(2**22 + 7) == {}  # no such process: nothing, no error
 
 
 def test_an_engine_on_the_gpu_processes_ports_becomes_an_endpoint_of_their_gpus(engine_and_other, worker):
@@ -54,7 +54,21 @@ def test_an_engine_on_the_gpu_processes_ports_becomes_an_endpoint_of_their_gpus(
     # (this process may listen on more ports than these two: other tests' servers)
     assert mine in found and not any(e.url.endswith(f":{other}/metrics") for e in found)
     assert mine not in discover({0: {worker}}, {mine.url}, Fetcher())  # read already: not again
-    assert candidates({0: {1}, 3: {1, 2}}, {1: {8000}, 2: {9000, 8000}}.__getitem__) == {8000: (0, 3), 9000: (3,)}
+    ports = {1: {8000: "127.0.0.1"}, 2: {9000: "[::1]", 8000: "127.0.0.1"}}
+    assert candidates({0: {1}, 3: {1, 2}}, ports.__getitem__) == {"127.0.0.1:8000": (0, 3), "[::1]:9000": (3,)}
+
+
+def test_an_engine_listening_on_ipv6s_loopback_alone_is_asked_there(worker):
+    """An engine started with ``--host ::1`` (or on ``::`` with IPv6 alone) answers no one at
+    127.0.0.1: it is asked at [::1]."""
+    engine = serve((DATA / "vllm-0.6.prom").read_bytes(), host="::1")
+    try:
+        port = engine.server_address[1]
+        assert listening_ports(worker)[port] == "[::1]"
+        found = discover({0: {worker}}, set(), Fetcher())
+        assert Endpoint((0,), f"http://[::1]:{port}/metrics", "vllm") in found
+    finally:
+        engine.shutdown()
 
 
 def test_a_found_endpoint_is_read_from_then_on(engine_and_other, worker):
