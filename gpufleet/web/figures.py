@@ -42,3 +42,26 @@ def waterfall_figure(rows: list[dict]) -> dict:
                                              "#e76f51" for r in rows]}))
     fig.update_layout(height=320, margin={"l": 50, "r": 20, "t": 20, "b": 80}, yaxis={"title": {"text": "GPU-hours"}})
     return json.loads(plotly.io.to_json(fig))
+
+
+# A replica's window as the worker judged it by its traffic, and its colour on the page.
+STATES = (("BUSY", "near its capacity", "#2a9d8f"), ("HEADROOM", "below its capacity", "#8ecae6"),
+          ("SATURATED", "requests waited", "#e9c46a"), ("IDLE", "no request", "#e76f51"))
+
+
+def traffic_figure(serving: dict) -> dict:
+    """A serving replica's requests a second over its life: a bar per step, coloured by how its
+    windows were judged (a trace per state, so that the legend names them), and the capacity it
+    was judged against."""
+    fig = go.Figure()
+    for state, meaning, colour in STATES:
+        picked = [i for i, s in enumerate(serving["state"]) if s == state]
+        if picked:
+            fig.add_trace(go.Bar(x=[serving["t"][i] for i in picked], y=[serving["requests_per_s"][i] for i in picked],
+                                 name=f"{state.lower()} ({meaning})", marker={"color": colour}))
+    if serving["capacity_per_s"] and serving["t"]:
+        fig.add_trace(go.Scatter(x=[serving["t"][0], serving["t"][-1]], y=[serving["capacity_per_s"]] * 2,
+                                 mode="lines", name="capacity", line={"dash": "dash", "color": "#264653"}))
+    fig.update_layout(height=300, margin={"l": 50, "r": 20, "t": 20, "b": 30}, barmode="overlay", bargap=0,
+                      xaxis={"type": "date"}, yaxis={"title": {"text": "requests/s"}})
+    return json.loads(plotly.io.to_json(fig))

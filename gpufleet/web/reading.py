@@ -125,7 +125,7 @@ class Reader:
 
     def figures(self, viewer: Viewer, workflow_id: str) -> bytes | None:
         """The job's charts as Plotly figures, in JSON, encoded once per version."""
-        from gpufleet.web.figures import gpu_figure, waterfall_figure
+        from gpufleet.web.figures import gpu_figure, traffic_figure, waterfall_figure
 
         job = self.job(viewer, workflow_id)
         if job is None:
@@ -134,7 +134,8 @@ class Reader:
         def build() -> bytes:
             series = data.gpu_series(self.client, self.database, workflow_id)
             return _json({"state": job["state"], "step_s": series["step_s"], "gpus": gpu_figure(series),
-                          "waterfall": waterfall_figure(job["waterfall"])})
+                          "waterfall": waterfall_figure(job["waterfall"]),
+                          "traffic": None if job["serving"] is None else traffic_figure(job["serving"])})
 
         return self._page(("figures", workflow_id), build)
 

@@ -12,7 +12,10 @@ from __future__ import annotations
 import email
 import email.policy
 import re
+import time
 import uuid
+from collections import Counter, defaultdict
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -26,13 +29,24 @@ from gpufleet.web.access import Directory
 from gpufleet.web.app import Service, create_app
 from gpufleet.web.identity import ProxyTrust
 from producers.publish_kafka import Publisher
+from producers.simulate.fleet import build_fleet
+from producers.simulate.serving import serving_samples_at, with_serving
 from producers.traces.publish import publish_trace
-from schemas.topics import PROFILE_REQUESTS, WORKFLOW_EVENTS, WORKFLOW_SUMMARIES, trace_id_of
+from schemas.topics import (
+    PROFILE_REQUESTS,
+    SERVING_WINDOWS,
+    WORKFLOW_EVENTS,
+    WORKFLOW_SUMMARIES,
+    WORKFLOW_WINDOWS,
+    trace_id_of,
+)
+from sinks.clickhouse_ddl import GPU_SAMPLES_TABLE, SERVING_WINDOWS_TABLE, WORKFLOW_WINDOWS_TABLE
 from sinks.consume_alerts import AlertNotifier
 from sinks.job_report import summary_waterfall
 from sinks.route_alerts import load_routing
-from sinks.write_clickhouse import ClickHouseWriter
+from sinks.write_clickhouse import ClickHouseWriter, Row
 from tests.support.alerts import Mailbox, job_summary
+from tests.support.alibaba import replay
 from tests.support.fleet_data import build, started, store
 from tests.support.integration import CODEC, read_topic, run_until, running_sink, worker_process
 
@@ -147,4 +161,80 @@ port = {smtp_port}
         other.close()
     finally:
         smtp.stop()
+        server.stop()
+
+
+@pytest.fixture
+def served(chdb_client):
+    """The demo's serving deployment (6 replicas of chat-llm, the router's traffic on 2) for 40
+    minutes, through the worker's window step and stored as the sink stores it."""
+    fleet = with_serving(build_fleet(seed=5, hosts=1, gpus_per_host=2, workflows=1))
+    ticks, start_ms = 2400, (int(time.time()) - 7200) // 60 * 60 * 1000
+    by_time, serving = defaultdict(list), defaultdict(list)
+    for tick in range(ticks):
+        t = (start_ms + tick * 1000) // 1000
+        by_time[t] = list(fleet.samples_at(tick, start_ms, 1000))
+        serving[t] = serving_samples_at(fleet, tick, ticks, start_ms, 1000)
+    sent = replay(by_time, serving)
+    database = f"t_{uuid.uuid4().hex[:12]}"
+    writer = ClickHouseWriter(chdb_client, database)
+    writer.ensure_tables()
+    samples = [s for t in sorted(by_time) for s in by_time[t]]
+    assert writer.insert(GPU_SAMPLES_TABLE, [Row(0, i, r) for i, r in enumerate(samples)]) == []
+    for table, spec in ((WORKFLOW_WINDOWS_TABLE, WORKFLOW_WINDOWS), (SERVING_WINDOWS_TABLE, SERVING_WINDOWS)):
+        assert writer.insert(table, [Row(0, i, r) for i, r in enumerate(r for s, r in sent if s is spec)]) == []
+    yield fleet, [r for s, r in sent if s is SERVING_WINDOWS], database
+    chdb_client.command(f"DROP DATABASE IF EXISTS {database}")
+
+
+def test_a_replicas_owner_sees_what_it_served_on_its_page(chdb_client, served, browser, artefacts):
+    """The page of a serving replica says what it served, as the worker judged each of its windows:
+    its requests, its windows by state and the capacity it was judged against, in words and in a
+    chart of its requests a second coloured by state; the same numbers for a replica that served
+    nothing, and no such section on a page of a workflow that serves nothing."""
+    fleet, windows, database = served
+    replicas = [w for w in fleet.workflows if w.service]
+    server = AsgiServer(create_app(Service(chdb_client, database, Directory(), ProxyTrust.parse(["127.0.0.1"]))),
+                        name="owners").start()
+    context = browser.new_context(extra_http_headers={"X-Forwarded-User": replicas[0].owner})
+    try:
+        page = context.new_page()
+        for replica in (replicas[0], replicas[-1]):  # one the router sends traffic to, one it never does
+            mine = [w for w in windows if w["workflow_id"] == replica.workflow_id]
+            states = Counter(w["state"] for w in mine)
+            page.goto(f"{server.url}/jobs/{replica.workflow_id}")
+            page.wait_for_function("document.body.dataset.drawn === 'yes'", timeout=30_000)
+            said = page.inner_text("#served")
+            assert "A replica of chat-llm (vllm)" in said
+            assert f"{sum(w['requests'] for w in mine):,.0f} requests in its {len(mine)} windows" in said
+            assert (f"busy in {states['BUSY']}, below its capacity in {states['HEADROOM']}, saturated in "
+                    f"{states['SATURATED']}, no request in {states['IDLE']}") in said
+            bars = page.evaluate("document.getElementById('traffic').data.filter(t => t.type === 'bar')"
+                                 ".map(t => [t.name.split(' ')[0], t.x, t.y])")
+            drawn = sorted((state.upper(), x, y) for state, xs, ys in bars for x, y in zip(xs, ys))
+            judged = sorted((w["state"], w["window_start"], w["requests_per_s"]) for w in mine)
+            assert [(state, x) for state, x, _ in drawn] == [(state, x) for state, x, _ in judged]
+            assert [y for *_, y in drawn] == pytest.approx([y for *_, y in judged])
+            capacity = mine[-1]["capacity_per_s"]
+            if capacity:
+                learnt = datetime.fromtimestamp(mine[-1]["capacity_window_start"] / 1000, UTC)
+                assert f"Its capacity, {capacity:.2f} requests/s, was learnt from its window at " \
+                       f"{learnt:%Y-%m-%d %H:%M} UTC ({mine[-1]['capacity_windows']} windows seen)" in said
+                line = page.evaluate("document.getElementById('traffic').data.filter(t => t.name === 'capacity')"
+                                     ".map(t => t.y)")
+                assert line == [[capacity, capacity]]
+            page.screenshot(path=str(artefacts / f"{replica.workflow_id}.png"), full_page=True)
+        assert states == Counter({"IDLE": len(mine)})  # (the last: the router never sent it a request)
+        assert "No capacity learnt yet" in page.inner_text("#served")
+        busy = Counter(w["state"] for w in windows if w["workflow_id"] == replicas[0].workflow_id)
+        assert busy["BUSY"] + busy["HEADROOM"] > 0  # (the first served)
+        training = next(w for w in fleet.workflows if not w.service)
+        theirs = browser.new_context(extra_http_headers={"X-Forwarded-User": training.owner}).new_page()
+        theirs.goto(f"{server.url}/jobs/{training.workflow_id}")
+        theirs.wait_for_function("document.body.dataset.drawn === 'yes'", timeout=30_000)
+        assert theirs.inner_text("#job") == training.workflow_id
+        assert theirs.locator("#served").count() == 0 and theirs.locator("#traffic").count() == 0
+        theirs.context.close()
+    finally:
+        context.close()
         server.stop()
