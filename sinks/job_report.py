@@ -227,6 +227,12 @@ _ADVICE = {
                 "(gpufleet profile) to find what keeps them waiting.",
 }
 
+# A serving replica's windows are idle where it served no request (``judged_windows``): what its owner can do.
+_REPLICA_ADVICE = {
+    "idle": "The replica served no request while it held its GPUs: scale the deployment down when traffic is low "
+            "(fewer replicas, or scale to zero), or send it traffic.",
+}
+
 
 # The productive GPU-hours of a profiled job, by what its profiles show the GPU doing.
 PROFILE_SPLIT = (("compute", "kernel compute"), ("exposed_communication", "exposed communication"),
@@ -338,7 +344,8 @@ def job_report(summary: dict, rates: Rates | None = None, cluster: str = "") -> 
         elif untouched:
             lines.append(f"- {untouched} of its {gpus} GPUs were never opened by any process of the job: ask for "
                          f"{gpus - untouched}, or check that every rank binds its own GPU.")
-        lines += [f"- {LABELS[b]} ({seconds / 3600:.2f} GPU-hours): {_ADVICE[b]}" for seconds, b in wasted
+        advice = {**_ADVICE, **(_REPLICA_ADVICE if summary.get("service") else {})}
+        lines += [f"- {LABELS[b]} ({seconds / 3600:.2f} GPU-hours): {advice[b]}" for seconds, b in wasted
                   if seconds / max(summary["gpu_seconds"], 1e-9) >= 0.01]
         if alerts:
             lines.append(f"- alerts raised while it ran: {', '.join(alerts)}")

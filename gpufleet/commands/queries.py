@@ -164,6 +164,7 @@ def cmd_workflows(args: argparse.Namespace) -> int:
 
 
 def cmd_workflow(args: argparse.Namespace) -> int:
+    from gpufleet.reports.serving import replica_served
     from gpufleet.reports.workflows import workflow_summary, workflow_timeline
     from gpufleet.sql import format_table
     from sinks.job_report import job_report
@@ -186,6 +187,9 @@ def cmd_workflow(args: argparse.Namespace) -> int:
         return 1
     summary, cluster = workflow_summary(client, args.database, args.workflow_id)
     print(job_report(summary, prices, cluster)[0])
+    served = replica_served(client, args.database, args.workflow_id)
+    if served is not None:
+        print(f"What it served\n{served['said']}\n")
     print(format_table(columns, rows))
     return 0
 

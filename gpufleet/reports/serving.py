@@ -6,6 +6,8 @@ held beyond them, and the replicas that served no request for their last hours, 
 
 from __future__ import annotations
 
+import math
+
 from clickhouse_connect.driver.client import Client
 
 from gpufleet.reports.opportunities import parse_since
@@ -85,3 +87,47 @@ def render(loads: list[ServiceLoad], span_s: float, margin: float, idle_for_s: f
         lines.append(f"No replica of {', '.join(unsaturated[:5])}{' and others' if len(unsaturated) > 5 else ''} "
                      "ever saturated: the replicas needed are an upper bound (none showed all it could serve).")
     return "\n".join(lines) + "\n"
+
+
+def replica_served(client: Client, database: str, workflow_id: str, max_points: int = 600) -> dict | None:
+    """What a serving replica served, as the worker judged its windows by its traffic: its service
+    and engine, its requests, its windows by state, the capacity it last had and the window that
+    was learnt from (``said``: all that in a sentence), and its requests a second over its life in
+    steps of a minute or more (at most ``max_points``, each step with its windows' most frequent
+    state); None for a workflow no window of which was judged so."""
+    result = client.query(f"""
+        SELECT argMax(service, window_start) AS service, argMax(engine, window_start) AS engine,
+               count() AS windows, sum(requests) AS requests, countIf(state = 'BUSY') AS busy,
+               countIf(state = 'HEADROOM') AS headroom, countIf(state = 'IDLE') AS idle,
+               countIf(state = 'SATURATED') AS saturated, argMax(capacity_per_s, window_start) AS capacity_per_s,
+               argMax(capacity_window_start, window_start) AS capacity_window_start,
+               argMax(capacity_windows, window_start) AS capacity_windows,
+               toUnixTimestamp(min(window_start)) AS first, toUnixTimestamp(max(window_start)) AS last
+        FROM {database}.serving_windows FINAL WHERE workflow_id = %(wf)s""", parameters={"wf": workflow_id})
+    summary = dict(zip(result.column_names, result.result_rows[0]))
+    if not summary["windows"]:
+        return None
+    first, last = summary.pop("first"), summary.pop("last")
+    step = max(60, math.ceil((last - first + 60) / max_points / 60) * 60)
+    steps = client.query(f"""
+        SELECT t, sum(requests) / sum(seconds), argMax(state, n), max(queue_ms)
+        FROM (SELECT toUnixTimestamp(toStartOfInterval(window_start, toIntervalSecond({step}))) * 1000 AS t, state,
+                     sum(requests) AS requests, count() AS n, max(queue_time_ms) AS queue_ms,
+                     sum(dateDiff('millisecond', window_start, window_end)) / 1000 AS seconds
+              FROM {database}.serving_windows FINAL WHERE workflow_id = %(wf)s GROUP BY t, state)
+        GROUP BY t ORDER BY t""", parameters={"wf": workflow_id}).result_rows
+    return {**summary, "said": served_line(summary), "step_s": step, "t": [r[0] for r in steps],
+            "requests_per_s": [r[1] for r in steps], "state": [r[2] for r in steps],
+            "queue_time_ms": [r[3] for r in steps]}
+
+
+def served_line(s: dict) -> str:
+    """"A replica of sd-xl (vllm), judged by its traffic: 3,114 requests in its 40 windows; ..." """
+    engine = f" ({s['engine']})" if s["engine"] else ""
+    line = (f"A replica of {s['service']}{engine}, judged by its traffic: {s['requests']:,.0f} requests in its "
+            f"{s['windows']} windows; busy in {s['busy']}, below its capacity in {s['headroom']}, saturated in "
+            f"{s['saturated']}, no request in {s['idle']}.")
+    if not s["capacity_per_s"]:
+        return line + " No capacity learnt yet: no window of it stayed within the queue target with traffic."
+    return line + (f" Its capacity, {s['capacity_per_s']:.2f} requests/s, was learnt from its window at "
+                   f"{s['capacity_window_start']:%Y-%m-%d %H:%M} UTC ({s['capacity_windows']} windows seen).")

@@ -110,6 +110,14 @@ def workflow_summary(client: Client, database: str, workflow_id: str) -> tuple[d
     cluster = client.query(f"SELECT argMax(cluster, event_time) FROM {database}.workflows WHERE workflow_id = %(wf)s",
                            parameters={"wf": workflow_id}).result_rows
     summary["profile_split"] = profile_split(client, database, workflow_id)
+    if not summary.get("service"):  # a replica: the service of its judged windows, else the one its events declare
+        (served, declared), = client.query(f"""
+            SELECT (SELECT argMax(service, window_start) FROM {database}.serving_windows FINAL
+                    WHERE workflow_id = %(wf)s),
+                   (SELECT argMax(service, event_time) FROM {database}.workflow_events
+                    WHERE workflow_id = %(wf)s AND ifNull(service, '') != '')""",
+            parameters={"wf": workflow_id}).result_rows
+        summary["service"] = served or declared or None
     if summary.get("untouched_gpus") is None:  # still running, or summarised before WorkflowSummary v5
         summary["untouched_gpus"] = untouched_gpus(client, database, workflow_id)
     return summary, (cluster[0][0] or "") if cluster else ""

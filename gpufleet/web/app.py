@@ -119,8 +119,6 @@ class Routes:
         self.env.filters["quote"] = lambda v: urllib.parse.quote(str(v), safe="")
         self.env.filters["hours"] = lambda v: "-" if v is None else f"{v:,.2f}"
         self.env.filters["pct"] = lambda v: "-" if v is None else f"{v:.1f}%"
-        # (a time as the JSON twin carries it, ISO 8601 in UTC, as a person reads it)
-        self.env.filters["minute"] = lambda v: "-" if not v else f"{v[:10]} {v[11:16]} UTC"
 
     # -- what every route does alike ---------------------------------------------------------
     @staticmethod

@@ -153,6 +153,7 @@ def owner_of(client, database: str, workflow_id: str) -> tuple[str | None, str |
 
 def job(client, database: str, viewer: Viewer, workflow_id: str, rates: Rates | None = None) -> dict | None:
     """Everything the job page shows, or None where the job is unknown or not the viewer's to see."""
+    from gpufleet.reports.serving import replica_served
     from gpufleet.reports.workflows import workflow_summary, workflow_timeline
 
     known = owner_of(client, database, workflow_id)
@@ -177,7 +178,7 @@ def job(client, database: str, viewer: Viewer, workflow_id: str, rates: Rates | 
         "alerts": alerts(client, database, workflow_id), "findings": findings(client, database, workflow_id),
         "profiles": profiles(client, database, workflow_id),
         "actions": owner_actions(client, database, workflow_id),
-        "serving": serving(client, database, workflow_id),
+        "serving": replica_served(client, database, workflow_id, MAX_POINTS),
     })
 
 
@@ -272,37 +273,6 @@ def gpu_series(client, database: str, workflow_id: str) -> dict:
             key: [None if v is None or not math.isfinite(v) else v for v in values]
             for key, values in zip(_SERIES.values(), columns, strict=True)}})
     return {"step_s": step, "gpus": gpus}
-
-
-def serving(client, database: str, workflow_id: str) -> dict | None:
-    """What a serving replica served, as the worker judged its windows by its traffic
-    (``serving_windows``): its service and engine, its requests, its windows by state, the capacity
-    it last had and the window that was learnt from, and its requests a second over its life in
-    steps of a minute or more (at most ``MAX_POINTS``, each step with its windows' most frequent
-    state); None for a workflow no window of which was judged so."""
-    result = client.query(f"""
-        SELECT argMax(service, window_start) AS service, argMax(engine, window_start) AS engine,
-               count() AS windows, sum(requests) AS requests, countIf(state = 'BUSY') AS busy,
-               countIf(state = 'HEADROOM') AS headroom, countIf(state = 'IDLE') AS idle,
-               countIf(state = 'SATURATED') AS saturated, argMax(capacity_per_s, window_start) AS capacity_per_s,
-               argMax(capacity_window_start, window_start) AS capacity_window_start,
-               argMax(capacity_windows, window_start) AS capacity_windows,
-               toUnixTimestamp(min(window_start)) AS first, toUnixTimestamp(max(window_start)) AS last
-        FROM {database}.serving_windows FINAL WHERE workflow_id = %(wf)s""", parameters={"wf": workflow_id})
-    summary = dict(zip(result.column_names, result.result_rows[0]))
-    if not summary["windows"]:
-        return None
-    first, last = summary.pop("first"), summary.pop("last")
-    step = max(60, math.ceil((last - first + 60) / MAX_POINTS / 60) * 60)
-    steps = client.query(f"""
-        SELECT t, sum(requests) / sum(seconds), argMax(state, n), max(queue_ms)
-        FROM (SELECT toUnixTimestamp(toStartOfInterval(window_start, toIntervalSecond({step}))) * 1000 AS t, state,
-                     sum(requests) AS requests, count() AS n, max(queue_time_ms) AS queue_ms,
-                     sum(dateDiff('millisecond', window_start, window_end)) / 1000 AS seconds
-              FROM {database}.serving_windows FINAL WHERE workflow_id = %(wf)s GROUP BY t, state)
-        GROUP BY t ORDER BY t""", parameters={"wf": workflow_id}).result_rows
-    return clean({**summary, "step_s": step, "t": [r[0] for r in steps], "requests_per_s": [r[1] for r in steps],
-                  "state": [r[2] for r in steps], "queue_time_ms": [r[3] for r in steps]})
 
 
 def group_totals(client, database: str, viewer: Viewer, since_s: float, team: str | None = None) -> dict | None:

@@ -226,6 +226,9 @@ def test_a_replicas_owner_sees_what_it_served_on_its_page(chdb_client, served, b
             page.screenshot(path=str(artefacts / f"{replica.workflow_id}.png"), full_page=True)
         assert states == Counter({"IDLE": len(mine)})  # (the last: the router never sent it a request)
         assert "No capacity learnt yet" in page.inner_text("#served")
+        report = page.inner_text("#report")  # (what `gpufleet workflow` prints): a replica's advice, not a job's
+        assert "The replica served no request while it held its GPUs: scale the deployment down" in report
+        assert "check for a rank that stopped" not in report
         busy = Counter(w["state"] for w in windows if w["workflow_id"] == replicas[0].workflow_id)
         assert busy["BUSY"] + busy["HEADROOM"] > 0  # (the first served)
         training = next(w for w in fleet.workflows if not w.service)
