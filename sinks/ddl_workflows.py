@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from schemas.goodput_buckets import BUCKETS, OBSERVED_BUCKETS
+from schemas.goodput_buckets import BUCKETS, OBSERVED_BUCKETS, REJUDGED
 from schemas.topics import WORKFLOW_EVENTS, WORKFLOW_SUMMARIES, WORKFLOW_WINDOWS
 from schemas.validate_sample import FREE_CAPACITY
 from schemas.vocabulary import JOBS, WASTE_BUCKETS
@@ -239,12 +239,8 @@ WORKFLOWS = (
 
 
 # A serving replica's window is judged by its traffic (serving_windows, ``streams.serving``),
-# here once for every report: the GPU-seconds (and joules) its GPUs' judgement put in idle,
-# input-bound, low utilisation or productive go to productive when it served requests (busy,
-# headroom or saturated: its GPUs did the service's work, whatever their utilisation), to idle
-# when it served none; unhealthy, start-up and unobserved stay as its GPUs said. So each
-# GPU-second is still in exactly one bucket. ``serving_state`` is '' for every other window.
-REJUDGED = ("idle", "input_bound", "low_util", "productive")
+# here once for every report, by the rule ``schemas.goodput_buckets.REJUDGED`` states (the
+# worker's job totals follow it too). ``serving_state`` is '' for every other window.
 
 
 def _judged(bucket: str, kind: str) -> str:

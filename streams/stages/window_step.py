@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 
+from schemas.goodput_buckets import judged_by_traffic
 from schemas.sample_columns import CLOCK, blocks_of, size
 from schemas.topics import (
     ALERTS,
@@ -289,30 +290,46 @@ class WindowStep:
                 continue  # GPUs no workflow holds: capacity, counted by their windows; nobody to alert
             state = self.store.get(window["workflow_id"])
             if state is not None:  # (a workflow forgotten in this batch has no more alerts)
-                judged = window
+                judged, totals = window, window
                 if state.serving is not None and traffic.read(state.serving):
                     served += self._alone(window["workflow_id"], state,
                                           traffic.before(state.serving, window["window_start"]), now)
                     figures, record = traffic.close(state.serving, window,
                                                     self.settings.thresholds.for_team(window.get("team")), now)
                     judged = {**window, "serving": figures}
+                    totals = judged_by_traffic(window, record["state"] != "IDLE")  # as judged_windows counts it
+                    self._judged(state.serving, window["window_start"], record["state"] != "IDLE")
                     served.append(record)
                 elif state.serving is not None:  # declared a replica, its engine unread: by its GPUs
                     judged = {**window, "serving": traffic.by_gpus(state.serving, window)}
                 raised = raise_alerts(state, judged, self.settings.alerts, now, thresholds=self.settings.thresholds)
-                accumulate(state, window, raised)
+                accumulate(state, totals, raised)
                 alerts += raised
                 requests += auto_profile_requests(state, raised, self.settings.auto_profile, now)
                 steps += climb(state, judged, self.settings.enforcement, now)
         return alerts, requests, steps, served
 
+    def _judged(self, serving: dict, start: int, served: bool) -> None:
+        """Whether a replica's window at ``start`` served requests, kept while late samples may
+        still complete it (``update_horizon_ms``): its corrected totals are judged alike."""
+        judged = serving.setdefault("judged", {})
+        judged[str(start)] = served
+        horizon = start - self.settings.window.update_horizon_ms - self.settings.window.size_ms
+        for key in [k for k in judged if int(k) < horizon]:
+            del judged[key]
+
     def _correct(self, result: BatchResult) -> set[str]:
-        """Job totals corrected for windows late samples completed; the ended workflows among them."""
+        """Job totals corrected for windows late samples completed (a replica's judged by the
+        traffic its window served, as when it closed); the ended workflows among them."""
         corrected = set()
         for window, before in result.updated:
             state = self.store.get(window["workflow_id"])
             if state is not None:
-                correct(state, before, window)
+                served = ((state.serving or {}).get("judged") or {}).get(str(window["window_start"]))
+                after = window if served is None else judged_by_traffic(window, served)
+                if served is not None and before is not None:
+                    before = judged_by_traffic(before, served)
+                correct(state, before, after)
                 result.changed.add(window["workflow_id"])
                 if state.ended:
                     corrected.add(window["workflow_id"])

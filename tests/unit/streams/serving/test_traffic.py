@@ -7,15 +7,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from gpufleet.reports.serving import idle_line, peak_line
-from schemas.topics import ALERTS, SERVING_WINDOWS
+from schemas.goodput_buckets import BUCKETS
+from schemas.sample_columns import columns_of
+from schemas.topics import ALERTS, SERVING_WINDOWS, WORKFLOW_SUMMARIES, WORKFLOW_WINDOWS
 from streams.serving.service import load, replicas_needed
 from streams.serving.traffic import Declared
 from streams.stages.window_step import Decoded
-from tests.support.samples import BASE_MS
+from tests.support.samples import BASE_MS, sample
 from tests.support.window_step import Feed, make, ticks
 
 WF = "svc-sd-0"
@@ -217,3 +220,49 @@ def test_a_service_needs_the_replicas_its_peak_asked_for():
     assert peak_line(got, 60, 0.0) == ("The busiest 1 min of sd-xl (6.00 requests/s) needed 3 replicas with +0% "
                                        "headroom: 10 held; 0.2 of its 0.3 GPU-hours were held beyond the replicas "
                                        "needed.")
+
+
+def test_a_replicas_summary_counts_its_gpu_hours_as_its_windows_were_judged_by_traffic():
+    """The WorkflowSummary (the owner's job report at its end, the summaries topic, the stored row)
+    puts a replica's GPU-seconds where ``judged_windows`` puts them for every other report: a window
+    that served requests productive at 5 % utilisation, one that served none idle; start-up and
+    unobserved time as its GPUs said."""
+    feed, _ = run([(60, 50.0)] * 10 + [(0, None)] * 5, util=5.0)
+    (summary,) = feed.of(WORKFLOW_SUMMARIES)
+    state = {w["window_start"]: w["state"] for w in feed.of(SERVING_WINDOWS)}
+    windows = [w for w in feed.of(WORKFLOW_WINDOWS) if w["workflow_id"] == WF]
+    assert set(state) == {w["window_start"] for w in windows}
+    pooled = {kind: {s: sum(w[f"{b}_{kind}"] for w in windows if (state[w["window_start"]] == "IDLE") == (s == "IDLE")
+                         for b in ("idle", "input_bound", "low_util", "productive")) for s in ("IDLE", "SERVED")}
+              for kind in ("gpu_seconds", "joules")}
+    assert sum(w["low_util_gpu_seconds"] for w in windows) > 0  # (5 %: by its GPUs, low utilisation)
+    assert summary["productive_gpu_seconds"] == pytest.approx(pooled["gpu_seconds"]["SERVED"])
+    assert summary["idle_gpu_seconds"] == pytest.approx(pooled["gpu_seconds"]["IDLE"])
+    assert summary["productive_joules"] == pytest.approx(pooled["joules"]["SERVED"])
+    assert summary["low_util_gpu_seconds"] == summary["input_bound_gpu_seconds"] == 0.0
+    for bucket in ("startup", "unhealthy", "unobserved"):
+        assert summary[f"{bucket}_gpu_seconds"] == pytest.approx(sum(w[f"{bucket}_gpu_seconds"] for w in windows))
+    assert summary["gpu_seconds"] == pytest.approx(sum(summary[f"{b}_gpu_seconds"] for b in BUCKETS))
+
+
+def test_a_replicas_window_completed_late_is_judged_in_its_summary_as_it_was_when_it_closed():
+    step, _ = make()
+    feed = Feed(step)
+    for m in range(12):  # serving at 5 %, a reading each 10 s beside its GPU samples
+        for k in range(6):
+            t = m * 60 + k * 10
+            feed(served(t, 10.0 if m < 8 else 0.0), *ticks(WF, t, t + 10, util=5.0))
+        if m == 9:  # a third GPU's samples of minute 2 come late (an agent that was cut off): minute 2 is completed
+            late = [sample(workflow_id=WF, owner="ana", team="vision", event_time=BASE_MS + t * 1000,
+                           utilization_pct=5.0, gpu_uuid="GPU-2", gpu_index=2) for t in range(120, 180)]
+            feed(*[("GpuSampleColumns", b) for b in columns_of(late)])
+    feed(*ticks("other", 12 * 60 + 3600, 12 * 60 + 3601))  # the fleet moves on: the replica ends
+    latest = {w["window_start"]: w for w in feed.of(WORKFLOW_WINDOWS) if w["workflow_id"] == WF}  # each as last sent
+    assert latest[BASE_MS + 120_000]["gpu_count"] == 3  # (minute 2 was completed)
+    state = {w["window_start"]: w["state"] for w in feed.of(SERVING_WINDOWS)}
+    summary = feed.of(WORKFLOW_SUMMARIES)[-1]
+    served_s = sum(w[f"{b}_gpu_seconds"] for s, w in latest.items() if state[s] != "IDLE"
+                   for b in ("idle", "input_bound", "low_util", "productive"))
+    assert summary["productive_gpu_seconds"] == pytest.approx(served_s)
+    assert summary["gpu_seconds"] == pytest.approx(sum(w["gpu_seconds"] for w in latest.values()))
+    assert summary["gpu_seconds"] == pytest.approx(sum(summary[f"{b}_gpu_seconds"] for b in BUCKETS))
