@@ -6,7 +6,9 @@ the job (from rollups, it should barely).
 
 A page is what the browser asks for: the job (``/api/jobs/ID``, everything the page shows but
 the charts) and its charts (``/api/figures/ID``), over real HTTP on loopback from the service
-reading the embedded engine through the query server, as ``gpufleet serve`` does.
+reading the embedded engine through the query server, as ``gpufleet serve`` does. Each is timed
+as a first view, the service's kept pages forgotten before it (what the goal is about: a page
+read from ClickHouse), and as a view again (the page the service kept until its job changes).
 
     python benchmarks/bench_job_page.py [--rounds 9]
 """
@@ -81,21 +83,30 @@ def main() -> None:
     store(client, "gpufleet", "small-1h-8gpu", 8, 60, start, first_offset=7 * 1440)
     print(f"stored in {time.perf_counter() - t0:.1f} s")
     queries = QueryServer(path).start(AsgiServer)
-    server = AsgiServer(create_app(Service(find_server(path), "gpufleet", Directory(),
-                                           ProxyTrust.parse(["127.0.0.1"])))).start()
+    app = create_app(Service(find_server(path), "gpufleet", Directory(), ProxyTrust.parse(["127.0.0.1"])))
+    server = AsgiServer(app).start()
+
+    def first_view(workflow_id: str) -> float:
+        app.state.reader.forget(workflow_id)  # (as the first owner to open it since it changed)
+        return page_seconds(server.url, workflow_id)
+
     try:
-        page_seconds(server.url, "big-7d-64gpu")  # warm
-        big, small = [], []
+        first_view("big-7d-64gpu")  # warm
+        big, small, again = [], [], []
         for _ in range(args.rounds):  # interleaved: the same machine state for both
-            big.append(page_seconds(server.url, "big-7d-64gpu"))
-            small.append(page_seconds(server.url, "small-1h-8gpu"))
+            big.append(first_view("big-7d-64gpu"))
+            small.append(first_view("small-1h-8gpu"))
+            again.append(page_seconds(server.url, "big-7d-64gpu"))
     finally:
         server.stop()
         queries.stop()
     b, s = statistics.median(big), statistics.median(small)
-    print(f"7-day job on 64 GPUs: page median {b * 1000:.0f} ms (max {max(big) * 1000:.0f} ms, goal < 1000 ms)")
-    print(f"1-hour job on 8 GPUs: page median {s * 1000:.0f} ms")
+    print(f"7-day job on 64 GPUs: page median {b * 1000:.0f} ms (max {max(big) * 1000:.0f} ms, goal < 1000 ms), "
+          "a first view")
+    print(f"1-hour job on 8 GPUs: page median {s * 1000:.0f} ms, a first view")
     print(f"ratio 7-day / 1-hour: {b / s:.2f}")
+    kept = statistics.median(again)
+    print(f"7-day job on 64 GPUs viewed again (the page the service kept): median {kept * 1000:.0f} ms")
 
 
 if __name__ == "__main__":
