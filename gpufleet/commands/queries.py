@@ -56,7 +56,7 @@ def add(sub) -> None:
     service_args(p)
     p.set_defaults(func=cmd_job)
 
-    p = sub.add_parser("jobs", help="your jobs (with --service: as the Unix user you are, through MUNGE), with "
+    p = sub.add_parser("jobs", help="your jobs (with --url: as the Unix user you are, through MUNGE), with "
                                     "GPU-hours, goodput, the largest loss and the alerts firing")
     p.add_argument("--since", default="7d", help="how far back: 7d, 12h, 30m, or all")
     p.add_argument("--state", choices=["all", "running", "ended"], default="all")
@@ -96,6 +96,7 @@ def add(sub) -> None:
                    help="headroom a service keeps above its peak, as a fraction (default 0.2)")
     p.add_argument("--idle-for-s", type=positive, default=7200.0,
                    help="name the replicas that served no request for their last this many seconds (default 2 h)")
+    service_args(p)
     p.set_defaults(func=cmd_serving)
 
     p = sub.add_parser("report", help="write the fleet report: one self-contained HTML file with charts")
@@ -112,10 +113,18 @@ def add(sub) -> None:
     p.set_defaults(func=cmd_clickhouse_users)
 
 
+def owners_service_url() -> str | None:
+    """``GPUFLEET_URL``; else the address a login node set up by an earlier release exported as
+    ``GPUFLEET_SERVICE`` (a name that, in a job's environment, declares a serving replica: jobs
+    inherit what the login node exports, so the address has a name of its own now)."""
+    earlier = os.environ.get("GPUFLEET_SERVICE", "")
+    return os.environ.get("GPUFLEET_URL") or (earlier if earlier.startswith(("http://", "https://")) else None)
+
+
 def service_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--service", default=os.environ.get("GPUFLEET_SERVICE"),
+    p.add_argument("--url", "--service", dest="url", metavar="URL", default=owners_service_url(),
                    help="the owners' service (`gpufleet serve`) to ask as yourself, with a MUNGE credential "
-                        "(env GPUFLEET_SERVICE; how a login node's users are set up). Without it the database "
+                        "(env GPUFLEET_URL; how a login node's users are set up). Without it the database "
                         "is read directly, by whoever may open it")
     p.add_argument("--munge-socket", default=os.environ.get("GPUFLEET_MUNGE_SOCKET"),
                    help="munged's socket (env GPUFLEET_MUNGE_SOCKET; default: munged's own)")
@@ -125,7 +134,7 @@ def service_client(args: argparse.Namespace):
     from gpufleet.web.client import ServiceClient
 
     try:
-        return ServiceClient(args.service, args.munge_socket)
+        return ServiceClient(args.url, args.munge_socket)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -133,6 +142,8 @@ def service_client(args: argparse.Namespace):
 def print_service_job(job: dict) -> None:
     """A job as the service gives it, on one screen: the report, the alerts firing, the page."""
     print(job["report"], end="")
+    if job.get("serving"):
+        print(f"\nWhat it served\n{job['serving']['said']}")
     firing = [a for a in job["alerts"] if a["status"] == "FIRING"]
     if firing:
         print("\nAlerts firing:")
@@ -170,7 +181,7 @@ def cmd_workflow(args: argparse.Namespace) -> int:
     from sinks.job_report import job_report
 
     check_id("workflow", args.workflow_id)
-    if args.service:
+    if args.url:
         from gpufleet.web.client import NotFound
 
         try:
@@ -201,7 +212,7 @@ def cmd_job(args: argparse.Namespace) -> int:
 
     if not SLURM_JOB_ID.fullmatch(args.job_id):
         raise UsageError(f"{args.job_id!r} is not a Slurm job id (digits, or an array task's 123_4)")
-    if args.service:
+    if args.url:
         return service_job(args)
     workflow, tasks = slurm_job(query_client(args), args.database, args.job_id)
     if workflow is None:
@@ -241,7 +252,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         parse_since(args.since)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    if args.service:
+    if args.url:
         jobs = service_client(args).jobs(args.since, args.state)
     else:  # whoever opens the database sees every job
         from gpufleet.web.access import Viewer
@@ -296,6 +307,8 @@ def cmd_serving(args: argparse.Namespace) -> int:
     from gpufleet.reports.serving import render, services
 
     parse_since(args.since)  # checked before anything is asked
+    if args.url:
+        return service_serving(args)
     loads = services(query_client(args), args.database, args.since, args.peak_span_s, args.margin)
     if not loads:
         print(f"no serving replica recorded (--since {args.since}): replicas are judged by their traffic once the "
@@ -303,6 +316,29 @@ def cmd_serving(args: argparse.Namespace) -> int:
               "replayed (gpufleet replay)")
         return 0
     print(render(loads, args.peak_span_s, args.margin, args.idle_for_s), end="")
+    return 0
+
+
+def service_serving(args: argparse.Namespace) -> int:
+    """``gpufleet serving`` asked of the owners' service as the user who runs it: the services of
+    the replicas they may see, judged as the service judges (its busiest 10 minutes, +20 %)."""
+    import urllib.parse
+
+    from gpufleet.reports.serving import render
+    from gpufleet.web.services import MARGIN, SPAN_S, load_of
+
+    if (args.peak_span_s, args.margin) != (SPAN_S, MARGIN):
+        raise UsageError(f"with --url, services are judged as the owners' service judges them: its busiest "
+                         f"{SPAN_S // 60} min, +{MARGIN:.0%} (leave out --peak-span-s and --margin)")
+    client = service_client(args)
+    loads = [load_of(s) for s in client.services(args.since)]
+    if not loads:
+        print(f"no serving replica of yours or your teams' (--since {args.since})")
+        return 0
+    print(render(loads, SPAN_S, MARGIN, args.idle_for_s), end="")
+    print("\nTheir pages:")
+    for s in loads:
+        print(f"  {client.url}/services/{urllib.parse.quote(s.service, safe='')}")
     return 0
 
 

@@ -44,7 +44,8 @@ def services(client: Client, database: str, since: str, span_s: float, margin: f
     return loads_of(client.query(serving_sql(database, parse_since(since))).result_rows, span_s, margin)
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
+    """``seconds`` as minutes, or hours from one on."""
     return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
 
 
@@ -53,9 +54,9 @@ def idle_line(s: ServiceLoad, idle_for_s: float) -> str | None:
     idle = sorted(((ms, wf) for wf, ms in s.idle_tails.items() if ms >= idle_for_s * 1000), reverse=True)
     if not idle:
         return None
-    named = ", ".join(f"{wf} ({_duration(ms / 1000)})" for ms, wf in idle[:5]) + (" ..." if len(idle) > 5 else "")
+    named = ", ".join(f"{wf} ({duration(ms / 1000)})" for ms, wf in idle[:5]) + (" ..." if len(idle) > 5 else "")
     return (f"{len(idle)} of {s.replicas} replicas of {s.service} served no request for their last "
-            f"{_duration(idle_for_s)} or more: {named}")
+            f"{duration(idle_for_s)} or more: {named}")
 
 
 def peak_line(s: ServiceLoad, span_s: float, margin: float) -> str:

@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
+from gpufleet.reports.serving import duration
 from gpufleet.web import data
 from gpufleet.web.access import Directory, Viewer
 from gpufleet.web.actions import ACTION_HEADER, ActionRefused, Actions
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 
 PUBLIC = frozenset({"/healthz", "/static/plotly.min.js"})
 NOT_FOUND = "no such job"
+NO_SERVICE = "no such service"
 PAGE_WINDOWS = 120  # a job page's table of windows: the latest these many (the JSON has them all)
 
 
@@ -119,6 +121,7 @@ class Routes:
         self.env.filters["quote"] = lambda v: urllib.parse.quote(str(v), safe="")
         self.env.filters["hours"] = lambda v: "-" if v is None else f"{v:,.2f}"
         self.env.filters["pct"] = lambda v: "-" if v is None else f"{v:.1f}%"
+        self.env.filters["duration"] = lambda v: "-" if v is None else duration(v)
 
     # -- what every route does alike ---------------------------------------------------------
     @staticmethod
@@ -159,7 +162,20 @@ class Routes:
 
     def jobs_page(self, request: Request) -> Response:
         return self.page(request, "jobs.html", jobs=self.job_list(request), q=request.query_params,
-                         states=data.STATES, sorts=list(data.SORTS))
+                         states=data.STATES, sorts=list(data.SORTS),
+                         services=self.reader.services(self.viewer(request), self.since(request)))
+
+    def the_service(self, request: Request) -> dict | None:
+        from schemas.validate_sample import service_error
+
+        name = request.path_params["service"]
+        return None if service_error(name) else self.reader.service(self.viewer(request), name, self.since(request))
+
+    def service_page(self, request: Request) -> Response:
+        service = self.the_service(request)
+        if service is None:
+            return self.page(request, "missing.html", 404, what=NO_SERVICE)
+        return self.page(request, "service.html", s=service, q=request.query_params)
 
     def job_page(self, request: Request) -> Response:
         job = self.the_job(request)
@@ -205,6 +221,15 @@ class Routes:
         body = None if id_error("workflow_id", wf) else self.reader.figures(self.viewer(request), wf)
         return JSONResponse({"error": NOT_FOUND}, 404) if body is None else Response(body,
                                                                                       media_type="application/json")
+
+    def api_services(self, request: Request) -> Response:
+        return JSONResponse({"services": self.reader.services(self.viewer(request), self.since(request))})
+
+    def api_service(self, request: Request) -> Response:
+        service = self.the_service(request)
+        if service is None:
+            return JSONResponse({"error": NO_SERVICE}, 404)
+        return JSONResponse({k: v for k, v in service.items() if k != "figure"})
 
     def api_team(self, request: Request) -> Response:
         totals = self.totals(request, request.path_params["team"])
@@ -292,9 +317,11 @@ def create_app(service: Service) -> Starlette:
     r = Routes(service)
     routes = [
         Route("/", r.home), Route("/jobs", r.jobs_page), Route("/jobs/{workflow_id:path}", r.job_page),
-        Route("/teams/{team}", r.team_page), Route("/fleet", r.fleet_page),
+        Route("/services/{service:path}", r.service_page), Route("/teams/{team}", r.team_page),
+        Route("/fleet", r.fleet_page),
         Route("/api/whoami", r.api_whoami), Route("/api/jobs", r.api_jobs),
         Route("/api/jobs/{workflow_id:path}", r.api_job), Route("/api/figures/{workflow_id:path}", r.api_figures),
+        Route("/api/services", r.api_services), Route("/api/services/{service:path}", r.api_service),
         Route("/api/teams/{team}", r.api_team), Route("/api/fleet", r.api_fleet),
         Route("/api/sql", r.api_sql, methods=["POST"]), Route("/api/actions", r.api_action, methods=["POST"]),
         Route("/healthz", r.healthz), Route("/static/plotly.min.js", r.plotly_js),

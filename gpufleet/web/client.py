@@ -1,5 +1,5 @@
-"""The command line's side of the owners' service: ``gpufleet job`` and ``gpufleet jobs`` on a
-login node ask it as the Unix user who runs them, with a fresh MUNGE credential per request
+"""The command line's side of the owners' service: ``gpufleet job``, ``jobs``, ``workflow`` and
+``serving`` on a login node ask it as the Unix user who runs them, with a fresh MUNGE credential per request
 (made for that request only: ``gpufleet.web.identity``)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ class ServiceClient:
     def __init__(self, url: str, munge_socket: str | None = None, timeout_s: float = 60.0) -> None:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ValueError(f"--service {url!r}: an http(s):// address of `gpufleet serve`")
+            raise ValueError(f"--url {url!r}: an http(s):// address of `gpufleet serve`")
         self.url, self.munge_socket, self.timeout_s = url.rstrip("/"), munge_socket, timeout_s
 
     def get(self, path: str, **query: str) -> dict:
@@ -49,3 +49,6 @@ class ServiceClient:
 
     def jobs(self, since: str | None = None, state: str | None = None) -> list[dict]:
         return self.get("/api/jobs", since=since, state=state)["jobs"]
+
+    def services(self, since: str | None = None) -> list[dict]:
+        return self.get("/api/services", since=since)["services"]

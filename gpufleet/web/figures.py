@@ -65,3 +65,22 @@ def traffic_figure(serving: dict) -> dict:
     fig.update_layout(height=300, margin={"l": 50, "r": 20, "t": 20, "b": 30}, barmode="overlay", bargap=0,
                       xaxis={"type": "date"}, yaxis={"title": {"text": "requests/s"}})
     return json.loads(plotly.io.to_json(fig))
+
+
+def service_figure(service: dict) -> dict:
+    """A service over time: its requests a second (bars), and the replicas that held GPUs for it,
+    those that served a request, and the replicas its busiest span needed (lines, on their own axis)."""
+    chart = service["chart"]
+    fig = go.Figure(go.Bar(x=chart["t"], y=chart["requests_per_s"], name="requests/s", marker={"color": "#8ecae6"}))
+    fig.add_trace(go.Scatter(x=chart["t"], y=chart["held"], name="replicas held", mode="lines",
+                             line={"shape": "hv", "color": "#e76f51"}, yaxis="y2"))
+    fig.add_trace(go.Scatter(x=chart["t"], y=chart["served"], name="replicas that served", mode="lines",
+                             line={"shape": "hv", "color": "#2a9d8f", "width": 5}, yaxis="y2"))  # (under the need)
+    if chart["t"]:
+        fig.add_trace(go.Scatter(x=[chart["t"][0], chart["t"][-1]], y=[service["replicas_needed"]] * 2,
+                                 name=f"replicas its peak needed (+{service['margin']:.0%})", mode="lines",
+                                 line={"dash": "dash", "color": "#264653"}, yaxis="y2"))
+    fig.update_layout(height=320, margin={"l": 50, "r": 50, "t": 20, "b": 30}, bargap=0, xaxis={"type": "date"},
+                      yaxis={"title": {"text": "requests/s"}},
+                      yaxis2={"title": {"text": "replicas"}, "overlaying": "y", "side": "right", "rangemode": "tozero"})
+    return json.loads(plotly.io.to_json(fig))

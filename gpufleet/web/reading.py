@@ -145,6 +145,24 @@ class Reader:
         return self._get(self._lists, key, lambda: data.jobs(self.client, self.database, viewer, since_s, state,
                                                              owner, team, sort))
 
+    def services(self, viewer: Viewer, since_s: float) -> list[dict]:
+        from gpufleet.web import services
+
+        key = ("services", viewer.user, viewer.operator, tuple(sorted(viewer.teams)), since_s)
+        return self._get(self._lists, key, lambda: services.services(self.client, self.database, viewer, since_s))
+
+    def service(self, viewer: Viewer, name: str, since_s: float) -> dict | None:
+        """A service over the replicas the viewer may see, with its chart (a Plotly figure)."""
+        from gpufleet.web import services
+        from gpufleet.web.figures import service_figure
+
+        def build() -> dict | None:
+            found = services.service(self.client, self.database, viewer, name, since_s)
+            return None if found is None else {**found, "figure": service_figure(found)}
+
+        key = ("service", name, viewer.user, viewer.operator, tuple(sorted(viewer.teams)), since_s)
+        return self._get(self._lists, key, build)
+
     def totals(self, viewer: Viewer, since_s: float, since_text: str, team: str | None) -> dict | None:
         """A team's totals (its members, leads and operators) or the fleet's (operators), with where
         their GPU-hours were lost most, as ``gpufleet opportunities`` ranks it."""

@@ -17,20 +17,23 @@ import uuid
 from collections import Counter, defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from aiosmtpd.controller import Controller
 
 from gpufleet.asgi_server import AsgiServer
 from gpufleet.commands.serve import actions_on
+from gpufleet.demo_serving import planted
 from gpufleet.local.kafka import free_port
+from gpufleet.reports.serving import duration, services
 from gpufleet.reports.workflows import workflow_summary
 from gpufleet.web.access import Directory
 from gpufleet.web.app import Service, create_app
 from gpufleet.web.identity import ProxyTrust
 from producers.publish_kafka import Publisher
 from producers.simulate.fleet import build_fleet
-from producers.simulate.serving import serving_samples_at, with_serving
+from producers.simulate.serving import SERVICE, ServingPlan, serving_samples_at, with_serving
 from producers.traces.publish import publish_trace
 from schemas.topics import (
     PROFILE_REQUESTS,
@@ -183,7 +186,8 @@ def served(chdb_client):
     assert writer.insert(GPU_SAMPLES_TABLE, [Row(0, i, r) for i, r in enumerate(samples)]) == []
     for table, spec in ((WORKFLOW_WINDOWS_TABLE, WORKFLOW_WINDOWS), (SERVING_WINDOWS_TABLE, SERVING_WINDOWS)):
         assert writer.insert(table, [Row(0, i, r) for i, r in enumerate(r for s, r in sent if s is spec)]) == []
-    yield fleet, [r for s, r in sent if s is SERVING_WINDOWS], database
+    yield SimpleNamespace(fleet=fleet, windows=[r for s, r in sent if s is SERVING_WINDOWS], database=database,
+                          ticks=ticks, start_ms=start_ms)
     chdb_client.command(f"DROP DATABASE IF EXISTS {database}")
 
 
@@ -192,7 +196,7 @@ def test_a_replicas_owner_sees_what_it_served_on_its_page(chdb_client, served, b
     its requests, its windows by state and the capacity it was judged against, in words and in a
     chart of its requests a second coloured by state; the same numbers for a replica that served
     nothing, and no such section on a page of a workflow that serves nothing."""
-    fleet, windows, database = served
+    fleet, windows, database = served.fleet, served.windows, served.database
     replicas = [w for w in fleet.workflows if w.service]
     server = AsgiServer(create_app(Service(chdb_client, database, Directory(), ProxyTrust.parse(["127.0.0.1"]))),
                         name="owners").start()
@@ -237,6 +241,81 @@ def test_a_replicas_owner_sees_what_it_served_on_its_page(chdb_client, served, b
         theirs.wait_for_function("document.body.dataset.drawn === 'yes'", timeout=30_000)
         assert theirs.inner_text("#job") == training.workflow_id
         assert theirs.locator("#served").count() == 0 and theirs.locator("#traffic").count() == 0
+        theirs.context.close()
+    finally:
+        context.close()
+        server.stop()
+
+
+def test_a_serving_owner_sees_their_service_against_what_its_peak_needed(chdb_client, served, browser, artefacts):
+    """The owner of a deployment's replicas finds it on their jobs page and opens its page: the
+    replicas it held against those its busiest span needed, as the simulator planted them and as
+    `gpufleet serving` says; each replica's traffic as the worker judged its windows; its requests
+    and replicas over time in a chart; the replica's own page links to it. An owner with no
+    replica of it is told there is no such service."""
+    fleet, windows, database = served.fleet, served.windows, served.database
+    replicas = [w for w in fleet.workflows if w.service]
+    closed_to = max(w["window_end"] for w in windows)
+    want = planted(fleet, served.ticks, served.ticks, served.start_ms, closed_to, ServingPlan())
+    (cli,) = services(chdb_client, database, "all", 600, 0.2)  # (what `gpufleet serving` prints)
+    server = AsgiServer(create_app(Service(chdb_client, database, Directory(), ProxyTrust.parse(["127.0.0.1"]))),
+                        name="owners").start()
+    context = browser.new_context(extra_http_headers={"X-Forwarded-User": replicas[0].owner})
+    try:
+        page = context.new_page()
+        page.goto(f"{server.url}/jobs")
+        row = [c.strip() for c in page.locator(f"#services tr[data-service='{SERVICE}'] td").all_inner_texts()]
+        assert row == [SERVICE, str(want["replicas"]), f"{cli.gpu_hours:,.2f}", f"{cli.idle_gpu_hours:,.2f}",
+                       f"{want['peak']:.2f}", str(cli.replicas_at_peak), str(want["needed"]),
+                       f"{cli.freed_gpu_hours:,.2f}"]
+        assert want["needed"] < want["replicas"] and cli.freed_gpu_hours > 0  # (the deployment is too large)
+        page.screenshot(path=str(artefacts / "jobs-with-services.png"), full_page=True)
+
+        with page.expect_navigation():
+            page.click(f"#services a:has-text('{SERVICE}')")
+        page.wait_for_function("document.body.dataset.drawn === 'yes'", timeout=30_000)
+        assert page.inner_text("#service") == SERVICE
+        assert f"needed {want['needed']} replicas with +20% headroom: {cli.replicas_at_peak} held" in \
+            page.inner_text("#said")
+        shown = {r.get_attribute("data-replica"): [c.strip() for c in r.locator("td").all_inner_texts()]
+                 for r in page.locator("#replicas tbody tr").all()}
+        assert set(shown) == {r.workflow_id for r in replicas}
+        for wf, cells in shown.items():
+            mine = [w for w in windows if w["workflow_id"] == wf]
+            states = Counter(w["state"] for w in mine)
+            assert cells[2:8] == [f"{sum(w['requests'] for w in mine):,.0f}", str(len(mine)), str(states["BUSY"]),
+                                  str(states["HEADROOM"]), str(states["SATURATED"]), str(states["IDLE"])]
+            if wf in want["idle"]:  # never served: no request for its whole life
+                life = (max(w["window_end"] for w in mine) - min(w["window_start"] for w in mine)) / 1000
+                assert cells[8] == "-" and cells[9] == duration(life)
+        # the chart: a bar per minute of the service's requests a second, and the replicas it held then
+        bars, held = page.evaluate("(() => { const d = document.getElementById('traffic').data; return ["
+                                   "d.find(t => t.name === 'requests/s'), d.find(t => t.name === 'replicas held')]"
+                                   ".map(t => [t.x, t.y]); })()")
+        by_minute = defaultdict(list)
+        for w in windows:
+            by_minute[w["window_start"]].append(w)
+        minutes = sorted(by_minute)
+        assert bars[0] == minutes and held[0] == minutes
+        assert bars[1] == pytest.approx([sum(w["requests"] for w in by_minute[m]) / 60 for m in minutes])
+        assert held[1] == [len({w["workflow_id"] for w in by_minute[m]}) for m in minutes]
+        page.screenshot(path=str(artefacts / "service-page.png"), full_page=True)
+
+        twin = page.request.get(f"{server.url}/api/services/{SERVICE}").json()
+        assert twin["replicas_needed"] == want["needed"] and len(twin["replica_list"]) == want["replicas"]
+        page.goto(f"{server.url}/jobs/{replicas[0].workflow_id}")
+        with page.expect_navigation():
+            page.click("#its-service")
+        page.wait_for_function("document.body.dataset.drawn === 'yes'", timeout=30_000)
+        assert page.inner_text("#service") == SERVICE
+
+        training = next(w for w in fleet.workflows if not w.service)
+        theirs = browser.new_context(extra_http_headers={"X-Forwarded-User": training.owner}).new_page()
+        answer = theirs.goto(f"{server.url}/services/{SERVICE}")
+        assert answer.status == 404 and theirs.inner_text("#missing") == "no such service"
+        theirs.goto(f"{server.url}/jobs")
+        assert theirs.locator("#services").count() == 0 and training.workflow_id in theirs.inner_text("#jobs")
+        assert theirs.request.get(f"{server.url}/api/services").json() == {"services": []}
         theirs.context.close()
     finally:
         context.close()

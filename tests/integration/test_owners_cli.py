@@ -1,7 +1,8 @@
-"""``gpufleet job`` and ``gpufleet jobs`` on a login node, as the Unix user who runs them: two
-real users (useradd) with a job each, a real munged, the owners' service over HTTP. Each user's
-command works for their own job and answers "no such job" for the other's; a credential sent
-twice, made for another request, or forged is refused."""
+"""``gpufleet job``, ``jobs``, ``workflow`` and ``serving`` on a login node, as the Unix user who
+runs them: two real users (useradd) with a job each (and the first a serving replica), a real
+munged, the owners' service over HTTP. Each user's command works for their own job and answers
+"no such job" for the other's; a credential sent twice, made for another request, or forged is
+refused."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from gpufleet.asgi_server import AsgiServer
 from gpufleet.web.access import Directory
 from gpufleet.web.app import Service, create_app
 from gpufleet.web.identity import MUNGE_HEADER, Munge, ProxyTrust, munge_credential, request_payload
-from sinks.clickhouse_ddl import WORKFLOW_WINDOWS_TABLE
+from sinks.clickhouse_ddl import SERVING_WINDOWS_TABLE, WORKFLOW_WINDOWS_TABLE
 from sinks.write_clickhouse import ClickHouseWriter, Row
 from tests.support.munge import Munged, add_user, as_user, gpufleet_for_users, missing, remove_user
 from tests.support.samples import BASE_MS, window
@@ -43,6 +44,17 @@ def users():
         remove_user(u)
 
 
+def serving_window(owner: str, minute: int) -> dict:
+    """Minute ``minute`` of slurm-303, a replica of ana-chat that served a request a second."""
+    start = BASE_MS + minute * 60_000
+    return {"workflow_id": "slurm-303", "owner": owner, "team": "team-0", "service": "ana-chat", "engine": "vllm",
+            "window_start": start, "window_end": start + 60_000, "gpu_count": 1, "gpu_seconds": 60.0,
+            "utilization_mean_pct": 40.0, "requests": 60.0, "requests_per_s": 1.0, "tokens_per_s": None,
+            "queue_time_ms": 20.0, "ttft_ms": None, "waiting_max": 0.0, "capacity_per_s": 1.0,
+            "capacity_window_start": BASE_MS, "capacity_windows": minute + 1, "state": "BUSY", "idle_since": None,
+            "closed_at": start + 61_000}
+
+
 @pytest.fixture(scope="module")
 def service(chdb_client, munged, users):
     database = f"t_{uuid.uuid4().hex[:12]}"
@@ -52,7 +64,12 @@ def service(chdb_client, munged, users):
                                       window_start=BASE_MS + m * 60_000, window_end=BASE_MS + (m + 1) * 60_000,
                                       productive_gpu_seconds=60.0, idle_gpu_seconds=60.0))
             for i, user in enumerate(users) for m in range(5)]
+    rows += [Row(0, 100 + m, window(workflow_id="slurm-303", owner=users[0], team="team-0",  # (a replica of theirs)
+                                    window_start=BASE_MS + m * 60_000, window_end=BASE_MS + (m + 1) * 60_000,
+                                    productive_gpu_seconds=60.0)) for m in range(5)]
     assert writer.insert(WORKFLOW_WINDOWS_TABLE, rows) == []
+    served = [Row(0, m, serving_window(users[0], m)) for m in range(5)]
+    assert writer.insert(SERVING_WINDOWS_TABLE, served) == []
     app = create_app(Service(chdb_client, database, Directory(), ProxyTrust(), Munge(munged.socket),
                              base_url="https://gpufleet.example.org"))
     server = AsgiServer(app, name="owners").start()
@@ -64,7 +81,7 @@ def service(chdb_client, munged, users):
 def gpufleet_as(user: str, *args: str, munged: Munged, service: AsgiServer) -> subprocess.CompletedProcess:
     if GPUFLEET is None:
         pytest.skip("no Python here that another user may run gpufleet with")
-    return subprocess.run([*as_user(user), *GPUFLEET, *args, "--service", service.url, "--munge-socket",
+    return subprocess.run([*as_user(user), *GPUFLEET, *args, "--url", service.url, "--munge-socket",
                            munged.socket], capture_output=True, text=True, timeout=120, cwd="/tmp", check=False)
 
 
@@ -124,3 +141,22 @@ def test_a_credential_replayed_made_for_another_request_or_forged_is_refused(mun
         other.stop()
     status, body = ask(service, path, foreign)
     assert status == 401 and "refused" in body["error"]
+
+
+def test_a_replicas_owner_asks_what_it_and_its_service_served_as_themselves(munged, service):
+    """The owner of a serving replica asks, as themselves, what their replica served and how their
+    service fared against its peak, with the service's page; another user has no such service."""
+    ana, bo = USERS
+    mine = gpufleet_as(ana, "serving", "--since", "all", munged=munged, service=service)
+    assert mine.returncode == 0, mine.stderr
+    assert ("The busiest 10 min of ana-chat (0.50 requests/s) needed 1 replica with +20% headroom: 1 held."
+            in mine.stdout)
+    assert f"{service.url}/services/ana-chat" in mine.stdout
+    theirs = gpufleet_as(bo, "serving", "--since", "all", munged=munged, service=service)
+    assert theirs.returncode == 0 and "ana-chat" not in theirs.stdout
+    assert "no serving replica of yours or your teams'" in theirs.stdout
+
+    replica = gpufleet_as(ana, "workflow", "slurm-303", munged=munged, service=service)
+    assert replica.returncode == 0, replica.stderr
+    assert "What it served\nA replica of ana-chat (vllm), judged by its traffic: 300 requests in its 5 windows" \
+        in replica.stdout

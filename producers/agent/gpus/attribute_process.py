@@ -91,6 +91,7 @@ class ProcessAttributor:
         self.keys = keys
         self.proc = proc
         self._cache: dict[tuple[int, str], ProcessInfo] = {}
+        self._told_address = False  # (an address in a service's key: logged once)
 
     def attribute(self, pid: int) -> ProcessInfo:
         start = self._start_time(pid)
@@ -120,6 +121,16 @@ class ProcessAttributor:
         job = env.get("SLURM_JOB_ID")
         rank = _first(env, ("RANK", "SLURM_PROCID"))
         service = _first(env, self.keys.service)
+        if service is not None and service.startswith(("http://", "https://")):
+            # An address is no service's name: it is the owners' service's, which login nodes set up
+            # by earlier releases exported for gpufleet's commands as GPUFLEET_SERVICE (GPUFLEET_URL
+            # now), and which sbatch hands to every job submitted there.
+            if not self._told_address:
+                self._told_address = True
+                log.info("process %d: %s %r is an address, not a service's name (what a login node exports for "
+                         "gpufleet's commands: GPUFLEET_URL now); its workflow is not declared a serving replica",
+                         pid, next(k for k in self.keys.service if env.get(k)), service)
+            service = None
         if (wrong := service_error(service)) is not None:
             log.warning("process %d: %s; its workflow is not declared a serving replica", pid, wrong)
             service = None

@@ -144,7 +144,7 @@ def test_every_route_refuses_whoever_it_cannot_tell(chdb_client, fleet):
         assert {r.path for r in routes} >= PUBLIC
         for route in routes:
             path = route.path.replace("{workflow_id:path}", data.fleet.workflows[0].workflow_id) \
-                .replace("{team}", data.fleet.workflows[0].team)
+                .replace("{team}", data.fleet.workflows[0].team).replace("{service:path}", "chat-llm")
             method = min(route.methods - {"HEAD"})
             body = {"sql": "SELECT 1"} if method == "POST" else None
             anonymous = ask(server, path, None, method, body)
@@ -167,7 +167,8 @@ def test_every_route_answers_the_wrong_user_as_if_the_job_did_not_exist(chdb_cli
     server, _ = serve(chdb_client, database, directory)
     try:
         for route in (r for r in server.app.routes if isinstance(r, Route) and r.path not in PUBLIC):
-            path = route.path.replace("{workflow_id:path}", first.workflow_id).replace("{team}", first.team)
+            path = route.path.replace("{workflow_id:path}", first.workflow_id).replace("{team}", first.team) \
+                .replace("{service:path}", "chat-llm")
             method = min(route.methods - {"HEAD"})
             body = {"sql": f"SELECT * FROM {database}.workflow_windows", "workflow_id": first.workflow_id,
                     "kind": "PROFILE_NOW"} if method == "POST" else None
@@ -190,6 +191,8 @@ def test_development_mode_is_an_operator_on_loopback_only(chdb_client, fleet):
                                                       "operator": True, "via": "development"}
         assert ask(server, "/api/jobs/%2e%2e%2fetc")[0] == 404  # an id the contract does not allow
         assert ask(server, "/api/jobs?since=soon")[0] == 400
+        assert ask(server, "/api/services/chat%0A-llm")[0] == 404  # a service name the contract does not allow
+        assert ask(server, "/services/" + "x" * 300)[0] == 404
     finally:
         server.stop()
 

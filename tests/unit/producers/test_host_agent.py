@@ -1,7 +1,9 @@
 """The agent's tick with a fake NVML (the pynvml boundary) and a fixture /proc: what it spools."""
 
 import os
+import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -120,6 +122,42 @@ def test_a_process_whose_environment_names_its_service_declares_its_workflow_a_r
     assert (events["wf-sd"]["service"], events["wf-bad"]["service"]) == ("sd-xl", None)
     assert (agent.declared_service("wf-sd"), agent.declared_service("wf-bad")) == ("sd-xl", None)  # (its readings')
     assert "process 102: service 'sd\\x1b[2J' is not a printable name" in caplog.text
+
+
+def login_node_environment() -> dict[str, str]:
+    """What docs/owners.md has every login node export for its users (/etc/profile.d/gpufleet.sh):
+    Slurm's sbatch hands it to every job submitted there (--export=ALL, its default)."""
+    text = (Path(__file__).resolve().parents[3] / "docs" / "owners.md").read_text()
+    block = text[text.index("# every login node"):]
+    block = block[:block.index("```")]
+    exported = dict(re.findall(r"^export (\w+)=(\S+)$", block, re.MULTILINE))
+    assert exported, "docs/owners.md sets up no login node"
+    return exported
+
+
+def test_what_a_login_node_exports_for_gpufleets_commands_declares_no_job_a_replica(tmp_path, caplog):
+    """A training job submitted from a login node set up as docs/owners.md says carries the
+    owners' service's address in its environment; it is not a serving replica (nor is a job of a
+    login node set up by an older release, which exported the address as GPUFLEET_SERVICE)."""
+    from producers.agent.gpus.attribute_process import ProcessAttributor
+    from producers.agent.gpus.sample_nvml import NvmlSampler
+    from tests.support.fake_nvml import FakeGpu, FakeNvml
+    from tests.support.proc_tree import make_process
+
+    proc = tmp_path / "proc"
+    make_process(proc, 101, {"GPUFLEET_WORKFLOW_ID": "wf-train", **login_node_environment()})
+    make_process(proc, 102, {"GPUFLEET_WORKFLOW_ID": "wf-older", "GPUFLEET_SERVICE": "https://gpufleet.example.org"})
+    sampler = NvmlSampler(FakeNvml([FakeGpu("GPU-0", util=5, processes=[FakeProcess(101)]),
+                                    FakeGpu("GPU-1", util=5, processes=[FakeProcess(102)])]))
+    sampler.open()
+    spool = Spool(tmp_path / "spool")
+    agent = HostAgent(AgentSettings("node-7"), spool, CODEC, nvml=sampler, attributor=ProcessAttributor(proc=proc))
+    with caplog.at_level("INFO"):
+        agent.tick()
+    events = {r["workflow_id"]: r for _, _, r in spooled(spool)["WorkflowEvent"]}
+    assert (events["wf-train"]["service"], events["wf-older"]["service"]) == (None, None)
+    assert (agent.declared_service("wf-train"), agent.declared_service("wf-older")) == (None, None)
+    assert "process 102: GPUFLEET_SERVICE 'https://gpufleet.example.org' is an address" in caplog.text
 
 
 def test_simulated_source_publishes_its_hosts_gpus(tmp_path):
