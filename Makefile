@@ -73,6 +73,7 @@ bench: setup bench-hta
 	$(RUN_BENCH) query_server -- $(BIN)/python benchmarks/bench_query_server.py
 	$(RUN_BENCH) job_page -- $(BIN)/python benchmarks/bench_job_page.py
 	$(RUN_BENCH) owners_load -- $(BIN)/python benchmarks/bench_owners_load.py
+	$(RUN_BENCH) services -- $(BIN)/python benchmarks/bench_services.py
 	$(RUN_BENCH) stream -- $(BIN)/python benchmarks/bench_stream.py
 	$(BIN)/python benchmarks/write_docs.py
 

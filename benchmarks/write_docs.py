@@ -39,6 +39,9 @@ ABOUT = {
     "owners_load": "50 owners loading their job pages while the sink ingests at its full rate: the sink's rate "
                    "against its rate alone, and the pages' latency (the sink, the service and the owners as "
                    "processes of their own on this host).",
+    "services": "The serving services' load as `gpufleet serving` and the owners' pages compute it: a week of "
+                "a fleet's serving windows summed by ClickHouse into spans and replicas, against the windows read "
+                "into Python and summed there by the same rule.",
     "stream": "The whole worker on a real broker: samples a second against bare consume and decode, and the "
               "alert latency.",
     "fleet": "Several workers on a 3-broker cluster: two workers against one, a worker or the leading broker "

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from gpufleet.reports.serving import idle_line, loads_of, peak_line
+from gpufleet.reports.serving import idle_line, peak_line, service_loads
 from schemas.vocabulary import JOBS, WASTE_BUCKETS
 from sinks.job_report import BUCKETS, LABELS, Waterfall
 from sinks.route_alerts import page_url
@@ -90,17 +90,11 @@ def usage(client, database: str, key: str, start: datetime, end: datetime) -> di
         u.jobs.append((workflow, job.allocated.gpu_seconds / 3600, wasted / 3600, LABELS[loss] if loss else None))
     for u in out.values():
         u.jobs.sort(key=lambda j: (-j[2], j[0]))
-    serving: dict[str, list] = {}
-    for name, *row in client.query(f"""
-            SELECT {key}, workflow_id, service, toUnixTimestamp64Milli(window_start),
-                   toUnixTimestamp64Milli(window_end), requests, gpu_seconds, state, capacity_per_s
-            FROM {database}.serving_windows FINAL
-            WHERE window_start >= %(start)s AND window_start < %(end)s AND {key} != ''""",
-            parameters={"start": start, "end": end}).result_rows:
-        serving.setdefault(name, []).append(row)
-    for name, rows in serving.items():
+    serving = service_loads(client, database, f"window_start >= %(start)s AND window_start < %(end)s AND {key} != ''",
+                            {"start": start, "end": end}, PEAK_SPAN_S, MARGIN, key)
+    for name, loads in serving.items():
         if name in out:
-            out[name].services = loads_of(rows, PEAK_SPAN_S, MARGIN)
+            out[name].services = loads
     return out
 
 

@@ -11,37 +11,53 @@ import math
 from clickhouse_connect.driver.client import Client
 
 from gpufleet.reports.opportunities import parse_since
-from streams.serving.service import ServiceLoad, load
+from streams.serving.service import Replica, ServiceLoad, Span, of_parts
 
-COLUMNS = ("workflow_id", "service", "window_start", "window_end", "requests", "gpu_seconds", "state",
-           "capacity_per_s")
+# A replica's window as the worker judged it (``ServingWindow.state``, the wire's values).
+STATES = ("BUSY", "HEADROOM", "SATURATED", "IDLE")
+
+def service_parts(client: Client, database: str, where: str = "1", parameters: dict | None = None,
+                  span_s: float = 600, key: str = "''") -> dict[tuple[str, str], tuple[list[Span], list[Replica]]]:
+    """Per ``key`` (an expression of a window: its owner, its team; one group by default) and
+    service, the spans and the replicas of the windows ``where`` keeps, each summed by
+    ClickHouse: a week of a fleet's windows never comes into Python."""
+    span_ms = int(span_s * 1000)
+    out: dict[tuple[str, str], tuple[list[Span], list[Replica]]] = {}
+    for k, service, start, requests, replicas, gpu_s in client.query(f"""
+            SELECT {key} AS k, service, intDiv(toUnixTimestamp64Milli(window_start), {span_ms}) * {span_ms} AS start,
+                   sum(requests), uniqExact(workflow_id), sum(gpu_seconds)
+            FROM {database}.serving_windows FINAL WHERE {where}
+            GROUP BY k, service, start ORDER BY k, service, start""", parameters=parameters or {}).result_rows:
+        out.setdefault((k, service), ([], []))[0].append(Span(start, requests, replicas, gpu_s))
+    for k, service, wf, first, last, served_end, gpu_s, idle_s, capacity, requests, *states in client.query(f"""
+            SELECT {key} AS k, service, workflow_id, toUnixTimestamp64Milli(min(window_start)),
+                   toUnixTimestamp64Milli(max(window_end)),
+                   if(countIf(requests > 0) > 0, toUnixTimestamp64Milli(maxIf(window_end, requests > 0)), NULL),
+                   sum(gpu_seconds), sumIf(gpu_seconds, state = 'IDLE'), max(capacity_per_s), sum(requests),
+                   {", ".join(f"countIf(state = '{state}')" for state in STATES)}
+            FROM {database}.serving_windows FINAL WHERE {where}
+            GROUP BY k, service, workflow_id ORDER BY k, service, workflow_id""",
+            parameters=parameters or {}).result_rows:
+        out[(k, service)][1].append(Replica(wf, first, last, served_end, gpu_s, idle_s, capacity, requests,
+                                            dict(zip(STATES, states, strict=True))))
+    return out
 
 
-def serving_sql(database: str, since_s: float | None, where: str = "") -> str:
-    since = "" if since_s is None else f"window_start >= now64(3) - toIntervalMillisecond({int(since_s * 1000)})"
-    conditions = [c for c in (since, where) if c]
-    return f"""
-    SELECT workflow_id, service, toUnixTimestamp64Milli(window_start), toUnixTimestamp64Milli(window_end), requests,
-           gpu_seconds, state, capacity_per_s
-    FROM {database}.serving_windows FINAL {"WHERE " + " AND ".join(conditions) if conditions else ""}
-    ORDER BY service, workflow_id, window_start
-    """
-
-
-def loads_of(rows, span_s: float, margin: float) -> list[ServiceLoad]:
-    """Each service's load from the rows of ``serving_sql``, the one with most GPU-hours held
-    beyond its need first."""
-    by_service: dict[str, list[dict]] = {}
-    for row in rows:
-        w = dict(zip(COLUMNS, row, strict=True))
-        by_service.setdefault(w["service"], []).append(w)
-    loads = [load(name, windows, int(span_s * 1000), margin) for name, windows in by_service.items()]
-    return sorted(loads, key=lambda s: (-s.freed_gpu_hours, s.service))
+def service_loads(client: Client, database: str, where: str = "1", parameters: dict | None = None,
+                  span_s: float = 600, margin: float = 0.2, key: str = "''") -> dict[str, list[ServiceLoad]]:
+    """Per ``key``, each service's load over the windows ``where`` keeps, the one with most
+    GPU-hours held beyond its need first."""
+    out: dict[str, list[ServiceLoad]] = {}
+    for (k, service), (spans, replicas) in service_parts(client, database, where, parameters, span_s, key).items():
+        out.setdefault(k, []).append(of_parts(service, spans, replicas, int(span_s * 1000), margin))
+    return {k: sorted(loads, key=lambda s: (-s.freed_gpu_hours, s.service)) for k, loads in out.items()}
 
 
 def services(client: Client, database: str, since: str, span_s: float, margin: float) -> list[ServiceLoad]:
     """Each service's load over ``since``."""
-    return loads_of(client.query(serving_sql(database, parse_since(since))).result_rows, span_s, margin)
+    since_s = parse_since(since)
+    where = "1" if since_s is None else f"window_start >= now64(3) - toIntervalMillisecond({int(since_s * 1000)})"
+    return service_loads(client, database, where, None, span_s, margin).get("", [])
 
 
 def duration(seconds: float) -> str:

@@ -12,18 +12,17 @@ exist.
 from __future__ import annotations
 
 import math
-from collections import Counter, defaultdict
 
-from gpufleet.reports.serving import COLUMNS, loads_of, peak_line, serving_sql
+from gpufleet.reports.serving import STATES, peak_line, service_loads, service_parts
 from gpufleet.web.access import Viewer
 from gpufleet.web.data import MAX_POINTS, clean
-from streams.serving.service import ServiceLoad
+from streams.serving.service import ServiceLoad, of_parts
 
 # As `gpufleet serving` judges by default: a service's busiest 10 minutes, +20 % headroom.
 SPAN_S, MARGIN = 600, 0.2
 
 
-def _windows(client, database: str, viewer: Viewer, since_s: float, service: str | None = None) -> list[tuple]:
+def _where(database: str, viewer: Viewer, since_s: float, service: str | None = None) -> tuple[str, dict]:
     """The serving windows the viewer may see, ending in the last ``since_s`` before the newest
     one (the fleet's now, also for a replayed history), of one service or all."""
     visible, params = viewer.where()
@@ -32,7 +31,7 @@ def _windows(client, database: str, viewer: Viewer, since_s: float, service: str
     if service is not None:
         where += " AND service = %(service)s"
         params["service"] = service
-    return client.query(serving_sql(database, None, where), parameters={**params, "since": int(since_s)}).result_rows
+    return where, {**params, "since": int(since_s)}
 
 
 def _said(s: ServiceLoad) -> dict:
@@ -48,55 +47,41 @@ def _said(s: ServiceLoad) -> dict:
 
 def services(client, database: str, viewer: Viewer, since_s: float) -> list[dict]:
     """The viewer's services, the one holding most GPU-hours beyond its need first."""
-    return clean([_said(s) for s in loads_of(_windows(client, database, viewer, since_s), SPAN_S, MARGIN)])
+    where, params = _where(database, viewer, since_s)
+    return clean([_said(s) for s in service_loads(client, database, where, params, SPAN_S, MARGIN).get("", [])])
 
 
 def service(client, database: str, viewer: Viewer, name: str, since_s: float) -> dict | None:
     """One service as the viewer may see it: its load, each replica's traffic and how its windows
     were judged, and the service's requests a second and replicas over time (``chart``, in steps
     of a minute or more, at most ``MAX_POINTS``); None where the viewer sees no replica of it."""
-    rows = _windows(client, database, viewer, since_s, name)
-    if not rows:
+    where, params = _where(database, viewer, since_s, name)
+    parts = service_parts(client, database, where, params, SPAN_S).get(("", name))
+    if parts is None:
         return None
-    (load,) = loads_of(rows, SPAN_S, MARGIN)
-    windows = [dict(zip(COLUMNS, r, strict=True)) for r in rows]
-    replicas: dict[str, dict] = {}
-    for w in windows:
-        r = replicas.setdefault(w["workflow_id"], {"workflow_id": w["workflow_id"], "gpu_hours": 0.0, "requests": 0.0,
-                                                   "states": Counter(), "capacity_per_s": None})
-        r["gpu_hours"] += w["gpu_seconds"] / 3600
-        r["requests"] += w["requests"]
-        r["states"][w["state"]] += 1
-        if w["capacity_per_s"] is not None:  # (the largest it had: what the replicas needed were counted with)
-            r["capacity_per_s"] = max(r["capacity_per_s"] or 0.0, w["capacity_per_s"])
-    listed = []
-    for r in sorted(replicas.values(), key=lambda r: (-load.idle_tails[r["workflow_id"]], r["workflow_id"])):
-        states = r.pop("states")
-        listed.append({**r, "windows": sum(states.values()), **{s.lower(): states[s] for s in
-                                                                ("BUSY", "HEADROOM", "SATURATED", "IDLE")},
-                       "idle_tail_s": load.idle_tails[r["workflow_id"]] / 1000})
-    return clean({**_said(load), "everyone": viewer.operator, "replica_list": listed, "chart": _chart(windows)})
+    spans, replicas = parts
+    load = of_parts(name, spans, replicas, SPAN_S * 1000, MARGIN)
+    listed = [{"workflow_id": r.workflow_id, "gpu_hours": r.gpu_seconds / 3600, "requests": r.requests,
+               "windows": sum(r.states.values()), **{state.lower(): r.states[state] for state in STATES},
+               "capacity_per_s": r.capacity_per_s, "idle_tail_s": r.idle_tail_ms / 1000}
+              for r in sorted(replicas, key=lambda r: (-r.idle_tail_ms, r.workflow_id))]
+    first, last = min(r.first_start for r in replicas), max(r.last_end for r in replicas)
+    return clean({**_said(load), "everyone": viewer.operator, "replica_list": listed,
+                  "chart": _chart(client, database, where, params, first, last)})
 
 
-def _chart(windows: list[dict]) -> dict:
-    """Per step: the service's requests a second, the replicas that held GPUs for it and those that
-    served a request."""
-    first = min(w["window_start"] for w in windows)
-    last = max(w["window_end"] for w in windows)
+def _chart(client, database: str, where: str, params: dict, first: int, last: int) -> dict:
+    """Per step: the service's requests a second (over the time its windows cover), the replicas
+    that held GPUs for it and those that served a request."""
     step_ms = 1000 * max(60, math.ceil((last - first) / 1000 / MAX_POINTS / 60) * 60)
-    steps: dict[int, list] = defaultdict(lambda: [0.0, set(), set(), None, None])  # requests, held, served, from, to
-    for w in windows:
-        s = steps[w["window_start"] // step_ms * step_ms]
-        s[0] += w["requests"]
-        s[1].add(w["workflow_id"])
-        if w["requests"] > 0:
-            s[2].add(w["workflow_id"])
-        s[3] = w["window_start"] if s[3] is None else min(s[3], w["window_start"])
-        s[4] = w["window_end"] if s[4] is None else max(s[4], w["window_end"])
-    t = sorted(steps)
-    return {"step_s": step_ms // 1000, "t": t,
-            "requests_per_s": [steps[k][0] * 1000 / max(steps[k][4] - steps[k][3], 1) for k in t],
-            "held": [len(steps[k][1]) for k in t], "served": [len(steps[k][2]) for k in t]}
+    rows = client.query(f"""
+        SELECT intDiv(toUnixTimestamp64Milli(window_start), {step_ms}) * {step_ms} AS t, sum(requests),
+               toUnixTimestamp64Milli(max(window_end)) - toUnixTimestamp64Milli(min(window_start)),
+               uniqExact(workflow_id), uniqExactIf(workflow_id, requests > 0)
+        FROM {database}.serving_windows FINAL WHERE {where} GROUP BY t ORDER BY t""", parameters=params).result_rows
+    return {"step_s": step_ms // 1000, "t": [r[0] for r in rows],
+            "requests_per_s": [r[1] * 1000 / max(r[2], 1) for r in rows],
+            "held": [r[3] for r in rows], "served": [r[4] for r in rows]}
 
 
 def load_of(said: dict) -> ServiceLoad:
