@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from schemas.topics import ALERTS, SERVING_WINDOWS, WORKFLOW_SUMMARIES, WORKFLOW_WINDOWS
+from sinks.serving_digest import ServingDigests
 from streams.serving.service import load
 from tests.support.alibaba import DATA, duty_cycles, qps, replay, samples, traffic
 
@@ -63,6 +64,30 @@ def report_serving(sent) -> None:
     print(f"replicas needed (+20 %)    {got.replicas_needed} of {got.replicas}"
           f"{' (an upper bound: no replica saturated)' if not got.saturated_windows else ''}")
     print(f"GPU-hours beyond them      {got.freed_gpu_hours:,.0f} of {got.gpu_hours:,.0f}")
+    alone, together = told_together([a for spec, a in sent if spec is ALERTS])
+    print(f"idle-replica messages      {alone} one per alert; {together} with a service's idle replicas told together "
+          f"(the notifier's default {DIGEST_S} s, each alert arriving at its window's end)")
+
+
+DIGEST_S = 300
+
+
+def told_together(alerts: list[dict]) -> tuple[int, int]:
+    """The idle-replica messages an owner gets: one per alert, and as the notifier tells them
+    (``sinks.serving_digest``, its clock the alerts' own times, as they would come live)."""
+    now = [0.0]
+    digests = ServingDigests(DIGEST_S, clock=lambda: now[0])
+    alone = together = 0
+    for a in alerts:
+        now[0] = a["window_end"] / 1000
+        together += len(digests.due())
+        if a["notify"] and digests.takes(a):
+            alone += 1
+            digests.hold(a, None)
+        elif a["status"] == "RESOLVED":
+            digests.drop(a["alert_id"])
+    now[0] = float("inf")
+    return alone, together + len(digests.due())
 
 
 def main() -> int:

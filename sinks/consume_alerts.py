@@ -13,6 +13,7 @@ enforcement warnings still go out: they say what will be done to the job).
 
 from __future__ import annotations
 
+import hashlib
 import html
 import logging
 import os
@@ -38,6 +39,7 @@ from sinks.notify_owner import (
     send_webhook,
 )
 from sinks.route_alerts import Routing
+from sinks.serving_digest import ServingDigests, digest_message
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +110,9 @@ class AlertNotifier:
         # with what was sent, so that a restarted notifier still honours them.
         self.snoozed = {k.split(":", 2)[2]: int(k.split(":", 2)[1]) for k in self.sent.starting("snooze:")}
         self.webhook_backoff_s = webhook_backoff_s
+        self.digests = ServingDigests(routing.serving_digest_s)  # a service's idle replicas, told together
+        self._next: dict[tuple[str, int], int] = {}  # each partition read -> its next offset
+        self._touched: set[tuple[str, int]] = set()  # partitions to commit (read, or a digest of theirs told)
         self.handled = 0  # messages read and dealt with (sent, skipped or dead-lettered)
         self.messages = 0  # messages sent
         self.failures = 0
@@ -130,8 +135,14 @@ class AlertNotifier:
                 self.failures += 1
                 what = "job report" if m.topic() == self.summaries_topic else "alert"
                 self._dead_letter(m, f"the notifier could not handle this {what}: {type(exc).__name__}")
-        if batch:
-            self.loop.commit(batch)
+            self._next[(m.topic(), m.partition())] = m.offset() + 1
+            self._touched.add((m.topic(), m.partition()))
+        for digest in self.digests.due():
+            self._tell_digest(digest)
+            self._touched.update((m.topic(), m.partition()) for _, m in digest)  # (committed past it now)
+        if self._touched:  # (never past an alert held for its service's digest: read again after a restart)
+            self.loop.commit(positions=self.digests.positions({k: self._next[k] for k in self._touched}))
+            self._touched = set()
 
     def _handle(self, m) -> None:
         try:
@@ -157,9 +168,15 @@ class AlertNotifier:
         if alert["status"] == "FIRING":
             if not alert["notify"]:
                 return  # within the rate limit: on the topic and in ClickHouse, not in anyone's inbox
+            if self.digests.takes(alert):
+                if firing_key not in self.sent:  # (read again after a restart: told already)
+                    self.digests.hold(alert, m)
+                return  # told with its service's other idle replicas
             # The root cause comes as a second FIRING of the same alert: a message of its own.
             key = f"{alert['alert_id']}:ROOT_CAUSE" if is_root_cause(alert) else firing_key
             self._send(m, alert, key, email=True)
+        elif self.digests.drop(alert["alert_id"]):
+            return  # the replica served again before its service's digest went out: nothing to tell
         elif firing_key in self.sent:  # RESOLVED of an alert its owner heard about
             self._send(m, alert, f"{alert['alert_id']}:RESOLVED", email=False)
 
@@ -187,6 +204,27 @@ class AlertNotifier:
         if email and (address := self.routing.email_for(alert)):
             sends.append(("email", lambda: send_email(self.routing.smtp, address, alert)))
         self._deliver(m, key, sends)
+
+    def _tell_digest(self, held: list[tuple[dict, object]]) -> None:
+        """One message for a service's idle replicas (``sinks.serving_digest``), to its owner's
+        mail and its team's webhook; each alert then counts as told (its RESOLVED goes out). One
+        its owner acknowledged or snoozed meanwhile is left out."""
+        held = [(a, m) for a, m in held if not self._muted(a["alert_id"])]
+        if not held:
+            return
+        alerts = [a for a, _ in held]
+        title, body, payload = digest_message(alerts, self.routing.pages)
+        first, m = held[0]
+        sends = []
+        if url := self.routing.webhook_for(first):
+            sends.append(("webhook", lambda: post_webhook(url, {"text": body, **payload}, "the idle replicas' digest",
+                                                          backoff_s=self.webhook_backoff_s)))
+        if address := self.routing.email_for(first):
+            sends.append(("email", lambda: deliver_email(self.routing.smtp, address, title, body)))
+        ids = sorted(a["alert_id"] for a in alerts)
+        self._deliver(m, "digest:" + hashlib.sha256("\n".join(ids).encode()).hexdigest()[:32], sends)
+        for alert_id in ids:
+            self.sent.add(f"{alert_id}:FIRING")
 
     def _job_report(self, m, name: str, summary: dict) -> None:
         """The job report of a ``WorkflowSummary`` to its team's webhook and its owner's mail,

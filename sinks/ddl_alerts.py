@@ -8,13 +8,15 @@ from schemas.topics import ALERTS, DEAD_LETTERS, ENFORCEMENT, OWNER_ACTIONS
 from sinks.table import Table
 
 # Alert v3: the automatic profile an episode caused and, once analysed, its root cause. Its
-# traces are profile/<profile_request_id>/<host>/rank<r> in trace_analyses and findings.
+# traces are profile/<profile_request_id>/<host>/rank<r> in trace_analyses and findings. v4: the
+# service of a serving replica's alert.
 ALERT_FINDING_FIELDS = ("rule", "severity", "title", "evidence", "recommendation", "gpu_seconds_at_stake", "ranks")
 ALERT_ADDED_COLUMNS = (
     ("profile_request_id", "Nullable(String)"),
     ("root_cause", "Nullable(String)"),
     ("findings", ("Array(Tuple(rule String, severity String, title String, evidence String, "
                  "recommendation String, gpu_seconds_at_stake Float64, ranks Int32))")),
+    ("service", "LowCardinality(Nullable(String))"),  # Alert v4: a serving replica's service
 )
 
 ALERTS_TABLE = Table(

@@ -4,6 +4,8 @@
     webhook = "https://hooks.slack.com/services/..."   # optional fallback for every team
     email_owners = true                                  # owners that look like addresses get mail
     job_reports = true                                   # a report to the owner when a job ends
+    serving_digest_s = 300                               # a service's idle replicas in one message, held
+                                                         # this long from the first (0: one each, at once)
 
     [teams.nlp]
     webhook = "https://hooks.slack.com/services/..."
@@ -58,6 +60,7 @@ class Routing:
     job_reports: bool = False
     team_job_reports: dict[str, bool] = field(default_factory=dict)
     pages: str | None = None  # the owners' service (`gpufleet serve`) as users reach it: every message links there
+    serving_digest_s: float = 300.0  # a service's idle replicas told together (sinks.serving_digest); 0: each at once
 
     def page_for(self, workflow_id: str) -> str | None:
         """The job's page on the owners' service, if one is configured."""
@@ -90,6 +93,7 @@ class _Default(msgspec.Struct, forbid_unknown_fields=True):
     email_owners: bool = False
     job_reports: bool = False
     pages: str | None = None
+    serving_digest_s: float = 300.0
 
 
 class _Team(msgspec.Struct, forbid_unknown_fields=True):
@@ -150,6 +154,9 @@ def load_routing(path: Path) -> Routing:
             password = Path(s.password_file).read_text().strip()
         smtp = SmtpSettings(host=s.host, port=s.port, starttls=s.starttls, ssl=s.ssl, username=s.username,
                             password=password, sender=s.sender, ca_file=s.ca_file)
+    if not 0 <= raw.default.serving_digest_s <= 86400:
+        raise RoutingError(f"{path}: [default] serving_digest_s {raw.default.serving_digest_s:g} is not 0 to 86400 "
+                           "seconds (how long a service's idle replicas are held to be told together; 0: each at once)")
     for owner, o in raw.owners.items():
         if o.email is not None and "@" not in o.email:
             raise RoutingError(f"{path}: [owners.{owner!r}] email {o.email!r} is not an address")
@@ -163,6 +170,7 @@ def load_routing(path: Path) -> Routing:
         job_reports=raw.default.job_reports,
         team_job_reports={team: t.job_reports for team, t in raw.teams.items() if t.job_reports is not None},
         pages=_pages(path, raw.default.pages),
+        serving_digest_s=raw.default.serving_digest_s,
     )
 
 

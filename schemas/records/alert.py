@@ -35,6 +35,10 @@ ALERT = Record(
         3: ("An alert's transition (FIRING or RESOLVED) for one workflow and detector, with the evidence and what "
             "to try. v2 adds the life cycle; v3 the automatic profile it caused and, once that profile is "
             "analysed, its root cause (an update of the same alert_id)."),
+        4: ("An alert's transition (FIRING or RESOLVED) for one workflow and detector, with the evidence and what "
+            "to try. v2 adds the life cycle; v3 the automatic profile it caused and, once that profile is "
+            "analysed, its root cause (an update of the same alert_id); v4 the service a serving replica's "
+            "alert is of."),
     },
     fields=(
         Field(
@@ -91,6 +95,14 @@ ALERT = Record(
             "The profile's top findings, most GPU time at stake first.",
             since=3,
             default=[],
+        ),
+        Field(
+            "service",
+            optional("string"),
+            ("The service the workflow is a serving replica of (ServingWindow.service), for an alert of a replica; "
+             "null for any other workflow. The notifier tells a service's idle replicas together."),
+            since=4,
+            default=None,
         ),
     ),
 )

@@ -144,4 +144,5 @@ def _alert(state: dict, detector: str, status: str, v: dict, window: dict, waste
         "profile_request_id": state.get("profile_request_id"),
         "root_cause": state.get("root_cause"),
         "findings": state.get("findings", []),
+        "service": (window.get("serving") or {}).get("service"),
     }

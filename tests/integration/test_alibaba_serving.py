@@ -93,6 +93,7 @@ def test_an_idle_replica_is_alerted_once_per_stretch_without_traffic_and_never_w
     runs = stretches(series, rates)
     alerts = [a for spec, a in sent if spec is ALERTS]
     assert {a["detector"] for a in alerts} == {"idle_replica"}  # no GPU-usage judgement of a replica
+    assert {a["service"] for a in alerts} == {"stable-diffusion"}  # (what the notifier tells them together by)
     firing = [a for a in alerts if a["status"] == "FIRING"]
     for a in firing:  # each at a window that ends a stretch of at least the minimum without a request
         end = a["window_end"] // 1000

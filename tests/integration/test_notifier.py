@@ -20,7 +20,7 @@ from sinks.consume_alerts import AlertNotifier
 from sinks.route_alerts import load_routing
 from tests.support.alerts import Mailbox, alert
 from tests.support.alerts import job_summary as summary
-from tests.support.integration import CODEC, read_topic, run_until
+from tests.support.integration import CODEC, committed_everything, read_topic, run_until
 from tests.support.samples import BASE_MS
 
 
@@ -225,3 +225,73 @@ sender = "gpufleet@example.com"
     assert [to for to, _ in mailbox.messages] == [["ana@example.com"]] * 3
     assert all("The job's page: https://gpufleet.example.org/jobs/wf-5" in body["text"]
                for _, body in Webhooks.received)
+
+
+def idle_replica(wf: str, status: str = "FIRING", service: str = "chat-llm", minutes: float = 30.0) -> dict:
+    return {**alert(f"idle_replica:{wf}:{BASE_MS}", status, status == "FIRING", "llm", "ana"),
+            "detector": "idle_replica", "severity": "WARNING", "workflow_id": wf, "service": service,
+            "observed": minutes, "threshold": 30.0, "wasted_gpu_hours_so_far": minutes / 60,
+            "message": f"The replica of {service} served no request for {minutes:.0f} min while it held 1 GPU(s).",
+            "advice": "Scale the deployment down when traffic is low, or send it traffic."}
+
+
+def test_a_services_idle_replicas_are_told_together_once(kafka, prefix, tmp_path, channels):
+    """The idle replicas of one service reach its owner and team as one message, held from the
+    first for the routing's serving_digest_s, with the service's page; one that served again
+    before then is not told; another service's are a message of their own, and an alert of
+    another kind goes out at once. A notifier stopped while it held them commits no offset past
+    them: the next reads them again and tells them; one that reads everything again tells nothing."""
+    base, smtp_port, mailbox = channels
+    routing_text = f"""
+[default]
+pages = "https://gpufleet.example.org"
+serving_digest_s = {{wait}}
+[teams.llm]
+webhook = "{base}/llm"
+[owners.ana]
+email = "ana@example.com"
+[smtp]
+host = "127.0.0.1"
+port = {smtp_port}
+sender = "gpufleet@example.com"
+"""
+    (tmp_path / "hold.toml").write_text(routing_text.replace("{wait}", "3600"))
+    (tmp_path / "tell.toml").write_text(routing_text.replace("{wait}", "1"))
+    saturated = {**alert("saturated:svc-0", "FIRING", True, "llm", "ana"), "detector": "saturated",
+                 "workflow_id": "svc-0", "service": "chat-llm"}
+    pub = Publisher(kafka.bootstrap, CODEC)
+    pub.publish(ALERTS, [idle_replica("svc-2", minutes=42), idle_replica("svc-3"), idle_replica("svc-5"),
+                         saturated, idle_replica("svc-4", minutes=35), idle_replica("svc-5", "RESOLVED"),
+                         idle_replica("sd-1", service="sd-xl")], topic=prefix + ALERTS.name)
+    assert pub.flush() == 0
+
+    holding = AlertNotifier(kafka.bootstrap, load_routing(tmp_path / "hold.toml"), tmp_path / "sent.log",
+                            group_id=f"{prefix}d1", topic_prefix=prefix, webhook_backoff_s=0.05)
+    run_notifier(holding, lambda: holding.handled >= 7)
+    assert [body["gpufleet_alert"]["alert_id"] for _, body in Webhooks.received] == ["saturated:svc-0"]
+    assert not committed_everything(kafka.bootstrap, f"{prefix}d1", ALERTS, prefix + ALERTS.name)
+
+    telling = AlertNotifier(kafka.bootstrap, load_routing(tmp_path / "tell.toml"), tmp_path / "sent.log",
+                            group_id=f"{prefix}d1", topic_prefix=prefix, webhook_backoff_s=0.05)
+    run_notifier(telling, lambda: len(Webhooks.received) >= 3 and committed_everything(
+        kafka.bootstrap, f"{prefix}d1", ALERTS, prefix + ALERTS.name))
+    told = {body["gpufleet_idle_replicas"]["service"]: body for _, body in Webhooks.received[1:]}
+    assert set(told) == {"chat-llm", "sd-xl"} and len(Webhooks.received) == 3
+    chat = told["chat-llm"]["text"]
+    assert chat.startswith("[gpufleet warning] 3 replicas of chat-llm served no request\n")
+    assert "3 replicas of chat-llm served no request for 30 min or more while holding GPUs:" in chat
+    assert [a["workflow_id"] for a in told["chat-llm"]["gpufleet_idle_replicas"]["alerts"]] == \
+        ["svc-2", "svc-4", "svc-3"]  # the longest idle first; svc-5 served again before the digest
+    assert "- svc-2: no request for 42 min" in chat and "svc-5" not in chat
+    assert chat.endswith("The service's page: https://gpufleet.example.org/services/chat-llm")
+    assert told["sd-xl"]["text"].startswith("[gpufleet warning] idle replica: sd-1 of sd-xl\n")
+    subjects = sorted(email.message_from_string(m, policy=email.policy.default)["Subject"]
+                      for _, m in mailbox.messages)
+    assert subjects == ["[gpufleet critical] saturated: svc-0",
+                        "[gpufleet warning] 3 replicas of chat-llm served no request",
+                        "[gpufleet warning] idle replica: sd-1 of sd-xl"]
+
+    again = AlertNotifier(kafka.bootstrap, load_routing(tmp_path / "tell.toml"), tmp_path / "sent.log",
+                          group_id=f"{prefix}d2", topic_prefix=prefix, webhook_backoff_s=0.05)
+    run_notifier(again, lambda: again.handled >= 7)
+    assert len(Webhooks.received) == 3 and len(mailbox.messages) == 3 and again.messages == 0
