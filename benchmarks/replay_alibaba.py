@@ -64,30 +64,49 @@ def report_serving(sent) -> None:
     print(f"replicas needed (+20 %)    {got.replicas_needed} of {got.replicas}"
           f"{' (an upper bound: no replica saturated)' if not got.saturated_windows else ''}")
     print(f"GPU-hours beyond them      {got.freed_gpu_hours:,.0f} of {got.gpu_hours:,.0f}")
-    alone, together = told_together([a for spec, a in sent if spec is ALERTS])
-    print(f"idle-replica messages      {alone} one per alert; {together} with a service's idle replicas told together "
-          f"(the notifier's default {DIGEST_S} s, each alert arriving at its window's end)")
+    (firing, resolved), (firing_told, resolved_told) = told_together([a for spec, a in sent if spec is ALERTS])
+    print(f"idle-replica messages      one per alert: {firing} (and {resolved} RESOLVED); a service's told together "
+          f"(the notifier's default {DIGEST_S} s, each alert arriving at its window's end): {firing_told} (and "
+          f"{resolved_told} RESOLVED)")
 
 
 DIGEST_S = 300
 
 
-def told_together(alerts: list[dict]) -> tuple[int, int]:
-    """The idle-replica messages an owner gets: one per alert, and as the notifier tells them
-    (``sinks.serving_digest``, its clock the alerts' own times, as they would come live)."""
+def told_together(alerts: list[dict]) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The idle-replica messages an owner and their team get, (FIRING, RESOLVED): one per alert
+    (a RESOLVED of each FIRING told), and as the notifier tells them (``sinks.serving_digest``,
+    its clock the alerts' own times, as they would come live)."""
     now = [0.0]
     digests = ServingDigests(DIGEST_S, clock=lambda: now[0])
-    alone = together = 0
+    alone, together = Counter(), Counter()
+    notified, resolved = set(), set()  # (one per alert: each alert's FIRING told, and its RESOLVED)
+    told: dict[str, set] = {"FIRING": set(), "RESOLVED": set()}  # (together: the notifier's sent log)
+
+    def tell() -> None:
+        for digest in digests.due():
+            together[digest[0][0]["status"]] += 1
+            told[digest[0][0]["status"]].update(a["alert_id"] for a, _ in digest)
+
     for a in alerts:
-        now[0] = a["window_end"] / 1000
-        together += len(digests.due())
-        if a["notify"] and digests.takes(a):
-            alone += 1
-            digests.hold(a, None)
+        if a["detector"] != "idle_replica":
+            continue
+        now[0], alert_id = a["window_end"] / 1000, a["alert_id"]
+        tell()
+        if a["status"] == "FIRING" and a["notify"]:
+            alone["FIRING"] += 1
+            notified.add(alert_id)
+            if alert_id not in told["FIRING"]:
+                digests.hold(a, None)
         elif a["status"] == "RESOLVED":
-            digests.drop(a["alert_id"])
+            if alert_id in notified and alert_id not in resolved:
+                alone["RESOLVED"] += 1
+                resolved.add(alert_id)
+            if not digests.drop(alert_id) and alert_id in told["FIRING"] and alert_id not in told["RESOLVED"]:
+                digests.hold(a, None)
     now[0] = float("inf")
-    return alone, together + len(digests.due())
+    tell()
+    return (alone["FIRING"], alone["RESOLVED"]), (together["FIRING"], together["RESOLVED"])
 
 
 def main() -> int:

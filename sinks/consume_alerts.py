@@ -177,6 +177,9 @@ class AlertNotifier:
             self._send(m, alert, key, email=True)
         elif self.digests.drop(alert["alert_id"]):
             return  # the replica served again before its service's digest went out: nothing to tell
+        elif firing_key in self.sent and self.digests.takes(alert):
+            if f"{alert['alert_id']}:RESOLVED" not in self.sent:
+                self.digests.hold(alert, m)  # told with its service's other replicas no longer idle
         elif firing_key in self.sent:  # RESOLVED of an alert its owner heard about
             self._send(m, alert, f"{alert['alert_id']}:RESOLVED", email=False)
 
@@ -207,8 +210,8 @@ class AlertNotifier:
 
     def _tell_digest(self, held: list[tuple[dict, object]]) -> None:
         """One message for a service's idle replicas (``sinks.serving_digest``), to its owner's
-        mail and its team's webhook; each alert then counts as told (its RESOLVED goes out). One
-        its owner acknowledged or snoozed meanwhile is left out."""
+        mail and its team's webhook, or for those no longer idle, to the webhook; each alert then
+        counts as told. One its owner acknowledged or snoozed meanwhile is left out."""
         held = [(a, m) for a, m in held if not self._muted(a["alert_id"])]
         if not held:
             return
@@ -219,12 +222,13 @@ class AlertNotifier:
         if url := self.routing.webhook_for(first):
             sends.append(("webhook", lambda: post_webhook(url, {"text": body, **payload}, "the idle replicas' digest",
                                                           backoff_s=self.webhook_backoff_s)))
-        if address := self.routing.email_for(first):
+        status = first["status"]
+        if status == "FIRING" and (address := self.routing.email_for(first)):
             sends.append(("email", lambda: deliver_email(self.routing.smtp, address, title, body)))
         ids = sorted(a["alert_id"] for a in alerts)
-        self._deliver(m, "digest:" + hashlib.sha256("\n".join(ids).encode()).hexdigest()[:32], sends)
+        self._deliver(m, "digest:" + hashlib.sha256("\n".join([status, *ids]).encode()).hexdigest()[:32], sends)
         for alert_id in ids:
-            self.sent.add(f"{alert_id}:FIRING")
+            self.sent.add(f"{alert_id}:{status}")
 
     def _job_report(self, m, name: str, summary: dict) -> None:
         """The job report of a ``WorkflowSummary`` to its team's webhook and its owner's mail,

@@ -2,9 +2,10 @@
 would go out for ``wait_s`` from the first of its service (and its owner and team: who is told),
 then sends one message for all of them ("3 replicas of sd-xl served no request ..."), linking to
 the service's page. A replica that serves again before then is not told at all (its RESOLVED
-takes it out). A deployment whose traffic fell leaves its replicas idle one window after
-another: on the whole Alibaba trace, one message per replica and stretch was 135 messages to one
-service's owner in a day.
+takes it out); the RESOLVEDs of replicas told so are held alike and go out together (to the
+team's webhook, as every RESOLVED). A deployment whose traffic fell leaves its replicas idle one
+window after another: on the whole Alibaba trace, one message per alert was 135 mails to one
+service's owner in a day, and 22 told together (``benchmarks/replay_alibaba.py``).
 
 Held alerts are not committed: the notifier commits each partition only up to the first alert it
 holds there (``positions``), so a notifier that stops or dies before a digest went out reads the
@@ -34,23 +35,24 @@ class Digest:
 class ServingDigests:
     def __init__(self, wait_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.wait_s, self.clock = wait_s, clock
-        self.held: dict[tuple[str, str | None, str | None], Digest] = {}
+        self.held: dict[tuple[str, str | None, str | None, str], Digest] = {}  # service, owner, team, status
 
     def takes(self, alert: dict) -> bool:
-        """Whether ``alert`` waits for its service's digest: an idle replica's first FIRING of an episode."""
-        return (self.wait_s > 0 and alert["detector"] == DETECTOR and alert["status"] == "FIRING"
-                and bool(alert.get("service")) and not alert.get("root_cause"))
+        """Whether ``alert`` waits for its service's digest: an idle replica's FIRING or RESOLVED
+        (not its root cause: a message of its own)."""
+        return (self.wait_s > 0 and alert["detector"] == DETECTOR and bool(alert.get("service"))
+                and not alert.get("root_cause"))
 
     def hold(self, alert: dict, m: Message) -> None:
         """Hold ``alert`` (its message ``m``) for its service's digest."""
-        key = (alert["service"], alert.get("owner"), alert.get("team"))
+        key = (alert["service"], alert.get("owner"), alert.get("team"), alert["status"])
         digest = self.held.setdefault(key, Digest(self.clock()))
         digest.alerts[alert["alert_id"]] = (alert, m)
 
     def drop(self, alert_id: str) -> bool:
-        """The episode ended before its digest went out: it is not told. True where it was held."""
+        """The episode ended before its FIRING's digest went out: it is not told. True where it was held."""
         for key, digest in list(self.held.items()):
-            if digest.alerts.pop(alert_id, None) is not None:
+            if key[3] == "FIRING" and digest.alerts.pop(alert_id, None) is not None:
                 if not digest.alerts:
                     del self.held[key]
                 return True
@@ -78,19 +80,25 @@ class ServingDigests:
 
 
 def digest_message(alerts: list[dict], pages: str | None) -> tuple[str, str, dict]:
-    """(title, plain text, the webhook's fields) of one service's idle replicas."""
+    """(title, plain text, the webhook's fields) of one service's idle replicas (FIRING), or of
+    those of them no longer idle (RESOLVED)."""
     first = alerts[0]
     service, n = first["service"], len(alerts)
     alerts = sorted(alerts, key=lambda a: (-a["observed"], a["workflow_id"]))
-    shortest = min(a["observed"] for a in alerts)
-    title = (f"[gpufleet warning] {n} replica{'s' if n != 1 else ''} of {service} served no request"
-             if n > 1 else f"[gpufleet warning] idle replica: {first['workflow_id']} of {service}")
-    lines = [title, "", (f"{n} replica{'s' if n != 1 else ''} of {service} served no request for {shortest:.0f} min "
-                         "or more while holding GPUs:")]
-    for a in alerts:
-        lines.append(f"- {a['workflow_id']}: no request for {a['observed']:.0f} min "
-                     f"({a['wasted_gpu_hours_so_far']:.2f} GPU-hours so far; alert {a['alert_id']})")
-    lines += ["", f"What to try: {first['advice']}"]
+    replicas = f"{n} replica{'s' if n != 1 else ''} of {service}"
+    if first["status"] == "RESOLVED":
+        title = (f"[gpufleet resolved] {replicas} no longer idle" if n > 1 else
+                 f"[gpufleet resolved] idle replica: {first['workflow_id']} of {service}")
+        lines = [title, "", f"{replicas} {'are' if n > 1 else 'is'} no longer idle:"]
+        lines += [f"- {a['workflow_id']}: {a['message']} (alert {a['alert_id']})" for a in alerts]
+    else:
+        shortest = min(a["observed"] for a in alerts)
+        title = (f"[gpufleet warning] {replicas} served no request" if n > 1 else
+                 f"[gpufleet warning] idle replica: {first['workflow_id']} of {service}")
+        lines = [title, "", f"{replicas} served no request for {shortest:.0f} min or more while holding GPUs:"]
+        lines += [f"- {a['workflow_id']}: no request for {a['observed']:.0f} min "
+                  f"({a['wasted_gpu_hours_so_far']:.2f} GPU-hours so far; alert {a['alert_id']})" for a in alerts]
+        lines += ["", f"What to try: {first['advice']}"]
     who = f"owner {first.get('owner') or '?'}, team {first.get('team') or '?'}"
     lines += ["", f"Service {service} ({who})."]
     page = None

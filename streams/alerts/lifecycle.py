@@ -144,5 +144,7 @@ def _alert(state: dict, detector: str, status: str, v: dict, window: dict, waste
         "profile_request_id": state.get("profile_request_id"),
         "root_cause": state.get("root_cause"),
         "findings": state.get("findings", []),
-        "service": (window.get("serving") or {}).get("service"),
+        # a replica's service, as its window's traffic names it (a window the workflow's end makes has
+        # none: the episode's own, then)
+        "service": (window.get("serving") or {}).get("service") or (state.get("last_alert") or {}).get("service"),
     }

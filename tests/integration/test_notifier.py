@@ -240,7 +240,8 @@ def test_a_services_idle_replicas_are_told_together_once(kafka, prefix, tmp_path
     first for the routing's serving_digest_s, with the service's page; one that served again
     before then is not told; another service's are a message of their own, and an alert of
     another kind goes out at once. A notifier stopped while it held them commits no offset past
-    them: the next reads them again and tells them; one that reads everything again tells nothing."""
+    them: the next reads them again and tells them; their RESOLVEDs go out together as well; one
+    that reads everything again tells nothing."""
     base, smtp_port, mailbox = channels
     routing_text = f"""
 [default]
@@ -291,7 +292,19 @@ sender = "gpufleet@example.com"
                         "[gpufleet warning] 3 replicas of chat-llm served no request",
                         "[gpufleet warning] idle replica: sd-1 of sd-xl"]
 
+    # the replicas told that serve again: their RESOLVEDs together too, to the team's webhook
+    pub.publish(ALERTS, [idle_replica("svc-2", "RESOLVED"), idle_replica("svc-3", "RESOLVED")],
+                topic=prefix + ALERTS.name)
+    assert pub.flush() == 0
+    resolving = AlertNotifier(kafka.bootstrap, load_routing(tmp_path / "tell.toml"), tmp_path / "sent.log",
+                              group_id=f"{prefix}d1", topic_prefix=prefix, webhook_backoff_s=0.05)
+    run_notifier(resolving, lambda: len(Webhooks.received) >= 4)
+    resolved = Webhooks.received[3][1]
+    assert resolved["text"].startswith("[gpufleet resolved] 2 replicas of chat-llm no longer idle\n")
+    assert [a["workflow_id"] for a in resolved["gpufleet_idle_replicas"]["alerts"]] == ["svc-2", "svc-3"]
+    assert len(mailbox.messages) == 3  # (a RESOLVED goes to the webhook only)
+
     again = AlertNotifier(kafka.bootstrap, load_routing(tmp_path / "tell.toml"), tmp_path / "sent.log",
                           group_id=f"{prefix}d2", topic_prefix=prefix, webhook_backoff_s=0.05)
-    run_notifier(again, lambda: again.handled >= 7)
-    assert len(Webhooks.received) == 3 and len(mailbox.messages) == 3 and again.messages == 0
+    run_notifier(again, lambda: again.handled >= 9)
+    assert len(Webhooks.received) == 4 and len(mailbox.messages) == 3 and again.messages == 0
