@@ -192,13 +192,15 @@ class Routes:
         if totals is None:
             return self.page(request, "missing.html", 404, what="no such team")
         return self.page(request, "group.html", totals=totals, jobs=self.job_list(request, team=team),
+                         services=self.reader.services(self.viewer(request), self.since(request), team),
                          title=f"Team {team}")
 
     def fleet_page(self, request: Request) -> Response:
         totals = self.totals(request, None)
         if totals is None:
             return self.page(request, "missing.html", 404, what="no such page")
-        return self.page(request, "group.html", totals=totals, jobs=self.job_list(request), title="The fleet")
+        return self.page(request, "group.html", totals=totals, jobs=self.job_list(request),
+                         services=self.reader.services(self.viewer(request), self.since(request)), title="The fleet")
 
     # -- the JSON twins ----------------------------------------------------------------------
     def api_whoami(self, request: Request) -> Response:
@@ -232,12 +234,18 @@ class Routes:
         return JSONResponse({k: v for k, v in service.items() if k != "figure"})
 
     def api_team(self, request: Request) -> Response:
-        totals = self.totals(request, request.path_params["team"])
-        return JSONResponse({"error": "no such team"}, 404) if totals is None else JSONResponse(totals)
+        team = request.path_params["team"]
+        totals = self.totals(request, team)
+        if totals is None:
+            return JSONResponse({"error": "no such team"}, 404)
+        return JSONResponse({**totals, "services": self.reader.services(self.viewer(request), self.since(request),
+                                                                        team)})
 
     def api_fleet(self, request: Request) -> Response:
         totals = self.totals(request, None)
-        return JSONResponse({"error": "no such page"}, 404) if totals is None else JSONResponse(totals)
+        if totals is None:
+            return JSONResponse({"error": "no such page"}, 404)
+        return JSONResponse({**totals, "services": self.reader.services(self.viewer(request), self.since(request))})
 
     async def api_sql(self, request: Request) -> Response:
         from clickhouse_connect.driver.exceptions import ClickHouseError

@@ -145,11 +145,12 @@ class Reader:
         return self._get(self._lists, key, lambda: data.jobs(self.client, self.database, viewer, since_s, state,
                                                              owner, team, sort))
 
-    def services(self, viewer: Viewer, since_s: float) -> list[dict]:
+    def services(self, viewer: Viewer, since_s: float, team: str | None = None) -> list[dict]:
         from gpufleet.web import services
 
-        key = ("services", viewer.user, viewer.operator, tuple(sorted(viewer.teams)), since_s)
-        return self._get(self._lists, key, lambda: services.services(self.client, self.database, viewer, since_s))
+        key = ("services", viewer.user, viewer.operator, tuple(sorted(viewer.teams)), since_s, team)
+        return self._get(self._lists, key, lambda: services.services(self.client, self.database, viewer, since_s,
+                                                                     team))
 
     def service(self, viewer: Viewer, name: str, since_s: float) -> dict | None:
         """A service over the replicas the viewer may see, with its chart (a Plotly figure)."""

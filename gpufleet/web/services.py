@@ -22,15 +22,19 @@ from streams.serving.service import ServiceLoad, of_parts
 SPAN_S, MARGIN = 600, 0.2
 
 
-def _where(database: str, viewer: Viewer, since_s: float, service: str | None = None) -> tuple[str, dict]:
+def _where(database: str, viewer: Viewer, since_s: float, service: str | None = None,
+           team: str | None = None) -> tuple[str, dict]:
     """The serving windows the viewer may see, ending in the last ``since_s`` before the newest
-    one (the fleet's now, also for a replayed history), of one service or all."""
+    one (the fleet's now, also for a replayed history), of one service or all, one team's or all."""
     visible, params = viewer.where()
     where = (f"{visible} AND window_end >= (SELECT max(window_end) FROM {database}.serving_windows)"
              " - toIntervalSecond(%(since)s)")
     if service is not None:
         where += " AND service = %(service)s"
         params["service"] = service
+    if team is not None:
+        where += " AND ifNull(team, '') = %(team)s"
+        params["team"] = team
     return where, {**params, "since": int(since_s)}
 
 
@@ -45,9 +49,10 @@ def _said(s: ServiceLoad) -> dict:
             f"No replica of {s.service} served a request in this period: all {s.replicas} held their GPUs idle."}
 
 
-def services(client, database: str, viewer: Viewer, since_s: float) -> list[dict]:
-    """The viewer's services, the one holding most GPU-hours beyond its need first."""
-    where, params = _where(database, viewer, since_s)
+def services(client, database: str, viewer: Viewer, since_s: float, team: str | None = None) -> list[dict]:
+    """The viewer's services (of ``team``'s replicas only, where given), the one holding most
+    GPU-hours beyond its need first."""
+    where, params = _where(database, viewer, since_s, team=team)
     return clean([_said(s) for s in service_loads(client, database, where, params, SPAN_S, MARGIN).get("", [])])
 
 

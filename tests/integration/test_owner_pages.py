@@ -28,7 +28,7 @@ from gpufleet.demo_serving import planted
 from gpufleet.local.kafka import free_port
 from gpufleet.reports.serving import duration, services
 from gpufleet.reports.workflows import workflow_summary
-from gpufleet.web.access import Directory
+from gpufleet.web.access import Directory, Team
 from gpufleet.web.app import Service, create_app
 from gpufleet.web.identity import ProxyTrust
 from producers.publish_kafka import Publisher
@@ -258,7 +258,8 @@ def test_a_serving_owner_sees_their_service_against_what_its_peak_needed(chdb_cl
     closed_to = max(w["window_end"] for w in windows)
     want = planted(fleet, served.ticks, served.ticks, served.start_ms, closed_to, ServingPlan())
     (cli,) = services(chdb_client, database, "all", 600, 0.2)  # (what `gpufleet serving` prints)
-    server = AsgiServer(create_app(Service(chdb_client, database, Directory(), ProxyTrust.parse(["127.0.0.1"]))),
+    directory = Directory({replicas[0].team: Team(leads={"llm-lead"})})
+    server = AsgiServer(create_app(Service(chdb_client, database, directory, ProxyTrust.parse(["127.0.0.1"]))),
                         name="owners").start()
     context = browser.new_context(extra_http_headers={"X-Forwarded-User": replicas[0].owner})
     try:
@@ -308,6 +309,14 @@ def test_a_serving_owner_sees_their_service_against_what_its_peak_needed(chdb_cl
             page.click("#its-service")
         page.wait_for_function("document.body.dataset.drawn === 'yes'", timeout=30_000)
         assert page.inner_text("#service") == SERVICE
+
+        # the team's lead finds it on the team's page, with the same figures, and in its JSON twin
+        lead = browser.new_context(extra_http_headers={"X-Forwarded-User": "llm-lead"}).new_page()
+        lead.goto(f"{server.url}/teams/{replicas[0].team}")
+        assert [c.strip() for c in lead.locator(f"#services tr[data-service='{SERVICE}'] td").all_inner_texts()] == row
+        team = lead.request.get(f"{server.url}/api/teams/{replicas[0].team}").json()
+        assert [(s["service"], s["replicas_needed"]) for s in team["services"]] == [(SERVICE, want["needed"])]
+        lead.context.close()
 
         training = next(w for w in fleet.workflows if not w.service)
         theirs = browser.new_context(extra_http_headers={"X-Forwarded-User": training.owner}).new_page()
