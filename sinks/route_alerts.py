@@ -186,3 +186,8 @@ def _pages(path: Path, url: str | None) -> str | None:
 def page_url(base_url: str, workflow_id: str) -> str:
     """A job's page on the owners' service at ``base_url``: what messages link to."""
     return f"{base_url.rstrip('/')}/jobs/{urllib.parse.quote(workflow_id, safe='')}"
+
+
+def service_url(base_url: str, service: str) -> str:
+    """A serving service's page on the owners' service at ``base_url``."""
+    return f"{base_url.rstrip('/')}/services/{urllib.parse.quote(service, safe='')}"

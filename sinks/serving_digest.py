@@ -15,11 +15,12 @@ held alerts again (and what it sent meanwhile is in its sent log, not sent twice
 from __future__ import annotations
 
 import time
-import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from confluent_kafka import Message
+
+from sinks.route_alerts import service_url
 
 DETECTOR = "idle_replica"
 
@@ -103,7 +104,7 @@ def digest_message(alerts: list[dict], pages: str | None) -> tuple[str, str, dic
     lines += ["", f"Service {service} ({who})."]
     page = None
     if pages:
-        page = f"{pages.rstrip('/')}/services/{urllib.parse.quote(service, safe='')}"
+        page = service_url(pages, service)
         lines.append(f"The service's page: {page}")
     payload = {"gpufleet_idle_replicas": {"service": service, "alerts": alerts}, "page_url": page}
     return title, "\n".join(lines), payload

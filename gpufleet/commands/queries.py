@@ -322,10 +322,9 @@ def cmd_serving(args: argparse.Namespace) -> int:
 def service_serving(args: argparse.Namespace) -> int:
     """``gpufleet serving`` asked of the owners' service as the user who runs it: the services of
     the replicas they may see, judged as the service judges (its busiest 10 minutes, +20 %)."""
-    import urllib.parse
-
     from gpufleet.reports.serving import render
     from gpufleet.web.services import MARGIN, SPAN_S, load_of
+    from sinks.route_alerts import service_url
 
     if (args.peak_span_s, args.margin) != (SPAN_S, MARGIN):
         raise UsageError(f"with --url, services are judged as the owners' service judges them: its busiest "
@@ -338,7 +337,7 @@ def service_serving(args: argparse.Namespace) -> int:
     print(render(loads, SPAN_S, MARGIN, args.idle_for_s), end="")
     print("\nTheir pages:")
     for s in loads:
-        print(f"  {client.url}/services/{urllib.parse.quote(s.service, safe='')}")
+        print(f"  {service_url(client.url, s.service)}")
     return 0
 
 

@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 from gpufleet.reports.serving import idle_line, peak_line, service_loads
 from schemas.vocabulary import JOBS, WASTE_BUCKETS
 from sinks.job_report import BUCKETS, LABELS, Waterfall
-from sinks.route_alerts import page_url
+from sinks.route_alerts import page_url, service_url
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,8 @@ def report(kind: str, name: str, period: str, start: datetime, end: datetime, no
         lines += ["", "The services of your replicas, by the traffic they served:" if kind == "owner"
                   else "The team's services, by the traffic they served:"]
         for load in now.services:
-            lines.append(f"  {peak_line(load, PEAK_SPAN_S, MARGIN)}")
+            link = f" {service_url(pages, load.service)}" if pages else ""
+            lines.append(f"  {peak_line(load, PEAK_SPAN_S, MARGIN)}{link}")
             if (idle := idle_line(load, IDLE_FOR_S)) is not None:
                 lines.append(f"  {idle}.")
     text = "\n".join(lines) + "\n"

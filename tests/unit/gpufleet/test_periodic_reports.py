@@ -114,3 +114,5 @@ def test_an_owners_report_speaks_of_their_services_by_the_traffic_they_served(ch
             "3.0 of its 6.0 GPU-hours were held beyond the replicas needed.") in text  # 1 of 2, 3 h
     assert "2 of 2 replicas of chat served no request for their last 2.0 h or more: chat-r2 (3.0 h), chat-r1 (3.0 h)" \
         in text
+    _, linked, _ = report("owner", "bo", "month", start, end, now["bo"], None, "https://gpufleet.example.org")
+    assert "held beyond the replicas needed. https://gpufleet.example.org/services/chat\n" in linked
