@@ -3,7 +3,9 @@ and, where the routing asks for it, sends the owner of each workflow that ended 
 (``sinks.job_report``: where the GPU-hours went, energy, what to try), once per summary.
 
 An alert goes out when the worker marked it ``notify`` (its rate limit allows it); a
-RESOLVED goes to the webhook of an alert whose FIRING was sent. What was sent is recorded in
+RESOLVED goes to the webhook of an alert whose FIRING was sent. A service's idle replicas are
+told together (``sinks.serving_digest``): their alerts are held a while, uncommitted, then go out
+as one message. What was sent is recorded in
 a small local log before the offsets are committed, so a restarted notifier (or a replay)
 sends nothing twice. A message a channel refuses for good becomes a dead letter with the
 reason; the notifier goes on. An alert episode its owner acknowledged on the owners' service

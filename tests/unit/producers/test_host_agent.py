@@ -99,26 +99,33 @@ def test_workflow_life_cycle(world):
     assert events == [("wf-a", "HEARTBEAT"), ("slurm-77", "HEARTBEAT"), ("slurm-77", "ENDED")]
 
 
-def test_a_process_whose_environment_names_its_service_declares_its_workflow_a_replica(tmp_path, caplog):
-    """``GPUFLEET_SERVICE`` on a process (``--service-keys``): its workflow's events name the
-    service, which the worker judges it a replica of; a value that cannot be a name declares
-    nothing, and the log says why."""
+def declared(tmp_path, *environments: dict[str, str]) -> tuple[HostAgent, dict[str, dict]]:
+    """An agent's first tick over one process a GPU, each with its environment (pids 101, 102,
+    ...): the agent, and its workflows' events by workflow."""
     from producers.agent.gpus.attribute_process import ProcessAttributor
     from producers.agent.gpus.sample_nvml import NvmlSampler
     from tests.support.fake_nvml import FakeGpu, FakeNvml
     from tests.support.proc_tree import make_process
 
     proc = tmp_path / "proc"
-    make_process(proc, 101, {"GPUFLEET_WORKFLOW_ID": "wf-sd", "GPUFLEET_SERVICE": "sd-xl"})
-    make_process(proc, 102, {"GPUFLEET_WORKFLOW_ID": "wf-bad", "GPUFLEET_SERVICE": "sd\x1b[2J"})
-    sampler = NvmlSampler(FakeNvml([FakeGpu("GPU-0", util=5, processes=[FakeProcess(101)]),
-                                    FakeGpu("GPU-1", util=5, processes=[FakeProcess(102)])]))
+    for i, env in enumerate(environments):
+        make_process(proc, 101 + i, env)
+    sampler = NvmlSampler(FakeNvml([FakeGpu(f"GPU-{i}", util=5, processes=[FakeProcess(101 + i)])
+                                    for i in range(len(environments))]))
     sampler.open()
     spool = Spool(tmp_path / "spool")
     agent = HostAgent(AgentSettings("node-7"), spool, CODEC, nvml=sampler, attributor=ProcessAttributor(proc=proc))
+    agent.tick()
+    return agent, {r["workflow_id"]: r for _, _, r in spooled(spool)["WorkflowEvent"]}
+
+
+def test_a_process_whose_environment_names_its_service_declares_its_workflow_a_replica(tmp_path, caplog):
+    """``GPUFLEET_SERVICE`` on a process (``--service-keys``): its workflow's events name the
+    service, which the worker judges it a replica of; a value that cannot be a name declares
+    nothing, and the log says why."""
     with caplog.at_level("WARNING"):
-        agent.tick()
-    events = {r["workflow_id"]: r for _, _, r in spooled(spool)["WorkflowEvent"]}
+        agent, events = declared(tmp_path, {"GPUFLEET_WORKFLOW_ID": "wf-sd", "GPUFLEET_SERVICE": "sd-xl"},
+                                 {"GPUFLEET_WORKFLOW_ID": "wf-bad", "GPUFLEET_SERVICE": "sd\x1b[2J"})
     assert (events["wf-sd"]["service"], events["wf-bad"]["service"]) == ("sd-xl", None)
     assert (agent.declared_service("wf-sd"), agent.declared_service("wf-bad")) == ("sd-xl", None)  # (its readings')
     assert "process 102: service 'sd\\x1b[2J' is not a printable name" in caplog.text
@@ -139,22 +146,9 @@ def test_what_a_login_node_exports_for_gpufleets_commands_declares_no_job_a_repl
     """A training job submitted from a login node set up as docs/owners.md says carries the
     owners' service's address in its environment; it is not a serving replica (nor is a job of a
     login node set up by an older release, which exported the address as GPUFLEET_SERVICE)."""
-    from producers.agent.gpus.attribute_process import ProcessAttributor
-    from producers.agent.gpus.sample_nvml import NvmlSampler
-    from tests.support.fake_nvml import FakeGpu, FakeNvml
-    from tests.support.proc_tree import make_process
-
-    proc = tmp_path / "proc"
-    make_process(proc, 101, {"GPUFLEET_WORKFLOW_ID": "wf-train", **login_node_environment()})
-    make_process(proc, 102, {"GPUFLEET_WORKFLOW_ID": "wf-older", "GPUFLEET_SERVICE": "https://gpufleet.example.org"})
-    sampler = NvmlSampler(FakeNvml([FakeGpu("GPU-0", util=5, processes=[FakeProcess(101)]),
-                                    FakeGpu("GPU-1", util=5, processes=[FakeProcess(102)])]))
-    sampler.open()
-    spool = Spool(tmp_path / "spool")
-    agent = HostAgent(AgentSettings("node-7"), spool, CODEC, nvml=sampler, attributor=ProcessAttributor(proc=proc))
     with caplog.at_level("INFO"):
-        agent.tick()
-    events = {r["workflow_id"]: r for _, _, r in spooled(spool)["WorkflowEvent"]}
+        agent, events = declared(tmp_path, {"GPUFLEET_WORKFLOW_ID": "wf-train", **login_node_environment()},
+                                 {"GPUFLEET_WORKFLOW_ID": "wf-older", "GPUFLEET_SERVICE": "https://gpufleet.example.org"})
     assert (events["wf-train"]["service"], events["wf-older"]["service"]) == (None, None)
     assert (agent.declared_service("wf-train"), agent.declared_service("wf-older")) == (None, None)
     assert "process 102: GPUFLEET_SERVICE 'https://gpufleet.example.org' is an address" in caplog.text
