@@ -91,7 +91,7 @@ def _chart(client, database: str, where: str, params: dict, first: int, last: in
 
 def load_of(said: dict) -> ServiceLoad:
     """A service as ``_said`` says it, again as the ``ServiceLoad`` it was (``gpufleet serving
-    --service`` prints it as the command does from the database)."""
+    --url`` prints it as the command does from the database)."""
     return ServiceLoad(said["service"], said["replicas"], said["gpu_hours"], said["idle_gpu_hours"], said["peak_start"],
                        said["peak_per_s"], said["replicas_at_peak"], said["replicas_needed"],
                        said["held_beyond_needed_gpu_hours"], said["saturated_windows"],
