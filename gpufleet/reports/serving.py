@@ -114,9 +114,9 @@ def replica_served(client: Client, database: str, workflow_id: str, max_points: 
     state); None for a workflow no window of which was judged so."""
     result = client.query(f"""
         SELECT argMax(service, window_start) AS service, argMax(engine, window_start) AS engine,
-               count() AS windows, sum(requests) AS requests, countIf(state = 'BUSY') AS busy,
-               countIf(state = 'HEADROOM') AS headroom, countIf(state = 'IDLE') AS idle,
-               countIf(state = 'SATURATED') AS saturated, argMax(capacity_per_s, window_start) AS capacity_per_s,
+               count() AS windows, sum(requests) AS requests,
+               {", ".join(f"countIf(state = '{state}') AS {state.lower()}" for state in STATES)},
+               argMax(capacity_per_s, window_start) AS capacity_per_s,
                argMax(capacity_window_start, window_start) AS capacity_window_start,
                argMax(capacity_windows, window_start) AS capacity_windows,
                toUnixTimestamp(min(window_start)) AS first, toUnixTimestamp(max(window_start)) AS last

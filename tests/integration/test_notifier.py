@@ -44,6 +44,17 @@ class Webhooks(BaseHTTPRequestHandler):
 
 
 
+def mail_to_ana(smtp_port: int) -> str:
+    """The routing file's lines that send ana's mail through the test's SMTP server."""
+    return f"""[owners.ana]
+email = "ana@example.com"
+[smtp]
+host = "127.0.0.1"
+port = {smtp_port}
+sender = "gpufleet@example.com"
+"""
+
+
 def run_notifier(notifier, until):
     run_until(notifier.run, until, 60, "the notifier to catch up")
 
@@ -83,13 +94,7 @@ pages = "https://gpufleet.example.org/"
 webhook = "{base}/nlp"
 [teams.broken]
 webhook = "{base}/broken"
-[owners.ana]
-email = "ana@example.com"
-[smtp]
-host = "127.0.0.1"
-port = {smtp_port}
-sender = "gpufleet@example.com"
-""")
+{mail_to_ana(smtp_port)}""")
     routing = load_routing(tmp_path / "routing.toml")
     pub = Publisher(kafka.bootstrap, CODEC)
     root_cause = {**alert("a1", "FIRING", True, "nlp", "ana"), "profile_request_id": "auto-a1",
@@ -249,13 +254,7 @@ pages = "https://gpufleet.example.org"
 serving_digest_s = {{wait}}
 [teams.llm]
 webhook = "{base}/llm"
-[owners.ana]
-email = "ana@example.com"
-[smtp]
-host = "127.0.0.1"
-port = {smtp_port}
-sender = "gpufleet@example.com"
-"""
+{mail_to_ana(smtp_port)}"""
     (tmp_path / "hold.toml").write_text(routing_text.replace("{wait}", "3600"))
     (tmp_path / "tell.toml").write_text(routing_text.replace("{wait}", "1"))
     saturated = {**alert("saturated:svc-0", "FIRING", True, "llm", "ana"), "detector": "saturated",
