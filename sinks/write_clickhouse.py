@@ -28,6 +28,13 @@ from sinks.clickhouse_ddl import (
 
 log = logging.getLogger(__name__)
 
+# The names gpufleet's queries give their tables (``FROM {db}.workflow_windows AS w ... JOIN (...)
+# AS s``). ClickHouse's analyzer resolves ``s.workflow_windows`` to the alias ``s`` where one is in
+# scope, quoted or not, so a database of such a name cannot hold the views or answer the reports:
+# it is refused where it is named. A test reads every query's qualifiers and holds this complete.
+QUERY_ALIASES = frozenset({"a", "e", "f", "hw", "j", "loss", "m", "meta", "r", "s", "w"})
+CLICKHOUSE_OWN = frozenset({"system", "information_schema"})  # (any case: INFORMATION_SCHEMA too)
+
 
 @dataclass(frozen=True)
 class Row:
@@ -89,8 +96,16 @@ class ClickHouseWriter:
 
     @staticmethod
     def check_database(database: str) -> None:
+        """Refuses a name that is not one identifier, and one that ClickHouse would read as
+        something else in gpufleet's queries (``QUERY_ALIASES``, ``CLICKHOUSE_OWN``)."""
         if not database or not database.replace("_", "").isalnum() or not database.isascii():
             raise ValueError(f"database name {database!r} must be ASCII letters, digits and _")
+        if database in QUERY_ALIASES:
+            raise ValueError(f"database name {database!r} is a name gpufleet's queries give a table: ClickHouse "
+                             f"would take {database}.<table> for that table, not the database's; choose another name "
+                             f"(not one of {', '.join(sorted(QUERY_ALIASES))})")
+        if database.lower() in CLICKHOUSE_OWN:
+            raise ValueError(f"database name {database!r} is ClickHouse's own; choose another name")
 
     def ensure_tables(self) -> None:
         """Create the database and tables if they do not exist, then apply the migrations this

@@ -32,6 +32,18 @@ def _number(kind, low: float | None, low_open: bool, high: float | None, says: s
 
 
 port = _number(int, 0, False, 65535, "a port (0 to 65535; 0: any free one)")
+
+
+def database_name(text: str) -> str:
+    """A ClickHouse database's name as every command's queries can use it (one identifier, none
+    that ClickHouse would read as something else: ``ClickHouseWriter.check_database``)."""
+    from sinks.write_clickhouse import ClickHouseWriter
+
+    try:
+        ClickHouseWriter.check_database(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 positive_int = _number(int, 0, True, None, "a whole number of at least 1")
 non_negative_int = _number(int, 0, False, None, "a whole number of 0 or more")
 positive = _number(float, 0, True, float("inf"), "a number greater than 0")
@@ -79,7 +91,8 @@ def clickhouse_args(p: argparse.ArgumentParser) -> None:
                         "(env GPUFLEET_CLICKHOUSE_DSN; the password from GPUFLEET_CLICKHOUSE_PASSWORD or _FILE). "
                         "Queries use GPUFLEET_CLICKHOUSE_READER_DSN where set (the read-only user of "
                         "`gpufleet clickhouse-users`)")
-    p.add_argument("--database", default=os.environ.get("GPUFLEET_DATABASE", "gpufleet"))
+    p.add_argument("--database", type=database_name, default=os.environ.get("GPUFLEET_DATABASE", "gpufleet"),
+                   help="the ClickHouse database (env GPUFLEET_DATABASE)")
     p.add_argument("--clickhouse-cluster", default=os.environ.get("GPUFLEET_CLICKHOUSE_CLUSTER"),
                    help="a ClickHouse cluster (a server's remote_servers) to create the tables on: replicated "
                         "tables per shard and a Distributed table each, queried under the same names "

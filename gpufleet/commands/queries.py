@@ -10,6 +10,7 @@ from pathlib import Path
 from gpufleet.commands.common import (
     check_id,
     clickhouse_args,
+    database_name,
     non_negative,
     positive,
     positive_int,
@@ -109,7 +110,7 @@ def add(sub) -> None:
                        help="print the SQL that creates a server's gpufleet users: a writer for the sink and a "
                             "read-only reader for queries (passwords from GPUFLEET_CLICKHOUSE_READER_PASSWORD and "
                             "GPUFLEET_CLICKHOUSE_WRITER_PASSWORD, or their _FILE; only their hashes are printed)")
-    p.add_argument("--database", default=os.environ.get("GPUFLEET_DATABASE", "gpufleet"))
+    p.add_argument("--database", type=database_name, default=os.environ.get("GPUFLEET_DATABASE", "gpufleet"))
     p.set_defaults(func=cmd_clickhouse_users)
 
 

@@ -115,6 +115,7 @@ CASES = [
     ("sink-query-port", ["sink", "--query-port", "70000"], "not a port", U),
     ("sink-password-file", ["sink", "--clickhouse-dsn", "http://writer@127.0.0.1:1"], "no-such-password", U),
     ("sink-database-name", ["sink", "--database", "x; DROP TABLE y"], "database", U),
+    ("sink-database-alias", ["sink", "--database", "s"], "choose another name", U),
     ("sink-no-broker", ["sink"], "no local broker", R),
     # notify
     ("notify-routing-missing", ["notify", "--routing", "{missing}"], "missing", U),
@@ -208,6 +209,9 @@ CASES = [
     ("serving-url-own-margin", ["serving", "--url", "http://127.0.0.1:{busy_port}", "--margin", "0.5"],
      "leave out --peak-span-s and --margin", U),
     ("serve-no-proxy", ["serve"], "--trusted-proxy", U),
+    ("serve-database-alias", ["serve", "--dev", "--database", "w"], "choose another name", U),
+    ("goodput-database-name", ["goodput", "--database", "x; DROP TABLE y"], "database", U),
+    ("goodput-database-system", ["goodput", "--database", "system"], "ClickHouse's own", U),
     ("serve-dev-everywhere", ["serve", "--dev", "--host", "0.0.0.0"], "loopback only", U),
     ("serve-proxy-not-an-address", ["serve", "--trusted-proxy", "the proxy"], "--trusted-proxy", U),
     ("serve-teams-not-toml", ["serve", "--dev", "--teams", "{text.txt}"], "text.txt", U),
