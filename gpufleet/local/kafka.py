@@ -35,6 +35,7 @@ from gpufleet.local.kafka_node_config import (
     server_properties,
 )
 from gpufleet.local.kafka_security import ADMIN, LocalCredentials, create_users, grant
+from gpufleet.local.ports import free_port
 from kafka_client.config import Connection, client_config
 
 
@@ -78,12 +79,6 @@ class ClusterInfo:
             if n.node_id == node_id:
                 return n
         raise KeyError(f"no node {node_id} in {self.data_dir}")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def client_ports(first: int, brokers: int, option: str = "--port") -> list[int]:

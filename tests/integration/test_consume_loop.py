@@ -10,7 +10,7 @@ import threading
 
 from confluent_kafka import Producer
 
-from gpufleet.local.kafka import free_port
+from gpufleet.local.ports import free_port
 from kafka_client.config import producer_config
 from kafka_client.consume_loop import ConsumeLoop
 from kafka_client.metrics import ComponentMetrics

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from confluent_kafka import Producer
 
-from gpufleet.local.kafka import free_port
+from gpufleet.local.ports import free_port
 from kafka_client.config import producer_config
 from kafka_client.metrics import serve
 from producers.publish_kafka import Publisher

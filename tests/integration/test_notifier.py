@@ -13,7 +13,7 @@ from typing import ClassVar
 import pytest
 from aiosmtpd.controller import Controller
 
-from gpufleet.local.kafka import free_port
+from gpufleet.local.ports import free_port
 from producers.publish_kafka import Publisher
 from schemas.topics import ALERTS, DEAD_LETTERS, ENFORCEMENT, WORKFLOW_SUMMARIES
 from sinks.consume_alerts import AlertNotifier

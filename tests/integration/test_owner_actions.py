@@ -16,7 +16,7 @@ from aiosmtpd.controller import Controller
 
 from gpufleet.asgi_server import AsgiServer
 from gpufleet.commands.serve import actions_on
-from gpufleet.local.kafka import free_port
+from gpufleet.local.ports import free_port
 from gpufleet.web.access import Directory
 from gpufleet.web.app import Service, create_app
 from gpufleet.web.identity import ProxyTrust

@@ -25,7 +25,7 @@ from aiosmtpd.controller import Controller
 from gpufleet.asgi_server import AsgiServer
 from gpufleet.commands.serve import actions_on
 from gpufleet.demo_serving import planted
-from gpufleet.local.kafka import free_port
+from gpufleet.local.ports import free_port
 from gpufleet.reports.serving import duration, services
 from gpufleet.reports.workflows import workflow_summary
 from gpufleet.web.access import Directory, Team

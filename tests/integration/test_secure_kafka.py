@@ -206,7 +206,7 @@ def test_no_secret_leaks_into_logs_errors_dead_letters_or_clickhouse(secure, top
     from aiosmtpd.controller import Controller
     from aiosmtpd.smtp import AuthResult
 
-    from gpufleet.local.kafka import free_port
+    from gpufleet.local.ports import free_port
     from sinks.consume_alerts import AlertNotifier
     from sinks.route_alerts import load_routing
     from tests.support.alerts import Mailbox, Refusing, alert

@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from gpufleet.local.ports import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "docker" / "slurm"
 DAEMONS = ("munged", "mariadbd", "mariadb-install-db", "slurmdbd", "slurmctld", "slurmd")
@@ -35,12 +37,6 @@ def missing() -> str | None:
         return f"Slurm is not installed ({', '.join(absent)} missing; make test installs slurm-wlm, slurmdbd, " \
                f"munge and mariadb-server with apt where it can)"
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _which(name: str) -> str:
@@ -135,7 +131,7 @@ class SlurmCluster:
             (folder / "gpufleet-slurm.env").write_text(env)
 
     def _write_configs(self) -> None:
-        r, ports = self.root, [_free_port() for _ in range(4)]
+        r, ports = self.root, [free_port() for _ in range(4)]
         self.ctld_port, self.slurmd_port, self.dbd_port, self.db_port = ports
         shipped = (SHIPPED / "slurm.conf.gpufleet").read_text().replace("/etc/slurm", str(r))
         gpus = f"[0-{self.gpus - 1}]" if self.gpus > 1 else "0"

@@ -14,7 +14,8 @@ def test_port_gives_each_node_its_own_client_port_in_a_row_and_says_which_is_tak
 
     import pytest
 
-    from gpufleet.local.kafka import KafkaRunnerError, client_ports, free_port
+    from gpufleet.local.kafka import KafkaRunnerError, client_ports
+    from gpufleet.local.ports import free_port
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import pytest
 from aiosmtpd.controller import Controller
 
-from gpufleet.local.kafka import free_port
+from gpufleet.local.ports import free_port
 from gpufleet.reports.periodic import PeriodicReports, last_whole, period_start, report, usage
 from sinks.clickhouse_ddl import WORKFLOW_WINDOWS_TABLE
 from sinks.consume_alerts import SentLog

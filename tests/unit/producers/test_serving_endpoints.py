@@ -130,10 +130,9 @@ def test_an_endpoint_down_slow_or_garbled_is_counted_and_never_holds_up_a_tick(s
     readings become a sample, until its timeout gives it up."""
     import socket
 
-    closed = socket.socket()
+    closed = socket.socket()  # (bound and never listening, to the test's end: refused, and no other socket takes it)
     closed.bind(("127.0.0.1", 0))
     down = f"http://127.0.0.1:{closed.getsockname()[1]}/metrics"
-    closed.close()
     endpoints = [Endpoint((0,), f"{server}/good"), Endpoint((1,), down), Endpoint((2,), f"{server}/garbage"),
                  Endpoint((3,), f"{server}/slow")]
     now = [0.0]  # the agent's ticks' clock, in seconds

@@ -85,12 +85,11 @@ def test_what_is_not_a_page_is_refused_with_the_reason(base, path, why):
 
 
 def test_a_closed_port_is_unreachable():
-    closed = socket.socket()
-    closed.bind(("127.0.0.1", 0))
-    port = closed.getsockname()[1]
-    closed.close()
-    with pytest.raises(ConnectionError):
-        Fetcher()(f"http://127.0.0.1:{port}/metrics", 1.0)
+    with socket.socket() as closed:  # (bound and never listening: refused, and no other socket takes its port)
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+        with pytest.raises(ConnectionError):
+            Fetcher()(f"http://127.0.0.1:{port}/metrics", 1.0)
 
 
 def test_an_https_endpoint_is_read_where_its_ca_is_trusted_and_refused_where_not(tmp_path, monkeypatch):

@@ -11,7 +11,7 @@ import pytest
 from aiosmtpd.controller import Controller
 
 from gpufleet.local.certificates import Authority
-from gpufleet.local.kafka import free_port
+from gpufleet.local.ports import free_port
 from sinks.notify_owner import NotifyError, redact_url, send_email, send_webhook
 from sinks.route_alerts import SmtpSettings
 from tests.support.alerts import Mailbox, Refusing, alert

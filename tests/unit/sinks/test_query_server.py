@@ -184,7 +184,7 @@ def test_a_request_that_is_not_one_gets_an_answer(served):
 
 
 def test_the_port_can_be_chosen_and_a_taken_one_is_refused(chdb_client):
-    from gpufleet.local.kafka import free_port
+    from gpufleet.local.ports import free_port
 
     port = free_port()
     server = QueryServer(chdb_client.path, port=port).start(AsgiServer)
