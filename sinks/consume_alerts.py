@@ -115,20 +115,38 @@ class AlertNotifier:
         self.digests = ServingDigests(routing.serving_digest_s)  # a service's idle replicas, told together
         self._next: dict[tuple[str, int], int] = {}  # each partition read -> its next offset
         self._touched: set[tuple[str, int]] = set()  # partitions to commit (read, or a digest of theirs told)
+        self._assigned: set[tuple[str, int]] = set()  # the partitions this notifier reads now (its group's share)
         self.handled = 0  # messages read and dealt with (sent, skipped or dead-lettered)
         self.messages = 0  # messages sent
         self.failures = 0
 
     def run(self, stop: threading.Event) -> None:
         try:
-            self.loop.run(stop, self._step)
+            self.loop.run(stop, self._step, on_assign=self._on_assign, on_revoke=self._on_revoke)
         finally:
             self.sent.close()
+
+    def _on_assign(self, consumer, partitions: list) -> None:
+        self._assigned.update((p.topic, p.partition) for p in partitions)
+
+    def _on_revoke(self, consumer, partitions: list) -> None:
+        """Partitions taken away (another notifier of the group reads them now, from their
+        committed offsets): what was held from them is let go, not told here too, and nothing of
+        theirs is committed from here any more."""
+        gone = {(p.topic, p.partition) for p in partitions}
+        self._assigned -= gone
+        self._touched -= gone
+        for key in gone:
+            self._next.pop(key, None)
+        if dropped := self.digests.forget(gone):
+            log.info("%d idle replica alert(s) held for a digest are left to the partitions' new reader", dropped)
 
     def _step(self, batch: list) -> None:
         """Each message sent (or skipped, or dead-lettered); then the offsets, once the dead
         letters are durable (``kafka_client.consume_loop``)."""
         for m in batch:
+            if (m.topic(), m.partition()) not in self._assigned:
+                continue  # (read before its partition was taken away: its new reader reads it again)
             try:
                 self._handle(m)
                 self.handled += 1

@@ -9,7 +9,9 @@ service's owner in a day, and 22 told together (``benchmarks/replay_alibaba.py``
 
 Held alerts are not committed: the notifier commits each partition only up to the first alert it
 holds there (``positions``), so a notifier that stops or dies before a digest went out reads the
-held alerts again (and what it sent meanwhile is in its sent log, not sent twice).
+held alerts again (and what it sent meanwhile is in its sent log, not sent twice). A notifier
+whose partitions are taken away in a rebalance lets go of what it held from them (``forget``):
+their new reader tells them, once.
 """
 
 from __future__ import annotations
@@ -58,6 +60,19 @@ class ServingDigests:
                     del self.held[key]
                 return True
         return False
+
+    def forget(self, partitions: set[tuple[str, int]]) -> int:
+        """Lets go of the alerts held from ``partitions`` (taken away in a rebalance: uncommitted,
+        their new reader holds and tells them); how many."""
+        gone = 0
+        for key, digest in list(self.held.items()):
+            for alert_id, (_, m) in list(digest.alerts.items()):
+                if (m.topic(), m.partition()) in partitions:
+                    del digest.alerts[alert_id]
+                    gone += 1
+            if not digest.alerts:
+                del self.held[key]
+        return gone
 
     def due(self) -> list[list[tuple[dict, Message]]]:
         """The digests whose wait is over, no longer held: each its alerts and their messages."""

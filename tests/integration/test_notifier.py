@@ -12,15 +12,17 @@ from typing import ClassVar
 
 import pytest
 from aiosmtpd.controller import Controller
+from confluent_kafka import Producer
 
 from gpufleet.local.ports import free_port
+from kafka_client.config import producer_config
 from producers.publish_kafka import Publisher
 from schemas.topics import ALERTS, DEAD_LETTERS, ENFORCEMENT, WORKFLOW_SUMMARIES
 from sinks.consume_alerts import AlertNotifier
 from sinks.route_alerts import load_routing
 from tests.support.alerts import Mailbox, alert
 from tests.support.alerts import job_summary as summary
-from tests.support.integration import CODEC, committed_everything, read_topic, run_until
+from tests.support.integration import CODEC, committed_everything, read_topic, run_until, wait_until
 from tests.support.samples import BASE_MS
 
 
@@ -307,3 +309,45 @@ webhook = "{base}/llm"
                           group_id=f"{prefix}d2", topic_prefix=prefix, webhook_backoff_s=0.05)
     run_notifier(again, lambda: again.handled >= 9)
     assert len(Webhooks.received) == 4 and len(mailbox.messages) == 3 and again.messages == 0
+
+
+def test_a_notifier_whose_partitions_move_leaves_what_it_held_to_their_new_reader(kafka, prefix, tmp_path, channels):
+    """Two notifiers of one group on two machines (a sent log each). The first holds a service's
+    idle replicas from every partition; the second joins, and the partitions it is given are taken
+    from the first, which lets go of what it held from them. Each replica is told once in all, by
+    whichever reads its partition when the digests go out, and the second tells those it took."""
+    base = channels[0]
+    topic = prefix + ALERTS.name
+    for who in ("a", "b"):
+        (tmp_path / f"{who}.toml").write_text(
+            f'[default]\nserving_digest_s = 10\n[teams.llm]\nwebhook = "{base}/{who}"\n')
+    producer = Producer(producer_config(kafka.bootstrap))
+    partitions = sorted(producer.list_topics(topic, timeout=10).topics[topic].partitions)
+    assert len(partitions) >= 2
+    for p in partitions:  # (a replica on each partition)
+        producer.produce(topic, value=CODEC.encode(ALERTS.schema, idle_replica(f"svc-{p}")), partition=p)
+    assert producer.flush(10) == 0
+
+    def notifier(who: str) -> AlertNotifier:
+        return AlertNotifier(kafka.bootstrap, load_routing(tmp_path / f"{who}.toml"), tmp_path / f"{who}.log",
+                             group_id=f"{prefix}g", topic_prefix=prefix, webhook_backoff_s=0.05)
+
+    first, second, stop = notifier("a"), notifier("b"), threading.Event()
+    threads = [threading.Thread(target=n.run, args=(stop,), daemon=True) for n in (first, second)]
+    threads[0].start()
+    try:
+        wait_until(lambda: first.handled >= len(partitions), 30, "the first notifier to hold every replica")
+        assert Webhooks.received == []
+        threads[1].start()
+        wait_until(lambda: not first.digests.held and not second.digests.held and second.handled
+                   and len({a["alert_id"] for _, body in Webhooks.received
+                            for a in body["gpufleet_idle_replicas"]["alerts"]}) == len(partitions),
+                   60, "every replica told, and nothing held by either notifier")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    told = Counter((path, a["workflow_id"]) for path, body in Webhooks.received
+                   for a in body["gpufleet_idle_replicas"]["alerts"])
+    assert sorted(wf for _, wf in told) == sorted(f"svc-{p}" for p in partitions)  # each once, in all
+    assert {path for path, _ in told} == {"/a", "/b"}  # (the second told those it was given)
