@@ -100,6 +100,8 @@ class ClickHouseWriter:
         something else in gpufleet's queries (``QUERY_ALIASES``, ``CLICKHOUSE_OWN``)."""
         if not database or not database.replace("_", "").isalnum() or not database.isascii():
             raise ValueError(f"database name {database!r} must be ASCII letters, digits and _")
+        if database.isdigit():
+            raise ValueError(f"database name {database!r} is a number to ClickHouse: give it a letter or _")
         if database in QUERY_ALIASES:
             raise ValueError(f"database name {database!r} is a name gpufleet's queries give a table: ClickHouse "
                              f"would take {database}.<table> for that table, not the database's; choose another name "

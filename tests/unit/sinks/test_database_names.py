@@ -55,7 +55,7 @@ def test_every_name_a_query_gives_a_table_is_refused_as_a_database():
         assert name in QUERY_ALIASES or name.lower() in {"system", "information_schema"}, where
 
 
-@pytest.mark.parametrize("name", ["s", "w", "system", "INFORMATION_SCHEMA", "x; DROP TABLE y", "", "é"])
+@pytest.mark.parametrize("name", ["s", "w", "system", "INFORMATION_SCHEMA", "x; DROP TABLE y", "", "é", "123"])
 def test_a_name_clickhouse_would_misread_is_refused_before_anything_is_created(chdb_client, name):
     with pytest.raises(ValueError, match="database name"):
         ClickHouseWriter(chdb_client, name)
@@ -69,6 +69,8 @@ def test_the_collision_is_clickhouses_and_an_unrefused_short_name_holds_the_tabl
     with pytest.raises(DatabaseError, match="cannot be resolved"):
         chdb_client.query("SELECT * FROM s.t AS w LEFT JOIN (SELECT 1 AS a) AS s ON s.a = w.a")
     chdb_client.command("DROP DATABASE s")
+    with pytest.raises(DatabaseError, match="SYNTAX_ERROR"):
+        chdb_client.command("CREATE DATABASE 123")  # (a name of digits alone)
     writer = ClickHouseWriter(chdb_client, "x")
     writer.ensure_tables()
     try:
