@@ -149,6 +149,9 @@ EXAMPLE_SQL = ("SELECT workflow_id, owner, detector, severity, status, round(was
                "FROM gpufleet.alerts FINAL ORDER BY wasted_h DESC")
 
 
+RATES_EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "rates.example.toml"  # (named whole: from any directory)
+
+
 def _self_command(data_dir: Path) -> str:
     """How the user can call gpufleet again: the way they called it, with the same data dir."""
     exe = sys.argv[0]
@@ -368,7 +371,7 @@ def run_demo(opts: DemoOptions) -> int:
           f"{' (broker still running)' if opts.keep_kafka else ''}.")
     print(f"Try:\n  {_self_command(data_dir)} sql \"{EXAMPLE_SQL}\"\n"
           f"  {_self_command(data_dir)} opportunities --by team --since all\n"
-          f"  {_self_command(data_dir)} goodput --by team --since all --rates docs/rates.example.toml\n"
+          f"  {_self_command(data_dir)} goodput --by team --since all --rates {shlex.quote(str(RATES_EXAMPLE))}\n"
           f"  {_self_command(data_dir)} serving --since all\n"
           f"  {_self_command(data_dir)} report --since all --html fleet-report.html\n"
           f"  {_self_command(data_dir)} serve --dev   # then open http://127.0.0.1:8470/jobs/{idle or ''}")

@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import re
+import shlex
 import subprocess
 import sys
 import urllib.request
@@ -58,6 +59,16 @@ def test_demo_then_sql(tmp_path):
     freed, planted = map(float, re.search(r"would have freed: ([\d.]+) .*; planted idle after the action "
                                           r"point: ([\d.]+)", ladder).groups())
     assert freed == planted > 0, ladder
+
+    # What the demo tells the user to try next works from any directory, as its comment says.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    tries = [line.split("   #")[0].strip() for line in out.split("\nTry:\n")[1].splitlines() if line.startswith("  ")]
+    assert len(tries) == 6 and tries[-1].endswith("serve --dev")
+    for command in tries[:-1]:  # (the last serves until stopped: run below)
+        done = subprocess.run(shlex.split(command), capture_output=True, text=True, timeout=120, cwd=elsewhere,
+                              check=False)
+        assert done.returncode == 0, command + "\n" + done.stdout + done.stderr
 
     sql = gpufleet("--data-dir", data, "sql", "--format", "csv",
                    "SELECT count() AS n FROM gpufleet.workflow_windows FINAL", timeout=60)
