@@ -32,6 +32,12 @@ def _number(kind, low: float | None, low_open: bool, high: float | None, says: s
 
 
 port = _number(int, 0, False, 65535, "a port (0 to 65535; 0: any free one)")
+positive_int = _number(int, 0, True, None, "a whole number of at least 1")
+non_negative_int = _number(int, 0, False, None, "a whole number of 0 or more")
+positive = _number(float, 0, True, float("inf"), "a number greater than 0")
+non_negative = _number(float, 0, False, float("inf"), "a number of 0 or more")
+fraction = _number(float, 0, True, 1, "a fraction greater than 0 and at most 1")
+percent = _number(float, 0, False, 100, "a percentage from 0 to 100")
 
 
 def database_name(text: str) -> str:
@@ -44,12 +50,6 @@ def database_name(text: str) -> str:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
-positive_int = _number(int, 0, True, None, "a whole number of at least 1")
-non_negative_int = _number(int, 0, False, None, "a whole number of 0 or more")
-positive = _number(float, 0, True, float("inf"), "a number greater than 0")
-non_negative = _number(float, 0, False, float("inf"), "a number of 0 or more")
-fraction = _number(float, 0, True, 1, "a fraction greater than 0 and at most 1")
-percent = _number(float, 0, False, 100, "a percentage from 0 to 100")
 
 
 def kafka_args(p: argparse.ArgumentParser) -> None:

@@ -5,9 +5,8 @@ could hold neither the views nor answer a report."""
 
 from __future__ import annotations
 
-import io
+import ast
 import re
-import tokenize
 from pathlib import Path
 
 import pytest
@@ -22,9 +21,21 @@ QUALIFIER = re.compile(r"(?<![\w.{}`])([A-Za-z_]\w*)\.(?=[A-Za-z_`])")
 
 
 def modules() -> set[str]:
-    """The names of the repository's own modules and packages (a string's ``sinks.route_alerts``)."""
-    return {p.stem for p in ROOT.rglob("*.py") if ".venv" not in p.parts} | {
-        p.name for p in ROOT.iterdir() if p.is_dir()}
+    """The names of the repository's own modules and packages (a string's ``sinks.route_alerts``),
+    not those of what is installed in it (its hidden virtual environments)."""
+    own = [p.relative_to(ROOT) for p in ROOT.rglob("*.py")]
+    return {p.stem for p in own if not any(part.startswith(".") for part in p.parts)} | {
+        p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".")}
+
+
+def strings(tree: ast.AST):
+    """The module's string literals, each as written whole (adjacent ones joined, as Python joins
+    them); an f-string's fields as ``{}``."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            yield "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            yield node.value
 
 
 def qualifiers() -> dict[str, str]:
@@ -33,9 +44,9 @@ def qualifiers() -> dict[str, str]:
     found: dict[str, str] = {}
     for package in PACKAGES:
         for path in (ROOT / package).rglob("*.py"):
-            for token in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
-                if token.type == tokenize.STRING and SQL.search(token.string):
-                    for name in QUALIFIER.findall(token.string):
+            for text in strings(ast.parse(path.read_text())):
+                if SQL.search(text):
+                    for name in QUALIFIER.findall(text):
                         found.setdefault(name, str(path.relative_to(ROOT)))
     return found
 
