@@ -26,6 +26,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+from clickhouse_connect.driver.exceptions import ClickHouseError
+
 from kafka_client.config import Connection
 from kafka_client.consume_loop import ConsumeLoop
 from kafka_client.metrics import ComponentMetrics
@@ -97,8 +99,12 @@ NOTIFICATIONS = METRICS.counter("gpufleet_notifications", "Messages to owners an
 
 class AlertNotifier:
     def __init__(self, kafka: str | Connection, routing: Routing, sent_log: Path, group_id: str = "gpufleet-notifier",
-                 topic_prefix: str = "", webhook_backoff_s: float = 0.5, rates: Rates | None = None) -> None:
+                 topic_prefix: str = "", webhook_backoff_s: float = 0.5, rates: Rates | None = None,
+                 replicas: Callable[[list[dict]], int | None] | None = None) -> None:
         self.routing = routing
+        # how many replicas a digest's service held in its alerts' time (``serving_digest.replicas_held``
+        # on a read-only ClickHouse), None where it cannot be read now
+        self.replicas = replicas
         self.rates = rates or Rates()  # prices and grid intensities for the job reports
         self.sent = SentLog(sent_log)
         self.codec = Codec()
@@ -236,8 +242,9 @@ class AlertNotifier:
         if not held:
             return
         alerts = [a for a, _ in held]
-        title, body, payload = digest_message(alerts, self.routing.pages)
         first, m = held[0]
+        title, body, payload = digest_message(alerts, self.routing.pages,
+                                              self._replicas_held(alerts) if first["status"] == "FIRING" else None)
         sends = []
         if url := self.routing.webhook_for(first):
             sends.append(("webhook", lambda: post_webhook(url, {"text": body, **payload}, "the idle replicas' digest",
@@ -249,6 +256,18 @@ class AlertNotifier:
         self._deliver(m, "digest:" + hashlib.sha256("\n".join([status, *ids]).encode()).hexdigest()[:32], sends)
         for alert_id in ids:
             self.sent.add(f"{alert_id}:{status}")
+
+    def _replicas_held(self, alerts: list[dict]) -> int | None:
+        """How many replicas the service of ``alerts`` held in their time; None where that cannot
+        be read now (the digest then says how many are idle, and goes out all the same)."""
+        if self.replicas is None:
+            return None
+        try:
+            return self.replicas(alerts)
+        except (ClickHouseError, OSError, ValueError) as exc:
+            log.warning("the replicas of %s could not be counted (%s: %s); its digest says how many are idle only",
+                        alerts[0]["service"], type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+            return None
 
     def _job_report(self, m, name: str, summary: dict) -> None:
         """The job report of a ``WorkflowSummary`` to its team's webhook and its owner's mail,

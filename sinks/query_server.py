@@ -226,12 +226,13 @@ class RemoteClient:
         return RemoteResult(body["columns"], [tuple(_decode(r)) for r in body["rows"]])
 
 
-def find_server(path: Path) -> RemoteClient | None:
-    """The query server of the process that owns ``path``, if one is running."""
+def find_server(path: Path, timeout_s: float = 300.0) -> RemoteClient | None:
+    """The query server of the process that owns ``path``, if one is running (each query given up
+    after ``timeout_s``)."""
     info = Path(path) / INFO_FILE
     try:
         data = json.loads(info.read_text())
         os.kill(data["pid"], 0)  # still running?
     except (OSError, ValueError, KeyError):
         return None
-    return RemoteClient(data["port"], data["token"])
+    return RemoteClient(data["port"], data["token"], timeout_s)

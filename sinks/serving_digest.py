@@ -1,11 +1,15 @@
 """A service's idle replicas told together: the notifier holds each ``idle_replica`` alert that
 would go out for ``wait_s`` from the first of its service (and its owner and team: who is told),
-then sends one message for all of them ("3 replicas of sd-xl served no request ..."), linking to
-the service's page. A replica that serves again before then is not told at all (its RESOLVED
+then sends one message for all of them ("3 of 8 replicas of sd-xl served no request ..."), linking
+to the service's page. A replica that serves again before then is not told at all (its RESOLVED
 takes it out); the RESOLVEDs of replicas told so are held alike and go out together (to the
 team's webhook, as every RESOLVED). A deployment whose traffic fell leaves its replicas idle one
 window after another: on the whole Alibaba trace, one message per alert was 135 mails to one
 service's owner in a day, and 22 told together (``benchmarks/replay_alibaba.py``).
+
+How many replicas the service held in the time its idle replicas' alerts speak of (the 8) is read
+from ClickHouse (``replicas_held``): a worker sees only its partitions' replicas, never a whole
+service. Where it cannot be read, the message says how many are idle only.
 
 Held alerts are not committed: the notifier commits each partition only up to the first alert it
 holds there (``positions``), so a notifier that stops or dies before a digest went out reads the
@@ -95,13 +99,38 @@ class ServingDigests:
         return out
 
 
-def digest_message(alerts: list[dict], pages: str | None) -> tuple[str, str, dict]:
+def replicas_held(client, database: str, alerts: list[dict]) -> int:
+    """How many replicas of the service of ``alerts`` (one digest's: one service, owner and team)
+    held GPUs in the time the alerts speak of, from the first episode's start to the last window's
+    end: those with a window in it in ``serving_windows``, as the sink stored them."""
+    first = alerts[0]
+    where = ["service = {service:String}", "window_end > fromUnixTimestamp64Milli({start:Int64}, 'UTC')",
+             "window_start < fromUnixTimestamp64Milli({end:Int64}, 'UTC')"]
+    parameters = {"service": first["service"], "start": min(a["since"] for a in alerts),
+                  "end": max(a["window_end"] for a in alerts)}
+    for column in ("owner", "team"):
+        if first.get(column) is None:
+            where.append(f"{column} IS NULL")
+        else:
+            where.append(f"{column} = {{{column}:String}}")
+            parameters[column] = first[column]
+    ((count,),) = client.query(f"SELECT uniqExact(workflow_id) FROM {database}.serving_windows "
+                               f"WHERE {' AND '.join(where)}", parameters=parameters).result_rows
+    return int(count)
+
+
+def digest_message(alerts: list[dict], pages: str | None, held: int | None = None) -> tuple[str, str, dict]:
     """(title, plain text, the webhook's fields) of one service's idle replicas (FIRING), or of
-    those of them no longer idle (RESOLVED)."""
+    those of them no longer idle (RESOLVED); ``held``: how many replicas the service held in their
+    time (``replicas_held``), None where unknown."""
     first = alerts[0]
     service, n = first["service"], len(alerts)
     alerts = sorted(alerts, key=lambda a: (-a["observed"], a["workflow_id"]))
+    if held is not None and held < n:
+        held = None  # (the sink has not stored all their windows yet)
     replicas = f"{n} replica{'s' if n != 1 else ''} of {service}"
+    if held is not None and first["status"] == "FIRING":
+        replicas = f"{n} of {held} replica{'s' if held != 1 else ''} of {service}"
     if first["status"] == "RESOLVED":
         title = (f"[gpufleet resolved] {replicas} no longer idle" if n > 1 else
                  f"[gpufleet resolved] idle replica: {first['workflow_id']} of {service}")
@@ -121,5 +150,6 @@ def digest_message(alerts: list[dict], pages: str | None) -> tuple[str, str, dic
     if pages:
         page = service_url(pages, service)
         lines.append(f"The service's page: {page}")
-    payload = {"gpufleet_idle_replicas": {"service": service, "alerts": alerts}, "page_url": page}
+    payload = {"gpufleet_idle_replicas": {"service": service, "replicas_held": held, "alerts": alerts},
+               "page_url": page}
     return title, "\n".join(lines), payload

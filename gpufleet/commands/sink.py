@@ -6,6 +6,7 @@ import argparse
 import os
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from gpufleet.commands.common import (
@@ -87,9 +88,30 @@ def cmd_sink(args: argparse.Namespace) -> int:
     return 0
 
 
+def clickhouse_reader(args: argparse.Namespace, timeout_s: float = 300.0) -> Callable[[], object | None]:
+    """The notifier's read-only ClickHouse, asked for at each use: on the embedded engine, the
+    sink's query server (None while none runs: the notifier never holds the engine); on a server, a
+    read-only session (``GPUFLEET_CLICKHOUSE_READER_DSN``, else the DSN given) opened at its first
+    use, so that the alerts go out while ClickHouse cannot be reached."""
+    dsn = os.environ.get("GPUFLEET_CLICKHOUSE_READER_DSN") or clickhouse_dsn(args)
+    if dsn.startswith("chdb://"):
+        from sinks.query_server import find_server
+
+        path = Path(dsn[len("chdb://"):])
+        return lambda: find_server(path, timeout_s)
+    from sinks.read_path import connect_reader
+
+    opened = []
+
+    def client_of():
+        if not opened:
+            opened.append(connect_reader(dsn))
+        return opened[0]
+    return client_of
+
+
 def periodic_reports(args: argparse.Namespace, routing, sent):
-    """The periodic reports of ``--reports``, reading ClickHouse read-only (on the embedded engine,
-    through the sink's query server, asked again at each tick: the notifier never holds the engine)."""
+    """The periodic reports of ``--reports``, reading ClickHouse read-only (``clickhouse_reader``)."""
     from gpufleet.reports.periodic import PeriodicReports
     from gpufleet.web.access import Directory, DirectoryError
 
@@ -97,20 +119,21 @@ def periodic_reports(args: argparse.Namespace, routing, sent):
         directory = Directory.load(args.teams, slurm=args.slurm_teams)
     except DirectoryError as exc:
         raise UsageError(str(exc)) from None
-    dsn = os.environ.get("GPUFLEET_CLICKHOUSE_READER_DSN") or clickhouse_dsn(args)
-    if dsn.startswith("chdb://"):
-        from sinks.query_server import find_server
+    return PeriodicReports(clickhouse_reader(args), args.database, routing, directory.leads_of, sent,
+                           period=args.reports)
 
-        def client_of():
-            return find_server(Path(dsn[len("chdb://"):]))
-    else:
-        from sinks.read_path import connect_reader
 
-        server = connect_reader(dsn)
+def replica_counter(args: argparse.Namespace) -> Callable[[list[dict]], int | None]:
+    """How many replicas the service of a digest's idle replicas held in their time
+    (``sinks.serving_digest.replicas_held``), read with a short time limit: the digest waits on it."""
+    from sinks.serving_digest import replicas_held
 
-        def client_of():
-            return server
-    return PeriodicReports(client_of, args.database, routing, directory.leads_of, sent, period=args.reports)
+    reader = clickhouse_reader(args, timeout_s=10.0)
+
+    def count(alerts: list[dict]) -> int | None:
+        client = reader()
+        return None if client is None else replicas_held(client, args.database, alerts)
+    return count
 
 
 def cmd_notify(args: argparse.Namespace) -> int:
@@ -123,7 +146,8 @@ def cmd_notify(args: argparse.Namespace) -> int:
     kafka = kafka_connection(args, "notifier")
     ensure_topics(kafka, prefix=args.topic_prefix, partitions=args.partitions)
     notifier = AlertNotifier(kafka, routing, args.data_dir / "notifier-sent.log",
-                             group_id=args.group_id, topic_prefix=args.topic_prefix, rates=prices)
+                             group_id=args.group_id, topic_prefix=args.topic_prefix, rates=prices,
+                             replicas=replica_counter(args))
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -273,24 +273,30 @@ webhook = "{base}/llm"
     assert [body["gpufleet_alert"]["alert_id"] for _, body in Webhooks.received] == ["saturated:svc-0"]
     assert not committed_everything(kafka.bootstrap, f"{prefix}d1", ALERTS, prefix + ALERTS.name)
 
+    def held(alerts: list[dict]) -> int:  # (ClickHouse's count: tests/integration/test_owner_pages.py)
+        if alerts[0]["service"] == "sd-xl":
+            raise ConnectionRefusedError("ClickHouse cannot be reached")
+        return 8
+
     telling = AlertNotifier(kafka.bootstrap, load_routing(tmp_path / "tell.toml"), tmp_path / "sent.log",
-                            group_id=f"{prefix}d1", topic_prefix=prefix, webhook_backoff_s=0.05)
+                            group_id=f"{prefix}d1", topic_prefix=prefix, webhook_backoff_s=0.05, replicas=held)
     run_notifier(telling, lambda: len(Webhooks.received) >= 3 and committed_everything(
         kafka.bootstrap, f"{prefix}d1", ALERTS, prefix + ALERTS.name))
     told = {body["gpufleet_idle_replicas"]["service"]: body for _, body in Webhooks.received[1:]}
     assert set(told) == {"chat-llm", "sd-xl"} and len(Webhooks.received) == 3
     chat = told["chat-llm"]["text"]
-    assert chat.startswith("[gpufleet warning] 3 replicas of chat-llm served no request\n")
-    assert "3 replicas of chat-llm served no request for 30 min or more while holding GPUs:" in chat
+    assert chat.startswith("[gpufleet warning] 3 of 8 replicas of chat-llm served no request\n")
+    assert "3 of 8 replicas of chat-llm served no request for 30 min or more while holding GPUs:" in chat
     assert [a["workflow_id"] for a in told["chat-llm"]["gpufleet_idle_replicas"]["alerts"]] == \
         ["svc-2", "svc-4", "svc-3"]  # the longest idle first; svc-5 served again before the digest
     assert "- svc-2: no request for 42 min" in chat and "svc-5" not in chat
     assert chat.endswith("The service's page: https://gpufleet.example.org/services/chat-llm")
     assert told["sd-xl"]["text"].startswith("[gpufleet warning] idle replica: sd-1 of sd-xl\n")
+    assert "\n1 replica of sd-xl served no request" in told["sd-xl"]["text"]  # (its count could not be read)
     subjects = sorted(email.message_from_string(m, policy=email.policy.default)["Subject"]
                       for _, m in mailbox.messages)
     assert subjects == ["[gpufleet critical] saturated: svc-0",
-                        "[gpufleet warning] 3 replicas of chat-llm served no request",
+                        "[gpufleet warning] 3 of 8 replicas of chat-llm served no request",
                         "[gpufleet warning] idle replica: sd-1 of sd-xl"]
 
     # the replicas told that serve again: their RESOLVEDs together too, to the team's webhook

@@ -23,7 +23,9 @@ import pytest
 from aiosmtpd.controller import Controller
 
 from gpufleet.asgi_server import AsgiServer
+from gpufleet.cli import build_parser
 from gpufleet.commands.serve import actions_on
+from gpufleet.commands.sink import replica_counter
 from gpufleet.demo_serving import planted
 from gpufleet.local.ports import free_port
 from gpufleet.reports.serving import duration, services
@@ -46,7 +48,9 @@ from schemas.topics import (
 from sinks.clickhouse_ddl import GPU_SAMPLES_TABLE, SERVING_WINDOWS_TABLE, WORKFLOW_WINDOWS_TABLE
 from sinks.consume_alerts import AlertNotifier
 from sinks.job_report import summary_waterfall
+from sinks.query_server import QueryServer
 from sinks.route_alerts import load_routing
+from sinks.serving_digest import digest_message
 from sinks.write_clickhouse import ClickHouseWriter, Row
 from tests.support.alerts import Mailbox, job_summary
 from tests.support.alibaba import replay
@@ -244,6 +248,40 @@ def test_a_replicas_owner_sees_what_it_served_on_its_page(chdb_client, served, b
         theirs.context.close()
     finally:
         context.close()
+        server.stop()
+
+
+def test_the_notifier_counts_the_replicas_a_service_held_in_its_idle_replicas_time(chdb_client, served, tmp_path):
+    """The digest of the demo deployment's idle replicas says how many of the replicas it held they
+    are, counted as `gpufleet notify` counts them: from the windows the sink stored, through the
+    sink's query server (the notifier never holds the embedded engine); none while no query server
+    runs, none of another team's, none in a time the service did not run."""
+    fleet, windows, database = served.fleet, served.windows, served.database
+    replicas = {w.workflow_id: w for w in fleet.workflows if w.service}
+    closed_to = max(w["window_end"] for w in windows)
+    want = planted(fleet, served.ticks, served.ticks, served.start_ms, closed_to, ServingPlan())
+    alerts = []
+    for wf in want["idle"]:
+        mine = [w for w in windows if w["workflow_id"] == wf]
+        alerts.append({"service": SERVICE, "owner": replicas[wf].owner, "team": replicas[wf].team,
+                       "since": min(w["window_start"] for w in mine), "window_end": max(w["window_end"] for w in mine)})
+    args = build_parser().parse_args(["--data-dir", str(tmp_path), "notify", "--routing", str(tmp_path / "r.toml"),
+                                      "--clickhouse-dsn", f"chdb://{chdb_client.path}", "--database", database])
+    count = replica_counter(args)
+    assert count(alerts) is None  # no query server: the digest says how many are idle only
+    server = QueryServer(Path(chdb_client.path)).start(AsgiServer)
+    try:
+        assert 0 < len(alerts) < want["replicas"] == len(replicas) and count(alerts) == want["replicas"]
+        title, _, _ = digest_message([{**a, "alert_id": a["window_end"], "detector": "idle_replica",
+                                       "status": "FIRING", "workflow_id": wf, "observed": 40.0, "advice": "",
+                                       "wasted_gpu_hours_so_far": 0.5} for a, wf in zip(alerts, want["idle"])],
+                                     None, count(alerts))
+        assert title == (f"[gpufleet warning] {len(alerts)} of {want['replicas']} replicas of {SERVICE} "
+                         "served no request")
+        assert count([{**a, "team": "elsewhere"} for a in alerts]) == 0
+        day = 86_400_000
+        assert count([{**a, "since": a["since"] + day, "window_end": a["window_end"] + day} for a in alerts]) == 0
+    finally:
         server.stop()
 
 
