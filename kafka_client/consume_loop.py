@@ -60,11 +60,12 @@ class ConsumeLoop:
     # -- the loop -------------------------------------------------------------------------------
 
     def run(self, stop: threading.Event, step: Callable[[list[Message]], None], batch_size: int = 500,
-            batch_wait_s: float = 0.5, on_assign=None, on_revoke=None) -> None:
+            batch_wait_s: float = 0.5, on_assign=None, on_revoke=None, on_lost=None) -> None:
         """Subscribe, then ``step(batch)`` for every batch (empty ones too: a component may act on
         time) until ``stop`` is set; ``step`` commits what it has done through ``commit``.
-        ``on_revoke`` is called with the partitions taken away, or lost, in a rebalance."""
-        callbacks = {"on_assign": on_assign, "on_revoke": on_revoke, "on_lost": on_revoke}
+        ``on_revoke`` is called with the partitions taken away in a rebalance (their offsets may
+        still be committed), ``on_lost`` with those lost (they may not; ``on_revoke`` where not given)."""
+        callbacks = {"on_assign": on_assign, "on_revoke": on_revoke, "on_lost": on_lost or on_revoke}
         self.consumer.subscribe(self.topics, **{k: f for k, f in callbacks.items() if f is not None})
         try:
             while not stop.is_set():

@@ -122,13 +122,16 @@ class AlertNotifier:
         self._next: dict[tuple[str, int], int] = {}  # each partition read -> its next offset
         self._touched: set[tuple[str, int]] = set()  # partitions to commit (read, or a digest of theirs told)
         self._assigned: set[tuple[str, int]] = set()  # the partitions this notifier reads now (its group's share)
+        self._stopping = threading.Event()  # (``run``'s stop: partitions revoked at a stop are let go)
         self.handled = 0  # messages read and dealt with (sent, skipped or dead-lettered)
         self.messages = 0  # messages sent
         self.failures = 0
 
     def run(self, stop: threading.Event) -> None:
+        self._stopping = stop
         try:
-            self.loop.run(stop, self._step, on_assign=self._on_assign, on_revoke=self._on_revoke)
+            self.loop.run(stop, self._step, on_assign=self._on_assign, on_revoke=self._on_revoke,
+                          on_lost=self._on_lost)
         finally:
             self.sent.close()
 
@@ -136,16 +139,39 @@ class AlertNotifier:
         self._assigned.update((p.topic, p.partition) for p in partitions)
 
     def _on_revoke(self, consumer, partitions: list) -> None:
-        """Partitions taken away (another notifier of the group reads them now, from their
-        committed offsets): what was held from them is let go, not told here too, and nothing of
-        theirs is committed from here any more."""
+        """Partitions taken away in a rebalance (another notifier of the group may read them next,
+        from their committed offsets, with a sent log of its own): the idle replicas held from them
+        are told now, sooner than their wait, and each partition is committed up to what was
+        handled here, so that its next reader starts after all that was told. At a stop they are
+        let go instead (``_on_lost``): the next reader holds them again for their whole wait."""
+        gone = {(p.topic, p.partition) for p in partitions}
+        if self._stopping.is_set():
+            self._on_lost(consumer, partitions)
+            return
+        self._assigned -= gone
+        try:
+            for digest in self.digests.release(gone):
+                self._tell_digest(digest)
+            if positions := {k: self._next[k] for k in gone if k in self._next}:
+                self.loop.commit(positions=positions)
+        except Exception:  # (raised out of the rebalance, it would stop the notifier)
+            log.exception("what was held from the partitions taken away could not be told: their next reader will")
+        self._let_go(gone)
+
+    def _on_lost(self, consumer, partitions: list) -> None:
+        """Partitions lost (their offsets can no longer be committed from here): what was held
+        from them is let go, and their next reader, reading from before it, holds it and tells it."""
         gone = {(p.topic, p.partition) for p in partitions}
         self._assigned -= gone
+        if dropped := sum(map(len, self.digests.release(gone))):
+            log.info("%d idle replica alert(s) held for a digest are left to the partitions' next reader", dropped)
+        self._let_go(gone)
+
+    def _let_go(self, gone: set[tuple[str, int]]) -> None:
+        """Nothing of ``gone`` is committed from here any more."""
         self._touched -= gone
         for key in gone:
             self._next.pop(key, None)
-        if dropped := self.digests.forget(gone):
-            log.info("%d idle replica alert(s) held for a digest are left to the partitions' new reader", dropped)
 
     def _step(self, batch: list) -> None:
         """Each message sent (or skipped, or dead-lettered); then the offsets, once the dead

@@ -14,8 +14,9 @@ service. Where it cannot be read, the message says how many are idle only.
 Held alerts are not committed: the notifier commits each partition only up to the first alert it
 holds there (``positions``), so a notifier that stops or dies before a digest went out reads the
 held alerts again (and what it sent meanwhile is in its sent log, not sent twice). A notifier
-whose partitions are taken away in a rebalance lets go of what it held from them (``forget``):
-their new reader tells them, once.
+whose partitions are taken away in a rebalance tells what it held from them at once
+(``release``) and commits them past it, so that their new reader, whose sent log is its own,
+starts after what was told.
 """
 
 from __future__ import annotations
@@ -65,18 +66,17 @@ class ServingDigests:
                 return True
         return False
 
-    def forget(self, partitions: set[tuple[str, int]]) -> int:
-        """Lets go of the alerts held from ``partitions`` (taken away in a rebalance: uncommitted,
-        their new reader holds and tells them); how many."""
-        gone = 0
+    def release(self, partitions: set[tuple[str, int]]) -> list[list[tuple[dict, Message]]]:
+        """The alerts held from ``partitions``, no longer held, as digests (each its alerts and their
+        messages): those of the same digest from other partitions stay held."""
+        out = []
         for key, digest in list(self.held.items()):
-            for alert_id, (_, m) in list(digest.alerts.items()):
-                if (m.topic(), m.partition()) in partitions:
-                    del digest.alerts[alert_id]
-                    gone += 1
+            taken = [alert_id for alert_id, (_, m) in digest.alerts.items() if (m.topic(), m.partition()) in partitions]
+            if taken:
+                out.append([digest.alerts.pop(alert_id) for alert_id in taken])
             if not digest.alerts:
                 del self.held[key]
-        return gone
+        return out
 
     def due(self) -> list[list[tuple[dict, Message]]]:
         """The digests whose wait is over, no longer held: each its alerts and their messages."""

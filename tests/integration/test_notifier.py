@@ -317,11 +317,15 @@ webhook = "{base}/llm"
     assert len(Webhooks.received) == 4 and len(mailbox.messages) == 3 and again.messages == 0
 
 
-def test_a_notifier_whose_partitions_move_leaves_what_it_held_to_their_new_reader(kafka, prefix, tmp_path, channels):
+def test_a_notifier_whose_partitions_move_tells_what_it_held_from_them_and_nothing_is_told_twice(
+        kafka, prefix, tmp_path, channels):
     """Two notifiers of one group on two machines (a sent log each). The first holds a service's
-    idle replicas from every partition; the second joins, and the partitions it is given are taken
-    from the first, which lets go of what it held from them. Each replica is told once in all, by
-    whichever reads its partition when the digests go out, and the second tells those it took."""
+    idle replicas from every partition, and has sent at once an alert that came after each. The
+    second joins: at the rebalance the first tells the replicas it held (earlier than their wait:
+    it may not read their partitions any more) and commits their partitions past what it handled,
+    so the new readers start after it: each replica is told once in all, and so is each alert
+    sent after a held one (the new reader's sent log does not have it). Both then read on: idle
+    replicas published after the rebalance are told by whichever reads their partition."""
     base = channels[0]
     topic = prefix + ALERTS.name
     for who in ("a", "b"):
@@ -330,30 +334,51 @@ def test_a_notifier_whose_partitions_move_leaves_what_it_held_to_their_new_reade
     producer = Producer(producer_config(kafka.bootstrap))
     partitions = sorted(producer.list_topics(topic, timeout=10).topics[topic].partitions)
     assert len(partitions) >= 2
-    for p in partitions:  # (a replica on each partition)
-        producer.produce(topic, value=CODEC.encode(ALERTS.schema, idle_replica(f"svc-{p}")), partition=p)
+
+    def publish(replica: str) -> None:
+        for p in partitions:  # (a replica on each partition)
+            producer.produce(topic, value=CODEC.encode(ALERTS.schema, idle_replica(f"{replica}-{p}")), partition=p)
+        assert producer.flush(10) == 0
+
+    publish("svc")
+    for p in partitions:  # then, on each, an alert of another kind: sent at once, after a held one
+        saturated = {**alert(f"saturated:svc-{p}", "FIRING", True, "llm", "ana"), "detector": "saturated",
+                     "workflow_id": f"svc-{p}", "service": "chat-llm"}
+        producer.produce(topic, value=CODEC.encode(ALERTS.schema, saturated), partition=p)
     assert producer.flush(10) == 0
 
     def notifier(who: str) -> AlertNotifier:
         return AlertNotifier(kafka.bootstrap, load_routing(tmp_path / f"{who}.toml"), tmp_path / f"{who}.log",
                              group_id=f"{prefix}g", topic_prefix=prefix, webhook_backoff_s=0.05)
 
+    def told(key: str) -> Counter:
+        return Counter((path, a["alert_id"]) for path, body in Webhooks.received if key in body
+                       for a in (body[key]["alerts"] if key == "gpufleet_idle_replicas" else [body[key]]))
+
     first, second, stop = notifier("a"), notifier("b"), threading.Event()
     threads = [threading.Thread(target=n.run, args=(stop,), daemon=True) for n in (first, second)]
     threads[0].start()
     try:
-        wait_until(lambda: first.handled >= len(partitions), 30, "the first notifier to hold every replica")
-        assert Webhooks.received == []
+        wait_until(lambda: first.handled >= 2 * len(partitions), 30, "the first notifier to read every alert")
+        assert len(first.digests.held) == 1 and not told("gpufleet_idle_replicas")
+        assert sorted(told("gpufleet_alert")) == sorted(("/a", f"saturated:svc-{p}") for p in partitions)
         threads[1].start()
-        wait_until(lambda: not first.digests.held and not second.digests.held and second.handled
-                   and len({a["alert_id"] for _, body in Webhooks.received
-                            for a in body["gpufleet_idle_replicas"]["alerts"]}) == len(partitions),
-                   60, "every replica told, and nothing held by either notifier")
+        alerts_read = {(topic, p) for p in partitions}
+        wait_until(lambda: first._assigned & alerts_read and second._assigned & alerts_read
+                   and not first.digests.held and (first._assigned | second._assigned) >= alerts_read, 60,
+                   "the alerts' partitions shared between the two notifiers")
+        publish("new")
+        wait_until(lambda: sum(told("gpufleet_idle_replicas").values()) >= 2 * len(partitions)
+                   and not first.digests.held and not second.digests.held, 60,
+                   "every replica told, and nothing held by either notifier")
     finally:
         stop.set()
         for t in threads:
-            t.join(30)
-    told = Counter((path, a["workflow_id"]) for path, body in Webhooks.received
-                   for a in body["gpufleet_idle_replicas"]["alerts"])
-    assert sorted(wf for _, wf in told) == sorted(f"svc-{p}" for p in partitions)  # each once, in all
-    assert {path for path, _ in told} == {"/a", "/b"}  # (the second told those it was given)
+            if t.ident is not None:
+                t.join(30)
+    replicas = told("gpufleet_idle_replicas")
+    assert sorted(a for _, a in replicas) == sorted(f"idle_replica:{r}-{p}:{BASE_MS}" for r in ("new", "svc")
+                                                    for p in partitions)  # each once, in all
+    assert {path for path, a in replicas if ":svc-" in a} == {"/a"}  # (told by the first at the rebalance)
+    assert {path for path, a in replicas if ":new-" in a} == {"/a", "/b"}  # (each notifier its own share)
+    assert sorted(a for _, a in told("gpufleet_alert")) == sorted(f"saturated:svc-{p}" for p in partitions)

@@ -1,7 +1,7 @@
 """A service's idle replicas told together: what the message says, with the count of the
 replicas the service held in their time where it could be read, and without it where not."""
 
-from sinks.serving_digest import digest_message
+from sinks.serving_digest import ServingDigests, digest_message
 
 
 def idle(wf: str, minutes: float, service: str = "chat-llm", status: str = "FIRING") -> dict:
@@ -44,3 +44,30 @@ def test_the_replicas_no_longer_idle_are_named_without_the_count():
     title, body, _ = digest_message(resolved, None, held=8)
     assert title == "[gpufleet resolved] 2 replicas of chat-llm no longer idle"
     assert "2 replicas of chat-llm are no longer idle:\n- svc-2: " in body
+
+
+class Message:
+    def __init__(self, partition: int, offset: int) -> None:
+        self._partition, self._offset = partition, offset
+
+    def topic(self) -> str:
+        return "alerts"
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+
+def test_the_alerts_held_from_partitions_taken_away_are_released_and_the_rest_stay_held():
+    digests = ServingDigests(wait_s=300, clock=lambda: 0.0)
+    for partition, offset, alert in ((0, 5, idle("svc-2", 42)), (1, 7, idle("svc-3", 30)),
+                                     (1, 9, idle("sd-1", 31, "sd-xl")), (2, 3, idle("svc-4", 35))):
+        digests.hold(alert, Message(partition, offset))
+    released = digests.release({("alerts", 1)})
+    assert sorted([a["workflow_id"] for a, _ in digest] for digest in released) == [["sd-1"], ["svc-3"]]
+    assert [sorted(digest.alerts) for digest in digests.held.values()] == \
+        [["idle_replica:svc-2:0", "idle_replica:svc-4:0"]]  # (sd-xl's digest, now empty, is gone)
+    assert digests.positions({("alerts", 1): 10}) == {("alerts", 0): 5, ("alerts", 1): 10, ("alerts", 2): 3}
+    assert digests.release({("alerts", 1)}) == []
