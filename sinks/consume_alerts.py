@@ -3,9 +3,10 @@ and, where the routing asks for it, sends the owner of each workflow that ended 
 (``sinks.job_report``: where the GPU-hours went, energy, what to try), once per summary.
 
 An alert goes out when the worker marked it ``notify`` (its rate limit allows it); a
-RESOLVED goes to the webhook of an alert whose FIRING was sent. A service's idle replicas are
-told together (``sinks.serving_digest``): their alerts are held a while, uncommitted, then go out
-as one message. What was sent is recorded in
+RESOLVED goes to the webhook of an alert whose FIRING was sent (here, or, as the worker marks the
+RESOLVED of an episode it told, by the notifier that read its partition before a rebalance). A
+service's idle replicas are told together (``sinks.serving_digest``): their alerts are held a
+while, uncommitted, then go out as one message. What was sent is recorded in
 a small local log before the offsets are committed, so a restarted notifier (or a replay)
 sends nothing twice. A message a channel refuses for good becomes a dead letter with the
 reason; the notifier goes on. An alert episode its owner acknowledged on the owners' service
@@ -229,10 +230,14 @@ class AlertNotifier:
             self._send(m, alert, key, email=True)
         elif self.digests.drop(alert["alert_id"]):
             return  # the replica served again before its service's digest went out: nothing to tell
-        elif firing_key in self.sent and self.digests.takes(alert):
+        # A RESOLVED of an alert its owner heard about: told here, or by the notifier that read its
+        # partition before (another machine, another sent log), as the worker marks it (``notify``).
+        elif not (firing_key in self.sent or alert["notify"]):
+            return
+        elif self.digests.takes(alert):
             if f"{alert['alert_id']}:RESOLVED" not in self.sent:
                 self.digests.hold(alert, m)  # told with its service's other replicas no longer idle
-        elif firing_key in self.sent:  # RESOLVED of an alert its owner heard about
+        else:
             self._send(m, alert, f"{alert['alert_id']}:RESOLVED", email=False)
 
     def _owner_action(self, m, name: str, action: dict) -> None:

@@ -8,8 +8,10 @@ holds its minimum duration again) continues the same episode: the same alert id,
 recorded, with no second message; after that, it is a new episode. An owner is told about the
 same workflow and detector at most once per ``notify_every_s`` (the anchors' e-mail rule is once
 per violation per 7 days; the default here is 24 h). Every transition yields an ``Alert``
-record; ``notify`` says whether to message the owner. When the workflow ends, every alert still
-firing resolves with the reason (``resolve``).
+record; ``notify`` says whether to message the owner: on a RESOLVED, whether its episode's FIRING
+was to be told, so that whichever notifier reads it (its sent log its own) tells the team the end
+of what they heard of. When the workflow ends, every alert still firing resolves with the reason
+(``resolve``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from streams.alerts.detectors import Violation
 FIRING, RESOLVED = "FIRING", "RESOLVED"
 # What belongs to one episode (its automatic profile and root cause, its last alert record):
 # a new episode starts without them.
-EPISODE_KEYS = ("profile_request_id", "profile_ranks", "root_cause", "findings", "root_cause_notified", "last_alert")
+EPISODE_KEYS = ("profile_request_id", "profile_ranks", "root_cause", "findings", "root_cause_notified", "last_alert",
+                "told")
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,7 @@ def step(
         if status == "firing":
             new = {**state, "status": "resolved", "resolved_at": end}
             return new, _alert(new, detector, RESOLVED, state["last_violation"], window, wasted_so_far_s,
-                               notify=False, now_ms=now_ms)
+                               notify=bool(state.get("told")), now_ms=now_ms)
         return interrupt(state), None  # a return that did not hold: the episode stays resolved
     last = _as_dict(violation)
     if status == "firing":
@@ -68,7 +71,7 @@ def step(
     notify = not again and (last_notified is None or end - last_notified >= config.notify_every_s * 1000)
     new = {k: v for k, v in state.items() if k not in ("pending_since", "resolved_at")}
     new = {**new, "status": "firing", "since": since, "last_violation": last,
-           "notified_at": end if notify else last_notified}
+           "notified_at": end if notify else last_notified, "told": notify or bool(state.get("told"))}
     alert = _alert(new, detector, FIRING, last, window, wasted_so_far_s, notify=notify, now_ms=now_ms,
                    again_since=state["pending_since"] if again else None)
     return new, alert
@@ -94,8 +97,8 @@ def resolve(state: dict, detector: str, workflow_id: str, reason: str, at_ms: in
     last = state.get("last_alert") or {}
     window = {"workflow_id": workflow_id, "window_start": at_ms, "window_end": at_ms, "owner": last.get("owner"),
               "team": last.get("team")}
-    alert = _alert(new, detector, RESOLVED, state["last_violation"], window, wasted_so_far_s, notify=False,
-                   now_ms=now_ms)
+    alert = _alert(new, detector, RESOLVED, state["last_violation"], window, wasted_so_far_s,
+                   notify=bool(state.get("told")), now_ms=now_ms)
     alert["message"] = f"Resolved: the workflow ended ({reason}); {detector.replace('_', ' ')} no longer applies."
     return new, alert
 

@@ -110,6 +110,7 @@ webhook = "{base}/broken"
         root_cause,                                    # its automatic profile was analysed: a message
         root_cause,                                    # the same again (a replay): nothing
         alert("a1", "RESOLVED", False, "nlp", "ana"),  # its FIRING was sent: tell the team
+        alert("a2", "RESOLVED", False, "nlp", "ana"),  # its FIRING was not (nor marked told): nothing
         alert("a3", "FIRING", True, "broken", "bo"),   # the webhook refuses it: dead letter
     ], topic=prefix + ALERTS.name)
     assert pub.flush() == 0
@@ -235,7 +236,7 @@ sender = "gpufleet@example.com"
 
 
 def idle_replica(wf: str, status: str = "FIRING", service: str = "chat-llm", minutes: float = 30.0) -> dict:
-    return {**alert(f"idle_replica:{wf}:{BASE_MS}", status, status == "FIRING", "llm", "ana"),
+    return {**alert(f"idle_replica:{wf}:{BASE_MS}", status, True, "llm", "ana"),  # (an episode to be told)
             "detector": "idle_replica", "severity": "WARNING", "workflow_id": wf, "service": service,
             "observed": minutes, "threshold": 30.0, "wasted_gpu_hours_so_far": minutes / 60,
             "message": f"The replica of {service} served no request for {minutes:.0f} min while it held 1 GPU(s).",
@@ -325,7 +326,9 @@ def test_a_notifier_whose_partitions_move_tells_what_it_held_from_them_and_nothi
     it may not read their partitions any more) and commits their partitions past what it handled,
     so the new readers start after it: each replica is told once in all, and so is each alert
     sent after a held one (the new reader's sent log does not have it). Both then read on: idle
-    replicas published after the rebalance are told by whichever reads their partition."""
+    replicas published after the rebalance are told by whichever reads their partition, and the
+    RESOLVEDs of the alerts the first told reach the team through whichever reads them, once (the
+    worker marks the RESOLVED of an episode whose FIRING was to be told: ``notify``)."""
     base = channels[0]
     topic = prefix + ALERTS.name
     for who in ("a", "b"):
@@ -335,25 +338,29 @@ def test_a_notifier_whose_partitions_move_tells_what_it_held_from_them_and_nothi
     partitions = sorted(producer.list_topics(topic, timeout=10).topics[topic].partitions)
     assert len(partitions) >= 2
 
-    def publish(replica: str) -> None:
+    def publish(replica: str, status: str = "FIRING") -> None:
         for p in partitions:  # (a replica on each partition)
-            producer.produce(topic, value=CODEC.encode(ALERTS.schema, idle_replica(f"{replica}-{p}")), partition=p)
+            producer.produce(topic, value=CODEC.encode(ALERTS.schema, idle_replica(f"{replica}-{p}", status)),
+                             partition=p)
         assert producer.flush(10) == 0
+
+    def saturated(p: int, status: str = "FIRING") -> dict:
+        return {**alert(f"saturated:svc-{p}", status, True, "llm", "ana"), "detector": "saturated",
+                "workflow_id": f"svc-{p}", "service": "chat-llm"}
 
     publish("svc")
     for p in partitions:  # then, on each, an alert of another kind: sent at once, after a held one
-        saturated = {**alert(f"saturated:svc-{p}", "FIRING", True, "llm", "ana"), "detector": "saturated",
-                     "workflow_id": f"svc-{p}", "service": "chat-llm"}
-        producer.produce(topic, value=CODEC.encode(ALERTS.schema, saturated), partition=p)
+        producer.produce(topic, value=CODEC.encode(ALERTS.schema, saturated(p)), partition=p)
     assert producer.flush(10) == 0
 
     def notifier(who: str) -> AlertNotifier:
         return AlertNotifier(kafka.bootstrap, load_routing(tmp_path / f"{who}.toml"), tmp_path / f"{who}.log",
                              group_id=f"{prefix}g", topic_prefix=prefix, webhook_backoff_s=0.05)
 
-    def told(key: str) -> Counter:
+    def told(key: str, status: str = "FIRING") -> Counter:
         return Counter((path, a["alert_id"]) for path, body in Webhooks.received if key in body
-                       for a in (body[key]["alerts"] if key == "gpufleet_idle_replicas" else [body[key]]))
+                       for a in (body[key]["alerts"] if key == "gpufleet_idle_replicas" else [body[key]])
+                       if a["status"] == status)
 
     first, second, stop = notifier("a"), notifier("b"), threading.Event()
     threads = [threading.Thread(target=n.run, args=(stop,), daemon=True) for n in (first, second)]
@@ -371,6 +378,13 @@ def test_a_notifier_whose_partitions_move_tells_what_it_held_from_them_and_nothi
         wait_until(lambda: sum(told("gpufleet_idle_replicas").values()) >= 2 * len(partitions)
                    and not first.digests.held and not second.digests.held, 60,
                    "every replica told, and nothing held by either notifier")
+        publish("svc", "RESOLVED")
+        for p in partitions:
+            producer.produce(topic, value=CODEC.encode(ALERTS.schema, saturated(p, "RESOLVED")), partition=p)
+        assert producer.flush(10) == 0
+        wait_until(lambda: sum(told("gpufleet_alert", "RESOLVED").values()) >= len(partitions)
+                   and sum(told("gpufleet_idle_replicas", "RESOLVED").values()) >= len(partitions)
+                   and not first.digests.held and not second.digests.held, 60, "the RESOLVEDs told")
     finally:
         stop.set()
         for t in threads:
@@ -382,3 +396,7 @@ def test_a_notifier_whose_partitions_move_tells_what_it_held_from_them_and_nothi
     assert {path for path, a in replicas if ":svc-" in a} == {"/a"}  # (told by the first at the rebalance)
     assert {path for path, a in replicas if ":new-" in a} == {"/a", "/b"}  # (each notifier its own share)
     assert sorted(a for _, a in told("gpufleet_alert")) == sorted(f"saturated:svc-{p}" for p in partitions)
+    assert sorted(a for _, a in told("gpufleet_alert", "RESOLVED")) == \
+        sorted(f"saturated:svc-{p}" for p in partitions)  # (each once, by whichever read it)
+    assert sorted(a for _, a in told("gpufleet_idle_replicas", "RESOLVED")) == \
+        sorted(f"idle_replica:svc-{p}:{BASE_MS}" for p in partitions)

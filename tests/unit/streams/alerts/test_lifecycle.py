@@ -36,7 +36,7 @@ def test_fires_only_after_ten_minutes_then_resolves():
     assert "10.00 GPU-hours wasted by the job so far" in fired["message"] and "num_workers" in fired["advice"]
     state, alerts = run([10.0] * 12 + [80.0])
     assert [(m, a["status"]) for m, a in alerts] == [(9, FIRING), (12, RESOLVED)]
-    assert alerts[1][1]["alert_id"] == alerts[0][1]["alert_id"] and not alerts[1][1]["notify"]
+    assert alerts[1][1]["alert_id"] == alerts[0][1]["alert_id"] and alerts[1][1]["notify"]  # (its FIRING was told)
 
 
 def test_a_short_dip_does_not_fire():
@@ -50,8 +50,9 @@ def test_a_violation_back_soon_after_it_resolved_is_the_same_episode_with_no_sec
     _, alerts = run([10.0] * 10 + [80.0] + [10.0] * 10 + [80.0] * 2 + [10.0] * 10)
     statuses = [(m, a["status"], a["notify"]) for m, a in alerts]
     # Fires in window 9, resolves in window 10; back at once, it holds its 10 minutes again and
-    # fires in window 20 (the same episode: no message), resolves in 21, fires again in 32.
-    assert statuses == [(9, FIRING, True), (10, RESOLVED, False), (20, FIRING, False), (21, RESOLVED, False),
+    # fires in window 20 (the same episode: no message), resolves in 21, fires again in 32. Each
+    # RESOLVED is marked for the team, whose channel heard of the episode (the notifier tells it once).
+    assert statuses == [(9, FIRING, True), (10, RESOLVED, True), (20, FIRING, False), (21, RESOLVED, True),
                         (32, FIRING, False)]
     assert len({a["alert_id"] for _, a in alerts}) == 1 and all(a["since"] == BASE_MS for _, a in alerts)
     assert alerts[2][1]["message"].startswith("Again, soon after it resolved: for the 10 min since 00:11 UTC")
@@ -64,8 +65,11 @@ def test_a_return_that_does_not_hold_changes_nothing_and_later_ones_are_new_epis
     state, later = run([10.0] * 10, state=state, start_minute=80)
     (_, again), = later
     assert again["alert_id"] == f"low_utilization:wf-a:{BASE_MS + 80 * MIN}" and not again["notify"]
+    ended = resolve(state, "low_utilization", "wf-a", "x", BASE_MS + 95 * MIN, 0.0, now_ms=0)[1]
+    assert ended["status"] == RESOLVED and not ended["notify"]  # (nobody heard of this episode)
     _, much_later = run([80.0] * 62 + [10.0] * 10, state=state, start_minute=2000)
-    assert [(a["status"], a["notify"]) for _, a in much_later] == [(RESOLVED, False), (FIRING, True)]  # a day on
+    # a day on: the episode nobody heard of resolves unmarked; a new one is told
+    assert [(a["status"], a["notify"]) for _, a in much_later] == [(RESOLVED, False), (FIRING, True)]
 
 
 def test_the_workflows_end_resolves_a_firing_alert_with_the_reason():
@@ -73,7 +77,7 @@ def test_the_workflows_end_resolves_a_firing_alert_with_the_reason():
     state, resolved = resolve(state, "low_utilization", "wf-a", "slurm: CANCELLED by ana", BASE_MS + 13 * MIN,
                               3600.0, now_ms=0)
     assert resolved["status"] == RESOLVED and resolved["alert_id"] == alerts[0][1]["alert_id"]
-    assert resolved["window_end"] == BASE_MS + 13 * MIN and not resolved["notify"]
+    assert resolved["window_end"] == BASE_MS + 13 * MIN and resolved["notify"]  # (its FIRING was told)
     assert "the workflow ended (slurm: CANCELLED by ana)" in resolved["message"]
     assert resolve(state, "low_utilization", "wf-a", "x", BASE_MS + 14 * MIN, 0.0, now_ms=0)[1] is None
     pending, _ = run([10.0] * 5)
