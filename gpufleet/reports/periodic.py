@@ -153,7 +153,7 @@ class PeriodicReports:
     database: str
     routing: object  # sinks.route_alerts.Routing
     leads: Callable[[], dict[str, set[str]]]  # team -> its leads (gpufleet.web.access.Directory.leads_of)
-    sent: object  # sinks.consume_alerts.SentLog
+    sent: object  # sinks.sent_log.SentLog
     period: str = "month"
     clock: Callable[[], datetime] = lambda: datetime.now(UTC)
     sent_now: int = 0

@@ -42,10 +42,6 @@ class Webhooks(BaseHTTPRequestHandler):
         pass
 
 
-
-
-
-
 def mail_to_ana(smtp_port: int) -> str:
     """The routing file's lines that send ana's mail through the test's SMTP server."""
     return f"""[owners.ana]

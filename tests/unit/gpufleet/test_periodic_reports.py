@@ -14,8 +14,8 @@ from aiosmtpd.controller import Controller
 from gpufleet.local.ports import free_port
 from gpufleet.reports.periodic import PeriodicReports, last_whole, period_start, report, usage
 from sinks.clickhouse_ddl import WORKFLOW_WINDOWS_TABLE
-from sinks.consume_alerts import SentLog
 from sinks.route_alerts import Routing, SmtpSettings
+from sinks.sent_log import SentLog
 from sinks.write_clickhouse import ClickHouseWriter, Row
 from tests.support.alerts import Mailbox
 from tests.support.samples import window
