@@ -10,7 +10,8 @@ while, uncommitted, then go out as one message. What was sent is recorded in
 a small local log before the offsets are committed, so a restarted notifier (or a replay)
 sends nothing twice. A message a channel refuses for good becomes a dead letter with the
 reason; the notifier goes on. An alert episode its owner acknowledged on the owners' service
-gets no more messages, one they snoozed none until the snooze ends (the owner-actions topic;
+gets no more messages, one they snoozed none until the snooze ends (the owner-actions topic,
+read whole by every notifier of the group, read to its end before the first message is told;
 enforcement warnings still go out: they say what will be done to the job).
 """
 
@@ -30,6 +31,7 @@ from clickhouse_connect.driver.exceptions import ClickHouseError
 from kafka_client.config import Connection
 from kafka_client.consume_loop import ConsumeLoop
 from kafka_client.metrics import ComponentMetrics
+from kafka_client.whole_topic import WholeTopic
 from schemas.codec import Codec, CodecError
 from schemas.topics import ALERTS, ENFORCEMENT, OWNER_ACTIONS, WORKFLOW_SUMMARIES
 from sinks.job_report import Rates, job_report
@@ -69,12 +71,16 @@ class AlertNotifier:
         self.topic = topic_prefix + ALERTS.name
         self.summaries_topic = topic_prefix + WORKFLOW_SUMMARIES.name
         self.enforcement_topic = topic_prefix + ENFORCEMENT.name
-        self.actions_topic = topic_prefix + OWNER_ACTIONS.name
-        self.loop = ConsumeLoop(kafka, group_id, [self.topic, self.summaries_topic, self.enforcement_topic,
-                                                  self.actions_topic], METRICS, STAGE, topic_prefix)
+        self.loop = ConsumeLoop(kafka, group_id, [self.topic, self.summaries_topic, self.enforcement_topic],
+                                METRICS, STAGE, topic_prefix)
+        # The owners' acknowledgements and snoozes: every notifier of the group reads them all (a
+        # group would give the topic's one partition to one member, whose alerts alone would be muted).
+        self.actions = WholeTopic(kafka, topic_prefix + OWNER_ACTIONS.name, f"{group_id}-owner-actions",
+                                  self._owner_action)
         # Episodes their owners acknowledged (no more messages) or snoozed (none until then), kept
         # with what was sent, so that a restarted notifier still honours them.
         self.snoozed = {k.split(":", 2)[2]: int(k.split(":", 2)[1]) for k in self.sent.starting("snooze:")}
+        self._actions_tried = False  # the owners' actions read to their end once (or tried)
         self.webhook_backoff_s = webhook_backoff_s
         self.digests = ServingDigests(routing.serving_digest_s)  # a service's idle replicas, told together
         self._next: dict[tuple[str, int], int] = {}  # each partition read -> its next offset
@@ -91,6 +97,7 @@ class AlertNotifier:
             self.loop.run(stop, self._step, on_assign=self._on_assign, on_revoke=self._on_revoke,
                           on_lost=self._on_lost)
         finally:
+            self.actions.close()
             self.sent.close()
 
     def _on_assign(self, consumer, partitions: list) -> None:
@@ -134,6 +141,7 @@ class AlertNotifier:
     def _step(self, batch: list) -> None:
         """Each message sent (or skipped, or dead-lettered); then the offsets, once the dead
         letters are durable (``kafka_client.consume_loop``)."""
+        self._read_owner_actions()
         for m in batch:
             if (m.topic(), m.partition()) not in self._assigned:
                 continue  # (read before its partition was taken away: its new reader reads it again)
@@ -166,9 +174,6 @@ class AlertNotifier:
         if m.topic() == self.enforcement_topic:
             self._enforcement(m, name, alert)
             return
-        if m.topic() == self.actions_topic:
-            self._owner_action(m, name, alert)
-            return
         if name != ALERTS.schema:
             self._dead_letter(m, f"expected {ALERTS.schema}, got {name}")
             return
@@ -197,17 +202,35 @@ class AlertNotifier:
         else:
             self._send(m, alert, f"{alert['alert_id']}:RESOLVED", email=False)
 
-    def _owner_action(self, m, name: str, action: dict) -> None:
-        """An owner acknowledged an alert episode (no more messages for it) or snoozed it (none until then)."""
+    def _read_owner_actions(self) -> None:
+        """What owners did since the last batch; at the first, everything they did before it."""
+        if self._actions_tried:
+            self.actions.poll()
+            return
+        self._actions_tried = True
+        if not self.actions.read_to_end():
+            log.warning("the owners' acknowledgements and snoozes are not all read yet: alerts they muted may "
+                        "still be told until they are")
+
+    def _owner_action(self, m) -> None:
+        """An owner acknowledged an alert episode (no more messages for it) or snoozed it (none
+        until then). A record that cannot be read mutes nothing (the sink dead-letters it)."""
+        try:
+            name, action = self.codec.decode(m.value())
+        except CodecError:
+            return
         if name != OWNER_ACTIONS.schema:
-            self._dead_letter(m, f"expected {OWNER_ACTIONS.schema}, got {name}")
             return
         if action["kind"] == "ACKNOWLEDGE" and action["alert_id"]:
-            self.sent.add(f"ack:{action['alert_id']}")
+            key = f"ack:{action['alert_id']}"
         elif action["kind"] == "SNOOZE" and action["alert_id"] and action["until"]:
             until = max(action["until"], self.snoozed.get(action["alert_id"], 0))
             self.snoozed[action["alert_id"]] = until
-            self.sent.add(f"snooze:{until}:{action['alert_id']}")
+            key = f"snooze:{until}:{action['alert_id']}"
+        else:
+            return
+        if key not in self.sent:  # (read again from the topic's start at each start)
+            self.sent.add(key)
 
     def _muted(self, alert_id: str) -> bool:
         return f"ack:{alert_id}" in self.sent or self.snoozed.get(alert_id, 0) > time.time() * 1000

@@ -40,6 +40,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from kafka_client.config import Connection
 from kafka_client.consume_loop import ConsumeLoop
 from kafka_client.metrics import ComponentMetrics
+from kafka_client.whole_topic import WholeTopic
 from schemas.codec import Codec, CodecError
 from schemas.topics import ENFORCEMENT, OWNER_ACTIONS, key_of
 from streams.enforcement.ladder import ACTION_DUE, CANCELLED, Ladder, render
@@ -231,34 +232,18 @@ class Enforcer:
 
 class Exemptions:
     """The exemptions operators decided on the owners' service: the owner-actions topic read
-    whole (it is small: one partition of people's actions), from its start, by a consumer of
-    no group."""
+    whole (``kafka_client.whole_topic``: one small partition of people's actions)."""
 
     def __init__(self, kafka: str | Connection, topic: str, codec: Codec) -> None:
-        from kafka_client.config import consumer_config
-
-        self.topic, self.codec = topic, codec
-        self._consumer = Consumer(consumer_config(kafka, "gpufleet-enforcer-exemptions", **{
-            "enable.auto.commit": False}))
-        self._consumer.assign([TopicPartition(topic, 0, -2)])  # OFFSET_BEGINNING
+        self.codec = codec
+        self._topic = WholeTopic(kafka, topic, "gpufleet-enforcer-exemptions", self._take)
         self._decided: dict[str, dict] = {}  # workflow -> its latest decision
 
     def read(self, timeout_s: float = 10.0) -> bool:
         """Read up to the topic's end now; False where it cannot be (then nothing may act)."""
-        deadline = time.monotonic() + timeout_s
-        try:
-            end = self._consumer.get_watermark_offsets(TopicPartition(self.topic, 0), timeout=timeout_s)[1]
-            while time.monotonic() < deadline:
-                position = self._consumer.position([TopicPartition(self.topic, 0)])[0].offset
-                if end == 0 or position >= end:
-                    return True
-                for m in self._consumer.consume(num_messages=500, timeout=0.5):
-                    if m.error() is None:
-                        self._take(m)
-        except KafkaException as exc:
-            log.warning("the owners' actions cannot be read (%s): no action runs until they can", exc)
-            return False
-        log.warning("the owners' actions were not read to their end within %g s: no action runs yet", timeout_s)
+        if self._topic.read_to_end(timeout_s):
+            return True
+        log.warning("the owners' actions were not read to their end: no action runs until they are")
         return False
 
     def _take(self, m) -> None:
@@ -277,4 +262,4 @@ class Exemptions:
         return decision if decision["until"] is None or decision["until"] > now_ms else None
 
     def close(self) -> None:
-        self._consumer.close()
+        self._topic.close()

@@ -6,6 +6,7 @@ approves it; the enforcer then runs no action on the job, and still acts on anot
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -28,8 +29,16 @@ from sinks.route_alerts import load_routing
 from sinks.write_clickhouse import ClickHouseWriter
 from streams.enforcement.ladder import load_ladders
 from tests.support.alerts import Mailbox, alert
+from tests.support.consumer_groups import group_members
 from tests.support.fleet_data import build, started, store
-from tests.support.integration import CODEC, read_topic, run_until, running_sink, wait_until
+from tests.support.integration import (
+    CODEC,
+    committed_everything,
+    read_topic,
+    run_until,
+    running_sink,
+    wait_until,
+)
 
 
 @pytest.fixture
@@ -135,7 +144,9 @@ def test_an_acknowledged_or_snoozed_alert_gets_no_more_messages(kafka, prefix, t
         publisher.publish(ALERTS, causes, topic=prefix + ALERTS.name)
         assert publisher.flush() == 0
         second = notifier("n2")
-        run_until(second.run, lambda: second.handled >= 8, 60, "the notifier to read everything again")
+        run_until(second.run, lambda: committed_everything(kafka.bootstrap, f"{prefix}n2", ALERTS,
+                                                           prefix + ALERTS.name), 60,
+                  "the notifier to read every alert again")
         subjects = [mail.split("Subject: ")[1].splitlines()[0] for _, mail in mailbox.messages]
         assert len(subjects) == 4 and "root cause" in subjects[3], subjects
         assert sum("root cause" in s for s in subjects) == 1
@@ -144,6 +155,58 @@ def test_an_acknowledged_or_snoozed_alert_gets_no_more_messages(kafka, prefix, t
         wait_until(lambda: stored(chdb_client, database, "owner_actions") == 2, 60, "the actions in ClickHouse")
     finally:
         smtp.stop()
+
+
+def test_every_notifier_of_a_group_honours_what_the_owners_acknowledged(kafka, prefix, tmp_path, chdb_client,
+                                                                        site):
+    """The owners' actions have one partition, and a group would give it to one notifier: each
+    notifier reads it whole, so an acknowledged alert is muted on whichever notifier of the
+    group reads its partition (each with a sent log of its own, as on two machines)."""
+    data, database, server, publisher = site
+    jobs = data.fleet.workflows
+
+    def firing(job, alert_id: str, notify: bool, **more) -> dict:
+        return {**alert(alert_id, "FIRING", notify, job.team, job.owner), "workflow_id": job.workflow_id, **more}
+
+    publisher.publish(ALERTS, [firing(j, f"ack-{j.workflow_id}", False) for j in jobs], topic=prefix + ALERTS.name)
+    assert publisher.flush() == 0
+    wait_until(lambda: stored(chdb_client, database, "alert_transitions") == len(jobs), 60, "the alerts in ClickHouse")
+    for j in jobs:
+        assert act(server, j.owner, {"workflow_id": j.workflow_id, "kind": "ACKNOWLEDGE",
+                                     "alert_id": f"ack-{j.workflow_id}"})[0] == 202
+    mailbox, smtp_port = Mailbox(), free_port()
+    smtp = Controller(mailbox, hostname="127.0.0.1", port=smtp_port)
+    smtp.start()
+    (tmp_path / "routing.toml").write_text(f"[default]\nemail_owners = true\n[smtp]\nhost = '127.0.0.1'\n"
+                                           f"port = {smtp_port}\n")
+    group = f"{prefix}notifier"
+    notifiers = [AlertNotifier(kafka.bootstrap, load_routing(tmp_path / "routing.toml"), tmp_path / f"{n}.log",
+                               group_id=group, topic_prefix=prefix) for n in ("a", "b")]
+    stop = threading.Event()
+    threads = [threading.Thread(target=n.run, args=(stop,), daemon=True) for n in notifiers]
+    for thread in threads:
+        thread.start()
+    try:
+        def alerts_shared():
+            owned = [{p for t, p in m if t == prefix + ALERTS.name} for m in group_members(kafka.bootstrap, group)]
+            return len(owned) == 2 and all(owned)
+
+        wait_until(alerts_shared, 90, "both notifiers reading partitions of the alerts")
+        # each acknowledged episode's root cause (told, were it not acknowledged), and an alert left alone
+        publisher.publish(ALERTS, [a for j in jobs for a in (
+            firing(j, f"ack-{j.workflow_id}", True, root_cause="GPU idle 99 % of the profiled time."),
+            firing(j, f"told-{j.workflow_id}", True))], topic=prefix + ALERTS.name)
+        assert publisher.flush() == 0
+        wait_until(lambda: committed_everything(kafka.bootstrap, group, ALERTS, prefix + ALERTS.name), 60,
+                   "the notifiers to deal with every alert")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+        smtp.stop()
+    assert all(n.handled for n in notifiers), "each notifier read alerts of its own partitions"
+    subjects = [mail.split("Subject: ")[1].splitlines()[0] for _, mail in mailbox.messages]
+    assert len(subjects) == len(jobs) and not any("root cause" in s for s in subjects), subjects
 
 
 def test_an_approved_exemption_stops_the_action_and_another_job_is_still_acted_on(kafka, prefix, tmp_path,
