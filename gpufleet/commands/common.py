@@ -158,12 +158,18 @@ def clickhouse_dsn(args: argparse.Namespace) -> str:
     return args.clickhouse_dsn or default_dsn(args.data_dir)
 
 
+def reader_dsn(args: argparse.Namespace) -> str:
+    """Where the read path reads: ``GPUFLEET_CLICKHOUSE_READER_DSN`` (a read-only account), else
+    the DSN given."""
+    return os.environ.get("GPUFLEET_CLICKHOUSE_READER_DSN") or clickhouse_dsn(args)
+
+
 def query_client(args: argparse.Namespace, read_only: bool = True):
     """A client on the configured ClickHouse, with a plain message when the embedded one is busy."""
     from sinks.clickhouse_client import connect, redact_dsn, scrub
     from sinks.read_path import connect_reader
 
-    dsn = (read_only and os.environ.get("GPUFLEET_CLICKHOUSE_READER_DSN")) or clickhouse_dsn(args)
+    dsn = reader_dsn(args) if read_only else clickhouse_dsn(args)
     if dsn.startswith("chdb://") and read_only:
         from sinks.query_server import find_server
 

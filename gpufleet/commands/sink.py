@@ -18,6 +18,7 @@ from gpufleet.commands.common import (
     port,
     rates,
     rates_args,
+    reader_dsn,
     serve_metrics,
 )
 from gpufleet.errors import UsageError
@@ -93,7 +94,7 @@ def clickhouse_reader(args: argparse.Namespace, timeout_s: float = 300.0) -> Cal
     sink's query server (None while none runs: the notifier never holds the engine); on a server, a
     read-only session (``GPUFLEET_CLICKHOUSE_READER_DSN``, else the DSN given) opened at its first
     use, so that the alerts go out while ClickHouse cannot be reached."""
-    dsn = os.environ.get("GPUFLEET_CLICKHOUSE_READER_DSN") or clickhouse_dsn(args)
+    dsn = reader_dsn(args)
     if dsn.startswith("chdb://"):
         from sinks.query_server import find_server
 
