@@ -125,3 +125,41 @@ def test_windows_and_alerts_stay_exact_when_a_worker_joins_and_one_is_killed(kaf
         if a["status"] == "FIRING":
             episodes[(a["workflow_id"], a["detector"])].add(a["alert_id"])
     assert episodes and all(len(ids) == 1 for ids in episodes.values()), episodes
+
+
+def test_a_worker_that_joins_and_leaves_again_and_again_never_stalls_the_other(kafka, prefix, tmp_path):
+    """Each join and each leave is a rebalance in which the first worker restores the windows it
+    keeps from their changelogs; none of those recoveries may wait for records the Kafka client
+    took and faust dropped (``streams.faust_fixes``, fix 9: at the first join in a loop like
+    this one under load, before it)."""
+    fleet = build_fleet(seed=21, hosts=2, gpus_per_host=4, workflows=6)
+    pub = Publisher(kafka.bootstrap, CODEC)
+    app_id = f"{prefix}worker"
+    samples_topic = prefix + GPU_SAMPLES.name
+    options = ("--detector-min-s", "120", "--idle-partition-s", "5")
+
+    def publish(first_s, last_s):
+        pub.publish(GPU_SAMPLES, [s for t in range(first_s, last_s) for s in fleet.samples_at(t, BASE_MS, 1000)],
+                    topic=samples_topic)
+        assert pub.flush() == 0
+
+    def members():
+        return len([m for m in group_members(kafka.bootstrap, app_id) if m])
+
+    def all_committed(what):
+        wait_until(lambda: committed_everything(kafka.bootstrap, app_id, GPU_SAMPLES, samples_topic), 90, what)
+
+    publish(0, 200)
+    (tmp_path / "a").mkdir()
+    with worker_process(kafka.bootstrap, prefix, tmp_path / "a", app_id, *options) as first:
+        wait_until(lambda: members() == 1, 90, "the first worker in the group")
+        for cycle in range(3):
+            (tmp_path / f"b{cycle}").mkdir()
+            with worker_process(kafka.bootstrap, prefix, tmp_path / f"b{cycle}", app_id, *options):
+                wait_until(lambda: members() == 2, 90, f"join {cycle}: the second worker in the group")
+                publish(200 + 90 * cycle, 260 + 90 * cycle)
+                all_committed(f"join {cycle}: both workers to commit the samples so far")
+            wait_until(lambda: members() == 1, 90, f"leave {cycle}: the second worker gone")
+            publish(260 + 90 * cycle, 290 + 90 * cycle)
+            all_committed(f"leave {cycle}: the first worker alone to commit the samples so far")
+        assert "No event received for active tp" not in first.log_path.read_text()

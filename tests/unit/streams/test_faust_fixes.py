@@ -285,48 +285,6 @@ def test_a_jump_in_a_contiguous_topic_is_not_recorded_as_a_gap_the_commit_may_pa
     assert len(re.findall(r"await self\._add_gap\(tp, r_offset \+ 1, offset\)", drain)) == 1
 
 
-# -- held to the faust the fixes were proven on -----------------------------------------------
-
-def test_the_installed_faust_is_the_one_the_fixes_were_proven_on():
-    assert faust_fixes.check() == []
-
-
-def test_another_release_is_refused_with_one_line_naming_it(monkeypatch):
-    monkeypatch.setattr(faust_fixes, "_verified", False)
-    real = faust_fixes._installed
-    monkeypatch.setattr(faust_fixes, "_installed", lambda d: "0.15.4" if d == "faust-streaming" else real(d))
-    with pytest.raises(faust_fixes.NotAsReviewed) as refused:
-        faust_fixes.apply()
-    line = str(refused.value)
-    assert "\n" not in line and line.startswith("faust-streaming 0.15.4 is installed; the fixes were proven on 0.15.3")
-    assert "docs/upgrading-faust.md" in line
-
-
-def test_a_changed_upstream_part_is_refused_naming_it(monkeypatch):
-    """A part the fixes replace or call, with other source (a release that kept its version,
-    or a patched install), is named with its role."""
-
-    async def _commit_tps(self, tps, start_new_transaction):  # not faust's
-        return False
-
-    monkeypatch.setattr(faust_fixes, "_verified", False)
-    monkeypatch.setattr(Consumer, "_commit_tps", _commit_tps)
-    problems = faust_fixes.check()
-    assert len(problems) == 1 and problems[0].startswith(
-        "faust.transport.consumer:Consumer._commit_tps (copied into fix 5's commit) changed since it was reviewed")
-    with pytest.raises(faust_fixes.NotAsReviewed, match="Consumer._commit_tps"):
-        faust_fixes.apply()
-
-
-def test_the_worker_refuses_to_start_with_that_line(monkeypatch, capsys):
-    from gpufleet.cli import main
-
-    monkeypatch.setattr(faust_fixes, "_verified", False)
-    monkeypatch.setattr(faust_fixes, "check", lambda: ["aiokafka 0.15.0 is installed; the fixes were proven on 0.14.0"])
-    assert main(["worker", "--bootstrap", "127.0.0.1:1"]) == 1
-    assert capsys.readouterr().err.startswith("gpufleet worker: aiokafka 0.15.0 is installed")
-
-
 # Canaries: each patched method of faust as it is still needs its fix. A release that fixes one
 # upstream makes its canary fail: the fix can then go (docs/upgrading-faust.md).
 
@@ -361,6 +319,51 @@ def test_canary_add_gap_upstream_still_records_any_jump_as_a_gap():
     assert len(gaps._gap[TOPIC_PARTITION]) == 1  # a jump taken for a gap the commit may pass (fix 4)
 
 
+class Reading:
+    """Just what ``Consumer._wait_next_records`` reads: the partitions read now, and the fetch."""
+
+    flow_active = True
+
+    def __init__(self, *tps):
+        self.live = set(tps)
+        self.app = type("App", (), {"client_only": False})()
+        self.not_waiting_next_records = asyncio.Event()
+        self.asked = None
+
+    def _get_active_partitions(self):
+        return self.live
+
+    async def _getmany(self, active_partitions, timeout):
+        self.asked = active_partitions
+        return {}
+
+
+def test_the_client_is_never_asked_for_every_partition_when_faust_reads_none():
+    """Fix 9: the client looks at what it was given when records come; faust's set, emptied
+    meanwhile by a rebalance, must not read to it as every partition."""
+    other = TP("worker-window-history-changelog", 4)
+    reading = Reading(TOPIC_PARTITION)
+    records, active = asyncio.run(Consumer._wait_next_records(reading, 1.0))
+    assert records == {} and active is reading.live  # faust's own check on what it yields is unchanged
+    wanted = reading.asked
+    assert TOPIC_PARTITION in wanted and other not in wanted
+    reading.live.clear()  # the rebalance pauses everything while the fetch waits
+    assert wanted and TOPIC_PARTITION not in wanted and other not in wanted
+    reading.live.add(other)  # recovery resumes a changelog: wanted from then on
+    assert other in wanted
+
+
+def test_canary_wait_next_records_upstream_still_hands_the_client_its_live_set():
+    """faust gives the client the set it pauses and resumes in place, and the client takes an
+    empty set for every partition (fix 9)."""
+    from aiokafka.consumer.fetcher import Fetcher
+
+    reading = Reading(TOPIC_PARTITION)
+    asyncio.run(faust_fixes._DEFINED["_wait_next_records"](reading, 1.0))
+    assert reading.asked is reading.live
+    assert "if partitions and tp not in partitions:" in inspect.getsource(Fetcher.fetched_records)
+
+
 def test_canary_force_commit_upstream_still_takes_the_states_before_any_flush_or_lock():
     """faust's commit starts the state sensors first, with no lock taken and no flush: a state
     written then can run ahead of the records of a batch in progress (fixes 5 and 6)."""
@@ -378,5 +381,6 @@ def test_every_patched_method_has_a_canary():
         "_add_gap": test_canary_add_gap_upstream_still_records_any_jump_as_a_gap,
         "force_commit": test_canary_force_commit_upstream_still_takes_the_states_before_any_flush_or_lock,
         "wait_first": test_faust_still_hands_messages_over_as_the_fix_expects,
+        "_wait_next_records": test_canary_wait_next_records_upstream_still_hands_the_client_its_live_set,
     }
     assert set(canaries) == set(faust_fixes._PATCHES)

@@ -63,6 +63,17 @@ offsets:
    fault test: 480 GPU-s for 240). The stages empty their tables at each revocation
    (``streams.stages.state``); ``recover_whole`` has their changelogs read whole.
 
+9. Faust asks the Kafka client for the records of the partitions it reads now, and hands it
+   its own live set of them, which the client looks at when records come, up to a second
+   later; meanwhile a rebalance may have paused them all, and to the client an empty set
+   means every partition. Records of paused changelog partitions, fetched again after
+   recovery sought them to their start, were then taken from the client, found while the
+   flow was stopped and dropped: the client's position stood at their end, and recovery
+   waited for them for good, committing nothing (a worker joining: one run in twenty of
+   tests/integration/test_many_workers.py; at the first join in a loop of joins and leaves).
+   The client is now given a view of the set that is never empty to it: when faust reads
+   no partition, the client hands over no record.
+
 And one for speed: the consumer's drain loop hands each message to the streams inside
 ``Service.wait_first(deliver, suspend_flow.wait())``, a race that lets a rebalance stop a
 delivery waiting on a full stream buffer. The race costs four tasks and an ``asyncio.wait``
@@ -74,19 +85,17 @@ in place, and only one that has to wait goes on inside the race, as before.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import importlib
-import inspect
 import logging
 import types
 from collections.abc import Iterator
 from contextlib import AsyncExitStack, contextmanager
-from importlib import metadata
 
 from faust.exceptions import ProducerSendError
 from faust.transport.consumer import CONSUMER_COMMITTING, Consumer, ensure_TP
 from mode import Service
 from mode.services import WaitResults
+
+from streams.faust_fixes.review import UPGRADING, NotAsReviewed, differences
 
 log = logging.getLogger(__name__)
 
@@ -229,6 +238,43 @@ async def _acknowledged(writes: list[asyncio.Future]) -> BaseException | None:
     return next((r for r in results if isinstance(r, BaseException)), None)
 
 
+class _Wanted:
+    """Faust's live set of the partitions it reads now, as the Kafka client's fetch tests it
+    when records come (9.): a partition is wanted while it is in the set; an empty set wants
+    nothing (to the client, an empty set of partitions means all of them)."""
+
+    __slots__ = ("live",)
+
+    def __init__(self, live) -> None:
+        self.live = live
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __contains__(self, tp) -> bool:
+        return tp in self.live
+
+
+async def _wait_next_records_wanted(self, timeout: float):
+    """Faust's ``_wait_next_records``, the client asked for the partitions wanted when its
+    records come (9.)."""
+    if not self.flow_active:
+        await self.wait(self.can_resume_flow)
+    try:
+        self.not_waiting_next_records.set()
+        active_partitions = None if self.app.client_only else self._get_active_partitions()
+        records = {}
+        if self.app.client_only or active_partitions:
+            records = await self._getmany(
+                active_partitions=None if active_partitions is None else _Wanted(active_partitions),
+                timeout=timeout)
+        else:
+            await self.sleep(1)
+        return records, active_partitions
+    finally:
+        self.not_waiting_next_records.set()
+
+
 def recover_whole(app, tables) -> None:
     """The next recovery reads every changelog partition of ``tables`` from its first record
     (8.): faust goes on from where its last recovery ended, over a table emptied since."""
@@ -270,85 +316,11 @@ async def _force_commit_between_batches(self, topics=None, start_new_transaction
     return did_commit
 
 
-# -- held to what was proven ------------------------------------------------------------------
-#
-# The fixes replace and lean on private parts of faust-streaming and mode that change without
-# notice. They were reviewed, and proven by the tests, the fleet fault test and the chaos soak
-# (benchmarks/soak.py), on these releases (pinned in pyproject.toml) and on this source of
-# each part: a release or a part that differs stops the worker before it starts, with one line
-# that says what changed (docs/upgrading-faust.md says how to look at it again).
-PROVEN_ON = {"faust-streaming": "0.15.3", "mode-streaming": "0.7.1", "aiokafka": "0.14.0"}
-
-# Where each part lives, what the fixes do with it, and the first 16 hex digits of the sha256
-# of its source (``inspect.getsource``) as reviewed.
-REVIEWED = {
-    "faust.transport.consumer:Consumer._new_offset": ("wrapped by fixes 1 and 2", "1d2c7ea89a7ad4f1"),
-    "mode:Service.wait_first": ("run in place where the delivery need not wait (speed)", "feade6a31f8a6789"),
-    "faust.transport.consumer:Consumer._drain_messages": ("its race of a delivery against a flow stop",
-                                                          "44a2500309e83c63"),
-    "faust.transport.consumer:Consumer.perform_seek": ("replaced by fixes 3 and 7", "0e8c130ff4b0afd8"),
-    "faust.transport.consumer:Consumer._add_gap": ("wrapped by fix 4", "4df2573ded7c1c2c"),
-    "faust.transport.consumer:Consumer.force_commit": ("replaced by fixes 5 and 6", "cc094614d22c70fb"),
-    "faust.transport.consumer:Consumer._commit_tps": ("copied into fix 5's commit", "a20e230b05ae8b15"),
-    "faust.transport.consumer:Consumer._filter_committable_offsets": ("called by fix 5", "dc5e9baf5d994485"),
-    "faust.transport.consumer:Consumer._filter_tps_with_pending_acks": ("called by fix 5", "f6f9239774234e7e"),
-    "faust.transport.consumer:Consumer._commit_offsets": ("called by fix 5", "1a69799041188441"),
-    "faust.transport.consumer:Consumer.seek": ("called by fix 2 and the in-order stream", "b86a9fe05f956b30"),
-    "faust.transport.consumer:ThreadDelegateConsumer.seek_to_committed": ("called by fix 3", "f1d483b861b0328b"),
-    "faust.transport.consumer:ThreadDelegateConsumer.earliest_offsets": ("called by fix 7", "2833b09d2888825b"),
-    "faust.transport.consumer:ThreadDelegateConsumer._seek": ("called by fix 7", "4f95c631420410a5"),
-    "faust.tables.recovery:Recovery": ("resumes the flow after each seek (fix 3), goes on from active_offsets (8)",
-                                       "a652ef029484ee3a"),
-    "faust.stores.memory:Store.apply_changelog_batch": ("applies the records over what is in memory (fix 8)",
-                                                        "71863e3cd727aac2"),
-}
-UPGRADING = "docs/upgrading-faust.md"
-
-
-class NotAsReviewed(RuntimeError):
-    """Faust or a part of it is not what the fixes were reviewed and proven on."""
-
-
-def _installed(distribution: str) -> str | None:
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def _source_digest(where: str) -> str:
-    """The digest of the upstream source at ``where`` (for a patched method: faust's own, as it
-    was before ``apply``)."""
-    module, _, path = where.partition(":")
-    owner, _, name = path.rpartition(".")
-    if owner == "Consumer" and name in _PATCHES:
-        obj = _DEFINED[name] or _original_wait_first
-    else:
-        obj = importlib.import_module(module)
-        for part in path.split("."):
-            obj = getattr(obj, part)
-    return hashlib.sha256(inspect.getsource(obj).encode()).hexdigest()[:16]
-
+# -- held to what was proven (review.py) ------------------------------------------------------
 
 def check() -> list[str]:
     """What differs from what the fixes were proven on, in words (empty: all as reviewed)."""
-    problems = [f"{dist} {_installed(dist) or 'missing'} is installed; the fixes were proven on {version}"
-                for dist, version in PROVEN_ON.items() if _installed(dist) != version]
-    for where, (role, digest) in REVIEWED.items():
-        try:
-            now = _source_digest(where)
-        except (ImportError, AttributeError, OSError, TypeError) as exc:
-            problems.append(f"{where} ({role}) cannot be read: {exc}")
-            continue
-        if now != digest:
-            problems.append(f"{where} ({role}) changed since it was reviewed (source sha256 {now}, reviewed {digest})")
-    from faust.transport.drivers.aiokafka import Consumer as Driver
-
-    for name in _PATCHES:  # the consumer the worker runs must inherit each patched method from where it is patched
-        owner = next(c for c in Driver.__mro__ if name in c.__dict__)
-        if owner is not Consumer and not (name == "wait_first" and owner is Service):
-            problems.append(f"{owner.__module__}.{owner.__name__} defines {name} itself: the fix would not apply")
-    return problems
+    return differences({name: _DEFINED[name] or _original_wait_first for name in _PATCHES})
 
 
 _PATCHES = {
@@ -356,6 +328,7 @@ _PATCHES = {
     "wait_first": _wait_first_fast,
     "perform_seek": _perform_seek_with_flow_stopped,
     "_add_gap": _add_gap_unless_contiguous,
+    "_wait_next_records": _wait_next_records_wanted,
     "force_commit": _force_commit_between_batches,
 }
 # What the consumer class itself defines under those names (None: it inherits the method).
@@ -370,7 +343,7 @@ def apply() -> None:
     problems = [] if _verified else check()
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise NotAsReviewed(f"{problems[0]}{more}: the worker's fixes to faust (streams/faust_fixes.py) must be "
+        raise NotAsReviewed(f"{problems[0]}{more}: the worker's fixes to faust (streams/faust_fixes/) must be "
                             f"reviewed again before it runs on this; see {UPGRADING}")
     _verified = True  # (what is installed does not change while the process runs)
     for name, fixed in _PATCHES.items():
