@@ -67,37 +67,50 @@ def test_a_worker_that_owns_only_a_quiet_partition_closes_its_windows(kafka, tmp
     assert summaries[0]["gpu_seconds"] == 90.0
 
 
-def test_windows_and_alerts_stay_exact_when_a_worker_joins_and_one_is_killed(kafka, prefix, tmp_path):
-    fleet = build_fleet(seed=21, hosts=2, gpus_per_host=4, workflows=6)
-    pub = Publisher(kafka.bootstrap, CODEC)
-    app_id = f"{prefix}worker"
-    samples_topic = prefix + GPU_SAMPLES.name
+class Group:
+    """A simulated fleet's samples, published a stretch at a time to ``prefix``'s samples topic,
+    and the group of workers that reads them."""
+
     options = ("--detector-min-s", "120", "--idle-partition-s", "5")
 
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
+    def __init__(self, kafka, prefix: str) -> None:
+        self.fleet = build_fleet(seed=21, hosts=2, gpus_per_host=4, workflows=6)
+        self.bootstrap, self.prefix = kafka.bootstrap, prefix
+        self.pub = Publisher(kafka.bootstrap, CODEC)
+        self.app_id = f"{prefix}worker"
+        self.samples_topic = prefix + GPU_SAMPLES.name
 
-    def publish(first_s, last_s):
-        pub.publish(GPU_SAMPLES, [s for t in range(first_s, last_s) for s in fleet.samples_at(t, BASE_MS, 1000)],
-                    topic=samples_topic)
-        assert pub.flush() == 0
+    def publish(self, first_s: int, last_s: int) -> None:
+        self.pub.publish(GPU_SAMPLES, [s for t in range(first_s, last_s)
+                                       for s in self.fleet.samples_at(t, BASE_MS, 1000)], topic=self.samples_topic)
+        assert self.pub.flush() == 0
 
-    def members():
-        return len([m for m in group_members(kafka.bootstrap, app_id) if m])
+    def members(self) -> int:
+        return len([m for m in group_members(self.bootstrap, self.app_id) if m])
+
+    def committed(self) -> bool:
+        return committed_everything(self.bootstrap, self.app_id, GPU_SAMPLES, self.samples_topic)
+
+    def worker(self, data_dir):
+        data_dir.mkdir()
+        return worker_process(self.bootstrap, self.prefix, data_dir, self.app_id, *self.options)
+
+
+def test_windows_and_alerts_stay_exact_when_a_worker_joins_and_one_is_killed(kafka, prefix, tmp_path):
+    group = Group(kafka, prefix)
+    fleet, publish, members = group.fleet, group.publish, group.members
 
     publish(0, 200)
-    with worker_process(kafka.bootstrap, prefix, tmp_path / "a", app_id, *options) as first:
+    with group.worker(tmp_path / "a") as first:
         wait_until(lambda: members() == 1, 90, "the first worker in the group")
-        with worker_process(kafka.bootstrap, prefix, tmp_path / "b", app_id, *options):
+        with group.worker(tmp_path / "b"):
             wait_until(lambda: members() == 2, 90, "the second worker to join and take partitions")
             publish(200, 400)
-            wait_until(lambda: committed_everything(kafka.bootstrap, app_id, GPU_SAMPLES, samples_topic), 90,
-                       "both workers to commit the samples so far")
+            wait_until(group.committed, 90, "both workers to commit the samples so far")
             first.send_signal(signal.SIGKILL)
             first.wait(10)
             publish(400, 600)
-            wait_until(lambda: committed_everything(kafka.bootstrap, app_id, GPU_SAMPLES, samples_topic), 120,
-                       "the worker left to take over and commit everything")
+            wait_until(group.committed, 120, "the worker left to take over and commit everything")
             last_window = BASE_MS + 8 * 60_000
 
             def all_windows():
@@ -132,34 +145,17 @@ def test_a_worker_that_joins_and_leaves_again_and_again_never_stalls_the_other(k
     keeps from their changelogs; none of those recoveries may wait for records the Kafka client
     took and faust dropped (``streams.faust_fixes``, fix 9: at the first join in a loop like
     this one under load, before it)."""
-    fleet = build_fleet(seed=21, hosts=2, gpus_per_host=4, workflows=6)
-    pub = Publisher(kafka.bootstrap, CODEC)
-    app_id = f"{prefix}worker"
-    samples_topic = prefix + GPU_SAMPLES.name
-    options = ("--detector-min-s", "120", "--idle-partition-s", "5")
-
-    def publish(first_s, last_s):
-        pub.publish(GPU_SAMPLES, [s for t in range(first_s, last_s) for s in fleet.samples_at(t, BASE_MS, 1000)],
-                    topic=samples_topic)
-        assert pub.flush() == 0
-
-    def members():
-        return len([m for m in group_members(kafka.bootstrap, app_id) if m])
-
-    def all_committed(what):
-        wait_until(lambda: committed_everything(kafka.bootstrap, app_id, GPU_SAMPLES, samples_topic), 90, what)
-
+    group = Group(kafka, prefix)
+    publish, members = group.publish, group.members
     publish(0, 200)
-    (tmp_path / "a").mkdir()
-    with worker_process(kafka.bootstrap, prefix, tmp_path / "a", app_id, *options) as first:
+    with group.worker(tmp_path / "a") as first:
         wait_until(lambda: members() == 1, 90, "the first worker in the group")
         for cycle in range(3):
-            (tmp_path / f"b{cycle}").mkdir()
-            with worker_process(kafka.bootstrap, prefix, tmp_path / f"b{cycle}", app_id, *options):
+            with group.worker(tmp_path / f"b{cycle}"):
                 wait_until(lambda: members() == 2, 90, f"join {cycle}: the second worker in the group")
                 publish(200 + 90 * cycle, 260 + 90 * cycle)
-                all_committed(f"join {cycle}: both workers to commit the samples so far")
+                wait_until(group.committed, 90, f"join {cycle}: both workers to commit the samples so far")
             wait_until(lambda: members() == 1, 90, f"leave {cycle}: the second worker gone")
             publish(260 + 90 * cycle, 290 + 90 * cycle)
-            all_committed(f"leave {cycle}: the first worker alone to commit the samples so far")
+            wait_until(group.committed, 90, f"leave {cycle}: the first worker alone to commit the samples so far")
         assert "No event received for active tp" not in first.log_path.read_text()
