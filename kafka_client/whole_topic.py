@@ -38,10 +38,11 @@ class WholeTopic:
         deadline = time.monotonic() + timeout_s
         partition = TopicPartition(self.topic, 0)
         try:
-            end = self._consumer.get_watermark_offsets(partition, timeout=timeout_s)[1]
+            first, end = self._consumer.get_watermark_offsets(partition, timeout=timeout_s)
+            if end <= first:
+                return True  # it holds nothing: never written, or every record expired (no position to reach)
             while time.monotonic() < deadline:
-                position = self._consumer.position([partition])[0].offset
-                if end == 0 or position >= end:
+                if self._consumer.position([partition])[0].offset >= end:
                     return True
                 self._take(self._consumer.consume(num_messages=500, timeout=0.5))
         except KafkaException as exc:
