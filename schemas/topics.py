@@ -117,7 +117,9 @@ OWNER_ACTIONS = TopicSpec(
     "gpufleet.owner-actions.v1", "OwnerAction", "workflow_id", 1,
     doc="What people did about jobs on the owners' service: profiles asked for, alerts acknowledged or "
         "snoozed, exemptions asked for, approved or refused. One partition: few records, read whole by the "
-        "notifier and the enforcer.",
+        "notifier and the enforcer, and kept for good (an exemption or an acknowledgement outlives any "
+        "retention: a reader started later must still see it).",
+    configs=(("retention.ms", "-1"),),
 )
 SERVING_WINDOWS = TopicSpec(
     "gpufleet.serving-windows.v1", "ServingWindow", "workflow_id", 4,
