@@ -28,6 +28,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from kafka_client.commit_offsets import Committer
 from kafka_client.config import Connection, consumer_config, producer_config
+from kafka_client.leave_group import leave_and_close
 from kafka_client.metrics import ComponentMetrics, consumer_lag
 from schemas.codec import Codec
 from schemas.dead_letter import dead_letter
@@ -72,7 +73,7 @@ class ConsumeLoop:
                 step(self.batch(stop, batch_size, batch_wait_s))
                 self._report_lag()
         finally:
-            self.consumer.close()
+            leave_and_close(self.consumer)  # (not close() alone: kafka_client.leave_group says why)
             self.producer.flush(self.flush_timeout_s)
 
     def batch(self, stop: threading.Event, size: int, wait_s: float) -> list[Message]:

@@ -23,6 +23,7 @@ from pathlib import Path
 from confluent_kafka import Consumer
 
 from kafka_client.config import Connection, consumer_config
+from kafka_client.leave_group import leave_and_close
 from producers.profiling.context import ProfileContext
 from producers.profiling.handoff import Handoff
 from producers.publish_kafka import Publisher
@@ -227,7 +228,7 @@ class ProfileListener:
                     self._handle(m)
                 self.coordinator.check()
         finally:
-            self.consumer.close()
+            leave_and_close(self.consumer)
 
     def _handle(self, m) -> None:
         """One message of the control topic; what cannot be used is a dead letter with the reason."""
