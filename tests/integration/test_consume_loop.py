@@ -13,6 +13,7 @@ from confluent_kafka import Producer
 from gpufleet.local.ports import free_port
 from kafka_client.config import producer_config
 from kafka_client.consume_loop import ConsumeLoop
+from kafka_client.leave_group import leave_and_close
 from kafka_client.metrics import ComponentMetrics
 from schemas.topics import ENFORCEMENT
 from tests.support.integration import wait_until
@@ -29,7 +30,7 @@ def test_a_consume_error_is_counted_and_logged(kafka, prefix, caplog):
         wait_until(lambda: loop.batch(stop, 10, 0.5) is not None and loop.consume_errors, 30,
                    "the consumer to report the missing topic")
     finally:
-        loop.consumer.close()
+        leave_and_close(loop.consumer)
     assert "consume error (UNKNOWN_TOPIC_OR_PART)" in caplog.text
     from prometheus_client import generate_latest
 

@@ -8,6 +8,7 @@ import time
 from confluent_kafka import Producer
 
 from kafka_client.config import producer_config
+from kafka_client.leave_group import leave_and_close
 from producers.publish_kafka import Publisher
 from schemas.sample_columns import columns_of
 from schemas.topics import DEAD_LETTERS, GPU_SAMPLES
@@ -73,7 +74,7 @@ def crash_then_resume(kafka, prefix, writer, batch_rows=1000):
     except SystemExit:
         pass
     finally:
-        crashing.consumer.close()
+        leave_and_close(crashing.consumer)
     inserted_before_crash = count()
     assert inserted_before_crash > 0
     assert not committed_everything(kafka.bootstrap, group, GPU_SAMPLES, topic)
