@@ -277,22 +277,34 @@ class ClickHouseSink:
                 bad.append((m, reason))
                 continue
             rows[table.name].append(Row(m.partition(), m.offset(), record, m.topic(), topic_id))
+        # What cannot be stored is dead-lettered, durably, before any row after it is: a sink
+        # restarted after a kill between its insert and its commit resumes after the highest offset
+        # stored, and would never read these records again (tests/integration/test_sink_crash_dead_letters.py).
+        self._dead_letter(bad)
         index = {(m.topic(), m.partition(), m.offset()): m for m in messages}
+        refused = []
         # Each table's rows where they go (``placed``: capacity no job held to its own table first).
         for table, table_rows in [part for name, batch in rows.items() for part in placed(by_name[name], batch)]:
             with INSERT_SECONDS.labels(table.name).time():
                 rejected = self.writer.insert(table, table_rows)
             for r in rejected:
                 m = index[(r.row.topic, r.row.partition, r.row.offset)]
-                bad.append((m, f"ClickHouse refused the row (code {r.code}): {r.reason}"))
+                refused.append((m, f"ClickHouse refused the row (code {r.code}): {r.reason}"))
             stored = sum(r.size for r in table_rows) - sum(r.row.size for r in rejected)
             self.stats.rows[table.name] += stored
             ROWS.labels(table.name).inc(stored)
+        self._dead_letter(refused)
+        self._commit(messages)  # once the dead letters are durable (kafka_client.consume_loop)
+        self.stats.batches += 1
+
+    def _dead_letter(self, bad: list) -> None:
+        """A dead letter for each record and its reason, on the broker before this returns
+        (``NotDurable`` otherwise: nothing is stored or committed, and the batch is read again)."""
         for m, reason in bad:
             self.loop.dead_letter(reason, m)
         self.stats.dead_letters += len(bad)
-        self._commit(messages)  # once the dead letters are durable (kafka_client.consume_loop)
-        self.stats.batches += 1
+        if bad:
+            self.loop.durable()
 
     def _insert_sample_columns(self, messages: list) -> list:
         """The batch's samples through ClickHouse's own Avro parser (``sinks.insert_sample_columns``)
