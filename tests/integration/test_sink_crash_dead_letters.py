@@ -6,20 +6,17 @@ the producer had not delivered is gone."""
 
 from __future__ import annotations
 
-import threading
-import time
 import uuid
 
 from confluent_kafka import Producer
 
 from kafka_client.admin import ensure_topics
 from kafka_client.config import producer_config
-from kafka_client.leave_group import leave_and_close
 from producers.publish_kafka import Publisher
 from schemas.topics import DEAD_LETTERS, GPU_SAMPLES
 from sinks.consume_to_clickhouse import ClickHouseSink
 from sinks.write_clickhouse import ClickHouseWriter
-from tests.support.integration import CODEC, read_topic, running_sink, wait_until
+from tests.support.integration import CODEC, read_topic, run_until_it_dies, running_sink, wait_until
 from tests.support.samples import BASE_MS, sample
 
 
@@ -51,16 +48,7 @@ def test_a_bad_record_is_dead_lettered_through_a_kill_between_the_insert_and_the
 
     killed = KilledBeforeCommit(kafka.bootstrap, writer, group_id=f"{prefix}sink", topic_prefix=prefix,
                                 batch_rows=100, batch_wait_s=2.0)
-    killed.loop.consumer.subscribe([topic], on_assign=killed._on_assign)
-    try:
-        deadline = time.monotonic() + 60  # the first batches may come up empty while the group forms
-        while time.monotonic() < deadline:
-            killed.run_batch(threading.Event())
-        raise AssertionError("the sink should have been killed")
-    except SystemExit:
-        pass
-    finally:
-        leave_and_close(killed.loop.consumer)  # (the group's partitions go to the next sink at once)
+    run_until_it_dies(killed, topic)
     assert stored() == 20  # the samples after the bad record are stored: a restart resumes after them
 
     with running_sink(kafka.bootstrap, prefix, chdb_client, database):

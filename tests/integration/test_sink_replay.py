@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import threading
-import time
 
 from confluent_kafka import Producer
 
 from kafka_client.config import producer_config
-from kafka_client.leave_group import leave_and_close
 from producers.publish_kafka import Publisher
 from schemas.sample_columns import columns_of
 from schemas.topics import DEAD_LETTERS, GPU_SAMPLES
 from sinks.consume_to_clickhouse import ClickHouseSink
 from sinks.write_clickhouse import ClickHouseWriter
-from tests.support.integration import CODEC, committed_everything, read_topic, wait_until
+from tests.support.integration import CODEC, committed_everything, read_topic, run_until_it_dies, wait_until
 from tests.support.samples import BASE_MS, batch_samples, sample
 
 
@@ -65,16 +63,7 @@ def crash_then_resume(kafka, prefix, writer, batch_rows=1000):
     crashing = CrashBeforeCommit(kafka.bootstrap, writer, group_id=group, topic_prefix=prefix,
                                  tables=(writer_table(),), batch_rows=batch_rows, batch_wait_s=2.0)
     writer.ensure_tables()
-    crashing.consumer.subscribe([topic], on_assign=crashing._on_assign)
-    try:
-        deadline = time.monotonic() + 60  # the first batches may come up empty while the group forms
-        while time.monotonic() < deadline:
-            crashing.run_batch(threading.Event())
-        raise AssertionError("the sink should have crashed")
-    except SystemExit:
-        pass
-    finally:
-        leave_and_close(crashing.consumer)
+    run_until_it_dies(crashing, topic)
     inserted_before_crash = count()
     assert inserted_before_crash > 0
     assert not committed_everything(kafka.bootstrap, group, GPU_SAMPLES, topic)

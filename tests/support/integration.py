@@ -17,6 +17,7 @@ from typing import ClassVar
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from kafka_client.config import consumer_config
+from kafka_client.leave_group import leave_and_close
 from schemas.codec import Codec
 from schemas.topics import TopicSpec
 from sinks.consume_to_clickhouse import ClickHouseSink
@@ -104,6 +105,21 @@ def worker_process(bootstrap: str, prefix: str, data_dir: Path, app_id: str,
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def run_until_it_dies(sink: ClickHouseSink, topic: str, within_s: float = 60.0) -> None:
+    """``sink``'s batches of ``topic`` until the test's fault stops it dead (``SystemExit``), then
+    it leaves its group and closes (its partitions go to the next sink at once)."""
+    sink.loop.consumer.subscribe([topic], on_assign=sink._on_assign)
+    try:
+        deadline = time.monotonic() + within_s  # the first batches may come up empty while the group forms
+        while time.monotonic() < deadline:
+            sink.run_batch(threading.Event())
+        raise AssertionError(f"the sink was still running after {within_s:g} s")
+    except SystemExit:
+        pass
+    finally:
+        leave_and_close(sink.loop.consumer)
 
 
 @contextmanager
