@@ -20,8 +20,7 @@ persists what it reports as changed; its thresholds are the worker's one ``Thres
   ``version`` (``BatchResult.updated``; ClickHouse keeps the highest): a host that comes back
   after an outage and sends its spooled backlog completes its windows instead of losing them.
   Later than the horizon they are refused with the reason, never dropped silently.
-* ``UnobservedTime`` (a job's GPU time no sample stands for) goes to the windows it covers like
-  samples (late ones too), into their ``unobserved`` bucket, and moves no clock.
+* ``UnobservedTime`` (GPU time no sample stands for) goes to its windows' ``unobserved`` bucket.
 * State is one ``WorkflowState`` per workflow in a caller-provided mapping (the Faust table),
   holding the offset (and block) it was updated through, so a batch replayed after a crash
   is not applied twice; a partition's watermark is derived from these states, so it can
@@ -132,9 +131,7 @@ class WindowAggregator:
         self._repaired.setdefault(partition, set()).add(wf)
 
     def _result(self, partition: int) -> BatchResult:
-        result = BatchResult()
-        result.changed |= self._repaired.pop(partition, set())
-        return result
+        return BatchResult(changed=self._repaired.pop(partition, set()))
 
     def watermark(self, partition: int) -> int | None:
         self._load_partition(partition)
@@ -283,15 +280,16 @@ class WindowAggregator:
                closed_at: int, reopened: dict[str, Record | None], add: Callable[[dict], None]) -> str | None:
         """``add`` to ``wf``'s window starting at ``start``: the open one (opened if need be:
         ``OPEN``), or the closed one within the update horizon, emitted again (``LATE``). None
-        where the window is past the horizon: nothing is added."""
+        where the window is past the horizon: nothing is added. An open window takes its samples
+        whatever the watermark (after a killed worker's changelogs were written in part)."""
         size = self.config.size_ms
-        if watermark is not None and start + size <= watermark:
+        key = str(start)
+        acc = state.windows.get(key)
+        if acc is None and watermark is not None and start + size <= watermark:
             if start + size <= watermark - self.config.update_horizon_ms:
                 return None
             self._add_late(partition, wf, state, start, add, closed_at, reopened)
             return LATE
-        key = str(start)
-        acc = state.windows.get(key)
         if acc is None:
             if self.history.get(history_key(wf, start)) is not None:
                 # Closed already, on a clock since rebuilt lower (a quiet partition follows the fleet's
@@ -369,12 +367,15 @@ class WindowAggregator:
         state = self.store[wf]
         start = end - self.config.size_ms
         acc = state.windows.pop(str(start))
-        result.closed.append(to_window(wf, state, start, acc, self.config.size_ms, closed_at, 1, self.config.goodput,
-                                       self.judged(state.team)))
+        key = history_key(wf, start)
+        # Kept closed already where a killed owner wrote its kept windows but not this state:
+        # this close, from the state and every sample after it, outranks what it emitted.
+        version = 1 + (self.history.get(key) or {}).get("version", 0)
+        result.closed.append(to_window(wf, state, start, acc, self.config.size_ms, closed_at, version,
+                                       self.config.goodput, self.judged(state.team)))
         result.changed.add(wf)
         if self.config.update_horizon_ms:
-            key = history_key(wf, start)
-            self.history[key] = {"partition": partition, "version": 1, "acc": acc}
+            self.history[key] = {"partition": partition, "version": version, "acc": acc}
             self._kept[partition].setdefault(end, set()).add(key)
             result.history_changed.add(key)
         if not state.windows:

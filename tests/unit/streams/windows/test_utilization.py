@@ -308,3 +308,57 @@ def test_a_window_closed_on_the_fleets_clock_stays_closed_after_a_rebalance():
     assert [w for w in r.closed if w["window_start"] == BASE_MS + 60_000] == []  # not a new window
     (after, before), = [(a, b) for a, b in r.updated if a["window_start"] == BASE_MS + 60_000]
     assert before == first[0] and (after["version"], after["gpu_seconds"]) == (2, 120.0)
+
+
+def test_a_window_still_open_behind_the_watermark_takes_its_samples_after_a_partial_restore():
+    """Found by the fleet fault test (a window stored as 179 of the 180 GPU-seconds published):
+    a worker killed while writing its changelogs left the state of one workflow written after
+    it closed a window (the partition's clock past it) and another's from before (its window
+    0 still open, through an earlier offset), and no kept window. The partition's next owner
+    read again the samples after that offset: they came behind the watermark into a window
+    still open, started a new one beside it, and closing the open one replaced the new one's
+    samples. An open window takes its samples whatever the watermark, and closes with all."""
+    store: dict = {}
+    agg = WindowAggregator(CFG, store, {})
+    window_0 = series("wf-a", seconds=60, gpus=2)
+    batch = [Incoming.row(i, s) for i, s in enumerate(window_0[:114])]  # wf-a through 57 s
+    agg.process(0, batch, closed_at=0)
+    written_early = changelog_round_trip(store)["wf-a"]
+    later = window_0[114:] + series("wf-b", seconds=1, start=BASE_MS + 80_000, gpus=1)
+    rest = [Incoming.row(114 + i, s) for i, s in enumerate(later)]
+    closed = agg.process(0, rest, closed_at=0).closed
+    assert [(w["workflow_id"], w["gpu_seconds"]) for w in closed] == [("wf-a", 120.0)]
+    # Killed: wf-b's state was written after the close, wf-a's not since 57 s, no kept window.
+    restored = {"wf-a": written_early, "wf-b": changelog_round_trip(store)["wf-b"]}
+    successor = WindowAggregator(CFG, restored, {})
+    r = successor.process(0, rest, closed_at=1)  # read again from wf-a's offset
+    emitted = r.closed + [after for after, _ in r.updated]
+    final = max((w for w in emitted if w["workflow_id"] == "wf-a"), key=lambda w: w["version"])
+    assert final["gpu_seconds"] == 120.0
+    assert_window_matches(final, expected_windows(window_0)[("wf-a", BASE_MS)])
+
+
+def test_a_window_closed_again_after_a_partial_restore_outranks_what_its_first_owner_emitted():
+    """The other order of the same kill: the kept window (closed, then completed by a late
+    sample as version 2) was written, the workflow's state not since before the close. The
+    next owner closes the window again from that state and every sample after it: complete,
+    and above version 2, so that the store keeps it and not an equal version of another
+    content."""
+    store: dict = {}
+    history: dict = {}
+    agg = WindowAggregator(CFG, store, history)
+    window_0 = series("wf-a", seconds=60, gpus=2)
+    late = window_0.pop(10)
+    first = [Incoming.row(i, s) for i, s in enumerate(window_0[:100])]
+    agg.process(0, first, closed_at=0)
+    written_early = changelog_round_trip(store)["wf-a"]
+    later = window_0[100:] + series("wf-b", seconds=1, start=BASE_MS + 80_000, gpus=1) + [late]
+    rest = [Incoming.row(100 + i, s) for i, s in enumerate(later)]
+    r = agg.process(0, rest, closed_at=0)
+    assert [(w["version"], w["gpu_seconds"]) for w, _ in r.updated] == [(2, 120.0)]
+    restored = {"wf-a": written_early, "wf-b": changelog_round_trip(store)["wf-b"]}
+    successor = WindowAggregator(CFG, restored, json.loads(json.dumps(history)))
+    r = successor.process(0, rest, closed_at=1)
+    emitted = [w for w in r.closed + [after for after, _ in r.updated] if w["workflow_id"] == "wf-a"]
+    final = max(emitted, key=lambda w: w["version"])
+    assert final["version"] > 2 and final["gpu_seconds"] == 120.0
