@@ -177,6 +177,7 @@ class ClickHouseSink:
         batch_wait_s: float = 1.0,
         consumer_overrides: dict | None = None,
         sample_columns_in_sql: bool = True,
+        fence_s: float = 600.0,
     ) -> None:
         self.writer = writer
         self.prefix = topic_prefix
@@ -191,6 +192,10 @@ class ClickHouseSink:
         self.consumer = self.loop.consumer
         self.admin = AdminClient(client_config(kafka))
         self.topic_ids: dict[str, str] = {}  # topic -> Kafka's id of it, refreshed on each assignment
+        # (topic, partition) -> until when (monotonic) what ClickHouse holds of it is read again
+        # before each insert: see ``_not_stored``. ``fence_s`` outlasts an insert and its retries.
+        self.fence_s = fence_s
+        self._fenced: dict[tuple[str, int], float] = {}
         self.samples_topic = topic_prefix + GPU_SAMPLES.name
         self.columns = (
             SampleColumnsInsert(writer.client, writer.database, self.codec, writer.retries, writer.backoff_s)
@@ -200,6 +205,8 @@ class ClickHouseSink:
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         assigned = [(tp.topic, tp.partition) for tp in partitions]
+        until = time.monotonic() + self.fence_s
+        self._fenced.update((tp, until) for tp in assigned)
         self.topic_ids.update(topic_ids(self.admin, sorted({t for t, _ in assigned})))
         committed = {(tp.topic, tp.partition): tp.offset
                      for tp in retried(lambda: consumer.committed(partitions, timeout=30), "committed offsets")}
@@ -251,8 +258,34 @@ class ClickHouseSink:
         self._step(messages)
         return len(messages)
 
+    def _not_stored(self, messages: list) -> list:
+        """``messages`` less those that ClickHouse holds already, on partitions given to this sink
+        within ``fence_s``. Their previous reader may have lost them while its insert was held up
+        (past the poll interval), and that insert can land after this sink read, at its
+        assignment, where to resume: found by the soak, a batch stored twice (the next reader's
+        batches had other bounds, so another deduplication token). Such a batch is stored before
+        this sink's insert of it, or with it: the insert that comes between this read and this
+        sink's own is not caught (ClickHouse has no transaction to make the two one)."""
+        now = time.monotonic()
+        self._fenced = {tp: until for tp, until in self._fenced.items() if until > now}
+        fenced = {(m.topic(), m.partition()) for m in messages} & self._fenced.keys()
+        if not fenced:
+            return messages
+        stored: dict[Position, int] = {}
+        topics = sorted({t for t, _ in fenced})
+        for table in {table_for_topic(t, self.prefix).name: table_for_topic(t, self.prefix) for t in topics}.values():
+            stored.update(self.writer.resume_offsets(table, topics))
+        resume = {(p.topic, p.partition): offset for p, offset in stored.items()
+                  if p.topic_id == self.topic_ids.get(p.topic, "") and (p.topic, p.partition) in fenced}
+        keep = [m for m in messages if m.offset() >= resume.get((m.topic(), m.partition()), -1)]
+        if len(keep) < len(messages):
+            log.warning("%d messages of %s were stored by their partitions' previous reader after this sink was "
+                        "given them: not stored again", len(messages) - len(keep), ", ".join(
+                            f"{t}[{p}] up to offset {o - 1}" for (t, p), o in sorted(resume.items())))
+        return keep
+
     def _write(self, messages: list) -> None:
-        decode = self._insert_sample_columns(messages)
+        decode = self._insert_sample_columns(self._not_stored(messages))
         ok, errors = self.codec.decode_many([m.value() for m in decode])
         bad = [(decode[i], reason) for i, reason in errors]
         rows: dict[str, list[Row | Block]] = defaultdict(list)

@@ -123,9 +123,11 @@ def run_until_it_dies(sink: ClickHouseSink, topic: str, within_s: float = 60.0) 
 
 
 @contextmanager
-def running_sink(bootstrap: str, prefix: str, client, database: str, **options) -> Iterator[ClickHouseSink]:
-    """The ClickHouse sink consuming ``prefix``'s topics in a thread, stopped (and committed) on exit."""
-    sink = ClickHouseSink(bootstrap, ClickHouseWriter(client, database), topic_prefix=prefix,
+def running_sink(bootstrap: str, prefix: str, client, database: str, sink_class: type[ClickHouseSink] = ClickHouseSink,
+                 **options) -> Iterator[ClickHouseSink]:
+    """The ClickHouse sink (or a test's subclass of it) consuming ``prefix``'s topics in a thread,
+    stopped (and committed) on exit."""
+    sink = sink_class(bootstrap, ClickHouseWriter(client, database), topic_prefix=prefix,
                           **{"group_id": f"{prefix}sink", "batch_wait_s": 0.3, **options})
     sink.writer.ensure_tables()  # before the thread starts: the test may query the tables at once
     stop = threading.Event()
