@@ -193,7 +193,8 @@ class ClickHouseSink:
         self.admin = AdminClient(client_config(kafka))
         self.topic_ids: dict[str, str] = {}  # topic -> Kafka's id of it, refreshed on each assignment
         # (topic, partition) -> until when (monotonic) what ClickHouse holds of it is read again
-        # before each insert: see ``_not_stored``. ``fence_s`` outlasts an insert and its retries.
+        # before each insert: see ``_not_stored``; ``fence_s``: how long a held insert of the
+        # partition's previous reader may still land (retries included).
         self.fence_s = fence_s
         self._fenced: dict[tuple[str, int], float] = {}
         self.samples_topic = topic_prefix + GPU_SAMPLES.name
