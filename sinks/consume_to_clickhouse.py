@@ -211,13 +211,7 @@ class ClickHouseSink:
         self.topic_ids.update(topic_ids(self.admin, sorted({t for t, _ in assigned})))
         committed = {(tp.topic, tp.partition): tp.offset
                      for tp in retried(lambda: consumer.committed(partitions, timeout=30), "committed offsets")}
-        stored: dict[Position, int] = {}
-        by_table: dict[str, tuple[Table, set[str]]] = {}
-        for topic, _ in assigned:
-            table = table_for_topic(topic, self.prefix)
-            by_table.setdefault(table.name, (table, set()))[1].add(topic)
-        for table, topics in by_table.values():
-            stored.update(self.writer.resume_offsets(table, sorted(topics)))
+        stored = self._stored({t for t, _ in assigned})
         ends = {(p.topic, p.partition): retried(
                     lambda p=p: consumer.get_watermark_offsets(TopicPartition(p.topic, p.partition), timeout=30)[1],
                     f"the end of {p.topic}[{p.partition}]")
@@ -259,6 +253,18 @@ class ClickHouseSink:
         self._step(messages)
         return len(messages)
 
+    def _stored(self, topics: set[str]) -> dict[Position, int]:
+        """The next offset after the rows ClickHouse holds of ``topics``, per topic incarnation and
+        partition, read from the offsets projection of each one's table."""
+        stored: dict[Position, int] = {}
+        by_table: dict[str, tuple[Table, set[str]]] = {}
+        for topic in topics:
+            table = table_for_topic(topic, self.prefix)
+            by_table.setdefault(table.name, (table, set()))[1].add(topic)
+        for table, of_table in by_table.values():
+            stored.update(self.writer.resume_offsets(table, sorted(of_table)))
+        return stored
+
     def _not_stored(self, messages: list) -> list:
         """``messages`` less those that ClickHouse holds already, on partitions given to this sink
         within ``fence_s``. Their previous reader may have lost them while its insert was held up
@@ -269,13 +275,12 @@ class ClickHouseSink:
         sink's own is not caught (ClickHouse has no transaction to make the two one)."""
         now = time.monotonic()
         self._fenced = {tp: until for tp, until in self._fenced.items() if until > now}
+        if not self._fenced:
+            return messages  # (once the fences are over: nothing per message)
         fenced = {(m.topic(), m.partition()) for m in messages} & self._fenced.keys()
         if not fenced:
             return messages
-        stored: dict[Position, int] = {}
-        topics = sorted({t for t, _ in fenced})
-        for table in {table_for_topic(t, self.prefix).name: table_for_topic(t, self.prefix) for t in topics}.values():
-            stored.update(self.writer.resume_offsets(table, topics))
+        stored = self._stored({t for t, _ in fenced})
         resume = {(p.topic, p.partition): offset for p, offset in stored.items()
                   if p.topic_id == self.topic_ids.get(p.topic, "") and (p.topic, p.partition) in fenced}
         keep = [m for m in messages if m.offset() >= resume.get((m.topic(), m.partition()), -1)]

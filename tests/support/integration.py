@@ -128,7 +128,7 @@ def running_sink(bootstrap: str, prefix: str, client, database: str, sink_class:
     """The ClickHouse sink (or a test's subclass of it) consuming ``prefix``'s topics in a thread,
     stopped (and committed) on exit."""
     sink = sink_class(bootstrap, ClickHouseWriter(client, database), topic_prefix=prefix,
-                          **{"group_id": f"{prefix}sink", "batch_wait_s": 0.3, **options})
+                      **{"group_id": f"{prefix}sink", "batch_wait_s": 0.3, **options})
     sink.writer.ensure_tables()  # before the thread starts: the test may query the tables at once
     stop = threading.Event()
     thread = threading.Thread(target=sink.run, args=(stop,), daemon=True)
