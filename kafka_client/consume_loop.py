@@ -30,6 +30,7 @@ from kafka_client.commit_offsets import Committer
 from kafka_client.config import Connection, consumer_config, producer_config
 from kafka_client.leave_group import leave_and_close
 from kafka_client.metrics import ComponentMetrics, consumer_lag
+from kafka_client.watchdog import Watchdog
 from schemas.codec import Codec
 from schemas.dead_letter import dead_letter
 from schemas.topics import DEAD_LETTERS
@@ -57,6 +58,9 @@ class ConsumeLoop:
         self.dead_letters = 0
         self.consume_errors = 0
         self._lag_at = 0.0
+        # the process ends where a round of the loop (or its leaving the group) stalls: set by the
+        # command that runs the component (``kafka_client.watchdog``: one per process)
+        self.watchdog: Watchdog | None = None
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -70,11 +74,19 @@ class ConsumeLoop:
         self.consumer.subscribe(self.topics, **{k: f for k, f in callbacks.items() if f is not None})
         try:
             while not stop.is_set():
+                self._alive()
                 step(self.batch(stop, batch_size, batch_wait_s))
                 self._report_lag()
         finally:
+            self._alive()
             leave_and_close(self.consumer)  # (not close() alone: kafka_client.leave_group says why)
             self.producer.flush(self.flush_timeout_s)
+            if self.watchdog is not None:
+                self.watchdog.stop()
+
+    def _alive(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.alive()
 
     def batch(self, stop: threading.Event, size: int, wait_s: float) -> list[Message]:
         """Up to ``size`` messages, within ``wait_s``; consume errors logged, counted, and a

@@ -76,6 +76,22 @@ def metrics_args(p: argparse.ArgumentParser) -> None:
                         "host only: give 0.0.0.0 for a Prometheus elsewhere)")
 
 
+def watchdog_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--stall-exit-s", type=non_negative, default=os.environ.get("GPUFLEET_STALL_EXIT_S", "1800"),
+                   help="end this process (exit status 1, every thread's stack on stderr) when its consume loop "
+                        "has not gone round for this many seconds, for its supervisor to start it again "
+                        "(env GPUFLEET_STALL_EXIT_S; default 1800, longer than a ClickHouse insert and its retries "
+                        "may take; 0: never)")
+
+
+def watch(args: argparse.Namespace, loop) -> None:
+    """``--stall-exit-s`` kept on ``loop`` (the component's ``ConsumeLoop``: ``kafka_client.watchdog``)."""
+    if args.stall_exit_s > 0:
+        from kafka_client.watchdog import Watchdog
+
+        loop.watchdog = Watchdog(args.stall_exit_s)
+
+
 def serve_metrics(args: argparse.Namespace, registry) -> None:
     """The component's metrics on ``--metrics-port``, if given."""
     from kafka_client.metrics import serve

@@ -14,6 +14,8 @@ from gpufleet.commands.common import (
     non_negative_int,
     positive,
     serve_metrics,
+    watch,
+    watchdog_args,
 )
 
 
@@ -31,6 +33,7 @@ def add(sub) -> None:
     )
     p.add_argument("--timeout-s", type=positive, default=60.0, help="a command that runs longer has failed")
     metrics_args(p)
+    watchdog_args(p)
     p.set_defaults(func=cmd_enforce)
 
 
@@ -45,6 +48,7 @@ def cmd_enforce(args: argparse.Namespace) -> int:
     ensure_topics(kafka, prefix=args.topic_prefix, partitions=args.partitions)
     enforcer = Enforcer(kafka, ladders, act=args.act, group_id=args.group_id, topic_prefix=args.topic_prefix,
                         retries=args.retries, timeout_s=args.timeout_s)
+    watch(args, enforcer.loop)
     acting = [ladder.name for ladder in ladders if ladder.act] if args.act else []
     print(f"enforcer: {len(ladders)} ladder(s); acting for {', '.join(acting) or 'none (dry run)'}", flush=True)
     stop = threading.Event()

@@ -20,6 +20,8 @@ from gpufleet.commands.common import (
     rates_args,
     reader_dsn,
     serve_metrics,
+    watch,
+    watchdog_args,
 )
 from gpufleet.errors import UsageError
 
@@ -37,6 +39,7 @@ def add(sub) -> None:
                    help="with the embedded engine: the loopback port `gpufleet sql` & co. reach it on while "
                         "this sink holds it (env GPUFLEET_QUERY_PORT; default: a free one, written to the data dir)")
     metrics_args(p)
+    watchdog_args(p)
     p.set_defaults(func=cmd_sink)
 
     p = sub.add_parser("notify", help="message owners and teams about alerts (webhook, e-mail)")
@@ -52,6 +55,7 @@ def add(sub) -> None:
     clickhouse_args(p)
     rates_args(p, "the job reports")
     metrics_args(p)
+    watchdog_args(p)
     p.set_defaults(func=cmd_notify)
 
 
@@ -71,6 +75,7 @@ def cmd_sink(args: argparse.Namespace) -> int:
     ensure_topics(kafka, prefix=args.topic_prefix, partitions=args.partitions)
     sink = ClickHouseSink(kafka, writer, group_id=args.group_id, topic_prefix=args.topic_prefix,
                           sample_columns_in_sql=not args.samples_in_python)
+    watch(args, sink.loop)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -149,6 +154,7 @@ def cmd_notify(args: argparse.Namespace) -> int:
     notifier = AlertNotifier(kafka, routing, args.data_dir / "notifier-sent.log",
                              group_id=args.group_id, topic_prefix=args.topic_prefix, rates=prices,
                              replicas=replica_counter(args))
+    watch(args, notifier.loop)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

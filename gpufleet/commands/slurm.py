@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from gpufleet.commands.common import kafka_args, kafka_connection, metrics_args, serve_metrics
+from gpufleet.commands.common import kafka_args, kafka_connection, metrics_args, serve_metrics, watch, watchdog_args
 
 DEFAULT_DIR = Path(os.environ.get("GPUFLEET_SLURM_DIR", "/run/gpufleet/slurm"))
 
@@ -38,6 +38,7 @@ def add(sub) -> None:
                    help="the Slurm cluster whose jobs to write (env GPUFLEET_CLUSTER; default: sacctmgr's own)")
     p.add_argument("--group-id", default="gpufleet-slurm-comments")
     metrics_args(p)
+    watchdog_args(p)
     p.set_defaults(func=cmd_comments)
 
 
@@ -73,6 +74,7 @@ def cmd_comments(args: argparse.Namespace) -> int:
 
     writer = SlurmComments(kafka_connection(args, "slurm"), group_id=args.group_id, topic_prefix=args.topic_prefix,
                            cluster=args.cluster)
+    watch(args, writer.loop)
     serve_metrics(args, METRICS.registry)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

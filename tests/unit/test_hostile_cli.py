@@ -117,6 +117,8 @@ CASES = [
     ("sink-database-name", ["sink", "--database", "x; DROP TABLE y"], "database", U),
     ("sink-database-alias", ["sink", "--database", "s"], "choose another name", U),
     ("sink-no-broker", ["sink"], "no local broker", R),
+    ("sink-stall-negative", ["sink", "--stall-exit-s", "-1"], "0 or more", U),
+    ("notify-stall-text", ["notify", "--stall-exit-s", "half an hour"], "not a number", U),
     # notify
     ("notify-routing-missing", ["notify", "--routing", "{missing}"], "missing", U),
     ("notify-routing-bad-toml", ["notify", "--routing", "{bad.toml}"], "TOML", U),
