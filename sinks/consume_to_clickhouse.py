@@ -28,7 +28,6 @@ from confluent_kafka import (
     TIMESTAMP_NOT_AVAILABLE,
     Consumer,
     KafkaException,
-    TopicCollection,
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient
@@ -48,6 +47,7 @@ from schemas.validate_ids import ids_error
 from sinks.clickhouse_ddl import TABLES, Table
 from sinks.ddl_samples import GPU_SAMPLES_TABLE
 from sinks.insert_sample_columns import Message, SampleColumnsInsert
+from sinks.resume_offsets import resume_plan, retried, topic_ids
 from sinks.write_clickhouse import (
     Block,
     ClickHouseWriter,
@@ -71,79 +71,6 @@ def received_ms(message) -> int | None:
     """When Kafka received a confluent-kafka message (its record's timestamp), or None."""
     kind, ms = message.timestamp()
     return ms if kind != TIMESTAMP_NOT_AVAILABLE and ms > 0 else None
-
-def topic_ids(admin: AdminClient, topics: list[str], timeout: float = 30.0) -> dict[str, str]:
-    """Kafka's id of each topic: a topic deleted and created again under the same name gets a
-    new one. A topic the cluster does not describe is left out."""
-    if not topics:
-        return {}
-    out = {}
-    for name, future in admin.describe_topics(TopicCollection(topics), request_timeout=timeout).items():
-        try:
-            out[name] = str(future.result(timeout).topic_id)
-        except KafkaException as exc:
-            log.warning("%s: no topic id (%s); its rows are stored without one", name, exc)
-    return out
-
-
-# What a broker or coordinator that moved (a node killed, a leader elected) answers for a while.
-_MOVED = frozenset({"NOT_LEADER_FOR_PARTITION", "LEADER_NOT_AVAILABLE", "NOT_COORDINATOR", "COORDINATOR_NOT_AVAILABLE",
-                    "COORDINATOR_LOAD_IN_PROGRESS", "REQUEST_TIMED_OUT", "_TIMED_OUT", "_TRANSPORT", "_WAIT_COORD"})
-
-
-def retried(call, what: str, timeout: float = 60.0):
-    """``call()``, asked again while the cluster answers that a leader or coordinator moved
-    (a rebalance callback that raised would stop the sink: found by the fleet fault test, a
-    broker killed while partitions were being assigned)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return call()
-        except KafkaException as exc:
-            error = exc.args[0]
-            if not (error.retriable() or error.name() in _MOVED) or time.monotonic() > deadline:
-                raise
-            log.info("%s: %s; asking again", what, error.str())
-            time.sleep(0.2)
-
-
-class OffsetsDisagree(RuntimeError):
-    """ClickHouse holds rows of a topic partition beyond its end in Kafka; the text says where."""
-
-
-def resume_plan(assigned: list[tuple[str, int]], topic_ids: dict[str, str], stored: dict[Position, int],
-                committed: dict[tuple[str, int], int], ends: dict[tuple[str, int], int],
-                ) -> tuple[dict[tuple[str, int], int], list[str]]:
-    """Where to start each assigned ``(topic, partition)`` that ClickHouse is ahead of Kafka's
-    committed offset on (the others start at the committed offset), and the warnings to log.
-    ``stored``: the next offset after the rows in ClickHouse per topic incarnation and
-    partition; ``ends``: each partition's end offset (only where ClickHouse holds rows)."""
-    seek, warnings = {}, []
-    for topic, partition in assigned:
-        topic_id = topic_ids.get(topic, "")
-        resume = stored.get(Position(topic, topic_id, partition))
-        others = sorted(p.topic_id for p in stored if (p.topic, p.partition) == (topic, partition)
-                        and p.topic_id != topic_id)
-        if others and resume is None:
-            warnings.append(
-                f"{topic}[{partition}]: ClickHouse holds rows of another topic of this name (id "
-                f"{', '.join(others)}; this one is {topic_id or 'unknown'}): it was deleted and created "
-                "again, or this is another Kafka cluster; those rows are kept, and this partition is read "
-                "from its committed offset")
-        if resume is None:
-            continue
-        end = ends[(topic, partition)]
-        if resume > end:
-            raise OffsetsDisagree(
-                f"{topic}[{partition}] (id {topic_id or 'unknown'}) ends at offset {end} in Kafka, but ClickHouse "
-                f"holds its rows up to offset {resume - 1}: the partition's log was truncated after they "
-                "were stored (data lost in Kafka). Not resuming: check the brokers, then delete the rows "
-                "beyond the end or start the sink with another --group-id and --database")
-        kafka = committed.get((topic, partition), OFFSET_INVALID)
-        if kafka < 0 or resume > kafka:
-            seek[(topic, partition)] = resume
-    return seek, warnings
-
 
 METRICS = ComponentMetrics("sink")
 ROWS = METRICS.counter("gpufleet_sink_rows", "Rows inserted into ClickHouse, by table", ["table"])

@@ -64,7 +64,7 @@ def test_other_errors_are_raised():
 def test_what_a_moved_leader_refuses_is_asked_again_and_other_errors_are_not():
     from confluent_kafka import KafkaError, KafkaException
 
-    from sinks.consume_to_clickhouse import retried
+    from sinks.resume_offsets import retried
 
     answers = [KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError._TRANSPORT, 42]
 
