@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import TimeoutError as FutureTimeout
 
 from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, TopicCollection
 from confluent_kafka.admin import AdminClient
@@ -39,29 +40,34 @@ class TopicIdUnknown(RuntimeError):
 
 
 def topic_ids(admin: AdminClient, topics: list[str], timeout: float = 30.0, retry_s: float = 60.0,
-              pause_s: float = 0.2) -> dict[str, str]:
+              pause_s: float = 0.2, grace_s: float = 10.0) -> dict[str, str]:
     """Kafka's id of each topic: a topic deleted and created again under the same name gets a
     new one. Those the cluster cannot describe for now are asked again until ``retry_s`` has
-    passed, then ``TopicIdUnknown``; one it refuses for good is left out (logged)."""
+    passed, then ``TopicIdUnknown``; one it refuses for good is left out (logged). Each answer is
+    waited for ``grace_s`` past the request's ``timeout``."""
     out: dict[str, str] = {}
     left, deadline = sorted(topics), time.monotonic() + retry_s
     while left:
-        later: dict[str, KafkaError] = {}
+        later: dict[str, str] = {}  # topic -> why it has no id for now
         for name, future in admin.describe_topics(TopicCollection(left), request_timeout=timeout).items():
             try:
-                out[name] = str(future.result(timeout).topic_id)
+                # (waited for past the request's own timeout, which answers it: found by the soak,
+                # a wait as long as the request's ran out first and stopped the sink)
+                out[name] = str(future.result(timeout + grace_s).topic_id)
+            except FutureTimeout:
+                later[name] = f"no answer in {timeout + grace_s:g} s"
             except KafkaException as exc:
                 if _for_now(exc.args[0]):
-                    later[name] = exc.args[0]
+                    later[name] = exc.args[0].str()
                 else:
                     log.warning("%s: no topic id (%s); its rows are stored without one", name, exc)
         left = sorted(later)
         if left and time.monotonic() > deadline:
             raise TopicIdUnknown(
-                f"Kafka did not say the id of {', '.join(left)} in {retry_s:g} s ({later[left[0]].str()}): "
+                f"Kafka did not say the id of {', '.join(left)} in {retry_s:g} s ({later[left[0]]}): "
                 "no row is stored without its topic's id; start the sink again once the cluster answers")
         if left:
-            log.info("no id yet for %s (%s); asking again", ", ".join(left), later[left[0]].str())
+            log.info("no id yet for %s (%s); asking again", ", ".join(left), later[left[0]])
             time.sleep(pause_s)
     return out
 

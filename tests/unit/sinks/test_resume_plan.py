@@ -55,6 +55,8 @@ class Cluster:
             future = Future()
             if isinstance(answer, str):
                 future.set_result(Described(answer))
+            elif answer is None:
+                pass  # (no answer yet)
             else:
                 future.set_exception(KafkaException(KafkaError(answer)))
             out[name] = future
@@ -73,6 +75,16 @@ def test_a_sink_that_gets_no_topic_id_in_time_stores_nothing_rather_than_rows_wi
     cluster = Cluster({"a": [KafkaError._TIMED_OUT], "b": ["id-b"]})
     with pytest.raises(TopicIdUnknown, match=r"did not say the id of a in 0 s .*no row is stored without"):
         topic_ids(cluster, ["a", "b"], retry_s=0, pause_s=0)
+
+
+def test_a_topic_id_not_answered_in_time_is_asked_again_not_a_crash():
+    """Found by the soak: the answer was waited for as long as the request's own timeout, the
+    wait ran out first (concurrent.futures' TimeoutError) and stopped the sink at its start."""
+    cluster = Cluster({"a": [None, "id-a"], "b": ["id-b"]})
+    assert topic_ids(cluster, ["a", "b"], timeout=0.01, pause_s=0, grace_s=0.01) == {"a": "id-a", "b": "id-b"}
+    assert cluster.asked == [["a", "b"], ["a"]]
+    with pytest.raises(TopicIdUnknown, match=r"did not say the id of a in 0 s \(no answer in 0.02 s\)"):
+        topic_ids(Cluster({"a": [None]}), ["a"], timeout=0.01, retry_s=0, pause_s=0, grace_s=0.01)
 
 
 def test_a_topic_the_cluster_refuses_to_describe_is_stored_without_an_id_and_not_asked_again():
