@@ -13,7 +13,9 @@ At the end an oracle computed from what was published checks, and prints with it
 3. each alert episode (an alert id FIRING) notified exactly once, each resolution once;
 4. each enforcement step recorded once (one row per step in ClickHouse), and the enforcer's
    outcome once per action that fell due;
-5. no dead letter (no fault may make good data look bad).
+5. no dead letter (no fault may make good data look bad);
+6. no component ended without being killed (a supervisor would hide it: the soak names it, and
+   starts it again when the schedule next comes to it).
 
 The load has known waste: one workflow holds its GPUs at 0 % throughout, one is idle for 20
 simulated minutes out of every 40 (an alert episode, and a ladder episode, each time).
@@ -42,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from confluent_kafka import Consumer, TopicPartition
-from soak_parts import PREFIX, Process, Sinks, Webhook
+from soak_parts import ENDED_BY_ITSELF, PREFIX, Process, Sinks, Webhook
 
 from gpufleet.local import kafka as local_kafka
 from kafka_client.admin import ensure_topics
@@ -166,6 +168,16 @@ def inject(kind: str, rng: random.Random, down: float, data: Path, sinks: Sinks,
     time.sleep(down)
     target.start()
     return target.name
+
+
+def none_ended(processes: list[Process]) -> bool:
+    """Check 6: no component ended without being killed (printed with what each said)."""
+    for p in processes:
+        p.ended()
+    ok = not ENDED_BY_ITSELF
+    print(f"6. components that ended without being killed: {len(ENDED_BY_ITSELF)}: {'OK' if ok else 'VIOLATION'}"
+          + "".join(f"\n   {what}" for what in ENDED_BY_ITSELF))
+    return ok
 
 
 def main() -> int:
@@ -328,6 +340,7 @@ def main() -> int:
         violations += not ok
         print(f"5. dead letters: {len(letters)}: {'OK' if ok else 'VIOLATION'}"
               + ("" if ok else f" {[r.get('reason') for _, r in letters[:5]]}"))
+        violations += not none_ended(processes)
     finally:
         for p in processes:
             p.stop()
