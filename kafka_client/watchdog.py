@@ -1,6 +1,6 @@
 """A component whose consume loop stops going round ends, with every thread's stack on stderr,
-so that its supervisor (systemd, Kubernetes, the demo's) starts it again: a reader stuck for good
-holds its partitions' data back from everyone, and nothing else would tell.
+so that its supervisor (systemd, Kubernetes, Docker's restart policy) starts it again: a reader
+stuck for good holds its partitions' data back from everyone, and nothing else would tell.
 
 What it is for: librdkafka can wait for good inside a call that confluent-kafka makes while
 holding the GIL (a rebalance served while a group coordinator is unreachable: ``leave_group.py``
