@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import ClassVar
@@ -124,7 +125,8 @@ class Sinks:
     def kill(self, i: int) -> None:
         sink, stop, thread = self.running.pop(i)
         sink.die.set()
-        while not sink.dead.wait(1) and thread.is_alive():
+        deadline = time.monotonic() + 120  # (a sink given no partition never reaches a commit to die at)
+        while not sink.dead.wait(1) and thread.is_alive() and time.monotonic() < deadline:
             pass  # (a thread that ended by itself never dies at its commit: it is started again all the same)
         self.dead.append((sink, stop, thread))
 
