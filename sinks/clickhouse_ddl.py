@@ -12,6 +12,9 @@ deleted and created again, another cluster) are never mistaken for its own.
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+
 from sinks.ddl_alerts import (
     ALERT_TRANSITIONS,
     ALERTS_TABLE,
@@ -43,6 +46,7 @@ from sinks.table import (
     DEDUPLICATION_WINDOW,
     KAFKA_COLUMNS,
     KAFKA_TOPIC_COLUMNS,
+    OFFSETS_PROJECTION,
     Table,
     offsets_projection,
 )
@@ -68,8 +72,11 @@ __all__ = [
     "WORKFLOW_EVENTS_TABLE",
     "WORKFLOW_SUMMARIES_TABLE",
     "WORKFLOW_WINDOWS_TABLE",
+    "Alteration",
     "Table",
+    "alterations",
     "create_statements",
+    "grouped",
 ]
 
 TABLES: tuple[Table, ...] = (
@@ -85,17 +92,71 @@ DERIVED = (*WORKFLOWS, *ROLLUPS, *ALERT_TRANSITIONS, JUDGED_WINDOWS_VIEW, WASTE_
            *CAPACITY_VIEWS)
 
 
+@dataclass(frozen=True)
+class Alteration:
+    """An ``ALTER`` clause that brings a table of an earlier release to its current definition,
+    and how to tell that the table has it already: the column it adds (as ``system.columns``
+    lists the table's), or else what the table's definition shows once it is done (as
+    ``system.tables``' ``create_table_query`` shows it)."""
+
+    table: str  # database.table
+    clause: str  # what follows ``ALTER TABLE database.table``
+    column: str | None = None
+    shows: tuple[re.Pattern[str], ...] = ()
+
+    @property
+    def statement(self) -> str:
+        return f"ALTER TABLE {self.table} {self.clause}"
+
+    def done(self, columns: set[tuple[str, str]], definitions: dict[str, str]) -> bool:
+        """Whether the table, as ``columns`` ((table, column), the table without its database)
+        and ``definitions`` (table -> its CREATE) show it, has what the clause would give it."""
+        name = self.table.partition(".")[2]
+        if self.column is not None:
+            return (name, self.column) in columns
+        definition = definitions.get(name, "")
+        return bool(self.shows) and all(p.search(definition) for p in self.shows)
+
+
+def alterations(database: str, t: Table) -> list[Alteration]:
+    """What brings ``t`` of any earlier release to its current definition, in order (each
+    idempotent): the columns added since, the deduplication settings, the offsets projection."""
+    table = f"{database}.{t.name}"
+    return [
+        *(Alteration(table, f"ADD COLUMN IF NOT EXISTS {c} {typ}", column=c)
+          for c, typ in (*t.added_columns, *KAFKA_TOPIC_COLUMNS)),
+        # After a merge that drops replaced rows, the offsets projection is computed again
+        # (and without it, a ReplacingMergeTree takes no projection).
+        Alteration(table, f"MODIFY SETTING non_replicated_deduplication_window = {DEDUPLICATION_WINDOW}, "
+                          "deduplicate_merge_projection_mode = 'rebuild'",
+                   shows=(re.compile(rf"\bnon_replicated_deduplication_window = {DEDUPLICATION_WINDOW}\b"),
+                          re.compile(r"\bdeduplicate_merge_projection_mode = 'rebuild'"))),
+        Alteration(table, offsets_projection(table).removeprefix(f"ALTER TABLE {table} "),
+                   shows=(re.compile(rf"\bPROJECTION `?{OFFSETS_PROJECTION}`?\s"),)),
+    ]
+
+
+def grouped(table: str, lacking: list[Alteration]) -> list[str]:
+    """The statements that apply ``lacking`` (clauses of ``table``), in their order, as few as
+    ClickHouse takes: one statement holds many clauses, but a ``MODIFY SETTING`` ends its
+    statement (the commas after it list more settings), and what needs its setting (the
+    projection) comes after it."""
+    statements, clauses = [], []
+    for a in lacking:
+        clauses.append(a.clause)
+        if a.clause.startswith("MODIFY SETTING"):
+            statements.append(f"ALTER TABLE {table} {', '.join(clauses)}")
+            clauses = []
+    if clauses:
+        statements.append(f"ALTER TABLE {table} {', '.join(clauses)}")
+    return statements
+
+
 def create_statements(database: str) -> list[str]:
     """Everything to run, in order, to bring ``database`` to the current tables (idempotent)."""
     statements = [f"CREATE DATABASE IF NOT EXISTS {database}"]
     for t in TABLES:
-        table = f"{database}.{t.name}"
         statements.append(t.ddl.format(db=database, name=t.name).strip())
-        statements += [f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {c} {typ}"
-                       for c, typ in (*t.added_columns, *KAFKA_TOPIC_COLUMNS)]
-        # After a merge that drops replaced rows, the offsets projection is computed again.
-        statements.append(f"ALTER TABLE {table} MODIFY SETTING non_replicated_deduplication_window = "
-                          f"{DEDUPLICATION_WINDOW}, deduplicate_merge_projection_mode = 'rebuild'")
-        statements.append(offsets_projection(table))
+        statements += [a.statement for a in alterations(database, t)]
     statements += [d.format(db=database).strip() for d in DERIVED]
     return statements
