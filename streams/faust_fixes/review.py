@@ -43,6 +43,11 @@ REVIEWED = {
     "faust.transport.consumer:Consumer._wait_next_records": ("replaced by fix 9", "6218e1969a636b3f"),
     "aiokafka.consumer.fetcher:Fetcher.fetched_records": ("takes the partitions wanted as fix 9 gives them",
                                                           "be4348896b9b66af"),
+    "faust.transport.consumer:Consumer.ack": ("its bookkeeping emptied by fix 10", "5fcf41cf45153475"),
+    "faust.transport.consumer:Consumer.on_partitions_revoked": ("drops acks before the batches finish (10)",
+                                                                "d04b7ae72c6fc206"),
+    "faust.app.base:App._on_partitions_revoked": ("signals the stages once the batches finished (8, 10)",
+                                                  "d5c895bbe57dc73a"),
 }
 UPGRADING = "docs/upgrading-faust.md"
 

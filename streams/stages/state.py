@@ -123,12 +123,15 @@ class StageState:
 
     async def on_revoked(self, sender, revoked: set, **kwargs) -> None:
         """A rebalance begins (faust has let the batches in flight finish and committed what
-        it could): the tables are let go of, between batches."""
+        it could): the tables are let go of, between batches, and so are the offsets acked
+        since the last commit (``faust_fixes`` fix 10)."""
         async with self.lock:
             gone = self.forget()
-        if gone:
-            log.info("%s: let go of %d entries for the rebalance; restored from the changelogs as last written",
-                     self.stage, gone)
+            dropped = faust_fixes.forget_acks(self.app.consumer)  # (what was forgotten is read again)
+        if gone or dropped:
+            log.info("%s: let go of %d entries and %d acked offsets not committed for the rebalance; restored "
+                     "from the changelogs as last written, read again from the last commit", self.stage, gone,
+                     dropped)
 
     def forget(self) -> int:
         """Every entry of the stage's tables, unsaved changes included, and where recovery

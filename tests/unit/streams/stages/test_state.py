@@ -8,6 +8,7 @@ import asyncio
 import faust
 import pytest
 from faust.types import TP
+from faust.types.tuples import ConsumerMessage
 
 from schemas.codec import Codec
 from schemas.topics import ALERTS
@@ -104,3 +105,42 @@ def test_a_rebalance_leaves_the_tables_as_last_written_never_a_mix(state):
     assert recovery.active_offsets[other] == 7  # another stage's tables are its own
     restore(state.things, state.written)
     assert dict(data) == {"wf-a": {"partition": 3, "applied": 100}}  # as written: one whole state
+
+
+def handed(app, topic: str, partition: int, offset: int):
+    """A message as faust's consumer hands it to a stream (tracked: pending its ack)."""
+    message = ConsumerMessage(topic, partition, offset, 0.0, 0, None, None, b"", None)
+    app.consumer.track_message(message)
+    return message
+
+
+def test_offsets_acked_for_state_a_rebalance_forgot_are_never_committed(state):
+    """Found by the soak (seed 29): faust drops a revoked partition's acked offsets before the
+    batches in flight finish; a batch that finished after acked its messages again, the stage
+    forgot its changes (never written), and where the partition stayed with the worker the next
+    generation's first commit committed those offsets: recovery then skipped the batch's
+    samples, and two windows were emitted again with 56 of 240 and 28 of 120 GPU-seconds."""
+    app = state.app
+    app.topics.add(app.topic("samples"))  # (a stream's topic: its messages are acked)
+    asyncio.run(app.topics._update_indices())  # (as the conductor does when the worker starts)
+    consumer = app.consumer
+    tp = TP("samples", 3)
+    first, late = [handed(app, "samples", 3, offset) for offset in (10, 11)]
+    consumer._acked.pop(tp, None)  # what faust's revocation does first, batches still in flight
+
+    async def in_flight():
+        async with state.batch():
+            state.things.data["wf-a"] = {"partition": 3, "applied": 10}
+            state.changed(state.things, "wf-a", 3)
+        first.ack(consumer)  # the batch done: acked after faust dropped the partition's acks
+
+    asyncio.run(in_flight())
+    assert consumer._acked[tp] == [10]  # (upstream: an ack is recorded whatever was revoked)
+    asyncio.run(app.on_partitions_revoked.send({tp}))  # the stages forget what no commit wrote
+    assert state.dirty(state.things) == {} and dict(state.things.data) == {}
+    assert not consumer._acked.get(tp) and consumer._new_offset(tp) is None  # nothing to commit
+    late.ack(consumer)  # handed over before the revocation, acked after it
+    assert not consumer._acked.get(tp) and consumer._new_offset(tp) is None
+    # The next generation's messages are acked and committed as always.
+    handed(app, "samples", 3, 10).ack(consumer)
+    assert consumer._acked[tp] == [10]
