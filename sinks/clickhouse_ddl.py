@@ -47,8 +47,8 @@ from sinks.table import (
     KAFKA_COLUMNS,
     KAFKA_TOPIC_COLUMNS,
     OFFSETS_PROJECTION,
+    OFFSETS_PROJECTION_CLAUSE,
     Table,
-    offsets_projection,
 )
 
 __all__ = [
@@ -76,6 +76,8 @@ __all__ = [
     "Table",
     "alterations",
     "create_statements",
+    "created",
+    "derived",
     "grouped",
 ]
 
@@ -99,64 +101,80 @@ class Alteration:
     lists the table's), or else what the table's definition shows once it is done (as
     ``system.tables``' ``create_table_query`` shows it)."""
 
-    table: str  # database.table
+    database: str
+    table: str
     clause: str  # what follows ``ALTER TABLE database.table``
     column: str | None = None
     shows: tuple[re.Pattern[str], ...] = ()
 
     @property
     def statement(self) -> str:
-        return f"ALTER TABLE {self.table} {self.clause}"
+        return f"ALTER TABLE {self.database}.{self.table} {self.clause}"
 
     def done(self, columns: set[tuple[str, str]], definitions: dict[str, str]) -> bool:
-        """Whether the table, as ``columns`` ((table, column), the table without its database)
-        and ``definitions`` (table -> its CREATE) show it, has what the clause would give it."""
-        name = self.table.partition(".")[2]
+        """Whether the table, as ``columns`` ((table, column) of its database) and
+        ``definitions`` (table -> its CREATE) show it, has what the clause would give it."""
         if self.column is not None:
-            return (name, self.column) in columns
-        definition = definitions.get(name, "")
+            return (self.table, self.column) in columns
+        definition = definitions.get(self.table, "")
         return bool(self.shows) and all(p.search(definition) for p in self.shows)
 
 
 def alterations(database: str, t: Table) -> list[Alteration]:
     """What brings ``t`` of any earlier release to its current definition, in order (each
     idempotent): the columns added since, the deduplication settings, the offsets projection."""
-    table = f"{database}.{t.name}"
     return [
-        *(Alteration(table, f"ADD COLUMN IF NOT EXISTS {c} {typ}", column=c)
+        *(Alteration(database, t.name, f"ADD COLUMN IF NOT EXISTS {c} {typ}", column=c)
           for c, typ in (*t.added_columns, *KAFKA_TOPIC_COLUMNS)),
         # After a merge that drops replaced rows, the offsets projection is computed again
         # (and without it, a ReplacingMergeTree takes no projection).
-        Alteration(table, f"MODIFY SETTING non_replicated_deduplication_window = {DEDUPLICATION_WINDOW}, "
-                          "deduplicate_merge_projection_mode = 'rebuild'",
+        Alteration(database, t.name, f"MODIFY SETTING non_replicated_deduplication_window = {DEDUPLICATION_WINDOW}, "
+                                     "deduplicate_merge_projection_mode = 'rebuild'",
                    shows=(re.compile(rf"\bnon_replicated_deduplication_window = {DEDUPLICATION_WINDOW}\b"),
                           re.compile(r"\bdeduplicate_merge_projection_mode = 'rebuild'"))),
-        Alteration(table, offsets_projection(table).removeprefix(f"ALTER TABLE {table} "),
+        Alteration(database, t.name, OFFSETS_PROJECTION_CLAUSE,
                    shows=(re.compile(rf"\bPROJECTION `?{OFFSETS_PROJECTION}`?\s"),)),
     ]
 
 
-def grouped(table: str, lacking: list[Alteration]) -> list[str]:
-    """The statements that apply ``lacking`` (clauses of ``table``), in their order, as few as
-    ClickHouse takes: one statement holds many clauses, but a ``MODIFY SETTING`` ends its
-    statement (the commas after it list more settings), and what needs its setting (the
-    projection) comes after it."""
-    statements, clauses = [], []
+def grouped(lacking: list[Alteration]) -> list[str]:
+    """The statements that apply ``lacking``, in their order, as few as ClickHouse takes: one
+    statement holds many clauses of one table, but a ``MODIFY SETTING`` ends its statement (the
+    commas after it list more settings), and what needs its setting (the projection) comes
+    after it."""
+    statements: list[str] = []
+    clauses: list[Alteration] = []
     for a in lacking:
-        clauses.append(a.clause)
+        if clauses and (clauses[0].database, clauses[0].table) != (a.database, a.table):
+            statements.append(_joined(clauses))
+            clauses = []
+        clauses.append(a)
         if a.clause.startswith("MODIFY SETTING"):
-            statements.append(f"ALTER TABLE {table} {', '.join(clauses)}")
+            statements.append(_joined(clauses))
             clauses = []
     if clauses:
-        statements.append(f"ALTER TABLE {table} {', '.join(clauses)}")
+        statements.append(_joined(clauses))
     return statements
+
+
+def _joined(clauses: list[Alteration]) -> str:
+    return f"ALTER TABLE {clauses[0].database}.{clauses[0].table} {', '.join(a.clause for a in clauses)}"
+
+
+def created(database: str, t: Table) -> str:
+    """``t``'s ``CREATE TABLE IF NOT EXISTS`` in ``database``."""
+    return t.ddl.format(db=database, name=t.name).strip()
+
+
+def derived(database: str) -> list[str]:
+    """What is made from the tables of ``database`` (``DERIVED``), in order."""
+    return [d.format(db=database).strip() for d in DERIVED]
 
 
 def create_statements(database: str) -> list[str]:
     """Everything to run, in order, to bring ``database`` to the current tables (idempotent)."""
     statements = [f"CREATE DATABASE IF NOT EXISTS {database}"]
     for t in TABLES:
-        statements.append(t.ddl.format(db=database, name=t.name).strip())
+        statements.append(created(database, t))
         statements += [a.statement for a in alterations(database, t)]
-    statements += [d.format(db=database).strip() for d in DERIVED]
-    return statements
+    return statements + derived(database)

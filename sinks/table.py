@@ -38,7 +38,12 @@ OFFSETS_PROJECTION = "kafka_offsets"
 DEDUPLICATION_WINDOW = 10_000
 
 
+# The highest offset per topic and partition, in each part beside its rows (cheap to read).
+OFFSETS_PROJECTION_CLAUSE = (f"ADD PROJECTION IF NOT EXISTS {OFFSETS_PROJECTION} (SELECT kafka_topic, "
+                             "kafka_topic_id, kafka_partition, max(kafka_offset) "
+                             "GROUP BY kafka_topic, kafka_topic_id, kafka_partition)")
+
+
 def offsets_projection(table: str) -> str:
-    """The highest offset per topic and partition, in each part beside its rows (cheap to read)."""
-    return (f"ALTER TABLE {table} ADD PROJECTION IF NOT EXISTS {OFFSETS_PROJECTION} (SELECT kafka_topic, "
-            "kafka_topic_id, kafka_partition, max(kafka_offset) GROUP BY kafka_topic, kafka_topic_id, kafka_partition)")
+    """The statement that gives ``table`` (``database.table``) its offsets projection."""
+    return f"ALTER TABLE {table} {OFFSETS_PROJECTION_CLAUSE}"
