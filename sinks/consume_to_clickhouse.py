@@ -104,7 +104,7 @@ class ClickHouseSink:
         batch_wait_s: float = 1.0,
         consumer_overrides: dict | None = None,
         sample_columns_in_sql: bool = True,
-        fence_s: float = 600.0,
+        fence_s: float = 1800.0,
     ) -> None:
         self.writer = writer
         self.prefix = topic_prefix
@@ -121,7 +121,8 @@ class ClickHouseSink:
         self.topic_ids: dict[str, str] = {}  # topic -> Kafka's id of it, refreshed on each assignment
         # (topic, partition) -> until when (monotonic) what ClickHouse holds of it is read again
         # before each insert: see ``_not_stored``; ``fence_s``: how long a held insert of the
-        # partition's previous reader may still land (retries included).
+        # partition's previous reader may still land (its retries wait up to 6 x a server client's
+        # 300 s read timeout; ``gpufleet sink --fence-s``, as long as the watchdog's 1800 s).
         self.fence_s = fence_s
         self._fenced: dict[tuple[str, int], float] = {}
         self.samples_topic = topic_prefix + GPU_SAMPLES.name

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import threading
@@ -15,6 +16,7 @@ from gpufleet.commands.common import (
     kafka_args,
     kafka_connection,
     metrics_args,
+    non_negative,
     port,
     rates,
     rates_args,
@@ -38,6 +40,11 @@ def add(sub) -> None:
     p.add_argument("--query-port", type=port, default=int(os.environ.get("GPUFLEET_QUERY_PORT", "0")),
                    help="with the embedded engine: the loopback port `gpufleet sql` & co. reach it on while "
                         "this sink holds it (env GPUFLEET_QUERY_PORT; default: a free one, written to the data dir)")
+    p.add_argument("--fence-s", type=non_negative, default=os.environ.get("GPUFLEET_SINK_FENCE_S", "1800"),
+                   help="for this long after being given a partition, read what ClickHouse holds of it before each "
+                        "insert, so that an insert of its previous reader that was held up and lands late is not "
+                        "stored twice (env GPUFLEET_SINK_FENCE_S; default 1800: as long as --stall-exit-s, past "
+                        "which a held reader ends; 0: never)")
     metrics_args(p)
     watchdog_args(p)
     p.set_defaults(func=cmd_sink)
@@ -74,7 +81,7 @@ def cmd_sink(args: argparse.Namespace) -> int:
     kafka = kafka_connection(args, "sink")
     ensure_topics(kafka, prefix=args.topic_prefix, partitions=args.partitions)
     sink = ClickHouseSink(kafka, writer, group_id=args.group_id, topic_prefix=args.topic_prefix,
-                          sample_columns_in_sql=not args.samples_in_python)
+                          sample_columns_in_sql=not args.samples_in_python, fence_s=fence_s(args))
     watch(args, sink.loop)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -92,6 +99,17 @@ def cmd_sink(args: argparse.Namespace) -> int:
             queries.stop()
     print(f"sink stopped: {dict(stats.rows)} rows, {stats.dead_letters} dead letters")
     return 0
+
+
+def fence_s(args: argparse.Namespace) -> float:
+    """``--fence-s``, said to be short where a partition's previous reader may be held up for
+    longer (``--stall-exit-s`` larger, or 0: never ended)."""
+    if args.stall_exit_s == 0 or args.fence_s < args.stall_exit_s:
+        logging.getLogger("gpufleet").warning(
+            "--fence-s %g is shorter than a sink held up may live (--stall-exit-s %s): an insert of a partition's "
+            "previous reader that lands later than that may be stored twice", args.fence_s,
+            args.stall_exit_s or "0: never ended")
+    return args.fence_s
 
 
 def clickhouse_reader(args: argparse.Namespace, timeout_s: float = 300.0) -> Callable[[], object | None]:

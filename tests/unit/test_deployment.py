@@ -241,6 +241,24 @@ def test_the_sink_can_be_told_to_decode_samples_in_python(monkeypatch):
     assert build_parser().parse_args(["sink"]).samples_in_python is True
 
 
+
+def test_the_sinks_fence_covers_a_held_reader_unless_told_otherwise(monkeypatch, caplog):
+    """A sink reads what ClickHouse holds before each insert for as long as a partition's previous
+    reader may still be held up (its watchdog's 1800 s), and says so where it is told less."""
+    from gpufleet.commands.sink import fence_s
+
+    with caplog.at_level("WARNING", logger="gpufleet"):
+        assert fence_s(build_parser().parse_args(["sink"])) == 1800
+        assert not caplog.records
+        assert fence_s(build_parser().parse_args(["sink", "--fence-s", "3600"])) == 3600
+        assert not caplog.records
+        assert fence_s(build_parser().parse_args(["sink", "--fence-s", "600"])) == 600
+        assert "--fence-s 600 is shorter" in caplog.text and "--stall-exit-s 1800" in caplog.text
+        caplog.clear()
+        monkeypatch.setenv("GPUFLEET_SINK_FENCE_S", "7200")
+        assert fence_s(build_parser().parse_args(["sink", "--stall-exit-s", "0"])) == 7200
+        assert "never ended" in caplog.text
+
 # -- the agent on a scheduler's nodes: Kubernetes, systemd, Slurm ---------------------------
 
 def test_the_kubernetes_daemonset_is_valid_and_reads_the_kubelets_pod_resources():
