@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 from confluent_kafka import Consumer, TopicPartition
 from soak_parts import ENDED_BY_ITSELF, PREFIX, Process, Sinks, Webhook
 
+from gpufleet.demo import DEMO_POLICY
 from gpufleet.local import kafka as local_kafka
 from kafka_client.admin import ensure_topics
 from kafka_client.config import consumer_config
@@ -60,16 +61,6 @@ PARTITIONS = 6
 TICKS_PER_S = 20  # simulated seconds per wall second
 BASE_MS = 1_767_225_600_000
 PHASE_TICKS = 20 * 60  # the intermittent workflow: idle for this many ticks, then busy as long
-POLICY = """
-[[ladder]]
-name = "idle-gpus"
-detector = "idle_allocated"
-first_warning_min = 5
-second_warning_min = 10
-action_min = 15
-command = ["release-gpus", "{workflow_id}"]
-act = false
-"""
 CODEC = Codec()
 
 
@@ -202,7 +193,7 @@ def main() -> int:
     http = ThreadingHTTPServer(("127.0.0.1", 0), Webhook)
     threading.Thread(target=http.serve_forever, daemon=True).start()
     (data / "routing.toml").write_text(f'[default]\nwebhook = "http://127.0.0.1:{http.server_address[1]}/"\n')
-    (data / "enforcement.toml").write_text(POLICY)
+    (data / "enforcement.toml").write_text(DEMO_POLICY)  # (the demo's dry run)
     common = ["--bootstrap", bootstrap, "--topic-prefix", PREFIX]
     workers = [Process(f"worker-{n}", ["--data-dir", str(data / f"worker-{n}"), "--log-level", "info", "worker",
                                        *common, "--app-id", f"{PREFIX}worker", "--detector-min-s", "120",
