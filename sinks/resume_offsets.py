@@ -21,18 +21,19 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from confluent_kafka import OFFSET_INVALID, KafkaError, KafkaException, TopicCollection
 from confluent_kafka.admin import AdminClient
 
+from kafka_client.commit_offsets import TRANSIENT
 from sinks.write_clickhouse import Position
 
 log = logging.getLogger(__name__)
 
-# What a broker or coordinator that moved (a node killed, a leader elected) answers for a while.
-_MOVED = frozenset({"NOT_LEADER_FOR_PARTITION", "LEADER_NOT_AVAILABLE", "NOT_COORDINATOR", "COORDINATOR_NOT_AVAILABLE",
-                    "COORDINATOR_LOAD_IN_PROGRESS", "REQUEST_TIMED_OUT", "_TIMED_OUT", "_TRANSPORT", "_WAIT_COORD"})
+# What a broker or coordinator that moved (a node killed, a leader elected) answers for a while:
+# what a commit is tried again after, and a partition's leader not known yet.
+_MOVED = TRANSIENT | {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE}
 
 
 def _for_now(error: KafkaError) -> bool:
     """An answer the cluster gives while it moves: asking again later may be answered."""
-    return error.retriable() or error.name() in _MOVED
+    return error.retriable() or error.code() in _MOVED
 
 
 class TopicIdUnknown(RuntimeError):
