@@ -50,6 +50,10 @@ class StreamSettings:
     commit_interval_s: float = 1.0
     # A killed worker's partitions move to a live one after this long without heartbeats.
     session_timeout_s: float = 10.0
+    # The worker ends (exit status 1, its stacks on stderr) where its loop has stopped, or a
+    # partition with messages waiting has not moved, for this long (``gpufleet worker
+    # --stall-exit-s``); 0: never. One per process: the command's, never a test's in-process app.
+    stall_exit_s: float = 0.0
     # Partitions of the co-partitioned sample topics and of the kernel events, as the cluster
     # has them (the CLI reads them; every worker of a group must agree), and the copies of
     # the changelog topics Faust creates.

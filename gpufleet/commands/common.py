@@ -76,12 +76,12 @@ def metrics_args(p: argparse.ArgumentParser) -> None:
                         "host only: give 0.0.0.0 for a Prometheus elsewhere)")
 
 
-def watchdog_args(p: argparse.ArgumentParser) -> None:
+def watchdog_args(p: argparse.ArgumentParser, stalled: str = "its consume loop has not gone round",
+                  longer: str = "a ClickHouse insert and its retries may take") -> None:
     p.add_argument("--stall-exit-s", type=non_negative, default=os.environ.get("GPUFLEET_STALL_EXIT_S", "1800"),
-                   help="end this process (exit status 1, every thread's stack on stderr) when its consume loop "
-                        "has not gone round for this many seconds, for its supervisor to start it again "
-                        "(env GPUFLEET_STALL_EXIT_S; default 1800, longer than a ClickHouse insert and its retries "
-                        "may take; 0: never)")
+                   help=f"end this process (exit status 1, every thread's stack on stderr) when {stalled} for this "
+                        "many seconds, for its supervisor to start it again (env GPUFLEET_STALL_EXIT_S; default "
+                        f"1800, longer than {longer}; 0: never)")
 
 
 def watch(args: argparse.Namespace, loop) -> None:

@@ -14,6 +14,7 @@ from gpufleet.commands.common import (
     percent,
     positive,
     serve_metrics,
+    watchdog_args,
 )
 from gpufleet.errors import Failed
 from kafka_client.config import WORKER_APP_ID
@@ -70,6 +71,8 @@ def add(sub) -> None:
                    help="the enforcement ladders (TOML, [[ladder]] tables: see docker/config/enforcement.toml): "
                         "warn, warn again, then have `gpufleet enforce` act on alerts that keep firing")
     metrics_args(p)
+    watchdog_args(p, "its loop has stopped, or a partition with messages waiting has not moved on (a rebalance "
+                     "or the recovery of its state has not ended),", "a rebalance and that recovery take")
     p.set_defaults(func=cmd_worker)
 
 
@@ -141,6 +144,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         alerts=AlertConfig(min_duration_s=args.detector_min_s),
         enforcement=ladders,
         serving=Declared(args.serving_partitions, args.serving_qos),
+        stall_exit_s=args.stall_exit_s,
         schedule=ScheduleConfig(enabled=args.periodic_profiles, interval_s=args.profile_every_s,
                                 budget_fraction=args.profile_budget, report_s=args.schedule_report_s,
                                 seed=args.schedule_seed),

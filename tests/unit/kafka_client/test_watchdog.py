@@ -16,13 +16,13 @@ import pytest
 
 from gpufleet.cli import build_parser
 from gpufleet.commands.common import watch
-from kafka_client.watchdog import Watchdog
+from kafka_client.watchdog import Progress, Watchdog
 
 LOOP = """
 import ctypes, sys, threading, time
 from kafka_client.consume_loop import ConsumeLoop
 from kafka_client.metrics import ComponentMetrics
-from kafka_client.watchdog import Watchdog
+from kafka_client.watchdog import Progress, Watchdog
 
 stall_s, stuck_at, stop_after_s = float(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 loop = ConsumeLoop(sys.argv[1], "g", ["t"], ComponentMetrics("watchdog-test"), "test",
@@ -98,3 +98,57 @@ def test_every_consume_loop_command_keeps_a_watchdog_unless_told_0(command, monk
     monkeypatch.setenv("GPUFLEET_STALL_EXIT_S", "0")
     watch(build_parser().parse_args(command), loop := Loop())
     assert loop.watchdog is None
+
+
+# -- a consumer whose loop goes round but whose partitions no longer move (the Faust worker) --
+
+
+def test_a_partition_with_messages_waiting_that_does_not_move_is_stuck_after_the_stall_time():
+    progress = Progress(stall_s=60)
+    a, b = ("t", 0), ("t", 1)
+    assert progress.check(0, {a: (5, 100), b: (0, 40)}) is None
+    assert progress.check(59, {a: (9, 100), b: (0, 40)}) is None
+    stuck = progress.check(60, {a: (9, 100), b: (0, 40)})
+    assert stuck == "partitions stuck: t[0] (9 messages waiting at offset 100 for 60 s)"
+
+
+def test_a_partition_that_moves_or_has_nothing_waiting_is_never_stuck():
+    progress = Progress(stall_s=60)
+    a, b = ("t", 0), ("t", 1)
+    for minute in range(10):  # a moves on each minute; b is idle: caught up, nothing waiting
+        assert progress.check(minute * 60, {a: (50, 100 + minute), b: (0, 40)}) is None
+    # A partition caught up now and then is judged from the last time it was.
+    assert progress.check(600, {a: (0, 200)}) is None
+    assert progress.check(659, {a: (3, 200)}) is None
+    assert progress.check(660, {a: (3, 200)}) is not None
+
+
+def test_a_partition_given_again_is_judged_from_its_new_assignment():
+    progress = Progress(stall_s=60)
+    a = ("t", 0)
+    assert progress.check(0, {a: (5, 100)}) is None
+    assert progress.check(30, {}) is None  # a went to another consumer
+    assert progress.check(70, {a: (5, 100)}) is None  # and came back: its clock starts again
+    assert progress.check(129, {a: (5, 100)}) is None
+    assert progress.check(130, {a: (5, 100)}) is not None
+
+
+def test_a_rebalance_or_a_recovery_that_lasts_the_stall_time_is_stuck():
+    progress = Progress(stall_s=60)
+    a = ("t", 0)
+    assert progress.check(0, {a: (5, 100)}) is None
+    assert progress.check(50, None) is None  # a rebalance: a's clock is forgotten with its assignment
+    assert progress.check(109, None) is None
+    assert progress.check(110, None) == "a rebalance or the recovery of the state has lasted 60 s"
+    progress = Progress(stall_s=60)
+    assert progress.check(0, None) is None
+    assert progress.check(30, {a: (5, 100)}) is None  # it ended: a is judged from here
+    assert progress.check(60, None) is None  # another began: timed from its own start
+    assert progress.check(119, None) is None
+    assert progress.check(120, None) is not None
+
+
+def test_progress_refuses_a_stall_time_that_is_not_a_positive_number():
+    for bad in (0, -1, float("nan")):
+        with pytest.raises(ValueError, match="positive number of seconds"):
+            Progress(bad)
