@@ -19,7 +19,7 @@ from confluent_kafka import Producer
 from kafka_client.admin import create_topics
 
 WORKER = """
-import asyncio, sys, time
+import asyncio, sys, threading
 import faust
 from kafka_client.admin import create_topics
 from streams.app import changelog_topics, create_app
@@ -38,7 +38,7 @@ async def stuck_stage(stream):
         if how == "coroutine":
             await asyncio.Event().wait()  # waits for good: the loop, its timers and heartbeats run on
         else:
-            time.sleep(3600)  # the loop itself stops
+            threading.Event().wait()  # blocks for good, and the loop with it
 
 worker = faust.Worker(app, loglevel="info", quiet=True)
 worker.spinner = None
