@@ -14,9 +14,9 @@ one of their own to end while other analysts' run. Every session is read-only an
 (``sinks.read_path.read_settings``: ClickHouse refuses writes, SET and the table
 functions that reach files or the network, and stops a query at its time, row, result and
 memory limits), and each query is checked first (``sinks.read_path.check_query``: one statement,
-no KILL, no system table that shows the server). ``stop`` waits for the queries in flight,
-which their time limit bounds, before the engine may be closed. The token is compared in
-constant time.
+no KILL, no system table that shows the server, no function that reaches past gpufleet's
+tables). ``stop`` waits for the queries in flight, which their time limit bounds, before the
+engine may be closed. The token is compared in constant time.
 
 The HTTP side is an ASGI application (``QueryServer.app``) that the owning process serves with a
 well-kept server (``start(serve)``, with ``gpufleet.asgi_server.AsgiServer``: Hypercorn, which

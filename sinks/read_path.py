@@ -79,9 +79,58 @@ SHOW_ALLOWED = ("TABLES", "DATABASES", "CREATE", "COLUMNS", "FULL", "EXTENDED", 
 # The statements that read, the only kinds the read path passes on. The rest change or stop
 # something even where readonly lets them through (SYSTEM STOP MERGES without a table, SET).
 READ_STATEMENTS = ("SELECT", "WITH", "SHOW", "DESCRIBE", "DESC", "EXPLAIN", "EXISTS")
-# Table functions that read other databases' tables by name or pattern (``merge('system', ...)``
-# reads every system table) or other servers': not needed to analyse gpufleet's tables.
-FUNCTIONS_REFUSED = ("merge", "cluster", "clusterAllReplicas", "remote", "remoteSecure")
+# What a query may not call, by name (a trailing ``*``: every name so begun), with the reason.
+# ClickHouse's readonly=1 refuses most table functions that reach files or the network, but not
+# all that reach past gpufleet's tables: the function ``file`` reads the host's files (only the
+# table function of that name is refused), ``mergeTreeIndex('db', 't')`` and ``joinGet`` read
+# tables named in strings, ``getServerSetting`` shows paths, ``eval`` runs SQL made from strings.
+# A server's reader profile and grants are its operators' to keep; this list is ours, checked
+# against every table function and every function of the categories that may reach out in the
+# engine itself (tests/unit/sinks/test_read_path.py), so a new engine's additions are placed.
+CALLS_REFUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("it reads the host's files or disks, or reaches other servers", (
+        "file", "fileCluster", "filesystem*", "sqlite", "url", "urlCluster", "s3", "s3Cluster", "gcs", "oss", "cosn",
+        "azureBlobStorage*", "hdfs*", "remote", "remoteSecure", "cluster", "clusterAllReplicas", "mysql",
+        "postgresql", "mongodb", "redis", "odbc", "jdbc", "bigquery", "ytsaurus", "deltaLake*", "iceberg*", "hudi*",
+        "paimon*", "aiClassify", "aiEmbed", "aiExtract", "aiFilter", "aiGenerate", "aiRedact", "aiSimilarity",
+        "aiTranslate")),
+    ("it runs programs on the host", ("executable",)),
+    ("it reads tables or dictionaries named in strings, another database's or the server's", (
+        "merge", "dictionary", "mergeTree*", "timeSeriesData", "timeSeriesMetricFamilies", "timeSeriesMetrics",
+        "timeSeriesSamples", "timeSeriesSelector", "timeSeriesTags", "prometheusQuery*", "joinGet", "joinGetOrNull",
+        "hasColumnInTable", "dict*", "region*")),
+    ("it reads a table again and again, without end", ("loop",)),
+    ("it reads the objects of the process that runs the query", ("python", "arrowstream")),
+    ("it runs SQL made from strings, which the read path cannot check", ("eval",)),
+    ("it shows the server's settings, macros, ports or certificate", (
+        "getServerSetting", "getSetting", "getSettingOrDefault", "getMergeTreeSetting", "getMacro", "globalVariable",
+        "getServerPort", "showCertificate")),
+    ("it shows or writes the server's own workings (its binary, its log)", (
+        "addressToLine", "addressToLineWithInlines", "addressToSymbol", "demangle", "logTrace")),
+    ("it reads what an INSERT is given, never a table", ("input",)),
+)
+# Table functions that make rows up or read only what the query itself names (its own SELECT):
+# every other table function of the engine is one of ``CALLS_REFUSED``.
+TABLE_FUNCTIONS_ALLOWED = frozenset({
+    "numbers", "numbers_mt", "zeros", "zeros_mt", "primes", "generateSeries", "generate_series", "generateRandom",
+    "values", "SQLStandardValues", "null", "view", "viewIfPermitted", "viewExplain", "format", "fuzzJSON",
+    "fuzzQuery"})
+
+
+def _names(names: tuple[str, ...]) -> str:
+    return "|".join(re.escape(n[:-1]) + r"\w*" if n.endswith("*") else re.escape(n) for n in names)
+
+
+# (each reason, the names it refuses, and those names where a query calls them: before a parenthesis)
+_CALLS_REFUSED = [(reason, re.compile(rf"(?:{_names(names)})", re.IGNORECASE),
+                   re.compile(rf"\b(?:{_names(names)})(?=\s*\()", re.IGNORECASE)) for reason, names in CALLS_REFUSED]
+
+
+def refused_call(name: str) -> str | None:
+    """Why a call of ``name`` is refused on the read path; None where it is not."""
+    return next((reason for reason, named, _ in _CALLS_REFUSED if named.fullmatch(name)), None)
+
+
 _TOKENS = re.compile(r"""'(?:[^'\\]|\\.|'')*'|"(?:[^"\\]|\\.)*"|`(?:[^`\\]|\\.)*`|--[^\n]*|/\*.*?\*/|[^'"`/-]+|.""",
                      re.DOTALL)
 
@@ -103,7 +152,7 @@ def _code(sql: str) -> str:
 def check_query(sql: str) -> str:
     """The one statement a read-path query may be, or ValueError saying why not: empty; more
     than one statement; a statement that does not read (``READ_STATEMENTS``: KILL, SYSTEM, SET,
-    OPTIMIZE, ...); a system table outside ``SYSTEM_ALLOWED``."""
+    OPTIMIZE, ...); a system table outside ``SYSTEM_ALLOWED``; a call of ``CALLS_REFUSED``."""
     code = _code(sql)
     if not code.strip():
         raise ValueError("an empty query: give one statement, such as SELECT count() FROM gpufleet.gpu_samples")
@@ -126,10 +175,10 @@ def check_query(sql: str) -> str:
     if re.search(r"\b(?:FROM|IN)\s+system\b(?!\s*\.)", code, re.IGNORECASE):
         raise ValueError("listing the system database is refused on the read path: SHOW TABLES FROM gpufleet lists "
                          "gpufleet's tables")
-    for name in FUNCTIONS_REFUSED:
-        if re.search(rf"\b{name}\s*\(", code, re.IGNORECASE):
-            raise ValueError(f"{name}() is refused on the read path: it reads other databases' or servers' tables; "
-                             "query gpufleet's tables by name")
+    for reason, _, calls in _CALLS_REFUSED:
+        if called := calls.search(code):
+            raise ValueError(f"{called.group(0)}() is refused on the read path: {reason}; query gpufleet's tables "
+                             "by name")
     for table in re.findall(r"\bsystem\s*\.\s*(\w+)", code, re.IGNORECASE):
         if table.lower() not in SYSTEM_ALLOWED:
             raise ValueError(f"system.{table} is refused on the read path (it shows the server's paths, settings, "

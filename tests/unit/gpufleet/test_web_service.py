@@ -93,6 +93,9 @@ def test_an_owner_sees_their_jobs_and_no_one_elses(chdb_client, fleet):
                            {"sql": f"SELECT count() FROM {database}.workflow_windows"})
         assert status == 200 and json.loads(body)["rows"][0][0] == len(data.windows)
         assert ask(server, "/api/sql", "the-operator", "POST", {"sql": "DROP TABLE x"})[0] == 400
+        # a function that a read-only session would run, and that reads the host's files, is refused
+        status, body = ask(server, "/api/sql", "the-operator", "POST", {"sql": "SELECT file('/etc/hostname')"})
+        assert status == 400 and "file() is refused on the read path" in json.loads(body)["error"], body
     finally:
         server.stop()
 

@@ -40,6 +40,8 @@ def test_served_queries_are_read_only_and_errors_come_back(served):
     with pytest.raises(DatabaseError, match="INSERT is refused on the read path"):
         remote.query(f"INSERT INTO {database}.t VALUES (9, now())")
     with pytest.raises(DatabaseError, match="^refused: gpufleet's query path is read-only.*READONLY"):
+        remote.query(f"SELECT * FROM {database}.t SETTINGS readonly = 0")  # (ClickHouse's refusal, passed on)
+    with pytest.raises(DatabaseError, match=r"^file\(\) is refused on the read path: it reads the host's files"):
         remote.query("SELECT * FROM file('/etc/passwd', 'LineAsString')")
     with pytest.raises(DatabaseError, match="UNKNOWN_TABLE|Unknown table"):
         remote.query(f"SELECT * FROM {database}.missing")
