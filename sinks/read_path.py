@@ -152,7 +152,8 @@ def _code(sql: str) -> str:
 def check_query(sql: str) -> str:
     """The one statement a read-path query may be, or ValueError saying why not: empty; more
     than one statement; a statement that does not read (``READ_STATEMENTS``: KILL, SYSTEM, SET,
-    OPTIMIZE, ...); a system table outside ``SYSTEM_ALLOWED``; a call of ``CALLS_REFUSED``."""
+    OPTIMIZE, ...); ``INTO OUTFILE`` (the embedded engine writes the file, read-only or not); a
+    system table outside ``SYSTEM_ALLOWED``; a call of ``CALLS_REFUSED``."""
     code = _code(sql)
     if not code.strip():
         raise ValueError("an empty query: give one statement, such as SELECT count() FROM gpufleet.gpu_samples")
@@ -172,6 +173,9 @@ def check_query(sql: str) -> str:
     if show and show.group(1).upper() not in SHOW_ALLOWED:
         raise ValueError(f"SHOW {show.group(1).upper()} is refused on the read path (it shows other analysts' queries "
                          f"or the server's settings and access); allowed: SHOW {', '.join(SHOW_ALLOWED[:4])}, ...")
+    if re.search(r"\bINTO\s+OUTFILE\b", code, re.IGNORECASE):
+        raise ValueError("INTO OUTFILE is refused on the read path: it writes a file on the host that runs the query; "
+                         "the result comes back to you (gpufleet sql --format csv > FILE)")
     if re.search(r"\b(?:FROM|IN)\s+system\b(?!\s*\.)", code, re.IGNORECASE):
         raise ValueError("listing the system database is refused on the read path: SHOW TABLES FROM gpufleet lists "
                          "gpufleet's tables")

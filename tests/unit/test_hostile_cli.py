@@ -196,6 +196,7 @@ CASES = [
     ("sql-file-function", ["sql", "SELECT file('/etc/passwd')"], "file() is refused on the read path", U),
     ("sql-url", ["sql", "SELECT * FROM url('http://127.0.0.1:1/', 'LineAsString')"], "url() is refused", U),
     ("sql-readonly", ["sql", "SELECT 1 SETTINGS readonly = 0"], "query path is read-only", R),
+    ("sql-outfile", ["sql", "SELECT 1 INTO OUTFILE '{out}/written.txt'"], "INTO OUTFILE is refused", U),
     ("sql-dsn", ["sql", "SELECT 1", "--clickhouse-dsn", "bogus://x"], "bogus", U),
     ("workflows-since-negative", ["workflows", "--since-minutes", "-1"], "greater than 0", U),
     ("workflows-since-text", ["workflows", "--since-minutes", "a day"], "not a number", U),

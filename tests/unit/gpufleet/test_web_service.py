@@ -58,7 +58,7 @@ def people(data):
     return first, other, directory
 
 
-def test_an_owner_sees_their_jobs_and_no_one_elses(chdb_client, fleet):
+def test_an_owner_sees_their_jobs_and_no_one_elses(chdb_client, fleet, tmp_path):
     data, database = fleet
     first, other, directory = people(data)
     server, _ = serve(chdb_client, database, directory)
@@ -96,6 +96,10 @@ def test_an_owner_sees_their_jobs_and_no_one_elses(chdb_client, fleet):
         # a function that a read-only session would run, and that reads the host's files, is refused
         status, body = ask(server, "/api/sql", "the-operator", "POST", {"sql": "SELECT file('/etc/hostname')"})
         assert status == 400 and "file() is refused on the read path" in json.loads(body)["error"], body
+        written = tmp_path / "written-by-a-query.txt"  # nor one that writes them
+        status, body = ask(server, "/api/sql", "the-operator", "POST",
+                           {"sql": f"SELECT 'a line' INTO OUTFILE '{written}'"})
+        assert status == 400 and "INTO OUTFILE is refused" in json.loads(body)["error"] and not written.exists()
     finally:
         server.stop()
 

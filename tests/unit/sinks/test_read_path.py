@@ -123,6 +123,9 @@ REFUSED_BY_NAME = [
     ("SELECT * FROM loop(gpufleet.alerts)", "loop() is refused"),
     ("SELECT * FROM icebergS3('http://127.0.0.1:9/bucket-name/t/')", "icebergS3() is refused"),
     ("SELECT * FROM timeSeriesData('gpufleet', 't')", "timeSeriesData() is refused"),
+    # the embedded engine writes a SELECT's result where INTO OUTFILE says, read-only or not
+    ("SELECT 'x' INTO OUTFILE '/root/.ssh/authorized_keys' TRUNCATE FORMAT TSVRaw", "INTO OUTFILE is refused"),
+    ("select 1 into\n  outfile 'x.csv'", "INTO OUTFILE is refused"),
 ]
 
 
@@ -149,9 +152,15 @@ def test_the_read_path_stops_what_a_read_only_session_would_run(chdb_client, dat
     def read_path(sql: str):
         return run_query(reader, check_query(sql))
 
+    written = tmp_path / "written.txt"
+    run_query(reader, f"SELECT 'a line' INTO OUTFILE '{written}'")  # (ClickHouse alone writes it)
+    assert "a line" in written.read_text()
+    written.unlink()
+    reaching.append(f"SELECT 'a line' INTO OUTFILE '{written}'")
     for sql in reaching:
         with pytest.raises(ValueError, match="is refused on the read path"):
             read_path(sql)
+    assert not written.exists()
     assert read_path("SELECT number FROM numbers(2)") == (["number"], [(0,), (1,)])
 
 
