@@ -74,8 +74,11 @@ SYSTEM_ALLOWED = frozenset({"one", "numbers", "numbers_mt", "zeros", "functions"
                             "table_functions", "time_zones"})
 # What SHOW may list: gpufleet's tables and how they are made. The others (PROCESSLIST, SETTINGS,
 # GRANTS, USERS, ...) show other analysts' queries or the server's settings and access.
-SHOW_ALLOWED = ("TABLES", "DATABASES", "CREATE", "COLUMNS", "FULL", "EXTENDED", "INDEX", "INDEXES", "INDICES", "KEYS",
-                "DICTIONARIES")
+# (The word after SHOW's FULL and EXTENDED; after SHOW CREATE, a table, view, dictionary or database,
+# never the access: its USER, ROLE, ROW POLICY, QUOTA, SETTINGS PROFILE.)
+SHOW_ALLOWED = ("TABLES", "DATABASES", "CREATE", "COLUMNS", "INDEX", "INDEXES", "INDICES", "KEYS", "DICTIONARIES")
+SHOW_CREATE_REFUSED = ("USER", "USERS", "ROLE", "ROLES", "ROW", "POLICY", "POLICIES", "QUOTA", "QUOTAS", "SETTINGS",
+                       "PROFILE", "PROFILES", "MASKING", "NAMED")
 # The statements that read, the only kinds the read path passes on. The rest change or stop
 # something even where readonly lets them through (SYSTEM STOP MERGES without a table, SET).
 READ_STATEMENTS = ("SELECT", "WITH", "SHOW", "DESCRIBE", "DESC", "EXPLAIN", "EXISTS")
@@ -169,10 +172,12 @@ def check_query(sql: str) -> str:
                          "server's own work (merges, logs, caches, replicas), which is its operators' to do")
     if kind not in READ_STATEMENTS:
         raise ValueError(f"{kind} is refused on the read path: it reads with {', '.join(READ_STATEMENTS)}")
-    show = re.match(r"\s*SHOW\s+(\w+)", code, re.IGNORECASE)
-    if show and show.group(1).upper() not in SHOW_ALLOWED:
-        raise ValueError(f"SHOW {show.group(1).upper()} is refused on the read path (it shows other analysts' queries "
-                         f"or the server's settings and access); allowed: SHOW {', '.join(SHOW_ALLOWED[:4])}, ...")
+    show = re.match(r"\s*SHOW\s+(?:(?:FULL|EXTENDED)\s+)*(\w+)(?:\s+(\w+))?", code, re.IGNORECASE)
+    shown, then = (show.group(1).upper(), (show.group(2) or "").upper()) if show else ("", "")
+    if show and (shown not in SHOW_ALLOWED or (shown == "CREATE" and then in SHOW_CREATE_REFUSED)):
+        what = f"CREATE {then}" if shown == "CREATE" else shown
+        raise ValueError(f"SHOW {what} is refused on the read path (it shows other analysts' queries or the server's "
+                         f"settings and access); allowed: SHOW {', '.join(SHOW_ALLOWED[:4])}, ...")
     if re.search(r"\bINTO\s+OUTFILE\b", code, re.IGNORECASE):
         raise ValueError("INTO OUTFILE is refused on the read path: it writes a file on the host that runs the query; "
                          "the result comes back to you (gpufleet sql --format csv > FILE)")

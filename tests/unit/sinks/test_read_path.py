@@ -59,6 +59,14 @@ BEFORE_CLICKHOUSE = [
     ("SHOW PROCESSLIST", "SHOW PROCESSLIST is refused"),
     ("show settings like '%path%'", "SHOW SETTINGS is refused"),
     ("SHOW GRANTS", "SHOW GRANTS is refused"),
+    # what follows FULL or EXTENDED is what is shown; SHOW CREATE shows tables, never the access
+    ("SHOW FULL PROCESSLIST", "SHOW PROCESSLIST is refused"),
+    ("show extended full processlist", "SHOW PROCESSLIST is refused"),
+    ("SHOW CREATE USER default", "SHOW CREATE USER is refused"),
+    ("SHOW CREATE SETTINGS PROFILE default", "SHOW CREATE SETTINGS is refused"),
+    ("SHOW CREATE ROW POLICY p ON gpufleet.alerts", "SHOW CREATE ROW is refused"),
+    ("SHOW CREATE QUOTA default", "SHOW CREATE QUOTA is refused"),
+    ("SHOW CREATE ROLE analyst", "SHOW CREATE ROLE is refused"),
     ("SHOW TABLES FROM system", "the system database"),
     ("SELECT name FROM merge('system', '^settings$')", "merge() is refused"),
     ("SELECT * FROM clusterAllReplicas('default', system.one)", "clusterAllReplicas() is refused"),
@@ -85,6 +93,8 @@ def test_the_read_path_refuses_what_readonly_lets_through(sql, says):
 @pytest.mark.parametrize("sql", [
     "SELECT count() FROM gpufleet.gpu_samples WHERE host = 'system.settings; KILL'",  # words in a string
     "SHOW TABLES FROM gpufleet", "SHOW CREATE TABLE gpufleet.gpu_samples", "DESCRIBE gpufleet.alerts",
+    "SHOW FULL TABLES FROM gpufleet", "SHOW EXTENDED COLUMNS FROM gpufleet.alerts", "SHOW CREATE gpufleet.alerts",
+    "SHOW CREATE VIEW gpufleet.v", "SHOW CREATE DATABASE gpufleet",
     "SELECT number FROM system.numbers LIMIT 3", "SELECT * FROM numbers(3) -- ; KILL QUERY",
     "SELECT merged FROM gpufleet.t", "WITH 1 AS x SELECT x", "(SELECT 1) UNION ALL (SELECT 2)",
     "EXPLAIN SELECT 1", "EXISTS TABLE gpufleet.alerts", "desc gpufleet.alerts", "SELECT system FROM gpufleet.t",
