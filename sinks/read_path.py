@@ -138,17 +138,37 @@ _TOKENS = re.compile(r"""'(?:[^'\\]|\\.|'')*'|"(?:[^"\\]|\\.)*"|`(?:[^`\\]|\\.)*
                      re.DOTALL)
 
 
+# What ClickHouse's lexer reads as the start of a string or a comment where ``_TOKENS`` reads
+# code: a heredoc (``$$...$$``, ``$tag$...$tag$``; ``$`` is a name's letter too), a comment begun
+# by ``# ``, ``#!`` or ``//``, a Unicode quote (or any other character past ASCII). A quote inside
+# one would make this check read a string where ClickHouse reads code (``SELECT 1 # '`` then, on
+# the next line, ``, file('/etc/shadow') --'``), so outside strings, quoted names and comments
+# a query holds none of them. So too a ``/*`` inside a comment: ClickHouse's comments nest.
+_UNREAD = re.compile(r"[$#]|//|[^\x00-\x7f]")
+
+
 def _code(sql: str) -> str:
     """``sql`` without its string literals and comments (each a space); quoted identifiers kept
-    without their quotes, so ``system``.`query_log` is seen as system.query_log."""
-    out = []
+    without their quotes, so ``system``.`query_log` is seen as system.query_log. ValueError
+    where ClickHouse would read a string or a comment where this reads none (``_UNREAD``)."""
+    out, bare = [], []  # (bare: the code alone, quoted names a space too)
     for token in _TOKENS.findall(sql):
         if token.startswith(("'", "--", "/*")):
+            if token.startswith("/*") and "/*" in token[2:]:
+                raise ValueError("a comment inside a comment is refused on the read path (ClickHouse's comments "
+                                 "nest, this check's do not): write one /* comment */ at a time")
             out.append(" ")
+            bare.append(" ")
         elif token.startswith(('"', "`")):
             out.append(token[1:-1])
+            bare.append(" ")
         else:
             out.append(token)
+            bare.append(token)
+    if unread := _UNREAD.search("".join(bare)):
+        raise ValueError(f"{unread.group(0)!r} outside a string is refused on the read path: ClickHouse may read it "
+                         "as the start of a string or a comment where this check would not (write strings in "
+                         "'single quotes', comments after --, names with it in `backquotes`)")
     return "".join(out)
 
 

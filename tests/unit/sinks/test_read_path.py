@@ -99,6 +99,8 @@ def test_the_read_path_refuses_what_readonly_lets_through(sql, says):
     "SELECT merged FROM gpufleet.t", "WITH 1 AS x SELECT x", "(SELECT 1) UNION ALL (SELECT 2)",
     "EXPLAIN SELECT 1", "EXISTS TABLE gpufleet.alerts", "desc gpufleet.alerts", "SELECT system FROM gpufleet.t",
     "SELECT file, url, dict, loop FROM gpufleet.t",  # columns named as refused functions: no call
+    "SELECT '$$ # // \u2018', \"\u00e9t\u00e9\", `a$b` FROM gpufleet.t",  # in strings and quoted names
+    "SELECT 1 -- a comment may hold $ # // and \u00e9\n", "SELECT 1 /* $ # // \u00e9 */", "SELECT 4 / 2",
     "SELECT URLHierarchy(u), formatReadableSize(1), timeSeriesTagsToMap(t), my_file(1) FROM gpufleet.t",
 ])
 def test_what_an_analyst_writes_passes(sql):
@@ -139,6 +141,27 @@ REFUSED_BY_NAME = [
 ]
 
 
+# Where ClickHouse reads a string or a comment and a simpler lexer reads code, a quote inside it
+# would hide the rest of the query from the checks: each such start is refused outside strings.
+READ_AS_CLICKHOUSE_READS = [
+    ("SELECT $$'$$ AS a, file('/etc/shadow') AS b --'", "'$' outside a string is refused"),  # a heredoc
+    ("SELECT $x$'$x$, file('/etc/shadow') --'", "'$' outside a string is refused"),
+    ("SELECT 1 AS a$b", "'$' outside a string is refused"),  # (a name's letter, as ClickHouse reads it)
+    ("SELECT 1 # '\n, file('/etc/shadow') --'", "'#' outside a string is refused"),  # MySQL's comments
+    ("SELECT 1 #! '\n, file('/etc/shadow') --'", "'#' outside a string is refused"),
+    ("SELECT 1 // '\n, file('/etc/shadow') --'", "'//' outside a string is refused"),
+    ("SELECT 1 /* /* */ ' */ , file('/etc/shadow') --'", "a comment inside a comment is refused"),
+    ("SELECT \u2018a\u2019", "'\u2018' outside a string is refused"),  # Unicode quotes: a string
+    ("SELECT 1,\u00a02", r"'\xa0' outside a string is refused"),  # (the message names it as Python writes it)
+]
+
+
+@pytest.mark.parametrize("sql, says", READ_AS_CLICKHOUSE_READS)
+def test_what_clickhouse_reads_as_a_string_or_a_comment_is_never_read_as_code(sql, says):
+    with pytest.raises(ValueError, match=re.escape(says)):
+        check_query(sql)
+
+
 @pytest.mark.parametrize("sql, says", REFUSED_BY_NAME)
 def test_functions_that_reach_past_gpufleets_tables_are_refused_by_name(sql, says):
     with pytest.raises(ValueError, match=re.escape(says)):
@@ -154,7 +177,8 @@ def test_the_read_path_stops_what_a_read_only_session_would_run(chdb_client, dat
     chdb_client.command(f"CREATE TABLE {database}.secret (k String) ENGINE = MergeTree ORDER BY k")
     chdb_client.command(f"INSERT INTO {database}.secret VALUES ('a-primary-key')")
     reader = connect_reader(f"chdb://{chdb_client.path}")
-    reaching = [f"SELECT file('{secret}')", f"SELECT * FROM mergeTreeIndex('{database}', 'secret')"]
+    reaching = [f"SELECT file('{secret}')", f"SELECT * FROM mergeTreeIndex('{database}', 'secret')",
+                f"SELECT $$'$$ AS a, file('{secret}') AS b --'"]
     for sql in reaching:
         ran = run_query(reader, sql)  # (ClickHouse alone: readonly lets both through)
         assert "a line nobody may read" in str(ran) or "a-primary-key" in str(ran), (sql, ran)
