@@ -169,8 +169,9 @@ def test_functions_that_reach_past_gpufleets_tables_are_refused_by_name(sql, say
 
 
 def test_the_read_path_stops_what_a_read_only_session_would_run(chdb_client, database, tmp_path):
-    """The hazard itself: a read-only session reads a file and another database's keys; the read
-    path (its check, then the session) reads neither."""
+    """The hazard itself: a read-only session reads a file (a call hidden from the old checks
+    too), another database's keys, and writes a file; the read path (its check, then the
+    session) does none of it."""
     secret = tmp_path / "secret.txt"
     secret.write_text("a line nobody may read\n")
     chdb_client.command(f"CREATE DATABASE {database}")
@@ -180,7 +181,7 @@ def test_the_read_path_stops_what_a_read_only_session_would_run(chdb_client, dat
     reaching = [f"SELECT file('{secret}')", f"SELECT * FROM mergeTreeIndex('{database}', 'secret')",
                 f"SELECT $$'$$ AS a, file('{secret}') AS b --'"]
     for sql in reaching:
-        ran = run_query(reader, sql)  # (ClickHouse alone: readonly lets both through)
+        ran = run_query(reader, sql)  # (ClickHouse alone: readonly lets each through)
         assert "a line nobody may read" in str(ran) or "a-primary-key" in str(ran), (sql, ran)
 
     def read_path(sql: str):
