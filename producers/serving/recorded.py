@@ -9,7 +9,11 @@ Two layouts are read:
   (``Generative Requests`` a second per container; a period with no row served none) and
   ``queue_rt_raw_anon`` (time queued, ms).
 - **Generic**: one CSV with the header ``timestamp,container,metric,value``; ``timestamp`` in
-  seconds since the epoch or ISO 8601; ``metric`` one of ``METRICS``.
+  seconds since the epoch or ISO 8601 (UTC without an offset); ``metric`` one of ``METRICS``.
+
+A recording that cannot be read as it stands sends nothing: ``RecordingError`` names the file, the
+row and why (a time that is no time or is after now, two values for one time, a container that
+cannot name a replica).
 
 A container is a workflow of one GPU, each GPU utilisation reading a GPU sample standing for the
 time to the next (at most ``MAX_INTERVAL_S``), and beside it a ``ServingSample`` for the time since
@@ -25,19 +29,23 @@ from __future__ import annotations
 import csv
 import io
 import itertools
+import math
 import statistics
 import tarfile
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 from schemas.sample_columns import columns_of
+from schemas.validate_ids import ids_error
 
 METRICS = ("gpu_util_pct", "gpu_memory_bytes", "requests_per_s", "queue_time_ms")
 ALIBABA = {"pod_gpu_duty_cycle_anon": "gpu_util_pct", "pod_gpu_memory_used_bytes_anon": "gpu_memory_bytes",
            "qps": "requests_per_s", "queue_rt_raw_anon": "queue_time_ms"}
 MAX_INTERVAL_S = 120
+MAX_AHEAD_S = 300  # a recording's time after now by more than this is no recording's (as an agent's clock)
 
 Series = dict[str, dict[str, dict[float, float]]]  # container -> metric -> time (s) -> value
 
@@ -54,8 +62,9 @@ def _rows(tar_path: Path) -> Iterator[dict]:
         yield from csv.DictReader(io.TextIOWrapper(tar.extractfile(member), encoding="utf-8"))
 
 
-def read_alibaba(directory: Path) -> Series:
+def read_alibaba(directory: Path, now: float | None = None) -> Series:
     series: Series = defaultdict(lambda: defaultdict(dict))
+    now = time.time() if now is None else now
     for stem, metric in ALIBABA.items():
         path = directory / f"{stem}.tar.gz"
         if not path.is_file():
@@ -67,21 +76,62 @@ def read_alibaba(directory: Path) -> Series:
             if not r.get("container_ip") or other:
                 continue  # the gateway's rows, or another kind of request
             try:
-                series[r["container_ip"]][metric][float(r["timestamp_anon"])] = float(r["value"])
+                at, value = float(r["timestamp_anon"]), float(r["value"])
             except (KeyError, TypeError, ValueError):
                 raise RecordingError(f"{path}: row {n}: expected timestamp_anon,value,container_ip numbers") from None
+            _put(series, r["container_ip"], metric, r["timestamp_anon"], at, value, f"{path}: row {n}", now)
     return series
 
 
 def _seconds(text: str) -> float:
+    """A time in seconds since the epoch, or in ISO 8601 (UTC where it gives no offset: the same
+    file reads the same on every machine)."""
     try:
         return float(text)
     except ValueError:
-        return datetime.fromisoformat(text).timestamp()
+        at = datetime.fromisoformat(text)
+        return (at if at.tzinfo is not None else at.replace(tzinfo=UTC)).timestamp()
 
 
-def read_generic(path: Path) -> Series:
+def _put(series: Series, container: str, metric: str, text: str, at: float, value: float, where: str,
+         now: float) -> None:
+    """One reading into ``series``, or ``RecordingError`` saying why not: a time that is no time or
+    is yet to come (a recording is history: seconds read from milliseconds stand 57,000 years
+    ahead), or a second, different value for a time already read (which one to keep, the file
+    does not say; the same value again, as where two exports overlap, is taken once)."""
+    if not math.isfinite(at):
+        raise RecordingError(f"{where}: timestamp {text!r} is not a time (expected seconds since the epoch or "
+                             "ISO 8601)")
+    if at > now + MAX_AHEAD_S:
+        unit = next((f" ({name}? expected seconds)" for name, scale in (("milliseconds", 1e3), ("microseconds", 1e6))
+                     if at / scale <= now + MAX_AHEAD_S), "")
+        when = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        raise RecordingError(f"{where}: timestamp {text!r} is after now ({when}): a recording is history{unit}")
+    if container not in series:
+        _name_of_replica(container, where)
+    readings = series[container][metric]
+    before = readings.get(at)
+    if before is not None and before != value and not (math.isnan(before) and math.isnan(value)):
+        raise RecordingError(f"{where}: a second {metric} of container {container!r} at {text!r} ({value}, after "
+                             f"{before}): a recording holds one value per container, metric and time")
+    readings[at] = value
+
+
+def _name_of_replica(container: str, where: str) -> None:
+    """``RecordingError`` where ``container`` cannot name the replica its readings are sent as
+    (which the worker would refuse, each of its samples a dead letter)."""
+    if not container:
+        raise RecordingError(f"{where}: no container (each row names the container it was read from)")
+    workflow, host, _ = replica_ids(container)
+    reason = ids_error({"workflow_id": workflow, "host": host})
+    if reason:
+        shown = repr(container if len(container) <= 60 else container[:60] + "…")
+        raise RecordingError(f"{where}: container {shown} cannot name a replica: {reason}")
+
+
+def read_generic(path: Path, now: float | None = None) -> Series:
     series: Series = defaultdict(lambda: defaultdict(dict))
+    now = time.time() if now is None else now
     with path.open(newline="", encoding="utf-8") as f:
         rows = csv.DictReader(f)
         if rows.fieldnames is None or not {"timestamp", "container", "metric", "value"} <= set(rows.fieldnames):
@@ -90,9 +140,10 @@ def read_generic(path: Path) -> Series:
             if r["metric"] not in METRICS:
                 raise RecordingError(f"{path}: row {n}: metric {r['metric']!r} is not one of {', '.join(METRICS)}")
             try:
-                series[r["container"]][r["metric"]][_seconds(r["timestamp"])] = float(r["value"])
+                at, value = _seconds(r["timestamp"]), float(r["value"])
             except (TypeError, ValueError):
                 raise RecordingError(f"{path}: row {n}: timestamp and value must be numbers (or an ISO time)") from None
+            _put(series, r["container"], r["metric"], r["timestamp"], at, value, f"{path}: row {n}", now)
     return series
 
 
@@ -136,7 +187,13 @@ def _serving_sample(wf: str, host: str, uuid: str, service: str, at: int, since_
             "batch_size": None}
 
 
-def records(series: Series, shift_s: float, service: str, host_prefix: str = "replay") -> Iterator[tuple]:
+def replica_ids(container: str) -> tuple[str, str, str]:
+    """The workflow, host and GPU a container's replica is sent as, each with the container's
+    whole name (a deployment's pods are named alike for their first 20 to 30 characters)."""
+    return f"replay-{container}", f"replay-{container}", f"GPU-{container}"
+
+
+def records(series: Series, shift_s: float, service: str) -> Iterator[tuple]:
     """(time in ms, records to send at it as (schema, record)) in time order, every time shifted
     by ``shift_s``."""
     by_time: dict[int, list[tuple[str, dict]]] = defaultdict(list)
@@ -148,7 +205,7 @@ def records(series: Series, shift_s: float, service: str, host_prefix: str = "re
         rates = _between(metrics.get("requests_per_s", {}), times)
         queues = _between(metrics.get("queue_time_ms", {}), times)
         memory = metrics.get("gpu_memory_bytes", {})
-        ids = (f"replay-{name[:24]}", f"{host_prefix}-{name[:12]}", f"GPU-{name[:24]}")
+        ids = replica_ids(name)
         for i, t in enumerate(times):
             at = int((t + shift_s) * 1000)
             gap = MAX_INTERVAL_S if i + 1 == len(times) else min(times[i + 1] - t, MAX_INTERVAL_S)

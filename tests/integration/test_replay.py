@@ -43,7 +43,7 @@ def expected():
         for (t, _), gap, n in zip(points, gaps(points), requests_of(points, rates.get(ip, {}))):
             windows[t // WINDOW_S * WINDOW_S][0] += gap
             windows[t // WINDOW_S * WINDOW_S][1] += n
-        out[f"replay-{ip[:24]}"] = dict(windows)
+        out[f"replay-{ip}"] = dict(windows)
     return out
 
 
@@ -58,7 +58,7 @@ def startups() -> dict[str, dict[int, float]]:
         for (t, _), gap in zip(points, gaps(points)):
             if t < end:
                 windows[t // WINDOW_S * WINDOW_S] += gap
-        out[f"replay-{ip[:24]}"] = dict(windows)
+        out[f"replay-{ip}"] = dict(windows)
     return out
 
 

@@ -4,9 +4,13 @@ the one before, every time shifted alike; each record is the schema's."""
 
 from __future__ import annotations
 
+import io
+import tarfile
+import time
+
 import pytest
 
-from producers.serving.recorded import RecordingError, messages, read_generic, records, select
+from producers.serving.recorded import RecordingError, messages, read_alibaba, read_generic, records, select
 from schemas.codec import Codec
 
 CSV = """timestamp,container,metric,value
@@ -54,3 +58,93 @@ def test_a_recording_it_cannot_read_says_which_row_and_why(tmp_path, text, why):
     path.write_text(text)
     with pytest.raises(RecordingError, match=why):
         read_generic(path)
+
+
+NOW = 1_796_000_000.0  # 2026-12-01T01:33:20Z: the recordings below end before it
+
+
+@pytest.mark.parametrize("row, why", [
+    ("nan,a,gpu_util_pct,3", r"row 3: timestamp 'nan' is not a time"),
+    ("-inf,a,gpu_util_pct,3", r"row 3: timestamp '-inf' is not a time"),
+    ("1795996800000,a,gpu_util_pct,3", r"row 3: timestamp '1795996800000' is after now .*milliseconds\?"),
+    ("1795996800000000,a,gpu_util_pct,3", r"row 3: timestamp '1795996800000000' is after now .*microseconds\?"),
+    ("2027-06-01T00:00:00+00:00,a,gpu_util_pct,3", r"row 3: timestamp '2027-06-01T00:00:00\+00:00' is after now"),
+])
+def test_a_time_that_is_no_time_or_yet_to_come_is_refused_with_its_row(tmp_path, row, why):
+    """Before, NaN and infinite times failed later, at the shift, with Python's own words, and a
+    recording in milliseconds was read as seconds ~57,000 years ahead: shifted to end now, its
+    readings a minute apart stood 1000 minutes apart, each counted as 120 s."""
+    path = tmp_path / "fleet.csv"
+    path.write_text(f"timestamp,container,metric,value\n1795996740,a,gpu_util_pct,1\n{row}\n")
+    with pytest.raises(RecordingError, match=why):
+        read_generic(path, now=NOW)
+
+
+def test_a_second_different_value_for_one_time_is_refused_and_the_same_one_is_taken_once(tmp_path):
+    """Before, the later row silently replaced the earlier; a row repeated as it was (an export
+    that overlaps another) still reads."""
+    path = tmp_path / "fleet.csv"
+    path.write_text("timestamp,container,metric,value\n1795996800,a,gpu_util_pct,10\n1795996860,a,gpu_util_pct,20\n"
+                    "1795996800,a,gpu_util_pct,10\n")
+    assert read_generic(path, now=NOW)["a"]["gpu_util_pct"] == {1795996800.0: 10.0, 1795996860.0: 20.0}
+    path.write_text("timestamp,container,metric,value\n1795996800,a,gpu_util_pct,10\n1795996800,a,gpu_util_pct,70\n")
+    with pytest.raises(RecordingError, match=r"row 3: a second gpu_util_pct of container 'a' at '1795996800' \(70.0, "
+                                             r"after 10.0\)"):
+        read_generic(path, now=NOW)
+
+
+@pytest.fixture
+def india_time(monkeypatch):
+    """The process's local time zone five and a half hours east of UTC."""
+    monkeypatch.setenv("TZ", "Asia/Kolkata")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_an_iso_time_without_its_offset_is_utc_wherever_the_replay_runs(tmp_path, india_time):
+    """Before, it was the local time of the machine that replayed it: the same file's windows
+    moved by that machine's offset (and by half an hour off the hour, here)."""
+    assert time.localtime(0).tm_gmtoff == 19_800  # (the zone is in force)
+    path = tmp_path / "fleet.csv"
+    path.write_text("timestamp,container,metric,value\n2026-11-30T00:00:00,a,gpu_util_pct,10\n"
+                    "2026-11-30T00:01:00+00:00,a,gpu_util_pct,20\n")
+    assert list(read_generic(path, now=NOW)["a"]["gpu_util_pct"]) == [1795996800.0, 1795996860.0]
+
+
+def test_the_alibaba_layout_refuses_a_time_that_is_no_time_with_its_file_and_row(tmp_path):
+    csv_text = "timestamp_anon,value,container_ip\n1662858720,12.5,10.0.0.1\nnan,3,10.0.0.1\n"
+    with tarfile.open(tmp_path / "pod_gpu_duty_cycle_anon.tar.gz", "w:gz") as tar:
+        info = tarfile.TarInfo("pod_gpu_duty_cycle_anon.csv")
+        info.size = len(csv_text)
+        tar.addfile(info, io.BytesIO(csv_text.encode()))
+    with pytest.raises(RecordingError, match=r"pod_gpu_duty_cycle_anon.tar.gz: row 3: timestamp 'nan' is not a time"):
+        read_alibaba(tmp_path, now=NOW)
+
+
+def test_containers_named_alike_stay_replicas_of_their_own(tmp_path):
+    """Kubernetes names a deployment's pods alike for their first 20 to 30 characters. Before, the
+    ids kept 24 characters of a container's name (the host 12): two pods of ``sd-xl-serving`` were
+    one workflow on one host's one GPU, read twice at each time: one replica where there were two."""
+    pods = ("sd-xl-serving-6d8f9c7b5d-abcde", "sd-xl-serving-6d8f9c7b5d-fghij")
+    path = tmp_path / "fleet.csv"
+    path.write_text("timestamp,container,metric,value\n" + "".join(f"1795996800,{p},gpu_util_pct,40\n" for p in pods))
+    gpu = [r for _, batch in records(read_generic(path, now=NOW), 3600, "sd-xl") for name, r in batch
+           if name == "GpuSample"]
+    assert sorted(r["workflow_id"] for r in gpu) == [f"replay-{p}" for p in pods]
+    assert len({r["host"] for r in gpu}) == len({r["gpu_uuid"] for r in gpu}) == 2
+
+
+@pytest.mark.parametrize("container, why", [
+    ("", "row 2: no container"),
+    ('"pod\na"', (r"row 2: container 'pod\\na' cannot name a replica: workflow_id 'replay-pod\\na' has the "
+                  r"character U\+000A")),
+    ("x" * 250, r"row 2: container 'x{60}…' cannot name a replica: workflow_id .* has 257 characters"),
+])
+def test_a_container_that_cannot_name_a_replica_is_refused_before_anything_is_sent(tmp_path, container, why):
+    """Before, its every sample was sent, each a dead letter at the worker."""
+    path = tmp_path / "fleet.csv"
+    path.write_text(f"timestamp,container,metric,value\n1795996800,{container},gpu_util_pct,40\n")
+    with pytest.raises(RecordingError, match=why):
+        read_generic(path, now=NOW)
