@@ -44,7 +44,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise UsageError(f"--alibaba {path}: expected the directory of the trace's .tar.gz files")
     try:
         series = select(read_alibaba(path) if args.alibaba else read_generic(path), args.hours, args.containers)
-    except (RecordingError, OSError, EOFError) as exc:  # (a truncated .tar.gz: EOFError)
+    except (RecordingError, OSError) as exc:
         raise Failed(str(exc)) from None
     times = [t for c in series.values() for t in c.get("gpu_util_pct", {})]
     if not times:

@@ -33,6 +33,7 @@ import math
 import statistics
 import tarfile
 import time
+import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
@@ -55,11 +56,15 @@ class RecordingError(ValueError):
 
 
 def _rows(tar_path: Path) -> Iterator[dict]:
-    with tarfile.open(tar_path) as tar:
-        member = next((m for m in tar.getmembers() if m.name.endswith(".csv")), None)
-        if member is None:
-            raise RecordingError(f"{tar_path}: holds no .csv file")
-        yield from csv.DictReader(io.TextIOWrapper(tar.extractfile(member), encoding="utf-8"))
+    try:
+        with tarfile.open(tar_path) as tar:
+            member = next((m for m in tar.getmembers() if m.name.endswith(".csv")), None)
+            if member is None:
+                raise RecordingError(f"{tar_path}: holds no .csv file")
+            yield from csv.DictReader(io.TextIOWrapper(tar.extractfile(member), encoding="utf-8"))
+    except (tarfile.TarError, EOFError, zlib.error, UnicodeDecodeError) as exc:  # (cut short: EOFError)
+        why = " ".join(str(exc).split())  # (tarfile's words span lines)
+        raise RecordingError(f"{tar_path}: cannot be read as the trace's .tar.gz ({why})") from None
 
 
 def read_alibaba(directory: Path, now: float | None = None) -> Series:

@@ -114,11 +114,8 @@ def test_an_iso_time_without_its_offset_is_utc_wherever_the_replay_runs(tmp_path
 
 
 def test_the_alibaba_layout_refuses_a_time_that_is_no_time_with_its_file_and_row(tmp_path):
-    csv_text = "timestamp_anon,value,container_ip\n1662858720,12.5,10.0.0.1\nnan,3,10.0.0.1\n"
-    with tarfile.open(tmp_path / "pod_gpu_duty_cycle_anon.tar.gz", "w:gz") as tar:
-        info = tarfile.TarInfo("pod_gpu_duty_cycle_anon.csv")
-        info.size = len(csv_text)
-        tar.addfile(info, io.BytesIO(csv_text.encode()))
+    (tmp_path / "pod_gpu_duty_cycle_anon.tar.gz").write_bytes(
+        _duty_cycles("timestamp_anon,value,container_ip\n1662858720,12.5,10.0.0.1\nnan,3,10.0.0.1\n"))
     with pytest.raises(RecordingError, match=r"pod_gpu_duty_cycle_anon.tar.gz: row 3: timestamp 'nan' is not a time"):
         read_alibaba(tmp_path, now=NOW)
 
@@ -148,3 +145,26 @@ def test_a_container_that_cannot_name_a_replica_is_refused_before_anything_is_se
     path.write_text(f"timestamp,container,metric,value\n1795996800,{container},gpu_util_pct,40\n")
     with pytest.raises(RecordingError, match=why):
         read_generic(path, now=NOW)
+
+
+def _duty_cycles(csv_text: str) -> bytes:
+    """A ``pod_gpu_duty_cycle_anon.tar.gz`` of ``csv_text``, as the trace publishes it."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        info = tarfile.TarInfo("pod_gpu_duty_cycle_anon.csv")
+        info.size = len(csv_text)
+        tar.addfile(info, io.BytesIO(csv_text.encode()))
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("cut", [lambda data: b"not a tar file\n", lambda data: data[: len(data) * 2 // 3]],
+                         ids=["not-a-tar", "truncated"])
+def test_an_alibaba_file_that_is_no_tar_or_is_cut_short_is_named_with_why(tmp_path, cut):
+    """Before, the CLI said "unexpected ReadError: ..." for the one, and for the other zlib's words
+    alone, without the file's name."""
+    rows = "".join(f"{1662858720 + 60 * i},{i % 100}.5,0a1b2c3d\n" for i in range(3000))
+    data = _duty_cycles("timestamp_anon,value,container_ip\n" + rows)
+    (tmp_path / "pod_gpu_duty_cycle_anon.tar.gz").write_bytes(cut(data))
+    with pytest.raises(RecordingError, match=r"pod_gpu_duty_cycle_anon.tar.gz: cannot be read as the trace's "
+                                             r"\.tar\.gz \(.+\)"):
+        read_alibaba(tmp_path, now=NOW)
