@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from schemas.validate_ids import ids_error
 
@@ -88,21 +89,31 @@ class AtMost:
 ACROSS = (AtMost("memory_used_bytes", "memory_total_bytes"),)
 
 
+def _iso(ms: int) -> str:
+    try:
+        return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (OverflowError, OSError, ValueError):
+        return f"{ms} ms"
+
+
 def ahead_reason(count: int, block: dict, newest_ms: int, received_ms: int) -> str:
     """Why ``count`` samples of ``block`` (a host's samples of one workflow) are refused: the
     newest of them is ``newest_ms``, Kafka received their message at ``received_ms``."""
-    from datetime import UTC, datetime
-
-    def iso(ms: int) -> str:
-        try:
-            return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        except (OverflowError, OSError, ValueError):
-            return f"{ms} ms"
-
     ahead_s = (newest_ms - received_ms) / 1000
     return (f"{count} sample(s) of workflow {block['workflow_id']} from host {block['host']} are ahead of the time "
-            f"Kafka received them ({iso(received_ms)}) by up to {ahead_s:,.0f} s (at most "
-            f"{MAX_AHEAD_OF_KAFKA_MS // 1000} s allowed; newest {iso(newest_ms)}): the host's clock is wrong")
+            f"Kafka received them ({_iso(received_ms)}) by up to {ahead_s:,.0f} s (at most "
+            f"{MAX_AHEAD_OF_KAFKA_MS // 1000} s allowed; newest {_iso(newest_ms)}): the host's clock is wrong")
+
+
+def ahead_error(what: str, newest_ms: int, received_ms: int | None) -> str | None:
+    """Why a record of the samples topic other than GPU samples (``what`` names it: a serving
+    sample, an end, an outage, the fleet's clock), whose latest time is ``newest_ms``, is refused,
+    held to the samples' bound; None when it is not ahead (or Kafka's time is not known)."""
+    if received_ms is None or received_ms <= 0 or newest_ms <= received_ms + MAX_AHEAD_OF_KAFKA_MS:
+        return None
+    return (f"{what} is ahead of the time Kafka received it ({_iso(received_ms)}) by "
+            f"{(newest_ms - received_ms) / 1000:,.0f} s (at most {MAX_AHEAD_OF_KAFKA_MS // 1000} s allowed; its time "
+            f"{_iso(newest_ms)}): the clock that stamped it is wrong")
 
 
 def validate_sample(r: dict) -> str | None:

@@ -39,7 +39,7 @@ from schemas.topics import (
     TopicSpec,
 )
 from schemas.validate_ids import ids_error
-from schemas.validate_sample import NOT_WORKFLOWS, service_error, serving_error, unobserved_error
+from schemas.validate_sample import NOT_WORKFLOWS, ahead_error, service_error, serving_error, unobserved_error
 from streams.alerts.raising import end_alerts, raise_alerts
 from streams.enforcement.ladder import climb, stand_down
 from streams.profiling.auto import auto_profile_requests
@@ -68,6 +68,14 @@ class Decoded:
     record: dict
     offset: int = 0
     received_ms: int | None = None
+
+
+def _ahead(d: Decoded, what: str, newest_ms: int | None = None) -> str | None:
+    """Why a host's record (ids checked) of the samples topic is refused as ahead of the time Kafka
+    received it, as its GPU samples are (``schemas.validate_sample``), or None."""
+    r = d.record
+    at = max(r["event_time"], newest_ms if newest_ms is not None else r["event_time"])
+    return ahead_error(f"{what} of workflow {r['workflow_id']} from host {r['host']}", at, d.received_ms)
 
 
 @dataclass
@@ -111,7 +119,8 @@ class WindowStep:
         for d in batch:
             index_of[d.offset] = d.index
             if d.name == SERVING:  # before the samples whose windows may close in this batch
-                reason = ids_error(d.record) or serving_error(d.record) or self._serving(partition, d)
+                reason = (ids_error(d.record) or serving_error(d.record) or _ahead(d, "the serving sample")
+                          or self._serving(partition, d))
                 if reason:
                     out.dead.append((d.index, reason))
                 else:
@@ -119,12 +128,15 @@ class WindowStep:
                 out.changed.add(d.record["workflow_id"])
                 out.stats["serving_samples"] += reason is None
             elif d.name == CLOCK:
-                clocks.append(d.record["event_time"])
+                reason = ahead_error(f"the fleet's clock from worker {d.record['worker'][:80]!r}",
+                                     d.record["event_time"], d.received_ms)
+                (out.dead.append((d.index, reason)) if reason else clocks.append(d.record["event_time"]))
             elif d.name == WORKFLOW_EVENTS.schema and d.record["event"] == "ENDED":
-                reason = ids_error(d.record) or service_error(d.record.get("service"))
+                reason = ids_error(d.record) or service_error(d.record.get("service")) or _ahead(d, "the end")
                 (out.dead.append((d.index, reason)) if reason else ends.append(d.record))
             elif d.name == UNOBSERVED:
-                reason = ids_error(d.record) or unobserved_error(d.record)
+                reason = (ids_error(d.record) or unobserved_error(d.record)
+                          or _ahead(d, "the unobserved time", d.record["to_time"]))
                 (out.dead.append((d.index, reason)) if reason
                  else good.append(Incoming(d.offset, d.record, 0, unobserved=True)))
             elif not GPU_SAMPLES.carries(d.name):

@@ -93,6 +93,21 @@ def test_a_late_serving_sample_is_a_dead_letter_and_a_replayed_one_counts_once()
     assert step.store[WF].serving.get("windows", {}) == {}
 
 
+def test_a_serving_sample_ahead_of_the_time_kafka_received_it_is_a_dead_letter_as_its_gpu_samples_are():
+    """A host whose clock runs a day ahead: its GPU samples were refused, and its serving samples
+    counted, the replica's newest reading a day ahead."""
+    step, store = make()
+    received = BASE_MS + 60_000
+    name, record = served(60 + 86_400, 6.0)
+    out = step.samples(0, [Decoded(0, name, record, 0, received)], BASE_MS + 10**8)
+    assert [why.split(" (")[0] for _, why in out.dead] == [
+        f"the serving sample of workflow {WF} from host gpu-host-000 is ahead of the time Kafka received it"]
+    assert "by 86,400 s (at most 300 s allowed" in out.dead[0][1] and WF not in store
+    name, record = served(60 + 200, 6.0)  # (within the bound: taken)
+    assert step.samples(0, [Decoded(0, name, record, 1, received)], BASE_MS + 10**8).dead == []
+    assert store[WF].serving["last_time"] == BASE_MS + 260_000
+
+
 def test_traffic_whose_gpu_samples_never_come_is_judged_alone_once_the_clock_passes_it():
     """A replica's readings whose GPU samples did not reach the worker (refused, or late past the
     watermark) are not kept for ever nor dropped unseen: each window of them, once the partition's

@@ -212,3 +212,33 @@ def test_a_gpu_the_job_never_opens_and_a_foreign_process_are_alerted_with_names(
     assert "gpu-host-000/gpu1" in alerts["partial_use"]["message"]
     assert "no process of the job ever opened them: gpu-host-000/gpu1." in alerts["partial_use"]["message"]
     assert "wf-intruder" in alerts["foreign_process"]["message"] and "slurm-5" in alerts["foreign_process"]["message"]
+
+
+DAY_MS = 86_400_000
+
+
+def test_a_clock_an_end_or_an_outage_ahead_of_the_time_kafka_received_it_is_a_dead_letter():
+    """The samples topic keeps the broker's time on every record, and a GPU sample more than 5
+    minutes ahead of it was refused. Its other records were not: a ``PartitionClock`` a day ahead
+    (a replay run where the clock is wrong) moved the partition's clock on by a day, closing every
+    open window, so that every sample of the day that followed came late; a scheduler's end a day
+    ahead went into the job's summary; an outage a day ahead was counted as unobserved GPU-time."""
+    step, store = make()
+    feed = Feed(step)
+    feed(*ticks("slurm-7", 0, 100, util=80.0))
+    received = BASE_MS + 100_000
+    clock = ("PartitionClock", {"event_time": received + DAY_MS, "worker": "replay", "sent_at": received + DAY_MS})
+    ahead = [clock, ended("slurm-7", 100 + 86_400), unobserved("slurm-7", 99, 100 + 86_400)]
+    out = step.samples(0, [Decoded(i, *r, feed.offset + i, received) for i, r in enumerate(ahead)], BASE_MS + 10**8)
+    reasons = dict(out.dead)
+    assert sorted(reasons) == [0, 1, 2], out.dead
+    assert reasons[0].startswith("the fleet's clock from worker 'replay' is ahead of the time Kafka received it "
+                                 "(2026-01-01T00:01:40Z) by 86,400 s (at most 300 s allowed")
+    assert reasons[1].startswith("the end of workflow slurm-7 from host gpu-host-000 is ahead of the time Kafka")
+    assert reasons[2].startswith("the unobserved time of workflow slurm-7 from host gpu-host-000 is ahead")
+    assert out.records == [] and not store["slurm-7"].ending
+    # Within the bound, the same clock closes the windows of a partition whose samples stopped.
+    feed.offset += 3
+    on_time = step.samples(0, [Decoded(0, clock[0], {**clock[1], "event_time": received + 200_000}, feed.offset,
+                                       received)], BASE_MS + 10**8)
+    assert on_time.dead == [] and any(s is WORKFLOW_WINDOWS for s, _ in on_time.records)
