@@ -69,6 +69,7 @@ bench: setup bench-hta
 	$(RUN_BENCH) agent -- $(BIN)/python benchmarks/bench_agent.py
 	$(RUN_BENCH) agent_serving -- $(BIN)/python benchmarks/bench_agent.py --serving-only
 	$(RUN_BENCH) serving_stage -- $(BIN)/python benchmarks/bench_serving_stage.py
+	$(RUN_BENCH) replay -- $(BIN)/python benchmarks/bench_replay.py
 	$(RUN_BENCH) sink -- $(BIN)/python benchmarks/bench_sink.py
 	$(RUN_BENCH) query_server -- $(BIN)/python benchmarks/bench_query_server.py
 	$(RUN_BENCH) job_page -- $(BIN)/python benchmarks/bench_job_page.py

@@ -32,6 +32,8 @@ ABOUT = {
                          "host pays it, where the fake NVML's tick is the cheap side.",
     "serving_stage": "The window stage with serving replicas' traffic beside their GPU samples: GPU samples a "
                      "second against the samples alone.",
+    "replay": "`gpufleet replay`'s memory: what making a day of 200 containers' records holds beyond the "
+              "readings it reads (Python's allocations, traced), sending them one tick after the other.",
     "sink": "The ClickHouse sink: rows a second into the embedded engine, by path.",
     "query_server": "The sink's query server: a second analyst's SELECT 1 while another query runs to its limit.",
     "job_page": "The owners' service: the page of a 7-day job on 64 GPUs at 1 Hz against a 1-hour job's, "

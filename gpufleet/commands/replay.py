@@ -56,17 +56,19 @@ def cmd_replay(args: argparse.Namespace) -> int:
     ensure_topics(kafka, prefix=args.topic_prefix, partitions=args.partitions)
     topic = args.topic_prefix + GPU_SAMPLES.name
     pub = Publisher(kafka, Codec())
-    ticks = list(records(series, shift, service))
     counts = {"GpuSampleColumns": 0, "ServingSample": 0}
-    print(f"replaying {len(series)} containers, {(max(times) - min(times)) / 3600:.1f} h, {len(ticks)} ticks, "
-          f"as service {service!r}, times shifted by {shift:.0f} s (ending {(now - max(times) - shift) / 60:.0f} "
-          "min ago)")
-    for n, (_, batch) in enumerate(ticks, start=1):
+    first, span = min(times), max(times) - min(times)
+    print(f"replaying {len(series)} containers, {span / 3600:.1f} h, as service {service!r}, times shifted by "
+          f"{shift:.0f} s (ending {(now - max(times) - shift) / 60:.0f} min ago)")
+    shown = 0  # (tenths of the recording's time sent so far, each told once)
+    for at, batch in records(series, shift, service):  # (made as they are sent: never all held)
         for schema, record in messages(batch):
             pub.publish(GPU_SAMPLES, [record], topic=topic, schema=schema)
             counts[schema] = counts.get(schema, 0) + 1
-        if n % max(1, len(ticks) // 10) == 0:
-            print(f"  {n / len(ticks):4.0%}  {counts['GpuSampleColumns']} GPU sample messages, "
+        done = int(10 * (at / 1000 - shift - first) / span) if span else 10
+        if done > shown:
+            shown = done
+            print(f"  {done * 10:3d}%  {counts['GpuSampleColumns']} GPU sample messages, "
                   f"{counts['ServingSample']} serving samples")
     # Then the fleet's clock moves to now on every partition: every replica ends by silence.
     at = int(now * 1000)

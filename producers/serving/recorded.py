@@ -27,9 +27,11 @@ an agent's.
 from __future__ import annotations
 
 import csv
+import heapq
 import io
 import itertools
 import math
+import operator
 import statistics
 import tarfile
 import time
@@ -161,17 +163,17 @@ def select(series: Series, hours: float | None = None, containers: int | None = 
             for n in names}
 
 
-def _between(values: dict[float, float], times: list[float]) -> list[list[float]]:
-    """The readings of ``values`` that each time of ``times`` closes: those after the time before
-    it, up to it (readings before the first time count at the first)."""
-    out: list[list[float]] = [[] for _ in times]
+def _between(values: dict[float, float], times: list[float]) -> Iterator[list[float]]:
+    """The readings of ``values`` that each time of ``times`` closes, time after time: those after
+    the time before it, up to it (readings before the first time count at the first)."""
+    at = sorted(values)
     i = 0
-    for t, v in sorted(values.items()):
-        while i < len(times) and times[i] < t:
-            i += 1
-        if i < len(times):
-            out[i].append(v)
-    return out
+    for t in times:
+        j = i
+        while j < len(at) and at[j] <= t:
+            j += 1
+        yield [values[a] for a in at[i:j]]
+        i = j
 
 
 def _gpu_sample(wf: str, host: str, uuid: str, team: str, at: int, gap_s: float, util: float,
@@ -198,29 +200,34 @@ def replica_ids(container: str) -> tuple[str, str, str]:
     return f"replay-{container}", f"replay-{container}", f"GPU-{container}"
 
 
-def records(series: Series, shift_s: float, service: str) -> Iterator[tuple]:
+def records(series: Series, shift_s: float, service: str) -> Iterator[tuple[int, list[tuple[str, dict]]]]:
     """(time in ms, records to send at it as (schema, record)) in time order, every time shifted
-    by ``shift_s``."""
-    by_time: dict[int, list[tuple[str, dict]]] = defaultdict(list)
-    for name, metrics in series.items():
-        times = sorted(metrics.get("gpu_util_pct", {}))
-        if not times:
-            continue
-        period = statistics.median([b - a for a, b in itertools.pairwise(times)] or [60.0])
-        rates = _between(metrics.get("requests_per_s", {}), times)
-        queues = _between(metrics.get("queue_time_ms", {}), times)
-        memory = metrics.get("gpu_memory_bytes", {})
-        ids = replica_ids(name)
-        for i, t in enumerate(times):
-            at = int((t + shift_s) * 1000)
-            gap = MAX_INTERVAL_S if i + 1 == len(times) else min(times[i + 1] - t, MAX_INTERVAL_S)
-            since = period if i == 0 else min(t - times[i - 1], MAX_INTERVAL_S)
-            by_time[at].append(("GpuSample", _gpu_sample(*ids, service, at, gap, metrics["gpu_util_pct"][t],
-                                                         memory.get(t))))
-            by_time[at].append(("ServingSample", _serving_sample(*ids, service, at, since, sum(rates[i]) * period,
-                                                                 queues[i])))
-    for at in sorted(by_time):
-        yield at, by_time[at]
+    by ``shift_s``. Made as they are sent, from each container's readings in time order, merged:
+    a recording's records are never all held at once (a month of a large fleet holds its readings
+    alone; ``benchmarks/bench_replay.py``). At one time, the containers' records come in the
+    series' order."""
+    replicas = [_replica(name, metrics, shift_s, service) for name, metrics in series.items()
+                if metrics.get("gpu_util_pct")]
+    first = operator.itemgetter(0)
+    for at, group in itertools.groupby(heapq.merge(*replicas, key=first), key=first):
+        yield at, [record for _, pair in group for record in pair]
+
+
+def _replica(name: str, metrics: dict[str, dict[float, float]], shift_s: float, service: str
+             ) -> Iterator[tuple[int, tuple[tuple[str, dict], tuple[str, dict]]]]:
+    """One container's (time in ms, its GPU sample and its serving sample), in time order."""
+    utilisation = metrics["gpu_util_pct"]
+    times = sorted(utilisation)
+    period = statistics.median([b - a for a, b in itertools.pairwise(times)] or [60.0])
+    memory = metrics.get("gpu_memory_bytes", {})
+    ids = replica_ids(name)
+    closing = zip(_between(metrics.get("requests_per_s", {}), times), _between(metrics.get("queue_time_ms", {}), times))
+    for i, (t, (rates, queues)) in enumerate(zip(times, closing)):
+        at = int((t + shift_s) * 1000)
+        gap = MAX_INTERVAL_S if i + 1 == len(times) else min(times[i + 1] - t, MAX_INTERVAL_S)
+        since = period if i == 0 else min(t - times[i - 1], MAX_INTERVAL_S)
+        yield at, (("GpuSample", _gpu_sample(*ids, service, at, gap, utilisation[t], memory.get(t))),
+                   ("ServingSample", _serving_sample(*ids, service, at, since, sum(rates) * period, queues)))
 
 
 def messages(batch: Iterable[tuple[str, dict]]) -> list[tuple[str, dict]]:

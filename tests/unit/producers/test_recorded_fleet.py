@@ -5,12 +5,25 @@ the one before, every time shifted alike; each record is the schema's."""
 from __future__ import annotations
 
 import io
+import itertools
+import statistics
 import tarfile
 import time
+from collections import defaultdict
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from producers.serving.recorded import RecordingError, messages, read_alibaba, read_generic, records, select
+from producers.serving.recorded import (
+    MAX_INTERVAL_S,
+    RecordingError,
+    messages,
+    read_alibaba,
+    read_generic,
+    records,
+    select,
+)
 from schemas.codec import Codec
 
 CSV = """timestamp,container,metric,value
@@ -168,3 +181,55 @@ def test_an_alibaba_file_that_is_no_tar_or_is_cut_short_is_named_with_why(tmp_pa
     with pytest.raises(RecordingError, match=r"pod_gpu_duty_cycle_anon.tar.gz: cannot be read as the trace's "
                                              r"\.tar\.gz \(.+\)"):
         read_alibaba(tmp_path, now=NOW)
+
+
+def reference(series, shift_s, service):
+    """The records as the command first made them, all at once: every container's records put at
+    their times, then sent time after time (each reading of traffic at the first GPU time at or
+    after it)."""
+    by_time = defaultdict(list)
+    for name, metrics in series.items():
+        times = sorted(metrics.get("gpu_util_pct", {}))
+        if not times:
+            continue
+        period = statistics.median([b - a for a, b in itertools.pairwise(times)] or [60.0])
+        closes = {}
+        for metric in ("requests_per_s", "queue_time_ms"):
+            closes[metric] = [[] for _ in times]
+            for t, v in sorted(metrics.get(metric, {}).items()):
+                i = next((k for k, u in enumerate(times) if u >= t), None)
+                if i is not None:
+                    closes[metric][i].append(v)
+        for i, t in enumerate(times):
+            at = int((t + shift_s) * 1000)
+            gap = MAX_INTERVAL_S if i + 1 == len(times) else min(times[i + 1] - t, MAX_INTERVAL_S)
+            since = period if i == 0 else min(t - times[i - 1], MAX_INTERVAL_S)
+            queues = closes["queue_time_ms"][i]
+            by_time[at] += [("GpuSample", (name, int(gap * 1000), metrics["gpu_util_pct"][t])),
+                            ("ServingSample", (name, int(since * 1000), sum(closes["requests_per_s"][i]) * period,
+                                               statistics.fmean(queues) if queues else None))]
+    return [(at, by_time[at]) for at in sorted(by_time)]
+
+
+def told(ticks):
+    """What a tick's records say, as the reference puts it."""
+    return [(at, [(schema, (r["workflow_id"].removeprefix("replay-"), r["interval_ms"], r["utilization_pct"])
+                   if schema == "GpuSample" else
+                   (r["workflow_id"].removeprefix("replay-"), r["interval_ms"], r["requests"],
+                    r["queue_time_ms"])) for schema, r in batch]) for at, batch in ticks]
+
+
+readings = st.dictionaries(st.integers(0, 900), st.floats(0, 100, allow_nan=False), max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(["pod-b", "pod-a", "pod-c"]),
+                       st.fixed_dictionaries({"gpu_util_pct": readings},
+                                             optional={"requests_per_s": readings, "queue_time_ms": readings}),
+                       max_size=3))
+def test_the_records_made_as_they_are_sent_are_those_made_all_at_once(series):
+    """Made time after time from each container's readings (never all held), the records are
+    the same, in the same order, as those the command made all at once."""
+    series = {n: {m: {float(t): v for t, v in values.items()} for m, values in metrics.items()}
+              for n, metrics in series.items()}
+    assert told(records(series, 3600.0, "chat")) == reference(series, 3600.0, "chat")
