@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import stat
 import threading
 import time
 from pathlib import Path
@@ -68,6 +69,10 @@ def add(sub) -> None:
                         "GPUs of its replica: GPUS=URL[;service=NAME][;engine=ENGINE], e.g. "
                         "0,1=http://127.0.0.1:8000/metrics;service=llama-70b; repeat per replica. Its traffic goes "
                         "beside the replica's GPU samples, and the worker judges the replica by it")
+    p.add_argument("--serving-netrc", type=_private_file, default=None, metavar="FILE",
+                   help="the user and password of serving endpoints behind basic auth, by host, in netrc's format "
+                        "(machine HOST login USER password PASSWORD; readable by the agent's user alone): kept off "
+                        "the command line, which every user of the host can read")
     p.add_argument("--serving-discover", action="store_true",
                    help="find the serving engines on this host too: every 5 min, ask the ports the GPUs' processes "
                         "(and those that started them) listen on for /metrics, and on Kubernetes "
@@ -215,6 +220,20 @@ def _serving_endpoint(text: str):
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _private_file(text: str) -> str:
+    """A file of secrets: there, and readable and writable by its owner alone."""
+    try:
+        mode = Path(text).stat().st_mode
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"{text}: {exc.strerror}") from None
+    if not stat.S_ISREG(mode):
+        raise argparse.ArgumentTypeError(f"{text}: not a file")
+    if mode & 0o077:
+        raise argparse.ArgumentTypeError(f"{text}: others than its owner may read or write it (mode "
+                                         f"{stat.S_IMODE(mode):o}): chmod 600 it")
+    return text
+
+
 def serving_reader(args: argparse.Namespace, spool, codec, host: str):
     """The serving endpoints' reader (``--serving-endpoint``, ``--serving-discover``) and the
     agent's observer that reads them in its ticks and spools their samples beside the GPU
@@ -225,7 +244,8 @@ def serving_reader(args: argparse.Namespace, spool, codec, host: str):
     from schemas.topics import GPU_SAMPLES
 
     topic = args.topic_prefix + GPU_SAMPLES.name
-    reader = ServingReader(args.serving_endpoint, args.serving_interval_s, args.serving_timeout_s)
+    reader = ServingReader(args.serving_endpoint, args.serving_interval_s, args.serving_timeout_s,
+                           netrc=args.serving_netrc)
     observer = ServingObserver(reader, lambda schema, key, record: spool.append(
         topic, key, codec.encode(schema, record)), host)
     print(f"reading {len(args.serving_endpoint)} serving endpoint(s) beside the GPUs")

@@ -125,7 +125,7 @@ class Discovery:
                  indices: Callable[[], dict[str, int]] = dict) -> None:
         self.reader, self.gpu_pids, self.every_s, self.ports_of = reader, gpu_pids, every_s, ports_of
         self.targets, self.indices = targets, indices
-        self.get = Fetcher()
+        self.get = Fetcher(reader.netrc)
         self._stop = reader.stopping  # ends with the reader
         self._thread: threading.Thread | None = None
 

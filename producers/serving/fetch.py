@@ -20,9 +20,11 @@ class Fetcher:
     0.18 ms), whose headers go through the email parser: at 8 replicas that is most of what a
     reading may cost the agent. A connection the server closed is opened again by libcurl; no
     proxy from the environment is used (the endpoints are the host's own or the pods'), no
-    redirect followed, and nothing but HTTP(S) asked. A curl handle is one thread's at a time."""
+    redirect followed, and nothing but HTTP(S) asked. With ``netrc`` (a file in netrc's format),
+    the user and password of an endpoint's host are sent from it. A curl handle is one thread's
+    at a time."""
 
-    def __init__(self) -> None:
+    def __init__(self, netrc: str | None = None) -> None:
         self.curl = pycurl.Curl()
         self.body: list[bytes] = []
         self.size = 0
@@ -34,6 +36,9 @@ class Fetcher:
         c.setopt(pycurl.HTTPHEADER, ["Accept: text/plain"])
         c.setopt(pycurl.MAXFILESIZE_LARGE, MAX_BYTES)
         c.setopt(pycurl.WRITEFUNCTION, self._write)
+        if netrc is not None:  # (an engine behind basic auth: its credentials by its host, as curl --netrc-file)
+            c.setopt(pycurl.NETRC, pycurl.NETRC_OPTIONAL)
+            c.setopt(pycurl.NETRC_FILE, netrc)
         trusted = ssl.get_default_verify_paths()  # the CAs Python's own HTTPS trusts (SSL_CERT_FILE/_DIR too)
         if trusted.cafile:
             c.setopt(pycurl.CAINFO, trusted.cafile)

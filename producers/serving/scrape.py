@@ -40,6 +40,14 @@ class EndpointSettingError(ValueError):
     """A ``--serving-endpoint`` that cannot be used: what it should look like."""
 
 
+def shown(url: str) -> str:
+    """``url`` as the agent shows it (its log, its metrics endpoint, a replica's service): without
+    the user and password an engine behind basic auth is read with (libcurl sends them)."""
+    scheme, sep, rest = url.partition("://")
+    where, slash, path = rest.partition("/")
+    return f"{scheme}{sep}{where.rpartition('@')[2]}{slash}{path}"
+
+
 @dataclass(frozen=True)
 class Endpoint:
     gpus: tuple[int, ...]  # the replica's GPUs on this host, by index
@@ -59,6 +67,10 @@ def endpoint(text: str) -> Endpoint:
     if not sep or not gpus or any(g < 0 for g in gpus) or not url.startswith(("http://", "https://")):
         raise EndpointSettingError(f"--serving-endpoint {text!r}: expected GPUS=URL[;service=NAME][;engine=ENGINE], "
                                    "e.g. 0,1=http://127.0.0.1:8000/metrics;service=llama-70b")
+    if ":" in url.partition("://")[2].partition("/")[0].rpartition("@")[0]:
+        raise EndpointSettingError(f"--serving-endpoint for {shown(url)}: its URL holds a password, which every user "
+                                   "of this host can read on the agent's command line; put it in a --serving-netrc "
+                                   "file (machine HOST login USER password PASSWORD)")
     named = dict(o.partition("=")[::2] for o in options if o)
     unknown = set(named) - {"service", "engine"}
     if unknown or (named.get("engine") and named["engine"] not in ENGINES):
@@ -95,10 +107,12 @@ class ServingReader:
     engine made its page."""
 
     def __init__(self, endpoints: list[Endpoint], interval_s: float, timeout_s: float = 2.0,
-                 clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic,
+                 netrc: str | None = None) -> None:
         self.endpoints, self.interval_s, self.timeout_s = list(endpoints), interval_s, min(timeout_s, interval_s * 4)
         self._urls: dict[int, str] = {}  # endpoint -> the URL it is read from (its needed samples only)
-        self.gets = [Fetcher() for _ in endpoints]  # each endpoint's own curl handle (its connection)
+        self.netrc = netrc  # a netrc file of the endpoints' credentials (``--serving-netrc``), or None
+        self.gets = [Fetcher(netrc) for _ in endpoints]  # each endpoint's own curl handle (its connection)
         self.clock, self.monotonic = clock, monotonic
         self.errors: Counter = Counter()  # (url, reason) -> count; read by the agent's metrics endpoint
         self._latest: dict[int, tuple[float, Reading]] = {}
@@ -251,13 +265,14 @@ class ServingReader:
         self._multi.close()
 
     def _failed(self, e: Endpoint, reason: str, exc: Exception) -> None:
+        url = shown(e.url)
         with self._lock:
-            self.errors[(e.url, reason)] += 1
-            first = self.errors[(e.url, reason)] == 1
-        (log.warning if first else log.debug)("serving endpoint %s: %s (%s); GPU sampling goes on", e.url, reason, exc)
+            self.errors[(url, reason)] += 1
+            first = self.errors[(url, reason)] == 1
+        (log.warning if first else log.debug)("serving endpoint %s: %s (%s); GPU sampling goes on", url, reason, exc)
 
     def failures(self) -> dict[tuple[str, str], int]:
-        """The readings that failed so far, by (endpoint, reason): a copy (the metrics endpoint's
+        """The readings that failed so far, by (endpoint as shown, reason): a copy (the metrics endpoint's
         thread reads it while the ticks count)."""
         with self._lock:
             return dict(self.errors)
@@ -268,7 +283,7 @@ class ServingReader:
         with self._lock:
             if any(x.url == e.url for x in self.endpoints):
                 return False
-            self.gets.append(Fetcher())
+            self.gets.append(Fetcher(self.netrc))
             self.endpoints.append(e)
         return True
 
@@ -321,10 +336,10 @@ class ServingObserver:
                 self.unattributed += 1
                 continue
             first = held[0]
+            service = e.service or self.declared(first["workflow_id"]) or now.model or shown(e.url).split("/")[2]
             record = {"workflow_id": first["workflow_id"], "host": self.host, "owner": first.get("owner"),
                       "team": first.get("team"), "gpu_uuids": [s["gpu_uuid"] for s in held],
-                      "service": e.service or self.declared(first["workflow_id"]) or now.model or e.url.split("/")[2],
-                      "engine": now.engine,
+                      "service": service, "engine": now.engine,
                       "event_time": int(t1 * 1000), "interval_ms": max(1, int((t1 - t0) * 1000)),
                       **traffic(before, now)}
             self.put(SCHEMA, key_of(GPU_SAMPLES, record), record)

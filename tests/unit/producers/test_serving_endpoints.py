@@ -83,6 +83,15 @@ def test_the_setting_names_gpus_url_service_and_engine():
             endpoint(bad)
 
 
+def test_a_setting_with_a_password_is_refused_without_saying_it():
+    """The setting is on the agent's command line, which every user of the host reads."""
+    assert endpoint("0=http://ana@127.0.0.1:8000/metrics").url == "http://ana@127.0.0.1:8000/metrics"  # (no password)
+    with pytest.raises(EndpointSettingError) as refused:
+        endpoint("0=http://ana:s3cret@127.0.0.1:8000/metrics;service=chat")
+    assert "--serving-netrc" in str(refused.value) and "s3cret" not in str(refused.value)
+    assert "http://127.0.0.1:8000/metrics" in str(refused.value)
+
+
 class Engine(BaseHTTPRequestHandler):
     """A serving engine's endpoint: ``/good`` the vLLM text, ``/garbage``, ``/slow`` (answers
     only once the test lets it)."""
@@ -91,8 +100,10 @@ class Engine(BaseHTTPRequestHandler):
     release = threading.Event()
     pages: ClassVar[dict[str, bytes]] = {"/good": (DATA / "vllm-0.6.prom").read_bytes(),
                                          "/garbage": b"\x00\xffnot metrics{"}
+    authorizations: ClassVar[list[str | None]] = []
 
     def do_GET(self):
+        self.authorizations.append(self.headers.get("Authorization"))
         if self.path == "/slow":
             self.release.wait(30)
         body = self.pages.get(self.path, self.pages["/good"])
@@ -339,3 +350,49 @@ def test_the_failed_readings_are_on_the_agents_metrics_endpoint(server, tmp_path
     text = generate_latest(AgentMetrics(Spool(tmp_path), serving=reader).registry).decode()
     assert f'gpufleet_agent_serving_errors_total{{endpoint="{server}/garbage",reason="garbage"}} 1.0' in text
     assert f"{server}/good" not in text
+
+
+def test_an_endpoints_password_is_sent_but_never_shown(server, tmp_path, caplog):
+    """An engine behind basic auth, the credentials in the setting's URL. Before, the URL was
+    shown whole: the agent's log and its metrics endpoint (a failure's label) said the password,
+    and a replica whose engine names no model was the service ``ana:s3cret@host:port``, sent to
+    Kafka, stored, and shown on its owners' pages."""
+    from prometheus_client import generate_latest
+
+    from producers.agent.metrics import AgentMetrics
+    from producers.agent.spool.disk import Spool
+
+    Engine.authorizations.clear()
+    secret = server.replace("http://", "http://ana:s3cret@")
+    reader = ServingReader([Endpoint((0,), f"{secret}/garbage"), Endpoint((1,), f"{secret}/good")], interval_s=1.0)
+    with caplog.at_level("DEBUG"):
+        stepped(reader, lambda: reader._latest and reader.errors, "a reading of each")
+    assert set(Engine.authorizations) == {"Basic YW5hOnMzY3JldA=="}  # (ana:s3cret: sent with every request)
+    text = generate_latest(AgentMetrics(Spool(tmp_path), serving=reader).registry).decode()
+    assert f'gpufleet_agent_serving_errors_total{{endpoint="{server}/garbage",reason="garbage"}} 1.0' in text
+    assert "s3cret" not in text and "s3cret" not in caplog.text and f"{server}/garbage" in caplog.text
+
+    reader = ServingReader([Endpoint((0,), "http://ana:s3cret@10.0.0.5:3000/metrics")], interval_s=1.0)
+    reader.step = lambda: None  # (its readings set by hand: TGI's, which name no model)
+    reader._latest[0] = (1.0, read("tgi"))
+    reader.pairs()
+    reader._latest[0] = (2.0, read("tgi-later"))
+    spooled = []
+    ServingObserver(reader, lambda *a: spooled.append(a[2]), host="h")(
+        [{"gpu_index": 0, "gpu_uuid": "GPU-0", "workflow_id": "svc-1", "owner": "ana", "team": "ml"}], {})
+    assert [r["service"] for r in spooled] == ["10.0.0.5:3000"]
+
+
+def test_credentials_from_a_netrc_file_are_sent_and_kept_off_the_command_line(server, tmp_path):
+    """Every user of a host reads each process's command line (``/proc/PID/cmdline``), so a
+    password in ``--serving-endpoint``'s URL is the host's to read. ``--serving-netrc`` names a
+    file of the credentials instead (netrc's format, read by libcurl), for the endpoints the
+    setting names and for those the discovery finds."""
+    netrc = tmp_path / "serving.netrc"
+    netrc.write_text("machine 127.0.0.1 login ana password s3cret\n")
+    Engine.authorizations.clear()
+    reader = ServingReader([Endpoint((0,), f"{server}/good")], interval_s=1.0, netrc=str(netrc))
+    stepped(reader, lambda: reader._latest, "a reading")
+    reader.add(Endpoint((1,), f"{server}/found"))  # (as the discovery adds one)
+    stepped(reader, lambda: len(reader._latest) == 2, "a reading of the endpoint added")
+    assert set(Engine.authorizations) == {"Basic YW5hOnMzY3JldA=="}
