@@ -76,9 +76,20 @@ def send_webhook(url: str, alert: dict, retries: int = 4, backoff_s: float = 0.5
     post_webhook(url, {"text": text(alert), "gpufleet_alert": alert}, "the alert", retries, backoff_s, timeout_s)
 
 
+def slack_text(text: str) -> str:
+    """``text`` as a Slack-compatible receiver shows it as written: ``&``, ``<`` and ``>`` as the
+    entities Slack's formatting rules ask for (else ``<!channel>`` in a service's name pings a
+    channel, ``<url|words>`` is a link, and ``kernel<float>`` loses its argument); receivers that
+    read the text as Markdown decode them alike."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def post_webhook(url: str, payload: dict, what: str, retries: int = 4, backoff_s: float = 0.5,
                  timeout_s: float = 10.0) -> None:
-    """POST ``payload`` as JSON; retry connection errors and 5xx/429 with backoff."""
+    """POST ``payload`` as JSON, its ``text`` escaped for Slack (``slack_text``; the records beside
+    it as they are); retry connection errors and 5xx/429 with backoff."""
+    if "text" in payload:
+        payload = {**payload, "text": slack_text(payload["text"])}
     body = json.dumps(payload).encode()
     shown = redact_url(url)
     try:

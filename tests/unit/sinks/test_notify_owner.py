@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import ssl
 import threading
-from http.server import ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import pytest
 from aiosmtpd.controller import Controller
@@ -100,3 +102,39 @@ def test_smtp_never_sends_a_password_in_clear():
     smtp = SmtpSettings(host="127.0.0.1", port=free_port(), username="gpufleet", password="secret")
     with pytest.raises(NotifyError, match="the SMTP password would go in clear; set starttls or ssl"):
         send_email(smtp, "ana@example.com", alert("a1", "FIRING", True, "t", "ana@example.com"))
+
+
+class Capturing(BaseHTTPRequestHandler):
+    """A webhook receiver that keeps the messages posted to it."""
+
+    posted: ClassVar[list[dict]] = []
+
+    def do_POST(self):
+        Capturing.posted.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_webhook_messages_text_escapes_what_slack_would_read_as_a_mention_or_a_link():
+    """Slack reads ``<...>`` in a message's text as a mention (``<!channel>``), a link
+    (``<url|words>``) or nothing at all, and ``&`` as the start of an entity, so its documented rule
+    is to escape ``&``, ``<`` and ``>``. Before, a service or a kernel's name went out as it came: a
+    replica's engine labelled ``<!channel>`` pinged the whole channel, and a template kernel's name
+    (``kernel<float>``) lost its argument. The record beside the text stays as it was."""
+    http = ThreadingHTTPServer(("127.0.0.1", 0), Capturing)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    Capturing.posted = []
+    said = "3 of 8 replicas of <!channel> <http://evil.example|re-run it> served no request; fill_kernel<float> & co"
+    try:
+        send_webhook(f"http://127.0.0.1:{http.server_address[1]}/", {**alert("a1", "FIRING", True, "t", "o"),
+                                                                      "message": said}, retries=0)
+    finally:
+        http.shutdown()
+    (posted,) = Capturing.posted
+    assert "<" not in posted["text"] and ">" not in posted["text"]
+    assert ("3 of 8 replicas of &lt;!channel&gt; &lt;http://evil.example|re-run it&gt; served no request; "
+            "fill_kernel&lt;float&gt; &amp; co") in posted["text"]
+    assert posted["gpufleet_alert"]["message"] == said
