@@ -22,12 +22,23 @@ def add(sub) -> None:
                              "qps.tar.gz, ...), as published")
     source.add_argument("--csv", type=Path, help="a CSV of timestamp,container,metric,value (metric: gpu_util_pct, "
                                                  "gpu_memory_bytes, requests_per_s, queue_time_ms)")
-    p.add_argument("--service", default=None,
+    p.add_argument("--service", type=_service, default=None,
                    help="the service the containers' replicas serve (default: stable-diffusion for --alibaba, "
                         "recorded for --csv)")
     p.add_argument("--hours", type=positive, default=None, help="the first H hours of the recording only")
     p.add_argument("--containers", type=positive_int, default=None, help="the first N containers (by name) only")
     p.set_defaults(func=cmd_replay)
+
+
+def _service(text: str) -> str:
+    """A service name the replicas' samples may carry, as their service and as their team."""
+    from schemas.validate_ids import id_error
+    from schemas.validate_sample import service_error
+
+    reason = service_error(text) or id_error("team", text)
+    if reason:
+        raise argparse.ArgumentTypeError(f"{reason} (the replicas' service is their team too, an id)")
+    return text
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

@@ -242,6 +242,8 @@ CASES = [
     ("replay-csv-ms-time", ["replay", "--csv", "{replay-ms-time.csv}"], "milliseconds?", R),
     ("replay-csv-twice", ["replay", "--csv", "{replay-twice.csv}"], "a second gpu_util_pct", R),
     ("replay-csv-container", ["replay", "--csv", "{replay-container.csv}"], "cannot name a replica", R),
+    ("replay-service", ["replay", "--csv", "{replay-metric.csv}", "--service", "Llama 3 (70B)"],
+     "team 'Llama 3 (70B)' has the character U+0028", U),
     ("replay-alibaba-empty", ["replay", "--alibaba", "{dir}"], "not found", R),
     ("replay-hours-0", ["replay", "--csv", "{replay-metric.csv}", "--hours", "0"], "greater than 0", U),
     ("serving-margin-negative", ["serving", "--margin", "-0.5"], "0 or more", U),
