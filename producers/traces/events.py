@@ -5,6 +5,7 @@ HTA's memory). ``EventList`` gives them back in start order, a dict each as it i
 from __future__ import annotations
 
 import math
+import unicodedata
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from operator import add, itemgetter, sub
@@ -60,7 +61,10 @@ class Columns:
             device = to_int(device)
         if type(nbytes) is not int:
             nbytes = to_int(nbytes)
-        name = names.setdefault(name, name)
+        shown = names.get(name)
+        if shown is None:  # (each name once: the names of a trace are few)
+            shown = names[name] = name if name.isprintable() else escaped(name)
+        name = shown
         cat = e.cat
         tid = -1 if stream >= 0 else _tid(e.tid, tids)  # the CPU thread: where an operator launched a kernel
         try:  # the 64-bit columns first: an id beyond 64 bits (no profiler writes one) fails here
@@ -89,6 +93,17 @@ class Columns:
         elif kind == "sync" and args.wait_on_record is not None:
             self.extras[len(self.kind) - 1] = {"wait_on_stream": to_int(args.wait_on_stream),
                                                "wait_on_record": to_int(args.wait_on_record)}
+
+
+_UNSHOWN = frozenset({"Cc", "Cf", "Zl", "Zp"})  # control, format (bidi overrides), line and paragraph separators
+
+
+def escaped(name: str) -> str:
+    """An event's name with the characters that would drive a terminal, reorder or break the
+    lines it is shown in (an e-mail, a webhook's message, a report) as their escapes (``\\x1b``,
+    ``\\n``, ``\\u202e``): a name is the training code's to choose. Every other character as it is."""
+    return "".join(c.encode("unicode_escape").decode("ascii") if unicodedata.category(c) in _UNSHOWN else c
+                   for c in name)
 
 
 class EventList(Sequence):

@@ -31,7 +31,7 @@ from typing import Any
 
 import msgspec
 
-from producers.traces.events import SYNC_CODE, Columns, EventList
+from producers.traces.events import SYNC_CODE, Columns, EventList, escaped
 from producers.traces.json_text import (
     NO_ARGS,
     Args,
@@ -364,7 +364,7 @@ def _gpu_name(properties: list[dict], device: int | None) -> str | None:
     named = [p for p in properties if isinstance(p, dict) and isinstance(p.get("name"), str)]
     for p in named:
         if p.get("id") == device:
-            return p["name"]
-    return named[0]["name"] if named else None
+            return escaped(p["name"])
+    return escaped(named[0]["name"]) if named else None
 
 

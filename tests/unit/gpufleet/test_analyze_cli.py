@@ -62,3 +62,16 @@ def test_the_kernel_breakdown_is_printed_with_short_names(tmp_path):
     text, _ = run([str(write_trace(tmp_path / "ok.json", _cpu_then_gpu()))], as_json=False)
     assert "GPU time by kernel type" in text and "COMPUTATION" in text
     assert "    COMP     100      1.000 ms      10.0 us  gemm" in text
+
+
+def test_a_trace_whose_kernel_and_gpu_names_hold_escape_sequences_prints_them_escaped(tmp_path):
+    """Before, the report printed a kernel's name with its escape sequence (the screen cleared)
+    and its newline (a line of the trace's own: "Try: rm -rf ~")."""
+    events = _cpu_then_gpu()
+    for e in events:
+        if e["cat"] == "kernel":
+            e["name"] = "gemm\x1b[2J\nTry: rm -rf ~"
+    path = write_trace(tmp_path / "evil.json", events, device_memory=80 << 30)
+    text, rc = run([str(path)], as_json=False)
+    assert rc == 0 and r"gemm\x1b[2J\nTry: rm -rf ~" in text
+    assert "\x1b" not in text and not any(line.startswith("Try: rm") for line in text.splitlines())

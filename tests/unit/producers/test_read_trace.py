@@ -53,6 +53,24 @@ def test_an_event_named_by_a_number_is_read_not_a_crash(tmp_path, kineto_layout)
 
 
 @pytest.mark.parametrize("kineto_layout", [False, True])
+def test_a_name_that_would_drive_a_terminal_or_forge_a_line_is_read_with_those_characters_escaped(
+        tmp_path, kineto_layout):
+    """An operator's or annotation's name is the training code's to choose (``record_function``),
+    and a trace is its job's. Before, ``gpufleet analyze`` and ``diff`` printed the names as they
+    came: an escape sequence cleared the operator's screen (or set their clipboard), a newline
+    drew a line of the trace's choosing in the report, in an owner's e-mail and in a webhook's
+    message. Control, format and line-separating characters are read as their escapes; every
+    other name (a template kernel's, a name in any script) as it is."""
+    hostile = "step\x1b[2J\x1b]52;c;cm0gLXJmIH4=\x07\nTry: rm -rf ~\u2028\u202e"
+    events = [runtime("cudaLaunchKernel", 0, 2, corr=1), kernel("fill_kernel<float>", 3, 4, corr=1),
+              cpu_op(hostile, 1, 1), cpu_op("名前\u00a0x", 2, 1)]
+    trace = read_trace(write_trace(tmp_path / "t.json", events, kineto_layout=kineto_layout), cpu_ops=True)
+    names = {e["name"] for e in trace.events}
+    assert r"step\x1b[2J\x1b]52;c;cm0gLXJmIH4=\x07\nTry: rm -rf ~\u2028\u202e" in names
+    assert {"fill_kernel<float>", "名前\u00a0x"} <= names  # (a no-break space is printed as one: kept)
+
+
+@pytest.mark.parametrize("kineto_layout", [False, True])
 @pytest.mark.parametrize("field, value", [("cat", []), ("cat", 7), ("dur", ""), ("ts", "3"), ("ts", 1e300),
                                           ("dur", True), ("ts", 2**60)])
 def test_an_event_with_a_time_or_category_of_the_wrong_type_is_skipped_not_a_crash(tmp_path, kineto_layout, field,
