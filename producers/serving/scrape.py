@@ -28,7 +28,7 @@ import pycurl
 from producers.serving.engines import ENGINES, EndpointError, Reading, parse, restricted, traffic
 from producers.serving.fetch import Fetcher
 from schemas.topics import GPU_SAMPLES, key_of
-from schemas.validate_sample import NOT_WORKFLOWS
+from schemas.validate_sample import NOT_WORKFLOWS, service_error
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,9 @@ def endpoint(text: str) -> Endpoint:
     if unknown or (named.get("engine") and named["engine"] not in ENGINES):
         raise EndpointSettingError(f"--serving-endpoint {text!r}: options are service=NAME and engine="
                                    f"{'|'.join(ENGINES)}")
+    reason = service_error(named.get("service") or None)
+    if reason:  # (else every sample of the replica a dead letter at the worker, for the same reason)
+        raise EndpointSettingError(f"--serving-endpoint for {shown(url)}: {reason}")
     return Endpoint(gpus, url, named.get("engine") or None, named.get("service") or None)
 
 

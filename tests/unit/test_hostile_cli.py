@@ -254,6 +254,8 @@ CASES = [
      "--serving-netrc", U),
     ("agent-serving-netrc-missing", ["agent", "--serving-netrc", "{missing}/serving.netrc"], "No such file", U),
     ("agent-serving-netrc-open", ["agent", "--serving-netrc", "{empty.toml}"], "chmod 600", U),
+    ("agent-serving-service", ["agent", "--serving-endpoint", "0=http://127.0.0.1:8000/metrics;service=" + "x" * 300],
+     "is not a printable name of 1 to 256 characters", U),
     ("agent-serving-engine", ["agent", "--serving-endpoint", "0=http://h/metrics;engine=onnx"], "engine=", U),
     ("goodput-rates-price-number", ["goodput", "--rates", "{rates-price-number.toml}"], "price_per_gpu_hour", U),
     ("goodput-rates-price-text", ["goodput", "--rates", "{rates-price-text.toml}"], "price_per_gpu_hour", U),

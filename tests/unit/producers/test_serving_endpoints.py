@@ -81,6 +81,8 @@ def test_the_setting_names_gpus_url_service_and_engine():
                 "-1=http://x"):
         with pytest.raises(EndpointSettingError, match="GPUS=URL|options are"):
             endpoint(bad)
+    with pytest.raises(EndpointSettingError, match=r"service 'chat\\x1b' is not a printable name"):
+        endpoint("0=http://x/metrics;service=chat\x1b")  # (the worker would refuse each of its samples)
 
 
 def test_a_setting_with_a_password_is_refused_without_saying_it():
