@@ -139,18 +139,26 @@ def _name_of_replica(container: str, where: str) -> None:
 def read_generic(path: Path, now: float | None = None) -> Series:
     series: Series = defaultdict(lambda: defaultdict(dict))
     now = time.time() if now is None else now
-    with path.open(newline="", encoding="utf-8") as f:
-        rows = csv.DictReader(f)
-        if rows.fieldnames is None or not {"timestamp", "container", "metric", "value"} <= set(rows.fieldnames):
-            raise RecordingError(f"{path}: expected the header timestamp,container,metric,value")
-        for n, r in enumerate(rows, start=2):
-            if r["metric"] not in METRICS:
-                raise RecordingError(f"{path}: row {n}: metric {r['metric']!r} is not one of {', '.join(METRICS)}")
-            try:
-                at, value = _seconds(r["timestamp"]), float(r["value"])
-            except (TypeError, ValueError):
-                raise RecordingError(f"{path}: row {n}: timestamp and value must be numbers (or an ISO time)") from None
-            _put(series, r["container"], r["metric"], r["timestamp"], at, value, f"{path}: row {n}", now)
+    n = 1
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as f:  # (a byte order mark first: a spreadsheet's UTF-8)
+            rows = csv.DictReader(f)
+            if rows.fieldnames is None or not {"timestamp", "container", "metric", "value"} <= set(rows.fieldnames):
+                raise RecordingError(f"{path}: expected the header timestamp,container,metric,value")
+            for n, r in enumerate(rows, start=2):
+                if r["metric"] not in METRICS:
+                    raise RecordingError(f"{path}: row {n}: metric {r['metric']!r} is not one of {', '.join(METRICS)}")
+                try:
+                    at, value = _seconds(r["timestamp"]), float(r["value"])
+                except (TypeError, ValueError):
+                    raise RecordingError(f"{path}: row {n}: timestamp and value must be numbers (or an ISO "
+                                         "time)") from None
+                _put(series, r["container"], r["metric"], r["timestamp"], at, value, f"{path}: row {n}", now)
+    except UnicodeDecodeError as exc:
+        raise RecordingError(f"{path}: not UTF-8 text (the byte {exc.object[exc.start:exc.start + 1]!r}, in the "
+                             f"rows after row {n}): save it as UTF-8") from None
+    except csv.Error as exc:
+        raise RecordingError(f"{path}: row {n + 1}: not CSV ({exc})") from None
     return series
 
 

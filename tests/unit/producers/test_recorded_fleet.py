@@ -233,3 +233,25 @@ def test_the_records_made_as_they_are_sent_are_those_made_all_at_once(series):
     series = {n: {m: {float(t): v for t, v in values.items()} for m, values in metrics.items()}
               for n, metrics in series.items()}
     assert told(records(series, 3600.0, "chat")) == reference(series, 3600.0, "chat")
+
+
+def test_a_csv_saved_with_a_byte_order_mark_and_crlf_lines_reads_as_any_other(tmp_path):
+    """Spreadsheets and Windows tools save UTF-8 with a byte order mark first. Before, its header
+    was refused as not ``timestamp,container,metric,value``, which it reads as."""
+    path = tmp_path / "fleet.csv"
+    path.write_bytes(b"\xef\xbb\xbftimestamp,container,metric,value\r\n1795996800,pod-a,gpu_util_pct,10\r\n")
+    assert read_generic(path, now=NOW) == {"pod-a": {"gpu_util_pct": {1795996800.0: 10.0}}}
+
+
+@pytest.mark.parametrize("data, why", [
+    (b"timestamp,container,metric,value\n1795996800,caf\xe9,gpu_util_pct,10\n",
+     r"not UTF-8 text \(the byte b'\\xe9', in the rows after row 1\): save it as UTF-8"),
+    (b"timestamp,container,metric,value\n1795996800,a,gpu_util_pct,10\n1795996860,\"" + b"x" * 200_000 + b"\",g,1\n",
+     r"row 3: not CSV \(field larger than field limit"),
+])
+def test_a_file_that_is_not_utf8_csv_is_refused_with_why(tmp_path, data, why):
+    """Before, the command said "unexpected UnicodeDecodeError" or "unexpected Error", without the file."""
+    path = tmp_path / "fleet.csv"
+    path.write_bytes(data)
+    with pytest.raises(RecordingError, match=why):
+        read_generic(path, now=NOW)
