@@ -11,21 +11,14 @@ from typing import Any
 
 from clickhouse_connect.driver.client import Client
 
+from schemas.validate_ids import printable
+
 
 def run_query(client: Client, sql: str, parameters: dict | None = None) -> tuple[list[str], list[tuple]]:
     """Column names and rows of ``sql`` (``%(name)s`` placeholders filled from ``parameters``).
     Open the client with ``sinks.read_path.connect_reader`` to have ClickHouse refuse writes."""
     result = client.query(sql, parameters=parameters)
     return list(result.column_names), [tuple(r) for r in result.result_rows]
-
-
-def shown(text: str) -> str:
-    """``text`` for a terminal: each character that is not printable (a line's end, a tab, the
-    start of an escape sequence) as its Python escape, so that a stored value (a job's name is its
-    owner's to choose) neither drives the operator's terminal nor draws lines of its own."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def _cell(value: Any) -> str:
@@ -35,12 +28,13 @@ def _cell(value: Any) -> str:
         return f"{value:.6g}" if abs(value) < 1e15 else f"{value:.6e}"
     if isinstance(value, datetime | date):
         return value.isoformat(sep=" ") if isinstance(value, datetime) else value.isoformat()
-    return shown(str(value))
+    return printable(str(value))
 
 
 def format_table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """The rows as a terminal shows them, aligned (what is not printable escaped: ``shown``)."""
-    columns = [shown(c) for c in columns]
+    """The rows as a terminal shows them, aligned (what is not printable escaped:
+    ``schemas.validate_ids.printable``: a job's name is its owner's to choose)."""
+    columns = [printable(c) for c in columns]
     cells = [[_cell(v) for v in row] for row in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     numeric = [all(isinstance(row[i], int | float) or row[i] is None for row in rows) for i in range(len(columns))]

@@ -50,6 +50,15 @@ def id_error(field: str, value: object) -> str | None:
     return f"{field} {shown} starts or ends with a space"
 
 
+def printable(text: str) -> str:
+    """``text`` with each character that is not printable (a line's end, a tab, the start of a
+    terminal's escape sequence) as its Python escape: a value someone else chose, shown in a
+    header, a terminal or a table, starts no header, drives no terminal and draws no line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def ids_error(record: dict, fields: tuple[str, ...] = ID_FIELDS) -> str | None:
     """The first id of ``record`` (of ``fields`` it has) that is not allowed, or None."""
     for field in fields:

@@ -19,6 +19,7 @@ import urllib.parse
 import urllib.request
 from email.message import EmailMessage
 
+from schemas.validate_ids import printable
 from sinks.route_alerts import SmtpSettings
 
 log = logging.getLogger(__name__)
@@ -123,7 +124,7 @@ def _why(exc: BaseException) -> str:
 
 def header_safe(value: str) -> str:
     """A header value that cannot start another header: control characters are shown escaped."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in value)
+    return printable(value)
 
 
 def tls_context(smtp: SmtpSettings) -> ssl.SSLContext:

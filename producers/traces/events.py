@@ -101,7 +101,9 @@ _UNSHOWN = frozenset({"Cc", "Cf", "Zl", "Zp"})  # control, format (bidi override
 def escaped(name: str) -> str:
     """An event's name with the characters that would drive a terminal, reorder or break the
     lines it is shown in (an e-mail, a webhook's message, a report) as their escapes (``\\x1b``,
-    ``\\n``, ``\\u202e``): a name is the training code's to choose. Every other character as it is."""
+    ``\\n``, ``\\u202e``): a name is the training code's to choose. Every other character as it is
+    (not ``schemas.validate_ids.printable``, which escapes a no-break space too: names stay as HTA
+    reads them)."""
     return "".join(c.encode("unicode_escape").decode("ascii") if unicodedata.category(c) in _UNSHOWN else c
                    for c in name)
 

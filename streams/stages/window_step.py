@@ -74,7 +74,7 @@ def _ahead(d: Decoded, what: str, newest_ms: int | None = None) -> str | None:
     """Why a host's record (ids checked) of the samples topic is refused as ahead of the time Kafka
     received it, as its GPU samples are (``schemas.validate_sample``), or None."""
     r = d.record
-    at = max(r["event_time"], newest_ms if newest_ms is not None else r["event_time"])
+    at = r["event_time"] if newest_ms is None else max(r["event_time"], newest_ms)
     return ahead_error(f"{what} of workflow {r['workflow_id']} from host {r['host']}", at, d.received_ms)
 
 
