@@ -66,9 +66,10 @@ def add(sub) -> None:
                         "service: gpufleet.io/service, else app.kubernetes.io/name, else app, else the pod's name")
     p.add_argument("--serving-endpoint", action="append", type=_serving_endpoint, default=[], metavar="GPUS=URL",
                    help="a serving engine's Prometheus endpoint on this host (vLLM, SGLang, TGI, Triton) and the "
-                        "GPUs of its replica: GPUS=URL[;service=NAME][;engine=ENGINE], e.g. "
+                        "GPUs of its replica: GPUS=URL[;service=NAME][;engine=ENGINE][;model=NAME], e.g. "
                         "0,1=http://127.0.0.1:8000/metrics;service=llama-70b; repeat per replica. Its traffic goes "
-                        "beside the replica's GPU samples, and the worker judges the replica by it")
+                        "beside the replica's GPU samples, and the worker judges the replica by it. model=: the "
+                        "model read where the engine serves several (Triton)")
     p.add_argument("--serving-netrc", type=_private_file, default=None, metavar="FILE",
                    help="the user and password of serving endpoints behind basic auth, by host, in netrc's format "
                         "(machine HOST login USER password PASSWORD; readable by the agent's user alone): kept off "

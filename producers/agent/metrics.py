@@ -67,7 +67,7 @@ class AgentMetrics(Collector):
                                       value=self.forwarder.failed)
         if self.serving is not None:
             errors = CounterMetricFamily("gpufleet_agent_serving_errors", "Serving endpoint readings that failed, "
-                                         "by endpoint and reason (unreachable, timeout, garbage)",
+                                         "by endpoint and reason (unreachable, timeout, garbage, models)",
                                          labels=["endpoint", "reason"])
             for (url, reason), n in sorted(self.serving.failures().items()):
                 errors.add_metric([url, reason], n)

@@ -12,7 +12,10 @@ On Kubernetes, each round also asks where the pods holding GPUs are annotated fo
 said of them, ``producers.agent.allocations.kubelet.scrape_targets``), at the pod's IP, the way
 the cluster's Prometheus finds them: a pod whose engine's port is not one its GPU processes (or
 their parents) listen on in this host's view (another network namespace) is found so. Either
-way, what answers must be an engine's metrics to become an endpoint.
+way, what answers must be an engine's metrics to become an endpoint. An engine that serves
+several models from one endpoint (Triton) is read for the model its pod's ``gpufleet.io/model``
+names; with none named, it is told of (counted and logged, as a reading that failed: reason
+``models``), not read.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 
 import psutil
 
-from producers.serving.engines import EndpointError, parse
+from producers.serving.engines import EndpointError, ModelError, parse
 from producers.serving.fetch import Fetcher
 from producers.serving.scrape import Endpoint, ServingReader
 
@@ -79,28 +82,38 @@ def gpu_indices(readings) -> dict[str, int]:
     return {r.uuid: r.index for r in readings}
 
 
+def _nobody(e: Endpoint, exc: Exception) -> None:
+    pass
+
+
 def annotated(targets: list[Any], indices: dict[str, int], known: set[str], get: Callable[[str, float], str],
-              timeout_s: float = 2.0) -> list[Endpoint]:
+              timeout_s: float = 2.0, refused: Callable[[Endpoint, Exception], None] = _nobody) -> list[Endpoint]:
     """The endpoints of engines answering where pods' scrape annotations point (``ScrapeTarget``:
-    the pod's GPUs by device id, the URL, the service it names), but those in ``known``."""
+    the pod's GPUs by device id, the URL, the service and model it names), but those in ``known``;
+    an engine's page that no model named can be read for is handed to ``refused``."""
     found = []
     for target in targets:
         gpus = tuple(sorted({indices[d] for d in target.gpus if d in indices}))
         if target.url in known or not gpus:
             continue  # read already, or its GPUs not sampled here (yet)
         try:
-            reading = parse(get(target.url, timeout_s))
+            reading = parse(get(target.url, timeout_s), model=target.model)
+        except ModelError as exc:
+            refused(Endpoint(gpus, target.url, None, target.service, target.model), exc)
+            continue
         except (EndpointError, OSError, ValueError):
             continue  # annotated for another exporter's metrics, or not up yet: asked again next round
         log.info("serving endpoint found from its pod's annotations: %s (%s) for GPU(s) %s", target.url,
                  reading.engine, ",".join(map(str, gpus)))
-        found.append(Endpoint(gpus, target.url, reading.engine, target.service))
+        found.append(Endpoint(gpus, target.url, reading.engine, target.service, target.model))
     return found
 
 
 def discover(gpu_pids: dict[int, set[int]], known: set[str], get: Callable[[str, float], str],
-             timeout_s: float = 2.0, ports_of: Callable[[int], dict[int, str]] = listening_ports) -> list[Endpoint]:
-    """The endpoints of engines answering on the GPU processes' ports, but those in ``known`` (URLs)."""
+             timeout_s: float = 2.0, ports_of: Callable[[int], dict[int, str]] = listening_ports,
+             refused: Callable[[Endpoint, Exception], None] = _nobody) -> list[Endpoint]:
+    """The endpoints of engines answering on the GPU processes' ports, but those in ``known`` (URLs);
+    an engine's page of several models (no model is named here) is handed to ``refused``."""
     found = []
     for at, gpus in candidates(gpu_pids, ports_of).items():
         url = f"http://{at}/metrics"
@@ -108,6 +121,9 @@ def discover(gpu_pids: dict[int, set[int]], known: set[str], get: Callable[[str,
             continue
         try:
             reading = parse(get(url, timeout_s))
+        except ModelError as exc:
+            refused(Endpoint(gpus, url), exc)
+            continue
         except (EndpointError, OSError, ValueError):
             continue  # not an engine's metrics page
         log.info("serving endpoint found: %s (%s) for GPU(s) %s", url, reading.engine, ",".join(map(str, gpus)))
@@ -134,10 +150,15 @@ class Discovery:
         known = {e.url for e in self.reader.endpoints}
         found = []
         if self.targets is not None:
-            found += annotated(self.targets(), self.indices(), known, self.get, self.reader.timeout_s)
+            found += annotated(self.targets(), self.indices(), known, self.get, self.reader.timeout_s, self._refused)
             known |= {e.url for e in found}
-        found += discover(self.gpu_pids(), known, self.get, self.reader.timeout_s, self.ports_of)
+        found += discover(self.gpu_pids(), known, self.get, self.reader.timeout_s, self.ports_of, self._refused)
         return [e for e in found if self.reader.add(e)]
+
+    def _refused(self, e: Endpoint, exc: Exception) -> None:
+        """An engine found that cannot be read as it is named: on the agent's metrics endpoint and
+        in its log (once), as a reading that failed."""
+        self.reader.failed(e, "models", exc)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="serving-discovery", daemon=True)

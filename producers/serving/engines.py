@@ -38,9 +38,15 @@ from dataclasses import dataclass, field
 from cachetools import LRUCache
 from prometheus_client.parser import text_string_to_metric_families
 
+from schemas.validate_ids import printable
+
 
 class EndpointError(ValueError):
     """An endpoint's text that is not Prometheus' exposition format, or names no engine's metrics."""
+
+
+class ModelError(EndpointError):
+    """A page of several models read with none named for the replica, or without the one named."""
 
 
 @dataclass(frozen=True)
@@ -174,10 +180,17 @@ def restricted(url: str, engine: str) -> str:
     return url + ("&" if "?" in url else "?") + urllib.parse.urlencode([("name[]", n) for n in names])
 
 
-def parse(text: str, engine: str | None = None) -> Reading:
+def parse(text: str, engine: str | None = None, model: str | None = None) -> Reading:
     """A scrape's text as a ``Reading``; ``engine`` names the engine where the text alone may not
     (else the prefix of its metrics does). Raises ``EndpointError`` on text that is not the
-    exposition format, or that holds no engine's metrics."""
+    exposition format, or that holds no engine's metrics.
+
+    An engine may serve several models from one endpoint (a Triton model repository: an ensemble
+    counts each request once for itself and once for each model it is made of; or models side by
+    side). ``model`` names the one the replica is read for: samples labelled with another model
+    are left out, and samples no model label names (TGI's: one model) are its. With no ``model``,
+    a page whose samples name more than one model raises ``ModelError`` (a sum over them would
+    count an ensemble's requests once per step), as does a named model the page does not serve."""
     if engine is None:
         engine = next((e.name for e in ENGINES.values() if e.prefix in text), None)
     spec = ENGINES.get(engine or "")
@@ -186,16 +199,16 @@ def parse(text: str, engine: str | None = None) -> Reading:
     lines = _picked(text, spec)
     heads, tails = _split(lines)
     with _LAYOUTS_LOCK:
-        layout = _LAYOUTS.get((spec.name, heads))
+        layout = _LAYOUTS.get((spec.name, model, heads))
     if layout is not None:
         try:
             return _reading(spec, layout, [_value(t) for t in tails])
         except ValueError:
             pass  # a value token the layout's reading does not take: the parser reads the text whole
-    reading, layout = _parsed(lines, spec, tails)
+    reading, layout = _parsed(lines, spec, tails, model)
     if layout is not None:
         with _LAYOUTS_LOCK:
-            _LAYOUTS[(spec.name, heads)] = layout
+            _LAYOUTS[(spec.name, model, heads)] = layout
     return reading
 
 
@@ -229,19 +242,25 @@ def _split(lines: list[str]) -> tuple[tuple[str, ...], list[str]]:
     return tuple(heads), tails
 
 
-def _parsed(lines: list[str], spec: Engine, tails: list[str]) -> tuple[Reading, _Layout | None]:
-    """The reading of an engine's wanted lines by the client library's parser, and the layout
-    that reads the same lines again from their values alone (None where the values are not the
-    lines' last tokens)."""
+def _parsed(lines: list[str], spec: Engine, tails: list[str], model: str | None) -> tuple[Reading, _Layout | None]:
+    """The reading of an engine's wanted lines by the client library's parser, of ``model``'s
+    samples (``parse``), and the layout that reads the same lines again from their values alone
+    (None where the values are not the lines' last tokens)."""
     samples: list = []
     try:
         for family in text_string_to_metric_families("\n".join(lines) + "\n"):
             samples += family.samples
     except (ValueError, TypeError, KeyError, IndexError) as exc:
         raise EndpointError(f"not Prometheus' text format: {exc}") from None
-    models = [s.labels[k] for s in samples for k in spec.model_labels if s.labels.get(k)]
-    layout = _Layout(tuple(None if s.name.endswith(("_bucket", "_created")) else s.name for s in samples),
-                     models[0] if models else None)
+    read = frozenset(_families(spec)[1])  # (a line picked may name a sample no reading reads: its model counts not)
+    labelled = [next((s.labels[k] for k in spec.model_labels if s.labels.get(k)), None) if s.name in read else None
+                for s in samples]
+    served = sorted({m for m in labelled if m is not None})
+    if (model is None and len(served) > 1) or (model is not None and served and model not in served):
+        raise ModelError(_models_said(served, model))
+    layout = _Layout(tuple(None if s.name.endswith(("_bucket", "_created")) or (model and m and m != model)
+                           else s.name for s, m in zip(samples, labelled)),
+                     model or (served[0] if served else None))
     reading = _reading(spec, layout, [s.value for s in samples])
     try:
         values = [_value(t) for t in tails]
@@ -251,6 +270,16 @@ def _parsed(lines: list[str], spec: Engine, tails: list[str]) -> tuple[Reading, 
                                           for s, v in zip(samples, values)):
         return reading, None
     return reading, layout
+
+
+def _models_said(served: list[str], model: str | None) -> str:
+    """Why a page's models refuse its reading, and what to do (the models named as printable, a few)."""
+    names = ", ".join(printable(m[:80]) for m in served[:6])
+    names += f", ... ({len(served)} in all)" if len(served) > 6 else ""
+    if model is not None:
+        return f"no model '{printable(model[:80])}' on the page; it serves {names}"
+    return (f"serves several models ({names}): name the one the replica is read for, --serving-endpoint "
+            "GPUS=URL;model=NAME (on Kubernetes, the pod's gpufleet.io/model)")
 
 
 def _value(token: str) -> float:

@@ -6,9 +6,11 @@ endpoint and reason (``gpufleet_agent_serving_errors_total``, on the agent's met
 and logged once per kind of failure.
 
 An endpoint is given by a setting (``--serving-endpoint``): the GPUs of the replica on this host,
-its URL, and where the engine's own labels do not say, the engine and the service::
+its URL, and where the engine's own labels do not say, the engine and the service; where the
+engine serves several models from one endpoint (Triton), the one the replica is read for::
 
     0,1=http://127.0.0.1:8000/metrics;service=llama-70b;engine=vllm
+    2=http://127.0.0.1:8002/metrics;model=detector
 
 Each tick, two successive readings of an endpoint become one ``ServingSample`` attributed to the
 workflow that holds the replica's GPUs in that tick's GPU samples (``ServingObserver``).
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 
 import pycurl
 
-from producers.serving.engines import ENGINES, EndpointError, Reading, parse, restricted, traffic
+from producers.serving.engines import ENGINES, EndpointError, ModelError, Reading, parse, restricted, traffic
 from producers.serving.fetch import Fetcher
 from schemas.topics import GPU_SAMPLES, key_of
 from schemas.validate_sample import NOT_WORKFLOWS, service_error
@@ -54,10 +56,11 @@ class Endpoint:
     url: str
     engine: str | None = None  # None: named by its metrics' prefix
     service: str | None = None  # None: the engine's model label, else the URL's host and port
+    model: str | None = None  # the model read, of an engine serving several (``engines.parse``)
 
 
 def endpoint(text: str) -> Endpoint:
-    """``GPUS=URL[;service=NAME][;engine=ENGINE]`` as an ``Endpoint``."""
+    """``GPUS=URL[;service=NAME][;engine=ENGINE][;model=NAME]`` as an ``Endpoint``."""
     gpus_text, sep, rest = text.partition("=")
     url, *options = rest.split(";")
     try:
@@ -65,21 +68,23 @@ def endpoint(text: str) -> Endpoint:
     except ValueError:
         gpus = ()
     if not sep or not gpus or any(g < 0 for g in gpus) or not url.startswith(("http://", "https://")):
-        raise EndpointSettingError(f"--serving-endpoint {text!r}: expected GPUS=URL[;service=NAME][;engine=ENGINE], "
+        raise EndpointSettingError(f"--serving-endpoint {text!r}: expected GPUS=URL[;service=NAME][;engine=ENGINE]"
+                                   "[;model=NAME], "
                                    "e.g. 0,1=http://127.0.0.1:8000/metrics;service=llama-70b")
     if ":" in url.partition("://")[2].partition("/")[0].rpartition("@")[0]:
         raise EndpointSettingError(f"--serving-endpoint for {shown(url)}: its URL holds a password, which every user "
                                    "of this host can read on the agent's command line; put it in a --serving-netrc "
                                    "file (machine HOST login USER password PASSWORD)")
     named = dict(o.partition("=")[::2] for o in options if o)
-    unknown = set(named) - {"service", "engine"}
+    unknown = set(named) - {"service", "engine", "model"}
     if unknown or (named.get("engine") and named["engine"] not in ENGINES):
-        raise EndpointSettingError(f"--serving-endpoint {text!r}: options are service=NAME and engine="
+        raise EndpointSettingError(f"--serving-endpoint {text!r}: options are service=NAME, model=NAME and engine="
                                    f"{'|'.join(ENGINES)}")
-    reason = service_error(named.get("service") or None)
-    if reason:  # (else every sample of the replica a dead letter at the worker, for the same reason)
-        raise EndpointSettingError(f"--serving-endpoint for {shown(url)}: {reason}")
-    return Endpoint(gpus, url, named.get("engine") or None, named.get("service") or None)
+    for option in ("service", "model"):  # (a model read is the replica's service where none is named)
+        reason = service_error(named.get(option) or None)
+        if reason:  # (else every sample of the replica a dead letter at the worker, for the same reason)
+            raise EndpointSettingError(f"--serving-endpoint for {shown(url)}: {option}: {reason}")
+    return Endpoint(gpus, url, named.get("engine") or None, named.get("service") or None, named.get("model") or None)
 
 
 @dataclass(slots=True)
@@ -186,15 +191,18 @@ class ServingReader:
         try:
             if isinstance(answer, Exception):
                 raise answer
-            reading = parse(answer, e.engine)
+            reading = parse(answer, e.engine, e.model)
+        except ModelError as exc:  # (its answer read: not a server that refused the narrow question)
+            self.failed(e, "models", exc)
+            return False
         except EndpointError as exc:
             if url != e.url:
                 self._urls[i] = e.url  # (a server that answers the names with an error: its page, whole)
                 return True
-            self._failed(e, "garbage", exc)
+            self.failed(e, "garbage", exc)
             return False
         except (OSError, ValueError) as exc:
-            self._failed(e, "timeout" if "timed out" in str(exc) else "unreachable", exc)
+            self.failed(e, "timeout" if "timed out" in str(exc) else "unreachable", exc)
             return False
         with self._lock:
             self._latest[i] = (asked_at, reading)
@@ -249,7 +257,7 @@ class ServingReader:
             if now - asked.since > self.timeout_s and asked.moved >= 2:
                 del self._flight[curl]
                 self._multi.remove_handle(curl)  # (its connection closed: a new one at the next asking)
-                self._failed(self.endpoints[asked.endpoint], "timeout",
+                self.failed(self.endpoints[asked.endpoint], "timeout",
                              TimeoutError(f"no answer in {now - asked.since:.3g} s"))
 
     def _wait(self, most_s: float = 0.1) -> None:
@@ -267,7 +275,8 @@ class ServingReader:
         self._flight.clear()
         self._multi.close()
 
-    def _failed(self, e: Endpoint, reason: str, exc: Exception) -> None:
+    def failed(self, e: Endpoint, reason: str, exc: Exception) -> None:
+        """Counts a reading of ``e`` that failed, by ``reason``; logs the first of each kind."""
         url = shown(e.url)
         with self._lock:
             self.errors[(url, reason)] += 1

@@ -18,15 +18,28 @@ from producers.serving import engines
 DATA = Path(__file__).resolve().parents[1] / "data" / "serving"
 
 
-def by_the_library(text: str, engine: str) -> dict[str, float]:
-    """What a reading of ``text`` should hold: every sample ``engine`` reads, summed over its label
-    sets, as the client library's parser reads the whole page."""
+def by_the_library(text: str, engine: str, model: str | None = None) -> dict[str, float]:
+    """What a reading of ``text`` (for ``model``) should hold: every sample ``engine`` reads, summed
+    over its label sets, as the client library's parser reads the whole page; with ``model``,
+    those no model label names or that ``model`` labels."""
     wanted, sums = set(engines._named(engines.ENGINES[engine])), {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            if s.name in wanted:
+            if s.name in wanted and (model is None or model_of(s, engine) in (None, model)):
                 sums[s.name] = sums.get(s.name, 0.0) + float(s.value)
     return sums
+
+
+def model_of(sample, engine: str) -> str | None:
+    """The model a sample is labelled with: the first of the engine's model labels it has, not empty."""
+    return next((sample.labels[k] for k in engines.ENGINES[engine].model_labels if sample.labels.get(k)), None)
+
+
+def models(text: str, engine: str) -> set[str]:
+    """The models the samples ``engine`` reads are labelled with, as the client library reads the page."""
+    wanted = set(engines._named(engines.ENGINES[engine]))
+    return {m for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name in wanted and (m := model_of(s, engine)) is not None}
 
 
 def same(a: dict[str, float], b: dict[str, float]) -> bool:

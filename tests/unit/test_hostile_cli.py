@@ -257,6 +257,7 @@ CASES = [
     ("agent-serving-service", ["agent", "--serving-endpoint", "0=http://127.0.0.1:8000/metrics;service=" + "x" * 300],
      "is not a printable name of 1 to 256 characters", U),
     ("agent-serving-engine", ["agent", "--serving-endpoint", "0=http://h/metrics;engine=onnx"], "engine=", U),
+    ("agent-serving-model", ["agent", "--serving-endpoint", "0=http://h/metrics;model=a\x1b[2Jb"], "model: ", U),
     ("goodput-rates-price-number", ["goodput", "--rates", "{rates-price-number.toml}"], "price_per_gpu_hour", U),
     ("goodput-rates-price-text", ["goodput", "--rates", "{rates-price-text.toml}"], "price_per_gpu_hour", U),
     ("goodput-rates-negative", ["goodput", "--rates", "{rates-negative.toml}"], "default_price_per_gpu_hour", U),

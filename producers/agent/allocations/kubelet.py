@@ -61,6 +61,7 @@ class ScrapeTarget(msgspec.Struct, frozen=True):
     gpus: tuple[str, ...]
     url: str
     service: str | None = None  # as the pod's labels name it (``service_of``)
+    model: str | None = None  # the model its engine is read for, of several (``model_of``)
 
 
 def scrape_url(meta: PodMetadata) -> str | None:
@@ -83,6 +84,12 @@ def service_of(meta: PodMetadata, name: str | None = None) -> str | None:
     found = {**meta.annotations, **meta.labels}
     return found.get("gpufleet.io/service") or meta.labels.get("app.kubernetes.io/name") or \
         meta.labels.get("app") or name
+
+
+def model_of(meta: PodMetadata) -> str | None:
+    """The model a pod's engine is read for, where it serves several from one endpoint (Triton):
+    ``gpufleet.io/model`` (label or annotation); None where the pod names none."""
+    return {**meta.annotations, **meta.labels}.get("gpufleet.io/model") or None
 
 
 def declares(meta: PodMetadata, serving_labels: tuple[str, ...]) -> bool:
@@ -209,7 +216,7 @@ class KubeletAllocations:
         for key, m in meta.items():
             url, job = scrape_url(m), held.get(key)
             if url is not None and job is not None:
-                out.append(ScrapeTarget(job.gpus, url, service_of(m)))
+                out.append(ScrapeTarget(job.gpus, url, service_of(m), model_of(m)))
         return out
 
     def _allocation(self, namespace: str, name: str, gpus: tuple[str, ...], before: Allocation | None,

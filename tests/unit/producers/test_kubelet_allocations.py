@@ -227,3 +227,38 @@ def test_a_pod_its_labels_declare_a_serving_replica_names_its_service(kubelet, a
         "sd-0": "sd-xl", "chat-0": "chat-llm", "batch-0": None, "bad-0": None, "train-0": None}
     by_default.close()
     by_component.close()
+
+
+def test_a_pod_of_an_engine_serving_several_models_is_read_for_the_model_it_names(kubelet, api_server):
+    """Two Triton pods serving the same ensemble and the models it is made of: the one whose
+    ``gpufleet.io/model`` names the ensemble is found and read for it; the one naming none is
+    counted (reason ``models``) and not read, its requests never summed over the models."""
+    from producers.agent.gpus.reading import GpuReading
+    from producers.serving.discover import Discovery, gpu_indices
+    from producers.serving.scrape import ServingReader
+    from tests.support.serving_pages import DATA, serve
+
+    servicer, socket = kubelet
+    client, _, pods = api_server
+    text = (DATA / "triton-ensemble.prom").read_bytes()
+    named, unnamed = serve(text), serve(text)
+    try:
+        for uid, server, labels in (("u-0", named, {"app": "vision", "gpufleet.io/model": "pipeline"}),
+                                    ("u-1", unnamed, {"app": "vision"})):
+            pods[f"ai/vision-{uid[-1]}"] = {"metadata": {"uid": uid, "labels": labels, "annotations": {
+                "prometheus.io/scrape": "true", "prometheus.io/port": str(server.server_address[1])}},
+                "status": {"podIP": "127.0.0.1"}}
+        servicer.pods = [pod("ai", "vision-0", [(GPU, ["GPU-a"])]), pod("ai", "vision-1", [(GPU, ["GPU-b"])])]
+        source = KubeletAllocations(socket, pods=client)
+        source.read(1_000)
+        readings = [GpuReading(index=i, uuid=u, name="H200") for i, u in enumerate(["GPU-a", "GPU-b"])]
+        reader = ServingReader([], 10.0)
+        found = Discovery(reader, dict, targets=source.scrape_targets, indices=lambda: gpu_indices(readings)).once()
+        url = "http://127.0.0.1:{}/metrics".format
+        assert [(e.gpus, e.url, e.engine, e.service, e.model) for e in found] == [
+            ((0,), url(named.server_address[1]), "triton", "vision", "pipeline")]
+        assert reader.failures() == {(url(unnamed.server_address[1]), "models"): 1}
+        source.close()
+    finally:
+        named.shutdown()
+        unnamed.shutdown()

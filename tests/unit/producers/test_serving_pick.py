@@ -8,12 +8,13 @@ returns and leading blanks where the format lets a line have them."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from producers.serving import engines
-from producers.serving.engines import ENGINES, EndpointError, parse
-from tests.support.serving_pages import by_the_library, same
+from producers.serving.engines import ENGINES, EndpointError, ModelError, parse
+from tests.support.serving_pages import by_the_library, models, same
 
 TYPES = ("counter", "gauge", "histogram", "summary", "untyped")
 
@@ -83,8 +84,20 @@ def test_what_is_picked_reads_as_the_whole_page(drawn):
         except EndpointError:
             return
         raise AssertionError("a page without the engine's request counter was read")
+    served = models(text, engine)
+    if len(served) > 1:  # (a page of several models is read for one named: its samples and those of none)
+        with pytest.raises(ModelError):
+            parse(text, engine)
+        model = min(served)
+        expected = by_the_library(text, engine, model)
+        if not any(n in expected for r in ENGINES[engine].requests for n in (r, f"{r}_total")):
+            with pytest.raises(EndpointError):
+                parse(text, engine, model)
+            return
+    else:
+        model = None
     for _ in range(2):  # (the first reading learns the page's layout, the second reads by it)
-        got = {k: v for k, v in parse(text, engine).values.items() if k in wanted}
+        got = {k: v for k, v in parse(text, engine, model).values.items() if k in wanted}
         assert same(got, expected)
 
 
