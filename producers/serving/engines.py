@@ -33,6 +33,7 @@ import math
 import re
 import threading
 import urllib.parse
+from collections import Counter
 from dataclasses import dataclass, field
 
 from cachetools import LRUCache
@@ -227,6 +228,7 @@ _LAYOUTS_LOCK = threading.Lock()  # (the agent's ticks and the discovery's threa
 class _Layout:
     names: tuple[str | None, ...]  # per sample line, the name its value is summed under (None: not read)
     model: str | None
+    means: tuple[tuple[str, int], ...] = ()  # the fractions read (``_fractions``), each with its label sets' count
 
 
 def _split(lines: list[str]) -> tuple[tuple[str, ...], list[str]]:
@@ -258,9 +260,10 @@ def _parsed(lines: list[str], spec: Engine, tails: list[str], model: str | None)
     served = sorted({m for m in labelled if m is not None})
     if (model is None and len(served) > 1) or (model is not None and served and model not in served):
         raise ModelError(_models_said(served, model))
-    layout = _Layout(tuple(None if s.name.endswith(("_bucket", "_created")) or (model and m and m != model)
-                           else s.name for s, m in zip(samples, labelled)),
-                     model or (served[0] if served else None))
+    names = tuple(None if s.name.endswith(("_bucket", "_created")) or (model and m and m != model) else s.name
+                  for s, m in zip(samples, labelled))
+    means = Counter(n for n in names if n in _fractions(spec))
+    layout = _Layout(names, model or (served[0] if served else None), tuple(means.items()))
     reading = _reading(spec, layout, [s.value for s in samples])
     try:
         values = [_value(t) for t in tails]
@@ -299,8 +302,18 @@ def _same(a: float, b: float) -> bool:
     return a == b or (math.isnan(a) and math.isnan(b))
 
 
+@functools.cache
+def _fractions(spec: Engine) -> frozenset[str]:
+    """The gauges ``spec`` reads that are a share of something, 0..1 (the KV cache's use), as the
+    parser may name them: an engine's copies behind one endpoint (vLLM's data-parallel engines,
+    SGLang's ``dp_rank``) each report theirs, and the replica's is their mean (equal caches), where
+    counts of requests and tokens are their sum."""
+    return frozenset({*spec.kv_cache, *(f"{n}_total" for n in spec.kv_cache)})
+
+
 def _reading(spec: Engine, layout: _Layout, values: list[float]) -> Reading:
-    """The sums over every label set of each name the layout reads; refused without a request counter."""
+    """The sums over every label set of each name the layout reads (of a fraction, the mean:
+    ``_fractions``); refused without a request counter."""
     sums: dict[str, float] = {}
     for name, value in zip(layout.names, values):
         if name is not None:
@@ -308,6 +321,8 @@ def _reading(spec: Engine, layout: _Layout, values: list[float]) -> Reading:
                 sums[name] = sums.get(name, 0.0) + float(value)
             except OverflowError:  # (an integer the parser read that no double holds)
                 raise EndpointError(f"{name}: a value past a number's range") from None
+    for name, count in layout.means:
+        sums[name] /= count
     reading = Reading(spec.name, layout.model, sums)
     if reading.first(spec.requests) is None:
         raise EndpointError(f"no {spec.name} request counter ({' or '.join(spec.requests)}) in the text")

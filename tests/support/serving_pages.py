@@ -20,14 +20,16 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "serving"
 
 def by_the_library(text: str, engine: str, model: str | None = None) -> dict[str, float]:
     """What a reading of ``text`` (for ``model``) should hold: every sample ``engine`` reads, summed
-    over its label sets, as the client library's parser reads the whole page; with ``model``,
-    those no model label names or that ``model`` labels."""
-    wanted, sums = set(engines._named(engines.ENGINES[engine])), {}
+    over its label sets (the KV cache's use, a share: their mean), as the client library's parser
+    reads the whole page; with ``model``, those no model label names or that ``model`` labels."""
+    wanted, sums, counts = set(engines._named(engines.ENGINES[engine])), {}, {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name in wanted and (model is None or model_of(s, engine) in (None, model)):
                 sums[s.name] = sums.get(s.name, 0.0) + float(s.value)
-    return sums
+                counts[s.name] = counts.get(s.name, 0) + 1
+    shares = set(engines.ENGINES[engine].kv_cache) | {f"{n}_total" for n in engines.ENGINES[engine].kv_cache}
+    return {n: v / counts[n] if n in shares else v for n, v in sums.items()}
 
 
 def model_of(sample, engine: str) -> str | None:
