@@ -1,6 +1,7 @@
 """Benchmark 6 of ``bench_agent.py`` (run by it, or alone with ``--serving-only`` there): the
 agent reading a serving engine's endpoint per replica per tick (``--serving-endpoint``: 8
-replicas of one GPU, each a vLLM endpoint of ~500 lines, as vLLM's histograms make it, served by
+replicas of one GPU, each a vLLM endpoint of ~430 lines, as vLLM's histograms make it, then a TGI
+endpoint of ~1,900 lines sent whole, as TGI's router makes it: ``engine_pages.py``; served by
 another process) against the agent as before, at 8 GPUs: CPU per tick, the two alternating,
 medians; then each part of a reading alone against what the goal leaves it. Goal: at most 5 %
 more. ``--nvml``: the host's own GPUs through NVML instead of the fake's 8, a replica a GPU (on a
@@ -20,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.engine_pages import tgi_page, vllm_page
 from producers.agent.allocations.allocation import Allocation, Allocations
 from producers.agent.gpus.attribute_process import ProcessAttributor
 from producers.agent.gpus.sample_nvml import NvmlSampler
@@ -41,19 +43,6 @@ def at_one_hertz(agent: HostAgent) -> HostAgent:
     start = time.time()
     agent.clock = lambda: start + agent.ticks
     return agent
-
-
-def vllm_page() -> str:
-    """A vLLM endpoint as large as vLLM makes it: the documented metrics, and 14 histograms of 25
-    buckets each (vLLM's latency and token histograms), for one model."""
-    page = (ROOT / "tests" / "data" / "serving" / "vllm-0.6.prom").read_text()
-    label = 'model_name="meta-llama/Llama-3.1-8B-Instruct"'
-    for h in range(14):
-        name = f"vllm:histogram_{h}_seconds"
-        page += f"# HELP {name} A latency histogram.\n# TYPE {name} histogram\n"
-        page += "".join(f'{name}_bucket{{le="{2 ** (b - 10):g}",{label}}} {b * 7}.0\n' for b in range(24))
-        page += f'{name}_bucket{{le="+Inf",{label}}} 200.0\n{name}_count{{{label}}} 200.0\n{name}_sum{{{label}}} 31.5\n'
-    return page
 
 
 # An engine's endpoint in a process of its own: HTTP/1.1, connections kept open (as uvicorn, which
@@ -128,7 +117,8 @@ def serving_cost(tmp: Path, ticks: int = 60, rounds: int = 21, real_nvml: bool =
     host's own GPUs through NVML (``--nvml``: on a GPU machine, the tick as it costs there). With
     ``budget_s``, the rounds are as many as fit in about that many seconds (``sized``)."""
     (tmp / "www").mkdir()
-    (tmp / "www" / "metrics").write_text(vllm_page())
+    for exposition, (_, page, _) in PAGES.items():
+        (tmp / "www" / exposition).write_text(page())
     proc = tmp / "proc-serving"
     for i in range(8):
         make_process(proc, 3000 + i, {"GPUFLEET_WORKFLOW_ID": f"svc-{i}", "USER": "ana"})
@@ -150,6 +140,14 @@ def _sampler(real_nvml: bool) -> tuple[NvmlSampler, Holding | None, int, str]:
     return sampler, None, 8, "8 GPUs (fake NVML)"
 
 
+# Each case's engine, its page, and how it is sent: vLLM's (and SGLang's) through the Prometheus
+# client library, which answers ``name[]`` with those samples alone; TGI's whole whatever is asked,
+# the largest page of the four engines (Triton's holds some 20 lines a model).
+PAGES: dict[str, tuple[str, Callable[[], str], str]] = {
+    "library": ("vLLM", vllm_page, "exposed by the client library (vLLM, SGLang: only the samples read are sent)"),
+    "page": ("TGI", tgi_page, "exposed as a whole page, as TGI's router makes it (TGI, Triton: all of it sent)"),
+}
+
 TICK_GAP_S = 0.01  # between two benchmarked ticks: the agent sleeps a second; here the engine's answers come meanwhile
 
 
@@ -166,7 +164,7 @@ def sized(rounds: int, span: int, turn_s: float, share_s: float | None) -> tuple
 
 def _serving_cost(tmp: Path, proc: Path, exposition: str, ticks: int, rounds: int, real_nvml: bool,
                   budget_s: float | None) -> None:
-    server = subprocess.Popen([sys.executable, "-c", ENGINE_SERVER, str(tmp / "www" / "metrics"), exposition],
+    server = subprocess.Popen([sys.executable, "-c", ENGINE_SERVER, str(tmp / "www" / exposition), exposition],
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         port = int(server.stdout.readline())
@@ -213,8 +211,8 @@ def _serving_cost(tmp: Path, proc: Path, exposition: str, ticks: int, rounds: in
         for _ in range(5):
             gap(plain.tick)()
             gap(serving_tick)()
-        where = {"library": "exposed by the client library (vLLM, SGLang: only the samples read are sent)",
-                 "page": "exposed as a whole page (TGI, Triton)"}[exposition]
+        engine, page, where = PAGES[exposition]
+        lines = len(page().splitlines())
         budgets: list[float] = []  # per reading, what 5 % of the agent's tick leaves
         neighbour = Neighbour([reader._url(i) for i in range(n)])  # (the pages the reader asks)
 
@@ -244,7 +242,7 @@ def _serving_cost(tmp: Path, proc: Path, exposition: str, ticks: int, rounds: in
             ratio = statistics.median(c / a for a, _, c in zip(*cost.values()))
             alike = statistics.median(c / b for _, b, c in zip(*cost.values()))
             per_tick = statistics.median(readings) / span
-            print(f"agent, {gpus}, {n} vLLM endpoints ({len(vllm_page().splitlines())} lines a page) {where}, "
+            print(f"agent, {gpus}, {n} {engine} endpoints ({lines} lines a page) {where}, "
                   f"read every {every[0]} tick(s) of 1 s ({per_tick:.2f} readings a tick): {base * 1e3:.3f} ms CPU "
                   f"per tick sampling the GPUs, {with_serving * 1e3:.3f} ms with the endpoints, ticking in turn; "
                   f"median ratio over {runs} rounds of {span} ticks {ratio:.3f}x, {alike:.3f}x against the agent "
@@ -384,7 +382,7 @@ def reading_parts(reader, n: int = 400) -> tuple[float, float]:
     get.close()
     cpu0 = time.process_time()
     for _ in range(n):
-        engines.parse(text, "vllm")
+        engines.parse(text)
     return fetch, (time.process_time() - cpu0) / n
 
 
