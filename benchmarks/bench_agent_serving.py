@@ -382,7 +382,7 @@ def reading_parts(reader, n: int = 400) -> tuple[float, float]:
     get.close()
     cpu0 = time.process_time()
     for _ in range(n):
-        engines.parse(text)
+        engines.parse(text, reader._engines.get(0))  # (as the reader reads it: its engine known)
     return fetch, (time.process_time() - cpu0) / n
 
 
