@@ -214,7 +214,8 @@ class ServingReader:
             self._latest[i] = (asked_at, reading)
         if i not in self._urls:  # (once: the URL of the samples the reading needs)
             self._urls[i] = restricted(e.url, reading.engine)
-        self._engines[i] = reading.engine
+        if e.engine is None:
+            self._engines[i] = reading.engine
         return False
 
     def _ask(self, i: int, url: str) -> None:
