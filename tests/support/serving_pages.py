@@ -28,7 +28,7 @@ def by_the_library(text: str, engine: str, model: str | None = None) -> dict[str
             if s.name in wanted and (model is None or model_of(s, engine) in (None, model)):
                 sums[s.name] = sums.get(s.name, 0.0) + float(s.value)
                 counts[s.name] = counts.get(s.name, 0) + 1
-    shares = set(engines.ENGINES[engine].kv_cache) | {f"{n}_total" for n in engines.ENGINES[engine].kv_cache}
+    shares = engines._fractions(engines.ENGINES[engine])
     return {n: v / counts[n] if n in shares else v for n, v in sums.items()}
 
 
