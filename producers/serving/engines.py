@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 import threading
 import urllib.parse
 from collections import Counter
@@ -39,6 +38,7 @@ from dataclasses import dataclass, field
 from cachetools import LRUCache
 from prometheus_client.parser import text_string_to_metric_families
 
+from producers.serving.pick import lines
 from schemas.validate_ids import printable
 
 
@@ -124,53 +124,18 @@ def _families(spec: Engine) -> tuple[frozenset[str], tuple[str, ...]]:
     return frozenset(f for n in names for f in (n, *(n.removesuffix(x) for x in ("_total", "_sum", "_count")))), names
 
 
-# Within a line: whitespace but its end (what ``str.strip`` takes off a line the parser reads), and
-# what separates a comment line's words (the parser's ``string.whitespace``, but the line's end).
-_BLANK = r"[^\S\n]"
-_SEP = r"[ \t\r\x0b\x0c]"
+def _picked(text: str, spec: Engine) -> list[str]:
+    """The lines of ``text`` that hold what ``spec`` reads, as the parser reads them, in their
+    order (``pick.lines``): the TYPE lines of the families it reads, and its samples."""
+    return lines(text, *_written(spec))
 
 
 @functools.cache
-def _picking(spec: Engine) -> re.Pattern[str]:
-    """The lines of a page (each after a newline) that a reading of ``spec`` needs: the TYPE lines
-    of the families it reads, and its samples, named as a page may write them (a counter's
-    without its ``_total`` too: the parser adds it)."""
+def _written(spec: Engine) -> tuple[frozenset[str], frozenset[str]]:
+    """The families ``spec`` reads a sample of, and its samples' names as a page may write them (a
+    counter's without its ``_total`` too: the parser adds it)."""
     families, names = _families(spec)
-    written = {*names, *(n.removesuffix("_total") for n in names)}
-    return re.compile(rf"\n{_BLANK}*(#{_SEP}+TYPE{_SEP}+{_alternatives(families)}{_SEP}[^\n]*"
-                      rf"|{_alternatives(written)}(?:{_BLANK}|\{{)[^\n]*)")
-
-
-def _alternatives(words: set[str] | frozenset[str]) -> str:
-    """A pattern matching any of ``words``, as a tree of their common beginnings: the regular
-    expression engine tries a group's alternatives one after the other, at every line."""
-    tree: dict = {}
-    for word in words:
-        node = tree
-        for c in word:
-            node = node.setdefault(c, {})
-        node[""] = {}
-
-    def pattern(node: dict) -> str:
-        branches = [re.escape(c) + pattern(child) for c, child in sorted(node.items()) if c]
-        body = "" if not branches else branches[0] if len(branches) == 1 else f"(?:{'|'.join(branches)})"
-        return f"(?:{body})?" if "" in node and body else body
-
-    return f"(?:{pattern(tree)})"
-
-
-def _picked(text: str, spec: Engine) -> list[str]:
-    """The lines of ``text`` that hold what ``spec`` reads, as the parser reads them (stripped), in
-    their order: an engine's page is mostly histogram buckets and metrics gpufleet does not read,
-    and the parser's cost is per line (~25 us). One scan of the page in C picks them: the TYPE
-    lines of the families read, and every sample line of a name read, wherever it stands (an
-    untyped sample after a family not read included). Lines end at ``\n`` alone, as the parser's
-    do (a label value may hold any other line separator). HELP lines are left (a reading needs
-    none), and so are samples named only inside their braces (``{"name"}``, ``{__name__=...}``:
-    the format's UTF-8 names, which no engine read here writes). Where a page breaks the format's
-    rule that a metric's lines are one group (its samples after another metric's TYPE or HELP
-    line), its samples may be typed by the TYPE line before them here."""
-    return [line.strip() for line in _picking(spec).findall("\n" + text)]
+    return families, frozenset({*names, *(n.removesuffix("_total") for n in names)})
 
 
 def restricted(url: str, engine: str) -> str:
