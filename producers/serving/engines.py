@@ -258,9 +258,18 @@ def _value(token: str) -> float:
     if "_" in token or token != token.strip():
         raise ValueError(f"Invalid value: {token!r}")
     value = float(token)
-    if math.isinf(value) and "inf" not in token.lower():
-        raise ValueError(f"Invalid value: {token[:40]!r}")  # (a number past a double's range: the parser's int)
-    return value
+    if math.isinf(value) and "inf" not in token.lower() and _integer(token):
+        raise ValueError(f"Invalid value: {token[:40]!r}")  # (an integer past a double's range: the parser's int)
+    return value  # (a float past it, "1E310", is the parser's float too: infinite)
+
+
+def _integer(token: str) -> bool:
+    """Whether the parser reads ``token`` as an int (a number past a double's range alone asks)."""
+    try:
+        int(token)
+    except ValueError:
+        return False
+    return True
 
 
 def _same(a: float, b: float) -> bool:
