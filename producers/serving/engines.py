@@ -12,7 +12,9 @@ release:
 - SGLang (docs.sglang.io, "Production Metrics"): ``sglang:num_running_reqs``,
   ``sglang:num_queue_reqs``, ``sglang:num_requests_total`` (or the end-to-end latency histogram's
   count where a release has no such counter), ``sglang:generation_tokens_total``,
-  ``sglang:queue_time_seconds``, ``sglang:time_to_first_token_seconds``, ``sglang:token_usage``.
+  ``sglang:queue_time_seconds``, ``sglang:time_to_first_token_seconds``, ``sglang:token_usage``;
+  its scheduler's, from each rank that reports them, under ``tp_rank``, ``pp_rank`` and
+  ``moe_ep_rank`` (copies of one view: ``Engine.copies``).
 - Hugging Face TGI (its "Metrics" reference): ``tgi_batch_current_size``, ``tgi_queue_size``,
   ``tgi_request_success`` (``tgi_request_count`` counts failures too), the histograms
   ``tgi_request_queue_duration`` and ``tgi_request_generated_tokens``.
@@ -65,6 +67,9 @@ class Engine:
     batch: tuple[str, ...] = ()  # a gauge of the batch's size
     executions: tuple[str, ...] = ()  # counters: (executions, inferences), the mean batch their ratio
     model_labels: tuple[str, ...] = ("model_name", "model")
+    # labels of the ranks that each report one view of the same requests: a sample's copies under
+    # them are read once, their mean (``_slots``)
+    copies: tuple[str, ...] = ()
 
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (
@@ -76,7 +81,8 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
     Engine("sglang", "sglang:", requests=("sglang:num_requests_total", "sglang:e2e_request_latency_seconds_count"),
            running=("sglang:num_running_reqs",), waiting=("sglang:num_queue_reqs",),
            tokens=("sglang:generation_tokens_total",), queue_seconds=("sglang:queue_time_seconds",),
-           ttft_seconds=("sglang:time_to_first_token_seconds",), kv_cache=("sglang:token_usage",)),
+           ttft_seconds=("sglang:time_to_first_token_seconds",), kv_cache=("sglang:token_usage",),
+           copies=("tp_rank", "pp_rank", "moe_ep_rank")),
     Engine("tgi", "tgi_", requests=("tgi_request_success",),
            running=("tgi_batch_current_size",), waiting=("tgi_queue_size",),
            tokens=("tgi_request_generated_tokens_sum",), queue_seconds=("tgi_request_queue_duration",),
@@ -191,9 +197,10 @@ _LAYOUTS_LOCK = threading.Lock()  # (the agent's ticks and the discovery's threa
 
 @dataclass(frozen=True)
 class _Layout:
-    names: tuple[str | None, ...]  # per sample line, the name its value is summed under (None: not read)
+    slots: tuple[int | None, ...]  # per sample line, the series its value is added to (None: not read)
+    series: tuple[tuple[str, int], ...]  # per series, the name it is summed under and its copies (``_slots``)
     model: str | None
-    means: tuple[tuple[str, int], ...] = ()  # the fractions read (``_fractions``), each with its label sets' count
+    means: tuple[tuple[str, int], ...] = ()  # the fractions read (``_fractions``), each with its series' count
 
 
 def _split(lines: list[str]) -> tuple[tuple[str, ...], list[str]]:
@@ -225,10 +232,11 @@ def _parsed(lines: list[str], spec: Engine, tails: list[str], model: str | None)
     served = sorted({m for m in labelled if m is not None})
     if (model is None and len(served) > 1) or (model is not None and served and model not in served):
         raise ModelError(_models_said(served, model))
-    names = tuple(None if s.name.endswith(("_bucket", "_created")) or (model and m and m != model) else s.name
-                  for s, m in zip(samples, labelled))
-    means = Counter(n for n in names if n in _fractions(spec))
-    layout = _Layout(names, model or (served[0] if served else None), tuple(means.items()))
+    names = [None if s.name.endswith(("_bucket", "_created")) or (model and m and m != model) else s.name
+             for s, m in zip(samples, labelled)]
+    slots, series = _slots(samples, names, spec.copies)
+    means = Counter(n for n, _ in series if n in _fractions(spec))
+    layout = _Layout(slots, series, model or (served[0] if served else None), tuple(means.items()))
     reading = _reading(spec, layout, [s.value for s in samples])
     try:
         values = [_value(t) for t in tails]
@@ -238,6 +246,29 @@ def _parsed(lines: list[str], spec: Engine, tails: list[str], model: str | None)
                                           for s, v in zip(samples, values)):
         return reading, None
     return reading, layout
+
+
+def _slots(samples: list, names: list[str | None], copies: tuple[str, ...]
+           ) -> tuple[tuple[int | None, ...], tuple[tuple[str, int], ...]]:
+    """Each sample read as a series: the samples of one name whose labels differ only in the
+    engine's ``copies`` (its ranks: SGLang's tensor-parallel ranks each write the scheduler's view
+    of the same requests) are one series, read as their mean, and so is a label set written twice.
+    Per sample, the index of its series (None: not read); per series, in the order of its first
+    sample, its name and how many samples it holds."""
+    index: dict[tuple, int] = {}
+    slots: list[int | None] = []
+    series: list[list] = []
+    for sample, name in zip(samples, names):
+        if name is None:
+            slots.append(None)
+            continue
+        key = (name, tuple(sorted((k, v) for k, v in sample.labels.items() if k not in copies)))
+        slot = index.setdefault(key, len(series))
+        if slot == len(series):
+            series.append([name, 0])
+        series[slot][1] += 1
+        slots.append(slot)
+    return tuple(slots), tuple((n, c) for n, c in series)
 
 
 def _models_said(served: list[str], model: str | None) -> str:
@@ -286,15 +317,19 @@ def _fractions(spec: Engine) -> frozenset[str]:
 
 
 def _reading(spec: Engine, layout: _Layout, values: list[float]) -> Reading:
-    """The sums over every label set of each name the layout reads (of a fraction, the mean:
-    ``_fractions``); refused without a request counter."""
-    sums: dict[str, float] = {}
-    for name, value in zip(layout.names, values):
-        if name is not None:
+    """The sums over every series of each name the layout reads, a series' copies as their mean
+    (``_slots``; of a fraction, the mean of its series: ``_fractions``); refused without a request
+    counter."""
+    totals = [0.0] * len(layout.series)
+    for slot, value in zip(layout.slots, values):
+        if slot is not None:
             try:
-                sums[name] = sums.get(name, 0.0) + float(value)
+                totals[slot] += float(value)
             except OverflowError:  # (an integer the parser read that no double holds)
-                raise EndpointError(f"{name}: a value past a number's range") from None
+                raise EndpointError(f"{layout.series[slot][0]}: a value past a number's range") from None
+    sums: dict[str, float] = {}
+    for (name, copies), total in zip(layout.series, totals):
+        sums[name] = sums.get(name, 0.0) + total / copies
     for name, count in layout.means:
         sums[name] /= count
     reading = Reading(spec.name, layout.model, sums)

@@ -20,15 +20,25 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "serving"
 
 def by_the_library(text: str, engine: str, model: str | None = None) -> dict[str, float]:
     """What a reading of ``text`` (for ``model``) should hold: every sample ``engine`` reads, summed
-    over its label sets (the KV cache's use, a share: their mean), as the client library's parser
-    reads the whole page; with ``model``, those no model label names or that ``model`` labels."""
-    wanted, sums, counts = set(engines._named(engines.ENGINES[engine])), {}, {}
+    over its series (the KV cache's use, a share: their mean), as the client library's parser
+    reads the whole page; with ``model``, those no model label names or that ``model`` labels. A
+    series is a name and its labels but the engine's ranks (``Engine.copies``): its samples are
+    copies of one view, read as their mean."""
+    spec = engines.ENGINES[engine]
+    wanted, series = set(engines._named(spec)), {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name in wanted and (model is None or model_of(s, engine) in (None, model)):
-                sums[s.name] = sums.get(s.name, 0.0) + float(s.value)
-                counts[s.name] = counts.get(s.name, 0) + 1
-    shares = engines._fractions(engines.ENGINES[engine])
+                key = (s.name, frozenset((k, v) for k, v in s.labels.items() if k not in spec.copies))
+                series.setdefault(key, []).append(float(s.value))
+    sums, counts = {}, {}
+    for (name, _), values in series.items():
+        total = 0.0
+        for value in values:  # (in the page's order, as the reading adds them: the same float)
+            total += value
+        sums[name] = sums.get(name, 0.0) + total / len(values)
+        counts[name] = counts.get(name, 0) + 1
+    shares = engines._fractions(spec)
     return {n: v / counts[n] if n in shares else v for n, v in sums.items()}
 
 

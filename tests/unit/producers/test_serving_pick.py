@@ -2,7 +2,8 @@
 library's parser reads them: on any page in Prometheus' text format, what it picks must read as
 the library reads the whole page. Pages are drawn as the format allows them (each metric one
 group, its HELP and TYPE lines optional and first; samples without a TYPE line untyped), with the
-engine's own metric names among others that share their prefixes, label values holding any
+engine's own metric names among others that share their prefixes, labels of models and of
+ranks (an engine's copies of one view: ``Engine.copies``), label values holding any
 character (line separators other than ``\\n`` included), and blank lines, comments, carriage
 returns and leading blanks where the format lets a line have them."""
 
@@ -45,8 +46,8 @@ def group(draw, name: str) -> list[str]:
     comments = [f"# TYPE {name} {typ}"] if typed else []
     if draw(st.booleans()):
         comments.insert(draw(st.integers(0, len(comments))), f"# HELP {name} what it counts")
-    label_sets = draw(st.lists(st.dictionaries(st.sampled_from(["model_name", "model", "engine"]), label_values,
-                                               max_size=2), min_size=1, max_size=3))
+    keys = st.sampled_from(["model_name", "model", "engine", "tp_rank", "dp_rank"])
+    label_sets = draw(st.lists(st.dictionaries(keys, label_values, max_size=2), min_size=1, max_size=3))
     suffixes = {"histogram": [("_bucket", {"le": "1.0"}), ("_bucket", {"le": "+Inf"}), ("_sum", {}), ("_count", {})],
                 "summary": [("", {"quantile": "0.5"}), ("_sum", {}), ("_count", {})]}.get(typ, [("", {})])
     lines = []
