@@ -18,6 +18,11 @@ from producers.serving import engines
 DATA = Path(__file__).resolve().parents[1] / "data" / "serving"
 
 
+def recorded(name: str) -> str:
+    """The scrape text ``tests/data/serving/NAME.prom``."""
+    return (DATA / f"{name}.prom").read_text()
+
+
 def by_the_library(text: str, engine: str, model: str | None = None) -> dict[str, float]:
     """What a reading of ``text`` (for ``model``) should hold: every sample ``engine`` reads, summed
     over its series (the KV cache's use, a share: their mean), as the client library's parser

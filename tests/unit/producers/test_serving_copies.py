@@ -8,23 +8,15 @@ running where 12 ran, and the queue twice as long as it was."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from producers.serving.engines import ENGINES, parse, traffic
-from tests.support.serving_pages import by_the_library
-
-DATA = Path(__file__).resolve().parents[2] / "data" / "serving"
-
-
-def page(name: str) -> str:
-    return (DATA / f"{name}.prom").read_text()
+from tests.support.serving_pages import by_the_library, recorded
 
 
 def test_the_ranks_copies_of_a_schedulers_view_are_read_once_and_data_parallel_copies_added_up():
     for _ in range(2):  # (the first reading learns the page's layout, the second reads by it)
-        before, after = parse(page("sglang-dp2-tp4")), parse(page("sglang-dp2-tp4-later"))
+        before, after = parse(recorded("sglang-dp2-tp4")), parse(recorded("sglang-dp2-tp4-later"))
         assert before.get("sglang:num_running_reqs") == 12.0 and before.get("sglang:num_queue_reqs") == 3.0
         assert traffic(before, after) == pytest.approx({
             "requests": 100.0, "tokens": 10000.0, "running": 14.0, "waiting": 3.0,
@@ -53,6 +45,6 @@ def test_another_engines_rank_label_is_a_label_like_any_other():
 
 
 def test_the_tests_own_reading_by_the_client_library_means_the_copies_too():
-    expected = by_the_library(page("sglang-dp2-tp4"), "sglang")
+    expected = by_the_library(recorded("sglang-dp2-tp4"), "sglang")
     assert expected["sglang:num_running_reqs"] == 12.0 and expected["sglang:token_usage"] == pytest.approx(0.6)
-    assert parse(page("sglang-dp2-tp4")).values == pytest.approx(expected)
+    assert parse(recorded("sglang-dp2-tp4")).values == pytest.approx(expected)

@@ -6,24 +6,16 @@ at 0.9 and 0.7 read 1.6, and every sample of the replica was a dead letter."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from producers.serving.engines import parse, traffic
 from schemas.validate_sample import serving_error
-from tests.support.serving_pages import by_the_library
-
-DATA = Path(__file__).resolve().parents[2] / "data" / "serving"
-
-
-def page(name: str) -> str:
-    return (DATA / f"{name}.prom").read_text()
+from tests.support.serving_pages import by_the_library, recorded
 
 
 def test_a_data_parallel_replicas_traffic_is_its_engines_together():
     for _ in range(2):  # (the first reading learns the page's layout, the second reads by it)
-        before, after = parse(page("vllm-dp2")), parse(page("vllm-dp2-later"))
+        before, after = parse(recorded("vllm-dp2")), parse(recorded("vllm-dp2-later"))
         assert traffic(before, after) == pytest.approx({
             "requests": 100.0, "tokens": 10000.0, "running": 13.0, "waiting": 3.0,
             "queue_time_ms": 10.0, "ttft_ms": 80.0,  # (1.0 s and 8.0 s over the 100 requests of both)
@@ -32,12 +24,12 @@ def test_a_data_parallel_replicas_traffic_is_its_engines_together():
 
 def test_its_samples_are_taken_by_the_worker():
     record = {"event_time": 1_790_000_000_000, "interval_ms": 10_000, "service": "llama-70b",
-              **traffic(parse(page("vllm-dp2")), parse(page("vllm-dp2-later")))}
+              **traffic(parse(recorded("vllm-dp2")), parse(recorded("vllm-dp2-later")))}
     assert serving_error(record) is None
 
 
 def test_the_mean_is_what_the_client_librarys_reading_of_the_page_means():
     """The tests' own reading of a page by the client library's parser (``by_the_library``) holds
     the KV cache's use as the engines' mean too."""
-    assert by_the_library(page("vllm-dp2-later"), "vllm")["vllm:kv_cache_usage_perc"] == pytest.approx(0.8)
-    assert parse(page("vllm-dp2-later")).get("vllm:kv_cache_usage_perc") == pytest.approx(0.8)
+    assert by_the_library(recorded("vllm-dp2-later"), "vllm")["vllm:kv_cache_usage_perc"] == pytest.approx(0.8)
+    assert parse(recorded("vllm-dp2-later")).get("vllm:kv_cache_usage_perc") == pytest.approx(0.8)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import threading
 import time
 from http.server import BaseHTTPRequestHandler
-from pathlib import Path
 from typing import ClassVar
 
 import pytest
@@ -16,13 +15,11 @@ from producers.serving.engines import EndpointError, parse, traffic
 from producers.serving.scrape import Endpoint, EndpointSettingError, ServingObserver, ServingReader, endpoint
 from schemas.codec import Codec
 from tests.support.integration import wait_until
-from tests.support.serving_pages import EngineServer
-
-DATA = Path(__file__).resolve().parents[2] / "data" / "serving"
+from tests.support.serving_pages import EngineServer, recorded
 
 
 def read(name: str, engine: str | None = None):
-    return parse((DATA / f"{name}.prom").read_text(), engine)
+    return parse(recorded(name), engine)
 
 
 @pytest.mark.parametrize("engine, first, later, expected", [
@@ -100,7 +97,7 @@ class Engine(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"  # kept-open connections, as the engines' servers offer
     release = threading.Event()
-    pages: ClassVar[dict[str, bytes]] = {"/good": (DATA / "vllm-0.6.prom").read_bytes(),
+    pages: ClassVar[dict[str, bytes]] = {"/good": recorded("vllm-0.6").encode(),
                                          "/garbage": b"\x00\xffnot metrics{"}
     authorizations: ClassVar[list[str | None]] = []
 
@@ -216,7 +213,7 @@ def test_an_engine_known_is_asked_only_for_what_its_reading_needs():
 
     from prometheus_client import CollectorRegistry, make_wsgi_app
 
-    text = (DATA / "vllm-0.6.prom").read_text() + "".join(
+    text = recorded("vllm-0.6") + "".join(
         f"# TYPE vllm:unread_{i}_seconds histogram\n"
         + "".join(f'vllm:unread_{i}_seconds_bucket{{le="{b}"}} {b}\n' for b in (1, 2, 4, 8, "+Inf"))
         + f"vllm:unread_{i}_seconds_count 8\nvllm:unread_{i}_seconds_sum 20\n" for i in range(10))

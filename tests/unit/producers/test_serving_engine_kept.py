@@ -6,16 +6,13 @@ later (a replica redeployed with another) is read as that engine from its next r
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 
 from producers.serving.scrape import Endpoint, ServingReader
-from tests.support.serving_pages import serve
-
-DATA = Path(__file__).resolve().parents[2] / "data" / "serving"
+from tests.support.serving_pages import recorded, serve
 
 
 def test_an_endpoint_that_answers_another_engine_is_read_as_it_at_once():
-    page = [(DATA / "vllm-0.6.prom").read_bytes()]
+    page = [recorded("vllm-0.6").encode()]
     httpd = serve(lambda: page[0])
     dates = itertools.count(1_000_000)
     reader = ServingReader([Endpoint((0,), f"http://127.0.0.1:{httpd.server_address[1]}/metrics")], 1.0,
@@ -23,7 +20,7 @@ def test_an_endpoint_that_answers_another_engine_is_read_as_it_at_once():
     engines = []
     try:
         for served in ("vllm-0.6", "vllm-0.6-later", "sglang", "sglang-later", "tgi", "tgi-later"):
-            page[0] = (DATA / f"{served}.prom").read_bytes()
+            page[0] = recorded(served).encode()
             reader.read_all()
             engines += [now.engine for _, _, (_, now) in reader.pairs()]
     finally:
