@@ -95,8 +95,9 @@ ENGINES: dict[str, Engine] = {e.name: e for e in (
 
 @dataclass(frozen=True)
 class Reading:
-    """One scrape of an endpoint: its engine, the model it serves, and the sums over every label
-    set of each metric the engine names (histograms as their ``_sum`` and ``_count``)."""
+    """One scrape of an endpoint: its engine, the model it serves, and the sums over every series
+    of each metric the engine names (a series' copies read once: ``_slots``; histograms as their
+    ``_sum`` and ``_count``)."""
 
     engine: str
     model: str | None
